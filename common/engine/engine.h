@@ -1,0 +1,66 @@
+// The exact forward pass: a batch of sequences, each contributing any number
+// of new tokens at consecutive absolute positions (prefill, 1-token decode,
+// multi-token verify), against each sequence's own KV state.
+//
+// Batch invariance (docs/numerics.md): every row is computed by the same
+// canonical kernels, element by element, so a token's logits are bit-identical
+// whatever else shares the batch, however many tokens its sequence brings,
+// and whatever the thread count or SIMD level.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/kv_cache.h"
+#include "common/model/model.h"
+#include "kernels/kernels.h"
+
+namespace vc {
+
+struct SequenceInput {
+  SequenceKv* kv = nullptr;         // extended by tokens.size() positions
+  std::span<const int32_t> tokens;  // at positions kv->next_position() + i
+  // Logits are returned for tokens[i], i >= first_logit (tokens.size() for
+  // none, tokens.size() - 1 for the last only, 0 for all).
+  int64_t first_logit = 0;
+};
+
+struct EngineOptions {
+  kernels::BackendOptions backend;
+  // Upper bound on the new tokens of one Forward call (scratch is sized for
+  // it once); larger batches are rejected with InvalidArgument.
+  int64_t max_batch_tokens = 4096;
+};
+
+class Engine {
+ public:
+  // `model` must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model,
+                                                        const EngineOptions& options);
+  ~Engine();
+
+  // Runs one pass. `logits` is resized to [rows][vocab], rows being the
+  // requested logit rows of the batch entries in order. Token ids outside the
+  // vocabulary, or positions past a KV's capacity, fail with InvalidArgument /
+  // ResourceExhausted before any KV is modified.
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits);
+
+  const Model& model() const { return model_; }
+  const ModelConfig& config() const { return model_.config(); }
+  kernels::KernelBackend& backend() { return *backend_; }
+
+ private:
+  Engine(const Model& model, std::unique_ptr<kernels::KernelBackend> backend,
+         const EngineOptions& options);
+  struct Scratch;
+
+  const Model& model_;
+  std::unique_ptr<kernels::KernelBackend> backend_;
+  EngineOptions options_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace vc

@@ -1,0 +1,99 @@
+#include "common/engine/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace vc {
+
+PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
+    : n_layers_(config.n_layers),
+      kv_heads_(config.n_kv_heads),
+      head_dim_(config.head_dim),
+      block_tokens_(std::max(1, options.block_tokens)),
+      max_tokens_(options.max_tokens > 0 ? options.max_tokens : config.max_seq_len),
+      bytes_per_token_(config.kv_bytes_per_token()),
+      block_floats_(int64_t{config.n_kv_heads} * std::max(1, options.block_tokens) *
+                    config.head_dim),
+      blocks_(config.n_layers) {}
+
+absl::Status PagedKvCache::Append(int32_t count) {
+  if (count < 0) return absl::InvalidArgumentError("Append: negative count");
+  if (int64_t{length_} + count > max_tokens_) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache full: ", length_, " + ", count,
+                                                     " tokens exceeds capacity ", max_tokens_));
+  }
+  const int32_t new_length = length_ + count;
+  const size_t blocks_needed = static_cast<size_t>((new_length + block_tokens_ - 1) / block_tokens_);
+  for (auto& layer_blocks : blocks_) {
+    while (layer_blocks.size() < blocks_needed) {
+      // K block then V block; zeroed so that unused rows never hold garbage.
+      layer_blocks.emplace_back(new float[2 * block_floats_]());
+    }
+  }
+  length_ = new_length;
+  return absl::OkStatus();
+}
+
+void PagedKvCache::Truncate(int32_t length) {
+  VC_CHECK(length >= 0 && length <= length_, "Truncate past the end");
+  length_ = length;
+  // Blocks are kept for reuse by the next Append; the cache's capacity is
+  // bounded by max_tokens anyway.
+}
+
+float* PagedKvCache::Row(int layer, bool value, int kv_head, int32_t pos) const {
+  float* block = blocks_[layer][pos / block_tokens_].get();
+  return block + (value ? block_floats_ : 0) +
+         (int64_t{kv_head} * block_tokens_ + pos % block_tokens_) * head_dim_;
+}
+
+const float* PagedKvCache::KeyAt(int layer, int kv_head, int32_t pos) const {
+  return Row(layer, false, kv_head, pos);
+}
+const float* PagedKvCache::ValueAt(int layer, int kv_head, int32_t pos) const {
+  return Row(layer, true, kv_head, pos);
+}
+
+void PagedKvCache::Write(int layer, int32_t pos, const float* k, const float* v) {
+  VC_CHECK(pos >= 0 && pos < length_, "Write outside appended positions");
+  for (int h = 0; h < kv_heads_; ++h) {
+    std::memcpy(Row(layer, false, h, pos), k + int64_t{h} * head_dim_, head_dim_ * sizeof(float));
+    std::memcpy(Row(layer, true, h, pos), v + int64_t{h} * head_dim_, head_dim_ * sizeof(float));
+  }
+}
+
+SequenceKv::KeyRange PagedKvCache::Keys(int /*layer*/, int /*kv_head*/, int32_t min_pos,
+                                        int32_t max_pos) const {
+  const int32_t first = std::max(0, min_pos);
+  const int32_t last = std::min(max_pos, length_ - 1);
+  return {first, std::max(0, last - first + 1)};
+}
+
+void PagedKvCache::Scores(const kernels::KernelBackend& backend, int layer, int kv_head,
+                          KeyRange range, const float* q, float scale, float* scores) const {
+  int64_t j = 0;
+  while (j < range.count) {
+    const int32_t pos = static_cast<int32_t>(range.first + j);
+    const int64_t n = std::min<int64_t>(range.count - j, block_tokens_ - pos % block_tokens_);
+    backend.AttentionScores(q, Row(layer, false, kv_head, pos), n, head_dim_, scale, scores + j);
+    j += n;
+  }
+}
+
+void PagedKvCache::MixValues(const kernels::KernelBackend& backend, int layer, int kv_head,
+                             KeyRange range, const float* p, float* out) const {
+  // Consecutive calls continue the same per-lane FMA chain, so splitting at
+  // block boundaries does not change the result.
+  int64_t j = 0;
+  while (j < range.count) {
+    const int32_t pos = static_cast<int32_t>(range.first + j);
+    const int64_t n = std::min<int64_t>(range.count - j, block_tokens_ - pos % block_tokens_);
+    backend.AccumulateValues(p + j, Row(layer, true, kv_head, pos), n, head_dim_, out);
+    j += n;
+  }
+}
+
+}  // namespace vc

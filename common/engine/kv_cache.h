@@ -1,0 +1,99 @@
+// Per-sequence KV state read by attention and extended by the forward pass.
+//
+// SequenceKv is the seam between the forward pass and a KV representation:
+// full-precision paged KV (here), and the compressed views (token-dropped,
+// quantised) that drafters attend over. Each representation scores keys and
+// mixes values in its own stored order; the forward pass only sees scores.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/model.h"
+#include "kernels/kernels.h"
+
+namespace vc {
+
+class SequenceKv {
+ public:
+  virtual ~SequenceKv() = default;
+
+  // The next absolute position this sequence will write (one past the last
+  // stored position).
+  virtual int32_t next_position() const = 0;
+
+  // Makes room for `count` new tokens at positions next_position()... and
+  // advances next_position() by `count`. Fails (ResourceExhausted) if a
+  // budget would be exceeded; nothing changes then.
+  virtual absl::Status Append(int32_t count) = 0;
+
+  // Drops every position >= length (rollback of rejected drafts or of a
+  // failed batch). length <= next_position().
+  virtual void Truncate(int32_t length) = 0;
+
+  // Writes the K and V ([kv_heads * head_dim] each, already RoPE'd) of the
+  // token at absolute position `pos` (appended earlier) in `layer`.
+  virtual void Write(int layer, int32_t pos, const float* k, const float* v) = 0;
+
+  // Number of stored keys of (layer, kv_head) whose position is in
+  // [min_pos, max_pos]; they are the stored keys [first, first + count).
+  struct KeyRange {
+    int64_t first = 0;
+    int64_t count = 0;
+  };
+  virtual KeyRange Keys(int layer, int kv_head, int32_t min_pos, int32_t max_pos) const = 0;
+
+  // scores[j] = scale * <q, key(first + j)>, j < range.count.
+  virtual void Scores(const kernels::KernelBackend& backend, int layer, int kv_head,
+                      KeyRange range, const float* q, float scale, float* scores) const = 0;
+
+  // out += sum_j p[j] * value(first + j), in stored order.
+  virtual void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head,
+                         KeyRange range, const float* p, float* out) const = 0;
+};
+
+// Full-precision f32 KV of one sequence in fixed-size blocks of tokens, so it
+// grows without copying and truncates (rollback) in O(1).
+//
+// Block layout, per layer: K and V each [kv_heads][block_tokens][head_dim].
+class PagedKvCache final : public SequenceKv {
+ public:
+  struct Options {
+    int block_tokens = 16;  // tokens per block
+    int32_t max_tokens = 0;  // 0: the model's context length
+  };
+  PagedKvCache(const ModelConfig& config, const Options& options);
+  explicit PagedKvCache(const ModelConfig& config) : PagedKvCache(config, Options()) {}
+
+  int32_t next_position() const override { return length_; }
+  absl::Status Append(int32_t count) override;
+  void Write(int layer, int32_t pos, const float* k, const float* v) override;
+  KeyRange Keys(int layer, int kv_head, int32_t min_pos, int32_t max_pos) const override;
+  void Scores(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
+              const float* q, float scale, float* scores) const override;
+  void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
+                 const float* p, float* out) const override;
+
+  void Truncate(int32_t length) override;
+  // Pointers to the stored K / V row of (layer, kv_head, pos): head_dim floats.
+  const float* KeyAt(int layer, int kv_head, int32_t pos) const;
+  const float* ValueAt(int layer, int kv_head, int32_t pos) const;
+  // Bytes of K and V held for the stored tokens (not counting block slack).
+  int64_t bytes() const { return int64_t{length_} * bytes_per_token_; }
+  int32_t max_tokens() const { return max_tokens_; }
+
+ private:
+  float* Row(int layer, bool value, int kv_head, int32_t pos) const;
+
+  int n_layers_, kv_heads_, head_dim_, block_tokens_;
+  int32_t max_tokens_;
+  int32_t length_ = 0;
+  int64_t bytes_per_token_;
+  int64_t block_floats_;  // floats per K (or V) block of one layer
+  // blocks_[layer][b]: K block followed by V block.
+  std::vector<std::vector<std::unique_ptr<float[]>>> blocks_;
+};
+
+}  // namespace vc

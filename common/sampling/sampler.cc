@@ -1,0 +1,92 @@
+#include "common/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace vc {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+absl::Status SamplingParams::Validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top-k must be >= 0, got ", top_k));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top-p must be in (0, 1], got ", top_p));
+  }
+  return absl::OkStatus();
+}
+
+int32_t Argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+double GumbelNoise(uint64_t seed, int64_t position, int32_t token) {
+  const uint64_t h = SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(position)) ^
+                                static_cast<uint64_t>(static_cast<uint32_t>(token)));
+  // 53 random bits -> u in (0, 1), never 0 or 1.
+  const double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
+  return -std::log(-std::log(u));
+}
+
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
+                    int64_t position) {
+  if (params.greedy() || logits.empty()) return Argmax(logits);
+  const size_t n = logits.size();
+  // Candidates in logit order, ties to the lower id (a strict total order).
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  const size_t k = params.top_k > 0 ? std::min<size_t>(params.top_k, n) : n;
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    by_logit);
+  order.resize(k);
+  const double inv_t = 1.0 / static_cast<double>(params.temperature);
+  size_t keep = k;
+  if (params.top_p < 1.0f) {
+    const double top = logits[order[0]] * inv_t;
+    std::vector<double> p(k);
+    double sum = 0.0;
+    for (size_t i = 0; i < k; ++i) sum += p[i] = std::exp(logits[order[i]] * inv_t - top);
+    double cum = 0.0;
+    for (size_t i = 0; i < k; ++i) {
+      cum += p[i] / sum;
+      if (cum >= params.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  int32_t best = order[0];
+  double best_score = -INFINITY;
+  for (size_t i = 0; i < keep; ++i) {
+    const int32_t t = order[i];
+    const double score = logits[t] * inv_t + GumbelNoise(params.seed, position, t);
+    if (score > best_score) {
+      best_score = score;
+      best = t;
+    }
+  }
+  return best;
+}
+
+}  // namespace vc

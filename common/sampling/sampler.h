@@ -1,0 +1,42 @@
+// Token selection from one row of logits: greedy, or seeded sampling whose
+// randomness is a pure function of (seed, absolute position, token id).
+//
+// Seeded sampling is Gumbel-max over the filtered logits: token t wins if it
+// maximises logit[t] / T + g(seed, pos, t), with g Gumbel noise from a
+// counter-based hash. Two code paths that see the same logits at the same
+// position therefore pick the same token, which is what lets a drafter and a
+// verifier (or full-KV decoding) agree bit for bit under sampling.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+
+namespace vc {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy
+  int top_k = 0;             // 0: no top-k filter
+  float top_p = 1.0f;        // 1: no nucleus filter
+  uint64_t seed = 0;
+
+  bool greedy() const { return temperature <= 0.0f; }
+  // InvalidArgument for negative temperature, top_k < 0, top_p outside (0, 1].
+  absl::Status Validate() const;
+};
+
+// Index of the largest logit; ties go to the lowest id.
+int32_t Argmax(std::span<const float> logits);
+
+// Greedy when params.greedy(); otherwise Gumbel-max with keyed noise over
+// the tokens that survive top-k, then top-p (both by logit order, ties to the
+// lower id).
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
+                    int64_t position);
+
+// The noise itself, exposed for tests: a standard Gumbel variate that is a
+// pure function of its arguments.
+double GumbelNoise(uint64_t seed, int64_t position, int32_t token);
+
+}  // namespace vc

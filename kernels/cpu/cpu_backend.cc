@@ -1,0 +1,83 @@
+// The CPU backend: canonical primitives from the SIMD table chosen at run
+// time, parallelised over output rows on a ThreadPool.
+#include <algorithm>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/thread_pool.h"
+#include "kernels/cpu/internal/simd_ops.h"
+#include "kernels/internal/registry.h"
+#include "kernels/kernels.h"
+
+namespace vc::kernels {
+namespace {
+
+const cpu::SimdOps& OpsFor(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512:
+      if (cpu::Avx512Ops() != nullptr) return *cpu::Avx512Ops();
+      [[fallthrough]];
+    case SimdLevel::kAvx2:
+      if (cpu::Avx2Ops() != nullptr) return *cpu::Avx2Ops();
+      [[fallthrough]];
+    case SimdLevel::kScalar:
+      break;
+  }
+  return cpu::ScalarOps();
+}
+
+class CpuBackend final : public KernelBackend {
+ public:
+  CpuBackend(SimdLevel level, int threads) : level_(level), ops_(OpsFor(level)), pool_(threads) {}
+
+  std::string name() const override { return absl::StrCat("cpu/", std::string(SimdLevelName(level_))); }
+  int threads() const override { return pool_.num_threads(); }
+  ThreadPool& pool() override { return pool_; }
+
+  float Dot(const float* a, const float* b, int64_t n) const override { return ops_.dot(a, b, n); }
+
+  void Matmul(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
+              int64_t out, float* y) override {
+    constexpr int64_t kBlockRows = 16;
+    const int64_t blocks = (out + kBlockRows - 1) / kBlockRows;
+    // Keep each piece above ~64K multiply-adds so small layers stay inline.
+    const int64_t fma_per_block = std::max<int64_t>(1, kBlockRows * in * tokens);
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / fma_per_block);
+    pool_.ParallelFor(blocks, grain, [&](int64_t b0, int64_t b1) {
+      ops_.matmul_rows(x, tokens, w, bias, in, b0 * kBlockRows, std::min(out, b1 * kBlockRows),
+                       out, y);
+    });
+  }
+
+  void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim, float scale,
+                       float* scores) const override {
+    for (int64_t j = 0; j < n; ++j) scores[j] = ops_.dot(q, k + j * head_dim, head_dim) * scale;
+  }
+
+  void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
+                        float* out) const override {
+    ops_.accumulate(p, v, n, head_dim, out);
+  }
+
+ private:
+  const SimdLevel level_;
+  const cpu::SimdOps& ops_;
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCpuBackend(const BackendOptions& options) {
+  auto level = ParseSimdLevel(options.simd);
+  if (!level.ok()) return level.status();
+  if (options.threads < 0 || options.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be in [0, 1024], got ", options.threads));
+  }
+  int threads = options.threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::unique_ptr<KernelBackend>(std::make_unique<CpuBackend>(*level, threads));
+}
+
+}  // namespace vc::kernels

@@ -1,0 +1,34 @@
+// Private to kernels/cpu: one table of the canonical primitives per SIMD
+// level. Each level lives in its own translation unit compiled with that
+// level's -m flags; nothing else is compiled with them.
+#pragma once
+
+#include <cstdint>
+
+namespace vc::kernels::cpu {
+
+struct SimdOps {
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // y[t*ldy + o] = (bias? bias[o] : 0) + dot(x + t*in, w + o*in, in) for t in
+  // [0, tokens), o in [o_begin, o_end).
+  void (*matmul_rows)(const float* x, int64_t tokens, const float* w, const float* bias,
+                      int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y);
+  // out[d] = fma(p[j], v[j*dim + d], out[d]), j in order.
+  void (*accumulate)(const float* p, const float* v, int64_t n, int64_t dim, float* out);
+};
+
+const SimdOps& ScalarOps();
+const SimdOps* Avx2Ops();    // null when not compiled in
+const SimdOps* Avx512Ops();  // null when not compiled in
+
+// The fixed pairwise tree over 16 lanes. static: each SIMD translation unit
+// gets its own copy, so no AVX-512 code can be linked into the scalar path.
+static inline float ReduceLanes16(const float* l) {
+  float s8[8], s4[4], s2[2];
+  for (int k = 0; k < 8; ++k) s8[k] = l[k] + l[k + 8];
+  for (int k = 0; k < 4; ++k) s4[k] = s8[k] + s8[k + 4];
+  for (int k = 0; k < 2; ++k) s2[k] = s4[k] + s4[k + 2];
+  return s2[0] + s2[1];
+}
+
+}  // namespace vc::kernels::cpu

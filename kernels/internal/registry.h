@@ -1,0 +1,22 @@
+// Private to kernels/: the backend registry. Built-in backends are added
+// explicitly the first time the registry is used (static registration objects
+// in a static library are dropped by the linker when nothing references them).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace vc::kernels {
+
+using BackendFactory =
+    std::function<absl::StatusOr<std::unique_ptr<KernelBackend>>(const BackendOptions&)>;
+
+// Returns true so it can initialise a namespace-scope constant.
+bool RegisterBackend(const std::string& name, BackendFactory factory);
+
+// Built-in factories.
+absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCpuBackend(const BackendOptions& options);
+
+}  // namespace vc::kernels

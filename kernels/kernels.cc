@@ -1,0 +1,151 @@
+#include "kernels/kernels.h"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cpu/internal/simd_ops.h"
+#include "kernels/internal/registry.h"
+
+namespace vc::kernels {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, BackendFactory> factories;
+};
+
+Registry& GetRegistry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();  // never destroyed
+    reg->factories["cpu"] = CreateCpuBackend;
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace
+
+bool RegisterBackend(const std::string& name, BackendFactory factory) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factories[name] = std::move(factory);
+  return true;
+}
+
+std::vector<std::string> RegisteredBackends() {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, f] : r.factories) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<KernelBackend>> CreateBackend(const BackendOptions& options) {
+  BackendFactory factory;
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.factories.find(options.name);
+    if (it == r.factories.end()) {
+      std::vector<std::string> names;
+      for (const auto& [name, f] : r.factories) names.push_back(name);
+      return absl::InvalidArgumentError(absl::StrCat("unknown kernel backend '", options.name,
+                                                     "' (available: ", absl::StrJoin(names, ", "),
+                                                     ")"));
+    }
+    factory = it->second;
+  }
+  return factory(options);
+}
+
+SimdLevel DetectSimdLevel() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (cpu::Avx512Ops() != nullptr && __builtin_cpu_supports("avx512f")) return SimdLevel::kAvx512;
+  if (cpu::Avx2Ops() != nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return SimdLevel::kAvx2;
+  }
+#endif
+  return SimdLevel::kScalar;
+}
+
+std::string_view SimdLevelName(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
+  const SimdLevel best = DetectSimdLevel();
+  SimdLevel want;
+  if (name == "auto") return best;
+  if (name == "scalar") {
+    want = SimdLevel::kScalar;
+  } else if (name == "avx2") {
+    want = SimdLevel::kAvx2;
+  } else if (name == "avx512") {
+    want = SimdLevel::kAvx512;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown SIMD level '", std::string(name), "' (expected scalar, avx2, avx512 or auto)"));
+  }
+  if (static_cast<int>(want) > static_cast<int>(best)) {
+    return absl::InvalidArgumentError(absl::StrCat("SIMD level '", std::string(name),
+                                                   "' is not supported by this CPU (best: ",
+                                                   std::string(SimdLevelName(best)), ")"));
+  }
+  return want;
+}
+
+float Exp(float x) {
+  // Cephes expf: x = n*ln2 + r with |r| <= ln2/2, exp(r) by a degree-6
+  // polynomial, times 2^n. Plain * and + only (no FMA, no libm), so every
+  // path and machine computes the same bits.
+  if (std::isnan(x)) return x;
+  if (x > 88.72283f) return INFINITY;
+  if (x < -103.0f) return 0.0f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * (r * r) + r + 1.0f;
+  return std::ldexp(y, static_cast<int>(n));
+}
+
+float Silu(float x) { return x / (1.0f + Exp(-x)); }
+
+void RmsNorm(const KernelBackend& backend, const float* x, const float* g, int64_t n, float eps,
+             float* out) {
+  const float ss = backend.Dot(x, x, n);
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = g[i] * (x[i] * r);
+}
+
+void Softmax(float* s, int64_t n) {
+  if (n <= 0) return;
+  float m = s[0];
+  for (int64_t j = 1; j < n; ++j) m = std::max(m, s[j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = Exp(s[j] - m);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
+}  // namespace vc::kernels

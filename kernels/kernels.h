@@ -1,0 +1,94 @@
+// Compute kernels for the forward pass, behind one backend interface.
+//
+// Every backend follows one numerics contract (docs/numerics.md) so that a
+// value never depends on batch size, thread count or SIMD width:
+//  * A dot product of length n has 16 logical lanes: element i is added into
+//    lane i % 16 with a fused multiply-add, in increasing i (a partial last
+//    group is padded with zeros). The lanes are then summed by one fixed
+//    pairwise tree: l[k] + l[k+8], then + [k+4], then + [k+2], then + [k+1].
+//  * Matmul output element (t, o) is exactly bias[o] + Dot(x[t], w[o]); work
+//    is split only across output elements.
+//  * Weighted value sums run sequentially over keys, one FMA per key and lane.
+//  * exp (and so softmax and SiLU) has one implementation, kernels::Exp.
+// The scalar, AVX2 and AVX-512 CPU paths all implement this exact sequence of
+// IEEE operations, so they agree bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace vc {
+class ThreadPool;
+}
+
+namespace vc::kernels {
+
+enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The widest level this CPU supports.
+SimdLevel DetectSimdLevel();
+std::string_view SimdLevelName(SimdLevel level);
+// Accepts "scalar", "avx2", "avx512" and "auto" (the detected level); a level
+// the CPU lacks is an InvalidArgument error.
+absl::StatusOr<SimdLevel> ParseSimdLevel(std::string_view name);
+
+// The one exp used by every kernel (softmax, SiLU, sampling): a Cephes-style
+// polynomial built from plain multiplies and adds, so it is identical on every
+// path and machine (unlike libm's expf). Max relative error ~2 ulp.
+float Exp(float x);
+// x * sigmoid(x) = x / (1 + Exp(-x)).
+float Silu(float x);
+
+struct BackendOptions {
+  std::string name = "cpu";  // registry name
+  int threads = 0;           // worker threads including the caller; 0 = hardware threads
+  std::string simd = "auto"; // cpu only: scalar | avx2 | avx512 | auto
+};
+
+class KernelBackend {
+ public:
+  virtual ~KernelBackend() = default;
+  // e.g. "cpu/avx512".
+  virtual std::string name() const = 0;
+  virtual int threads() const = 0;
+  // The pool that the backend's own kernels use; callers may run their own
+  // element-parallel loops on it (never from inside a kernel).
+  virtual ThreadPool& pool() = 0;
+
+  // Canonical dot product (see the header comment).
+  virtual float Dot(const float* a, const float* b, int64_t n) const = 0;
+
+  // y[t*out + o] = (bias ? bias[o] : 0) + Dot(x + t*in, w + o*in, in)
+  // for t < tokens, o < out. w is row-major [out, in]. Multithreaded.
+  // (With no bias the add is skipped, not done with 0.)
+  virtual void Matmul(const float* x, int64_t tokens, const float* w, const float* bias,
+                      int64_t in, int64_t out, float* y) = 0;
+
+  // scores[j] = Dot(q, k + j*head_dim, head_dim) * scale, j < n.
+  virtual void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim,
+                               float scale, float* scores) const = 0;
+
+  // out[d] = fma(p[j], v[j*head_dim + d], out[d]) for j = 0..n-1 in order.
+  virtual void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
+                                float* out) const = 0;
+};
+
+// Creates a backend by registry name ("cpu"; "cuda" when built with CUDA and
+// a device is present).
+absl::StatusOr<std::unique_ptr<KernelBackend>> CreateBackend(const BackendOptions& options);
+// Names of the registered backends.
+std::vector<std::string> RegisteredBackends();
+
+// Elementwise helpers shared by every backend (cheap, scalar, exact).
+// out[i] = g[i] * (x[i] * r), r = 1 / sqrt(Dot(x, x) / n + eps).
+void RmsNorm(const KernelBackend& backend, const float* x, const float* g, int64_t n, float eps,
+             float* out);
+// In-place softmax over n scores: e_j = Exp(s_j - max); sum in order; s_j = e_j / sum.
+void Softmax(float* s, int64_t n);
+
+}  // namespace vc::kernels
