@@ -185,6 +185,7 @@ int RunGenerate(int argc, char** argv) {
     std::cout << j.dump() << std::endl;
   } else {
     std::printf("\n");
+    std::fflush(stdout);
     std::fprintf(stderr,
                  "[%zu prompt + %zu generated tokens; prefill %.3f s; %.1f tokens/s overall, "
                  "%.1f tokens/s decode; %s, %d threads]\n",

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job: install what is missing, build, and run the demo on the test
+# models in ../shared/models, ending with a short report.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+bash "$REPO_ROOT/deploy/scripts/install_deps.sh"
+echo "== building (build/) =="
+configure_and_build build -DCMAKE_BUILD_TYPE=Release -DVC_BUILD_TESTS=OFF | tail -n 1
+VC="$REPO_ROOT/build/bin/vericache"
+M="$VC_MODELS_DIR"
+if [[ ! -f "$M/aidreams260K.bin" ]]; then
+  echo "demo: test models not found in $M (set VC_MODELS_DIR)" >&2
+  exit 1
+fi
+
+echo
+echo "== aidreams260K, greedy, text in and out =="
+"$VC" generate --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams260K.tok512.bin" \
+  --prompt "I dream of" --max-new-tokens 80
+echo
+echo "== aidreams260K, seeded sampling (temperature 0.8, top-p 0.9, seed 7) =="
+"$VC" generate --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams260K.tok512.bin" \
+  --prompt "I dream of" --max-new-tokens 80 --temperature 0.8 --top-p 0.9 --seed 7
+echo
+echo "== stories260K (no tokenizer: token ids in and out), 120 tokens =="
+"$VC" generate --model "$M/stories260K.bin" --prompt-ids "1 306 461" --max-new-tokens 120 --ignore-eos

@@ -1,0 +1,159 @@
+// Runs the real `vericache` binary and checks the CLI contract: exit codes,
+// one-line errors, the JSON object, and that threads/SIMD never change tokens.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+RunResult RunCli(const std::string& args) {
+  const std::string err_path = ::testing::TempDir() + "/vc_cli_stderr.txt";
+  const std::string cmd = std::string(VC_CLI_PATH) + " " + args + " 2>" + err_path;
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (FILE* e = fopen(err_path.c_str(), "r")) {
+    while ((n = fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
+    fclose(e);
+  }
+  return r;
+}
+
+std::string ModelsDir() {
+  const char* d = std::getenv("VC_MODELS_DIR");
+  return d ? d : "";
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ModelsDir();
+    if (dir_.empty() || !std::ifstream(dir_ + "/stories260K.bin").good()) {
+      GTEST_SKIP() << "test models not found (VC_MODELS_DIR)";
+    }
+    stories_ = dir_ + "/stories260K.bin";
+    aidreams_ = dir_ + "/aidreams260K.bin";
+    tok_ = dir_ + "/aidreams260K.tok512.bin";
+  }
+  std::string dir_, stories_, aidreams_, tok_;
+};
+
+int CountLines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST_F(CliTest, JsonContract) {
+  RunResult r = RunCli("generate --model " + stories_ +
+                    " --prompt-ids '1 306 461' --max-new-tokens 20 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["mode"], "full");
+  EXPECT_EQ(j["prompt_tokens"], 3);
+  EXPECT_EQ(j["tokens"].size(), 20u);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(CountLines(r.out), 1);
+}
+
+TEST_F(CliTest, ThreadsAndSimdNeverChangeTokens) {
+  const std::string base = "generate --model " + stories_ +
+                           " --prompt-ids '1 306 461 260 ' --max-new-tokens 200 --ignore-eos --json";
+  RunResult ref = RunCli(base + " --threads 1 --simd scalar");
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  const auto tokens = nlohmann::json::parse(ref.out)["tokens"];
+  for (const char* extra : {" --threads 2", " --threads 4", " --threads 3 --simd avx2",
+                            " --threads 2 --simd auto"}) {
+    RunResult r = RunCli(base + extra);
+    if (r.exit_code == 2 && r.err.find("not supported by this CPU") != std::string::npos) continue;
+    ASSERT_EQ(r.exit_code, 0) << extra << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], tokens) << extra;
+  }
+}
+
+TEST_F(CliTest, SeededSamplingIsReproducibleAndSeedDependent) {
+  const std::string base = "generate --model " + stories_ +
+                           " --prompt-ids '1 306' --max-new-tokens 60 --ignore-eos --json "
+                           "--temperature 0.9 --top-p 0.95";
+  auto a = nlohmann::json::parse(RunCli(base + " --seed 5").out)["tokens"];
+  auto b = nlohmann::json::parse(RunCli(base + " --seed 5 --threads 1").out)["tokens"];
+  auto c = nlohmann::json::parse(RunCli(base + " --seed 6").out)["tokens"];
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST_F(CliTest, TextPromptOnAidreams) {
+  RunResult r = RunCli("generate --model " + aidreams_ + " --tokenizer " + tok_ +
+                    " --prompt 'I dream of' --max-new-tokens 24");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The continuation stated in ../shared/models/README.md (measured there with
+  // an independent float64 implementation).
+  EXPECT_NE(r.out.find("I dream of 0.000000. Dimensions unfold, as I softly refine"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos);
+}
+
+TEST_F(CliTest, BadInputExitsTwoWithOneLine) {
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"generate --model " + stories_ + " --prompt-ids '1 9999' --max-new-tokens 5",
+       "outside the vocabulary"},
+      {"generate --model " + stories_ + " --prompt-ids '1 x' --max-new-tokens 5", "not an integer"},
+      {"generate --model " + stories_ + " --prompt-ids \"$(seq -s ' ' 1 513 | tr -d '\\n')\"" +
+           " --max-new-tokens 5",
+       "longer than the model's context"},
+      {"generate --model " + stories_ + " --prompt-ids '1 2' --max-new-tokens 600",
+       "exceeds the model's context"},
+      {"generate --model /nonexistent.bin --prompt-ids '1' --max-new-tokens 5", "/nonexistent.bin"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --bogus", "unknown flag --bogus"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --max-new-tokens 0", "max-new-tokens"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --temperature -1", "temperature"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --top-k 5", "--temperature"},
+      {"generate --model " + stories_ + " --prompt 'hi'", "--tokenizer"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --simd avx9", "avx9"},
+      {"generate --prompt-ids '1'", "--model is required"},
+      {"frobnicate", "unknown command"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = RunCli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
+  }
+}
+
+TEST_F(CliTest, HelpDescribesEveryFlag) {
+  RunResult top = RunCli("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_NE(top.out.find("generate"), std::string::npos);
+  RunResult r = RunCli("generate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--model", "--prompt-ids", "--prompt", "--tokenizer", "--max-new-tokens",
+                           "--ignore-eos", "--temperature", "--top-k", "--top-p", "--seed",
+                           "--threads", "--simd", "--json"}) {
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
