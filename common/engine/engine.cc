@@ -208,6 +208,9 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
         scores.resize(std::max<int64_t>(1, range.count));
         kv.Scores(be, l, kvh, range, &s.q[r * qd + int64_t{h} * hd], scale, scores.data());
         kernels::Softmax(scores.data(), range.count);
+        if (AttentionObserver* obs = batch[s.row_entry[r]].observer) {
+          obs->Observe(l, h, kvh, pos, range, scores.data());
+        }
         float* out = &s.att[r * qd + int64_t{h} * hd];
         std::fill_n(out, hd, 0.0f);
         kv.MixValues(be, l, kvh, range, scores.data(), out);

@@ -20,12 +20,25 @@
 
 namespace vc {
 
+// Sees the attention probabilities of a pass, e.g. to gather the statistics
+// that token-dropping compressors rank keys by. Observe is called
+// concurrently for different (row, head) pairs, never twice for one pair.
+class AttentionObserver {
+ public:
+  virtual ~AttentionObserver() = default;
+  // probs[j] is the weight query head `head` (at `query_pos`) gave the stored
+  // key range.first + j of KV head `kv_head` in `layer`.
+  virtual void Observe(int layer, int head, int kv_head, int32_t query_pos,
+                       SequenceKv::KeyRange range, const float* probs) = 0;
+};
+
 struct SequenceInput {
   SequenceKv* kv = nullptr;         // extended by tokens.size() positions
   std::span<const int32_t> tokens;  // at positions kv->next_position() + i
   // Logits are returned for tokens[i], i >= first_logit (tokens.size() for
   // none, tokens.size() - 1 for the last only, 0 for all).
   int64_t first_logit = 0;
+  AttentionObserver* observer = nullptr;  // optional
 };
 
 struct EngineOptions {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -14,6 +15,7 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
       head_dim_(config.head_dim),
       block_tokens_(std::max(1, options.block_tokens)),
       max_tokens_(options.max_tokens > 0 ? options.max_tokens : config.max_seq_len),
+      first_position_(options.first_position),
       bytes_per_token_(config.kv_bytes_per_token()),
       block_floats_(int64_t{config.n_kv_heads} * std::max(1, options.block_tokens) *
                     config.head_dim),
@@ -24,6 +26,9 @@ absl::Status PagedKvCache::Append(int32_t count) {
   if (int64_t{length_} + count > max_tokens_) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache full: ", length_, " + ", count,
                                                      " tokens exceeds capacity ", max_tokens_));
+  }
+  if (int64_t{first_position_} + length_ + count > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError("KV positions overflow int32");
   }
   const int32_t new_length = length_ + count;
   const size_t blocks_needed = static_cast<size_t>((new_length + block_tokens_ - 1) / block_tokens_);
@@ -38,13 +43,14 @@ absl::Status PagedKvCache::Append(int32_t count) {
 }
 
 void PagedKvCache::Truncate(int32_t length) {
-  VC_CHECK(length >= 0 && length <= length_, "Truncate past the end");
-  length_ = length;
+  VC_CHECK(length >= first_position_ && length <= next_position(), "Truncate past the end");
+  length_ = length - first_position_;
   // Blocks are kept for reuse by the next Append; the cache's capacity is
   // bounded by max_tokens anyway.
 }
 
 float* PagedKvCache::Row(int layer, bool value, int kv_head, int32_t pos) const {
+  pos -= first_position_;
   float* block = blocks_[layer][pos / block_tokens_].get();
   return block + (value ? block_floats_ : 0) +
          (int64_t{kv_head} * block_tokens_ + pos % block_tokens_) * head_dim_;
@@ -58,7 +64,7 @@ const float* PagedKvCache::ValueAt(int layer, int kv_head, int32_t pos) const {
 }
 
 void PagedKvCache::Write(int layer, int32_t pos, const float* k, const float* v) {
-  VC_CHECK(pos >= 0 && pos < length_, "Write outside appended positions");
+  VC_CHECK(pos >= first_position_ && pos < next_position(), "Write outside appended positions");
   for (int h = 0; h < kv_heads_; ++h) {
     std::memcpy(Row(layer, false, h, pos), k + int64_t{h} * head_dim_, head_dim_ * sizeof(float));
     std::memcpy(Row(layer, true, h, pos), v + int64_t{h} * head_dim_, head_dim_ * sizeof(float));
@@ -67,20 +73,23 @@ void PagedKvCache::Write(int layer, int32_t pos, const float* k, const float* v)
 
 SequenceKv::KeyRange PagedKvCache::Keys(int /*layer*/, int /*kv_head*/, int32_t min_pos,
                                         int32_t max_pos) const {
-  const int32_t first = std::max(0, min_pos);
-  const int32_t last = std::min(max_pos, length_ - 1);
-  return {first, std::max(0, last - first + 1)};
+  // Stored index = position - first_position_.
+  const int32_t first = std::max(first_position_, min_pos);
+  const int32_t last = std::min(max_pos, next_position() - 1);
+  return {first - first_position_, std::max(0, last - first + 1)};
 }
 
 void PagedKvCache::Scores(const kernels::KernelBackend& backend, int layer, int kv_head,
                           KeyRange range, const float* q, float scale, float* scores) const {
   int64_t j = 0;
   while (j < range.count) {
-    const int32_t pos = static_cast<int32_t>(range.first + j);
-    const int64_t n = std::min<int64_t>(range.count - j, block_tokens_ - pos % block_tokens_);
-    backend.AttentionScores(q, Row(layer, false, kv_head, pos), n, head_dim_, scale, scores + j);
+    const int32_t index = static_cast<int32_t>(range.first + j);
+    const int64_t n = std::min<int64_t>(range.count - j, block_tokens_ - index % block_tokens_);
+    backend.AttentionScores(q, Row(layer, false, kv_head, index + first_position_), n, head_dim_,
+                            scale, scores + j);
     j += n;
   }
+  bytes_read_.fetch_add(range.count * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
 }
 
 void PagedKvCache::MixValues(const kernels::KernelBackend& backend, int layer, int kv_head,
@@ -89,11 +98,13 @@ void PagedKvCache::MixValues(const kernels::KernelBackend& backend, int layer, i
   // block boundaries does not change the result.
   int64_t j = 0;
   while (j < range.count) {
-    const int32_t pos = static_cast<int32_t>(range.first + j);
-    const int64_t n = std::min<int64_t>(range.count - j, block_tokens_ - pos % block_tokens_);
-    backend.AccumulateValues(p + j, Row(layer, true, kv_head, pos), n, head_dim_, out);
+    const int32_t index = static_cast<int32_t>(range.first + j);
+    const int64_t n = std::min<int64_t>(range.count - j, block_tokens_ - index % block_tokens_);
+    backend.AccumulateValues(p + j, Row(layer, true, kv_head, index + first_position_), n,
+                             head_dim_, out);
     j += n;
   }
+  bytes_read_.fetch_add(range.count * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
 }
 
 }  // namespace vc

@@ -6,6 +6,7 @@
 // mixes values in its own stored order; the forward pass only sees scores.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -63,11 +64,14 @@ class PagedKvCache final : public SequenceKv {
   struct Options {
     int block_tokens = 16;  // tokens per block
     int32_t max_tokens = 0;  // 0: the model's context length
+    // Absolute position of the first stored token: a cache can hold only a
+    // suffix of a sequence (e.g. the exact tail behind a compressed prefix).
+    int32_t first_position = 0;
   };
   PagedKvCache(const ModelConfig& config, const Options& options);
   explicit PagedKvCache(const ModelConfig& config) : PagedKvCache(config, Options()) {}
 
-  int32_t next_position() const override { return length_; }
+  int32_t next_position() const override { return first_position_ + length_; }
   absl::Status Append(int32_t count) override;
   void Write(int layer, int32_t pos, const float* k, const float* v) override;
   KeyRange Keys(int layer, int kv_head, int32_t min_pos, int32_t max_pos) const override;
@@ -83,13 +87,19 @@ class PagedKvCache final : public SequenceKv {
   // Bytes of K and V held for the stored tokens (not counting block slack).
   int64_t bytes() const { return int64_t{length_} * bytes_per_token_; }
   int32_t max_tokens() const { return max_tokens_; }
+  int32_t first_position() const { return first_position_; }
+  // Bytes of K and V that attention has read from this cache so far (lets
+  // tests prove which cache a pass read; relaxed atomic, cheap).
+  int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
 
  private:
   float* Row(int layer, bool value, int kv_head, int32_t pos) const;
 
   int n_layers_, kv_heads_, head_dim_, block_tokens_;
   int32_t max_tokens_;
+  int32_t first_position_;
   int32_t length_ = 0;
+  mutable std::atomic<int64_t> bytes_read_{0};
   int64_t bytes_per_token_;
   int64_t block_floats_;  // floats per K (or V) block of one layer
   // blocks_[layer][b]: K block followed by V block.

@@ -1,0 +1,141 @@
+#include "common/kv/compressed_kv.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace vc {
+
+absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
+    const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
+    const std::vector<std::vector<std::vector<int32_t>>>& kept, const RowCodecSpec& key_spec,
+    const RowCodecSpec& value_spec, std::string description) {
+  if (prefix_len < 1 || full.first_position() != 0 || full.next_position() < prefix_len) {
+    return absl::InvalidArgumentError(absl::StrCat("compressed prefix of ", prefix_len,
+                                                   " tokens needs a full KV holding them (has ",
+                                                   full.next_position(), ")"));
+  }
+  if (static_cast<int>(kept.size()) != config.n_layers) {
+    return absl::InvalidArgumentError("kept positions must list every layer");
+  }
+  const int hd = config.head_dim;
+  if (hd > kMaxHeadDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compressed KV supports head_dim <= ", kMaxHeadDim, ", model has ", hd));
+  }
+  std::shared_ptr<CompressedPrefix> out(new CompressedPrefix());
+  out->prefix_len_ = prefix_len;
+  out->description_ = std::move(description);
+  out->full_bytes_ = int64_t{prefix_len} * config.kv_bytes_per_token();
+  out->layers_.resize(config.n_layers);
+  std::vector<float> k_rows, v_rows;
+  for (int l = 0; l < config.n_layers; ++l) {
+    if (static_cast<int>(kept[l].size()) != config.n_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": kept positions for ",
+                                                     kept[l].size(), " heads, model has ",
+                                                     config.n_kv_heads));
+    }
+    const size_t count = kept[l][0].size();
+    for (int h = 0; h < config.n_kv_heads; ++h) {
+      const std::vector<int32_t>& pos = kept[l][h];
+      if (pos.size() != count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, ": heads keep different counts (", count, " vs ",
+                         pos.size(), "); a layer keeps the same count per head"));
+      }
+      for (size_t i = 0; i < pos.size(); ++i) {
+        if (pos[i] < 0 || pos[i] >= prefix_len || (i > 0 && pos[i] <= pos[i - 1])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "layer ", l, " head ", h, ": kept positions must be increasing and inside [0, ",
+              prefix_len, ")"));
+        }
+      }
+      k_rows.resize(pos.size() * hd);
+      v_rows.resize(pos.size() * hd);
+      for (size_t i = 0; i < pos.size(); ++i) {
+        std::copy_n(full.KeyAt(l, h, pos[i]), hd, &k_rows[i * hd]);
+        std::copy_n(full.ValueAt(l, h, pos[i]), hd, &v_rows[i * hd]);
+      }
+      Head head;
+      head.positions = pos;
+      VC_ASSIGN_OR_RETURN(head.keys, RowStore::Encode(key_spec, k_rows.data(), pos.size(), hd));
+      VC_ASSIGN_OR_RETURN(head.values, RowStore::Encode(value_spec, v_rows.data(), pos.size(), hd));
+      out->bytes_ += head.keys->bytes() + head.values->bytes();
+      if (static_cast<int32_t>(pos.size()) < prefix_len) {
+        out->bytes_ += static_cast<int64_t>(pos.size() * sizeof(int32_t));
+      }
+      out->layers_[l].heads.push_back(std::move(head));
+    }
+  }
+  return std::shared_ptr<const CompressedPrefix>(std::move(out));
+}
+
+CompressedSequenceKv::CompressedSequenceKv(const ModelConfig& config,
+                                           std::shared_ptr<const CompressedPrefix> prefix,
+                                           int32_t max_tokens)
+    : head_dim_(config.head_dim),
+      prefix_(std::move(prefix)),
+      tail_(config, PagedKvCache::Options{
+                        .block_tokens = 16,
+                        .max_tokens = (max_tokens > 0 ? max_tokens : config.max_seq_len) -
+                                      prefix_->prefix_len(),
+                        .first_position = prefix_->prefix_len()}) {}
+
+// Stored order: the prefix's kept keys (by position), then the tail.
+SequenceKv::KeyRange CompressedSequenceKv::Keys(int layer, int kv_head, int32_t min_pos,
+                                                int32_t max_pos) const {
+  const std::vector<int32_t>& pos = prefix_->layer(layer).heads[kv_head].positions;
+  const int64_t kept = static_cast<int64_t>(pos.size());
+  const int64_t p0 = std::lower_bound(pos.begin(), pos.end(), min_pos) - pos.begin();
+  const int64_t p1 = std::upper_bound(pos.begin(), pos.end(), max_pos) - pos.begin();
+  const KeyRange tail = tail_.Keys(layer, kv_head, min_pos, max_pos);
+  if (tail.count == 0) return {p0, std::max<int64_t>(0, p1 - p0)};
+  if (p1 - p0 <= 0) return {kept + tail.first, tail.count};
+  // Sorted overall, so the visible keys are contiguous across the seam.
+  return {p0, (kept - p0) + tail.count};
+}
+
+void CompressedSequenceKv::Scores(const kernels::KernelBackend& backend, int layer, int kv_head,
+                                  KeyRange range, const float* q, float scale,
+                                  float* scores) const {
+  const CompressedPrefix::Head& head = prefix_->layer(layer).heads[kv_head];
+  const int64_t kept = static_cast<int64_t>(head.positions.size());
+  int64_t j = 0;
+  float row[kMaxHeadDim];
+  for (; j < range.count && range.first + j < kept; ++j) {
+    const int64_t i = range.first + j;
+    const float* k = head.keys->RowIfF32(i);
+    if (k == nullptr) {
+      head.keys->Decode(i, row);
+      k = row;
+    }
+    scores[j] = backend.Dot(q, k, head_dim_) * scale;
+  }
+  if (j < range.count) {
+    tail_.Scores(backend, layer, kv_head, {range.first + j - kept, range.count - j}, q, scale,
+                 scores + j);
+  }
+}
+
+void CompressedSequenceKv::MixValues(const kernels::KernelBackend& backend, int layer, int kv_head,
+                                     KeyRange range, const float* p, float* out) const {
+  const CompressedPrefix::Head& head = prefix_->layer(layer).heads[kv_head];
+  const int64_t kept = static_cast<int64_t>(head.positions.size());
+  int64_t j = 0;
+  float row[kMaxHeadDim];
+  for (; j < range.count && range.first + j < kept; ++j) {
+    const int64_t i = range.first + j;
+    const float* v = head.values->RowIfF32(i);
+    if (v == nullptr) {
+      head.values->Decode(i, row);
+      v = row;
+    }
+    backend.AccumulateValues(p + j, v, 1, head_dim_, out);
+  }
+  if (j < range.count) {
+    tail_.MixValues(backend, layer, kv_head, {range.first + j - kept, range.count - j}, p + j, out);
+  }
+}
+
+}  // namespace vc

@@ -1,0 +1,100 @@
+// Compressed KV of a prompt prefix, and the drafter's KV view built on it.
+//
+// CompressedPrefix holds, per layer and KV head, the kept token positions
+// (the same count for every head of a layer; keys keep their original RoPE
+// positions) and their K and V rows in a RowStore format (f32 for pure token
+// dropping, quantised for KIVI/INT8, both for composites). It is immutable
+// and shared by every request over the same prefix.
+//
+// CompressedSequenceKv is a SequenceKv made of that prefix plus an exact,
+// full-precision tail for the tokens after it (drafted tokens, and accepted
+// tokens whose exact K/V the verifier refreshed). Attention reads the prefix
+// rows directly from their stored format, a row at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/engine/kv_cache.h"
+#include "common/kv/row_codec.h"
+#include "common/model/model.h"
+
+namespace vc {
+
+// Largest head_dim a compressed view decodes (one row lives on the stack).
+inline constexpr int kMaxHeadDim = 512;
+
+class CompressedPrefix {
+ public:
+  struct Head {
+    std::vector<int32_t> positions;  // kept positions, strictly increasing
+    std::unique_ptr<RowStore> keys;
+    std::unique_ptr<RowStore> values;
+  };
+  struct Layer {
+    std::vector<Head> heads;  // [kv_heads]
+  };
+
+  // Builds from the per-layer, per-head kept positions (each sorted, the same
+  // count per head within a layer) of `full`, whose positions [0,
+  // prefix_len) must be present. `key_spec`/`value_spec` choose the formats.
+  static absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Build(
+      const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
+      const std::vector<std::vector<std::vector<int32_t>>>& kept,  // [layer][kv_head][i]
+      const RowCodecSpec& key_spec, const RowCodecSpec& value_spec, std::string description);
+
+  int32_t prefix_len() const { return prefix_len_; }
+  const Layer& layer(int l) const { return layers_[l]; }
+  int n_layers() const { return static_cast<int>(layers_.size()); }
+  // Exact bytes: K/V codes, scales, zero points, and the kept-position
+  // indices (4 bytes each) when tokens were dropped.
+  int64_t bytes() const { return bytes_; }
+  // Bytes of the same prefix as full f32 KV.
+  int64_t full_bytes() const { return full_bytes_; }
+  double ratio() const { return full_bytes_ > 0 ? static_cast<double>(bytes_) / full_bytes_ : 1.0; }
+  // Kept tokens per head in layer l.
+  int64_t kept(int l) const { return static_cast<int64_t>(layers_[l].heads[0].positions.size()); }
+  const std::string& description() const { return description_; }
+
+ private:
+  CompressedPrefix() = default;
+  int32_t prefix_len_ = 0;
+  std::vector<Layer> layers_;
+  int64_t bytes_ = 0;
+  int64_t full_bytes_ = 0;
+  std::string description_;
+};
+
+class CompressedSequenceKv final : public SequenceKv {
+ public:
+  CompressedSequenceKv(const ModelConfig& config, std::shared_ptr<const CompressedPrefix> prefix,
+                       int32_t max_tokens = 0);
+
+  int32_t next_position() const override { return tail_.next_position(); }
+  absl::Status Append(int32_t count) override { return tail_.Append(count); }
+  void Truncate(int32_t length) override { tail_.Truncate(length); }
+  void Write(int layer, int32_t pos, const float* k, const float* v) override {
+    tail_.Write(layer, pos, k, v);
+  }
+  KeyRange Keys(int layer, int kv_head, int32_t min_pos, int32_t max_pos) const override;
+  void Scores(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
+              const float* q, float scale, float* scores) const override;
+  void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
+                 const float* p, float* out) const override;
+
+  const CompressedPrefix& prefix() const { return *prefix_; }
+  // The exact tail (positions >= prefix_len).
+  PagedKvCache& tail() { return tail_; }
+  const PagedKvCache& tail() const { return tail_; }
+  // Bytes held: the shared prefix plus this sequence's tail.
+  int64_t bytes() const { return prefix_->bytes() + tail_.bytes(); }
+
+ private:
+  int head_dim_;
+  std::shared_ptr<const CompressedPrefix> prefix_;
+  PagedKvCache tail_;
+};
+
+}  // namespace vc

@@ -1,0 +1,58 @@
+// Storage formats for rows of K or V (one row = one token of one KV head,
+// head_dim floats): full precision, or quantised. A compressed KV view keeps
+// its rows in one of these and dequantises a row at a time inside attention,
+// so no full-precision copy of a compressed cache is ever materialised.
+//
+// Formats:
+//  * f32: rows as they are.
+//  * per-token (INT8, KIVI values): each row split into groups of `group`
+//    channels; a group stores codes plus its own scale (and zero point when
+//    asymmetric).
+//  * per-channel (KIVI keys): rows grouped `group` tokens at a time; each
+//    channel of a token group stores its own scale and zero point. Rows that
+//    do not fill a whole token group stay full precision (KIVI's residual).
+// A `residual` count of trailing rows can be kept full precision in any format
+// (KIVI's window of recent tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace vc {
+
+struct RowCodecSpec {
+  enum class Kind { kF32, kPerTokenSymmetric, kPerTokenAsymmetric, kPerChannelAsymmetric };
+  Kind kind = Kind::kF32;
+  int bits = 32;      // 2, 4 or 8 for the quantised kinds
+  int group = 0;      // channels per group (per-token) or tokens per group (per-channel); 0 = whole row
+  int residual = 0;   // trailing rows kept in f32
+
+  static RowCodecSpec F32() { return {}; }
+  // InvalidArgument for unsupported bits / groups.
+  absl::Status Validate(int dim) const;
+  std::string DebugString() const;
+};
+
+// Immutable rows of one (layer, KV head) in one format.
+class RowStore {
+ public:
+  // Encodes `n` rows of `dim` floats (row-major) in `spec`'s format.
+  static absl::StatusOr<std::unique_ptr<RowStore>> Encode(const RowCodecSpec& spec,
+                                                         const float* rows, int64_t n, int dim);
+  virtual ~RowStore() = default;
+
+  virtual int64_t rows() const = 0;
+  virtual int dim() const = 0;
+  // Writes row i (dequantised) to out[dim]. Deterministic: plain f32 ops.
+  virtual void Decode(int64_t i, float* out) const = 0;
+  // Row i in place if it is stored as f32, else null (fast path).
+  virtual const float* RowIfF32(int64_t i) const = 0;
+  // Exact bytes held: codes, scales and zero points (not container slack).
+  virtual int64_t bytes() const = 0;
+};
+
+}  // namespace vc
