@@ -63,6 +63,7 @@ class Engine {
 
   const Model& model() const { return model_; }
   const ModelConfig& config() const { return model_.config(); }
+  int64_t max_batch_tokens() const { return options_.max_batch_tokens; }
   kernels::KernelBackend& backend() { return *backend_; }
 
  private:

@@ -19,7 +19,8 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
       bytes_per_token_(config.kv_bytes_per_token()),
       block_floats_(int64_t{config.n_kv_heads} * std::max(1, options.block_tokens) *
                     config.head_dim),
-      blocks_(config.n_layers) {}
+      blocks_(config.n_layers),
+      arena_(options.arena) {}
 
 absl::Status PagedKvCache::Append(int32_t count) {
   if (count < 0) return absl::InvalidArgumentError("Append: negative count");
@@ -32,6 +33,19 @@ absl::Status PagedKvCache::Append(int32_t count) {
   }
   const int32_t new_length = length_ + count;
   const size_t blocks_needed = static_cast<size_t>((new_length + block_tokens_ - 1) / block_tokens_);
+  if (arena_ != nullptr) {
+    // One reservation per block index covers that block in every layer.
+    const int64_t block_bytes = int64_t{2} * block_floats_ * n_layers_ * int64_t{sizeof(float)};
+    const size_t before = reservations_.size();
+    while (reservations_.size() < blocks_needed) {
+      auto r = arena_->Reserve(block_bytes);
+      if (!r.ok()) {
+        reservations_.resize(before);
+        return r.status();
+      }
+      reservations_.push_back(std::move(r).value());
+    }
+  }
   for (auto& layer_blocks : blocks_) {
     while (layer_blocks.size() < blocks_needed) {
       // K block then V block; zeroed so that unused rows never hold garbage.
@@ -47,6 +61,23 @@ void PagedKvCache::Truncate(int32_t length) {
   length_ = length - first_position_;
   // Blocks are kept for reuse by the next Append; the cache's capacity is
   // bounded by max_tokens anyway.
+}
+
+absl::StatusOr<int64_t> PagedKvCache::CopyFrom(const PagedKvCache& src) {
+  if (length_ != 0 || src.first_position_ != first_position_ || src.n_layers_ != n_layers_ ||
+      src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_) {
+    return absl::InvalidArgumentError("CopyFrom needs an empty cache of the same shape");
+  }
+  VC_RETURN_IF_ERROR(Append(src.length_));
+  for (int l = 0; l < n_layers_; ++l) {
+    for (int h = 0; h < kv_heads_; ++h) {
+      for (int32_t pos = first_position_; pos < next_position(); ++pos) {
+        std::memcpy(Row(l, false, h, pos), src.Row(l, false, h, pos), head_dim_ * sizeof(float));
+        std::memcpy(Row(l, true, h, pos), src.Row(l, true, h, pos), head_dim_ * sizeof(float));
+      }
+    }
+  }
+  return bytes();
 }
 
 float* PagedKvCache::Row(int layer, bool value, int kv_head, int32_t pos) const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/kv/kv_arena.h"
 #include "common/model/model.h"
 #include "kernels/kernels.h"
 
@@ -67,6 +68,9 @@ class PagedKvCache final : public SequenceKv {
     // Absolute position of the first stored token: a cache can hold only a
     // suffix of a sequence (e.g. the exact tail behind a compressed prefix).
     int32_t first_position = 0;
+    // Blocks are charged to this arena (not owned; must outlive the cache);
+    // Append fails with ResourceExhausted when the arena is full.
+    KvArena* arena = nullptr;
   };
   PagedKvCache(const ModelConfig& config, const Options& options);
   explicit PagedKvCache(const ModelConfig& config) : PagedKvCache(config, Options()) {}
@@ -81,6 +85,9 @@ class PagedKvCache final : public SequenceKv {
                  const float* p, float* out) const override;
 
   void Truncate(int32_t length) override;
+  // Copies every stored row of `src` (same model, same first_position) into
+  // this cache, which must be empty. Returns the bytes copied.
+  absl::StatusOr<int64_t> CopyFrom(const PagedKvCache& src);
   // Pointers to the stored K / V row of (layer, kv_head, pos): head_dim floats.
   const float* KeyAt(int layer, int kv_head, int32_t pos) const;
   const float* ValueAt(int layer, int kv_head, int32_t pos) const;
@@ -88,6 +95,9 @@ class PagedKvCache final : public SequenceKv {
   int64_t bytes() const { return int64_t{length_} * bytes_per_token_; }
   int32_t max_tokens() const { return max_tokens_; }
   int32_t first_position() const { return first_position_; }
+  int n_layers() const { return n_layers_; }
+  int kv_heads() const { return kv_heads_; }
+  int head_dim() const { return head_dim_; }
   // Bytes of K and V that attention has read from this cache so far (lets
   // tests prove which cache a pass read; relaxed atomic, cheap).
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
@@ -104,6 +114,8 @@ class PagedKvCache final : public SequenceKv {
   int64_t block_floats_;  // floats per K (or V) block of one layer
   // blocks_[layer][b]: K block followed by V block.
   std::vector<std::vector<std::unique_ptr<float[]>>> blocks_;
+  KvArena* arena_;
+  std::vector<KvArena::Reservation> reservations_;  // one per block index
 };
 
 }  // namespace vc

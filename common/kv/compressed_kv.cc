@@ -73,14 +73,15 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
 
 CompressedSequenceKv::CompressedSequenceKv(const ModelConfig& config,
                                            std::shared_ptr<const CompressedPrefix> prefix,
-                                           int32_t max_tokens)
+                                           int32_t max_tokens, KvArena* arena)
     : head_dim_(config.head_dim),
       prefix_(std::move(prefix)),
       tail_(config, PagedKvCache::Options{
                         .block_tokens = 16,
                         .max_tokens = (max_tokens > 0 ? max_tokens : config.max_seq_len) -
                                       prefix_->prefix_len(),
-                        .first_position = prefix_->prefix_len()}) {}
+                        .first_position = prefix_->prefix_len(),
+                        .arena = arena}) {}
 
 // Stored order: the prefix's kept keys (by position), then the tail.
 SequenceKv::KeyRange CompressedSequenceKv::Keys(int layer, int kv_head, int32_t min_pos,

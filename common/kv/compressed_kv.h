@@ -69,8 +69,10 @@ class CompressedPrefix {
 
 class CompressedSequenceKv final : public SequenceKv {
  public:
+  // The tail's blocks are charged to `arena` if given (the prefix is shared
+  // and charged by its owner).
   CompressedSequenceKv(const ModelConfig& config, std::shared_ptr<const CompressedPrefix> prefix,
-                       int32_t max_tokens = 0);
+                       int32_t max_tokens = 0, KvArena* arena = nullptr);
 
   int32_t next_position() const override { return tail_.next_position(); }
   absl::Status Append(int32_t count) override { return tail_.Append(count); }

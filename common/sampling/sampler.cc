@@ -46,9 +46,10 @@ double GumbelNoise(uint64_t seed, int64_t position, int32_t token) {
   return -std::log(-std::log(u));
 }
 
-int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                    int64_t position) {
-  if (params.greedy() || logits.empty()) return Argmax(logits);
+namespace {
+
+// The tokens that survive top-k then top-p, most likely first.
+std::vector<int32_t> Candidates(std::span<const float> logits, const SamplingParams& params) {
   const size_t n = logits.size();
   // Candidates in logit order, ties to the lower id (a strict total order).
   std::vector<int32_t> order(n);
@@ -76,10 +77,20 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
       }
     }
   }
-  int32_t best = order[0];
+  order.resize(keep);
+  return order;
+}
+
+}  // namespace
+
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
+                    int64_t position) {
+  if (params.greedy() || logits.empty()) return Argmax(logits);
+  const double inv_t = 1.0 / static_cast<double>(params.temperature);
+  const std::vector<int32_t> candidates = Candidates(logits, params);
+  int32_t best = candidates[0];
   double best_score = -INFINITY;
-  for (size_t i = 0; i < keep; ++i) {
-    const int32_t t = order[i];
+  for (const int32_t t : candidates) {
     const double score = logits[t] * inv_t + GumbelNoise(params.seed, position, t);
     if (score > best_score) {
       best_score = score;
@@ -87,6 +98,43 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
     }
   }
   return best;
+}
+
+std::vector<double> FilteredDistribution(std::span<const float> logits,
+                                         const SamplingParams& params) {
+  std::vector<double> probs(logits.size(), 0.0);
+  if (logits.empty()) return probs;
+  if (params.greedy()) {
+    probs[Argmax(logits)] = 1.0;
+    return probs;
+  }
+  const double inv_t = 1.0 / static_cast<double>(params.temperature);
+  const std::vector<int32_t> candidates = Candidates(logits, params);
+  const double top = logits[candidates[0]] * inv_t;
+  double sum = 0.0;
+  for (const int32_t t : candidates) sum += probs[t] = std::exp(logits[t] * inv_t - top);
+  for (const int32_t t : candidates) probs[t] /= sum;
+  return probs;
+}
+
+int32_t SampleFromDistribution(std::span<const double> probs, uint64_t seed, int64_t position) {
+  int32_t best = -1;
+  double best_score = -INFINITY;
+  for (size_t t = 0; t < probs.size(); ++t) {
+    if (!(probs[t] > 0.0)) continue;
+    const double score = std::log(probs[t]) + GumbelNoise(seed, position, static_cast<int32_t>(t));
+    if (score > best_score) {
+      best_score = score;
+      best = static_cast<int32_t>(t);
+    }
+  }
+  return best < 0 ? 0 : best;
+}
+
+double KeyedUniform(uint64_t seed, int64_t position) {
+  const uint64_t h = SplitMix64(SplitMix64(seed ^ 0x6A09E667F3BCC909ull) ^
+                                static_cast<uint64_t>(position));
+  return (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
 }
 
 }  // namespace vc

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -34,6 +35,19 @@ int32_t Argmax(std::span<const float> logits);
 // lower id).
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
                     int64_t position);
+
+// The distribution SampleToken draws from: softmax(logits / T) over the
+// tokens that survive top-k and top-p, zero elsewhere (one-hot when greedy).
+// Used by rejection sampling, which needs probabilities, not just a draw.
+std::vector<double> FilteredDistribution(std::span<const float> logits,
+                                         const SamplingParams& params);
+
+// A draw from `probs` (non-negative, need not sum to 1) by Gumbel-max with
+// noise keyed by (seed, position, token).
+int32_t SampleFromDistribution(std::span<const double> probs, uint64_t seed, int64_t position);
+
+// A uniform in (0, 1) keyed by (seed, position).
+double KeyedUniform(uint64_t seed, int64_t position);
 
 // The noise itself, exposed for tests: a standard Gumbel variate that is a
 // pure function of its arguments.

@@ -2,6 +2,10 @@
 // command name) and returns the process exit code.
 #pragma once
 
+#include <string>
+
+#include "absl/status/status.h"
+
 namespace vc::cli {
 
 inline constexpr int kExitOk = 0;
@@ -9,5 +13,12 @@ inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadInput = 2;
 
 int RunGenerate(int argc, char** argv);
+int RunCompressors(int argc, char** argv);
+
+// One line "vericache <command>: <msg>" on stderr; returns kExitBadInput.
+int BadInput(const std::string& command, const std::string& msg);
+// Prints the status' message the same way; exit 2 for input errors
+// (InvalidArgument, NotFound, ...), 1 otherwise.
+int Fail(const std::string& command, const absl::Status& status);
 
 }  // namespace vc::cli

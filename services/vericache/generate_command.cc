@@ -1,5 +1,7 @@
 #include <cstdio>
 #include <iostream>
+#include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,7 @@
 #include "common/decode/full_decode.h"
 #include "common/engine/engine.h"
 #include "common/model/model.h"
+#include "common/speculative/draft_verify.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "services/vericache/commands.h"
@@ -27,36 +30,20 @@ struct GenerateFlags {
   int top_k = 0;
   float top_p = 1.0f;
   uint64_t seed = 0;
+  std::string sampling;  // "" = greedy, or seeded when --temperature > 0
+  std::string mode = "full";
+  std::string compressor;  // "" = int8 for vericache/lossy
+  double ratio = 0.0;
+  int bits = 0;
+  std::string draft_len = "8";
+  int max_draft_len = 64;
+  bool no_kv_refresh = false;
   int threads = 0;
   std::string simd = "auto";
   std::string backend = "cpu";
   bool json = false;
+  CompressorOptions compressor_defaults;
 };
-
-int BadInput(const std::string& msg) {
-  std::fprintf(stderr, "vericache generate: %s\n", msg.c_str());
-  return kExitBadInput;
-}
-
-// Status codes that mean "the input was wrong" map to exit 2.
-int ExitFor(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnimplemented:
-    case absl::StatusCode::kPermissionDenied:
-      return kExitBadInput;
-    default:
-      return kExitFailure;
-  }
-}
-
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "vericache generate: %s\n", std::string(s.message()).c_str());
-  return ExitFor(s);
-}
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   std::vector<int32_t> ids;
@@ -71,12 +58,70 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
+// Maps the flags onto the request options; InvalidArgument for bad
+// combinations.
+absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const FlagSet& flags) {
+  RequestOptions o;
+  auto mode = ParseDecodeMode(f.mode);
+  if (!mode.ok()) return mode.status();
+  o.mode = *mode;
+  o.max_new_tokens = f.max_new_tokens;
+  o.ignore_eos = f.ignore_eos;
+  o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
+  std::string sampling = f.sampling.empty() ? (f.temperature > 0 ? "seeded" : "greedy") : f.sampling;
+  auto sampling_mode = ParseSamplingMode(sampling);
+  if (!sampling_mode.ok()) return sampling_mode.status();
+  o.sampling_mode = *sampling_mode;
+  if (o.sampling_mode == SamplingMode::kGreedy &&
+      (f.temperature > 0 || flags.was_set("--top-k") || flags.was_set("--top-p") ||
+       flags.was_set("--seed"))) {
+    return absl::InvalidArgumentError(
+        "--temperature/--top-k/--top-p/--seed need --sampling seeded or rejection "
+        "(or --temperature > 0)");
+  }
+  if (o.sampling_mode != SamplingMode::kGreedy && !(f.temperature > 0)) {
+    return absl::InvalidArgumentError("--sampling " + sampling + " needs --temperature > 0");
+  }
+  if (o.mode == DecodeMode::kFull) {
+    for (const char* flag : {"--compressor", "--ratio", "--bits", "--draft-len", "--no-kv-refresh"}) {
+      if (flags.was_set(flag)) {
+        return absl::InvalidArgumentError(std::string(flag) +
+                                          " applies to --mode vericache or lossy, not full");
+      }
+    }
+    return o;
+  }
+  o.compressor = f.compressor_defaults;
+  o.compressor.name = f.compressor.empty() ? "int8" : f.compressor;
+  o.compressor.ratio = f.ratio;
+  o.compressor.bits = f.bits;
+  if (flags.was_set("--ratio") && !(f.ratio > 0.0 && f.ratio <= 1.0)) {
+    return absl::InvalidArgumentError("--ratio must be in (0, 1], got " + std::to_string(f.ratio));
+  }
+  if (f.draft_len == "auto") {
+    o.draft.adaptive = true;
+    o.draft.draft_len = 8;
+  } else {
+    int x;
+    if (!absl::SimpleAtoi(f.draft_len, &x)) {
+      return absl::InvalidArgumentError("--draft-len must be an integer >= 1 or 'auto', got '" +
+                                        f.draft_len + "'");
+    }
+    o.draft.draft_len = x;
+  }
+  o.draft.max_draft_len = f.max_draft_len;
+  o.draft.kv_refresh = !f.no_kv_refresh;
+  if (absl::Status s = o.draft.Validate(); !s.ok()) return s;
+  return o;
+}
+
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
   GenerateFlags f;
   FlagSet flags("vericache generate",
-                "Generate tokens with the exact full-KV engine (greedy by default).");
+                "Generate tokens: exact full-KV decoding, lossless VeriCache (draft on compressed\n"
+                "KV, verify on full KV), or the lossy compressed-KV baseline.");
   flags.Add("--model", &f.model, "PATH", "llama2.c checkpoint file or Hugging Face directory (required)");
   flags.Add("--prompt-ids", &f.prompt_ids, "\"ID ID ...\"",
             "prompt as token ids, used exactly as given (no BOS added)");
@@ -84,7 +129,25 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--tokenizer", &f.tokenizer, "PATH", "llama2.c tokenizer.bin for --prompt and text output");
   flags.Add("--max-new-tokens", &f.max_new_tokens, "N", "tokens to generate at most");
   flags.AddBool("--ignore-eos", &f.ignore_eos, "do not stop at EOS: exactly --max-new-tokens come out");
-  flags.Add("--temperature", &f.temperature, "T", "0 = greedy; > 0 samples with keyed Gumbel noise");
+  flags.Add("--mode", &f.mode, "MODE",
+            "full | vericache | lossy (lossy = compressed KV without verification: a baseline, "
+            "not lossless)");
+  flags.Add("--compressor", &f.compressor, "NAME",
+            "KV compressor for vericache/lossy (default int8; see 'vericache compressors')");
+  flags.Add("--ratio", &f.ratio, "C", "token-dropping compression ratio c in (0, 1]");
+  flags.Add("--bits", &f.bits, "B", "quantiser bits (2, 4 or 8)");
+  flags.Add("--draft-len", &f.draft_len, "X|auto", "drafts per verify round, or auto (adaptive)");
+  flags.Add("--max-draft-len", &f.max_draft_len, "N", "upper bound for --draft-len auto");
+  flags.AddBool("--no-kv-refresh", &f.no_kv_refresh,
+                "do not send the exact K/V of accepted tokens back to the drafter");
+  flags.Add("--window", &f.compressor_defaults.window, "N", "SnapKV/PyramidKV observation window");
+  flags.Add("--sink-tokens", &f.compressor_defaults.sink_tokens, "N", "StreamingLLM attention sinks");
+  flags.Add("--quant-group", &f.compressor_defaults.quant_group, "N", "KIVI group size");
+  flags.Add("--residual", &f.compressor_defaults.residual, "N",
+            "KIVI recent tokens kept in full precision");
+  flags.Add("--sampling", &f.sampling, "MODE",
+            "greedy | seeded | rejection (default: greedy, or seeded with --temperature > 0)");
+  flags.Add("--temperature", &f.temperature, "T", "sampling temperature (> 0 for seeded/rejection)");
   flags.Add("--top-k", &f.top_k, "K", "keep the K most likely tokens when sampling (0 = all)");
   flags.Add("--top-p", &f.top_p, "P", "nucleus filter when sampling (1 = off)");
   flags.Add("--seed", &f.seed, "S", "sampling seed; noise is keyed by (seed, position, token)");
@@ -92,105 +155,144 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--simd", &f.simd, "LEVEL", "scalar | avx2 | avx512 | auto; never changes results");
   flags.Add("--backend", &f.backend, "NAME", "kernel backend");
   flags.AddBool("--json", &f.json, "print one JSON object on stdout instead of text");
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(s);
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail("generate", s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return kExitOk;
   }
-  if (f.model.empty()) return BadInput("--model is required");
+  if (f.model.empty()) return BadInput("generate", "--model is required");
   if (f.prompt_ids.empty() == f.prompt.empty()) {
-    return BadInput("give exactly one of --prompt-ids or --prompt");
+    return BadInput("generate", "give exactly one of --prompt-ids or --prompt");
   }
-  if (!f.prompt.empty() && f.tokenizer.empty()) return BadInput("--prompt needs --tokenizer");
-  if (f.temperature == 0.0f &&
-      (flags.was_set("--top-k") || flags.was_set("--top-p") || flags.was_set("--seed"))) {
-    return BadInput("--top-k/--top-p/--seed need --temperature > 0");
+  if (!f.prompt.empty() && f.tokenizer.empty()) return BadInput("generate", "--prompt needs --tokenizer");
+  auto request_options = BuildRequestOptions(f, flags);
+  if (!request_options.ok()) return Fail("generate", request_options.status());
+  if (request_options->mode != DecodeMode::kFull) {
+    // Validate the compressor before the (possibly large) model loads.
+    if (auto c = CreateCompressor(request_options->compressor); !c.ok()) {
+      return Fail("generate", c.status());
+    }
   }
 
   auto model = Model::Load(f.model);
-  if (!model.ok()) return Fail(model.status());
+  if (!model.ok()) return Fail("generate", model.status());
   const ModelConfig& config = (*model)->config();
 
   std::optional<Tokenizer> tokenizer;
   if (!f.tokenizer.empty()) {
     auto tok = Tokenizer::Load(f.tokenizer, config.vocab_size);
-    if (!tok.ok()) return Fail(tok.status());
+    if (!tok.ok()) return Fail("generate", tok.status());
     tokenizer = std::move(tok).value();
   }
   std::vector<int32_t> prompt;
   if (!f.prompt.empty()) {
     auto ids = tokenizer->Encode(f.prompt, /*add_bos=*/true);
-    if (!ids.ok()) return Fail(ids.status());
+    if (!ids.ok()) return Fail("generate", ids.status());
     prompt = std::move(ids).value();
   } else {
     auto ids = ParseIds(f.prompt_ids);
-    if (!ids.ok()) return Fail(ids.status());
+    if (!ids.ok()) return Fail("generate", ids.status());
     prompt = std::move(ids).value();
   }
-  if (absl::Status s = ValidateRequest(config, prompt, f.max_new_tokens); !s.ok()) return Fail(s);
-
-  DecodeOptions options;
-  options.max_new_tokens = f.max_new_tokens;
-  options.ignore_eos = f.ignore_eos;
-  options.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
-  if (absl::Status s = options.sampling.Validate(); !s.ok()) return Fail(s);
 
   EngineOptions engine_options;
   engine_options.backend.name = f.backend;
   engine_options.backend.threads = f.threads;
   engine_options.backend.simd = f.simd;
   auto engine = Engine::Create(**model, engine_options);
-  if (!engine.ok()) return Fail(engine.status());
+  if (!engine.ok()) return Fail("generate", engine.status());
 
+  auto request = SpeculativeRequest::Create(**engine, prompt, *request_options);
+  if (!request.ok()) return Fail("generate", request.status());
+  std::vector<std::unique_ptr<SpeculativeRequest>> batch;
+  batch.push_back(std::move(request).value());
+  SpeculativeRequest& r = *batch[0];
+
+  // Stream tokens as they are accepted (text mode only).
+  size_t printed = 0;
   int32_t prev = prompt.back();
+  std::function<void()> stream;
   if (!f.json) {
     if (tokenizer) {
-      auto text = tokenizer->Decode(prompt);
-      if (text.ok()) std::fputs(text->c_str(), stdout);
-      options.on_token = [&](int32_t id) {
-        auto piece = tokenizer->DecodePiece(prev, id);
-        if (piece.ok()) std::fputs(piece->c_str(), stdout);
-        std::fflush(stdout);
-        prev = id;
-      };
-    } else {
-      options.on_token = [](int32_t id) {
-        std::printf("%d ", id);
-        std::fflush(stdout);
-      };
+      if (auto text = tokenizer->Decode(prompt); text.ok()) std::fputs(text->c_str(), stdout);
     }
+    stream = [&] {
+      for (; printed < r.output().size(); ++printed) {
+        const int32_t id = r.output()[printed];
+        if (tokenizer) {
+          if (auto piece = tokenizer->DecodePiece(prev, id); piece.ok()) std::fputs(piece->c_str(), stdout);
+        } else {
+          std::printf("%d ", id);
+        }
+        prev = id;
+      }
+      std::fflush(stdout);
+    };
   }
-  auto result = DecodeFull(**engine, prompt, options);
-  if (!result.ok()) return Fail(result.status());
-  const double total = result->prefill_seconds + result->decode_seconds;
-  const double tps = total > 0 ? result->tokens.size() / total : 0.0;
-  const double decode_tps =
-      result->decode_seconds > 0 ? (result->tokens.size() - 1) / result->decode_seconds : 0.0;
+  auto run = RunBatch(**engine, batch, stream);
+  if (!run.ok()) return Fail("generate", run.status());
+  const RequestStats& st = r.stats();
+  const double total = run->seconds;
+  const double tps = total > 0 ? r.output().size() / total : 0.0;
+  const bool speculative = request_options->mode == DecodeMode::kVeriCache;
+  const double mean_accept =
+      st.accept_lengths.empty()
+          ? 0.0
+          : std::accumulate(st.accept_lengths.begin(), st.accept_lengths.end(), 0.0) /
+                st.accept_lengths.size();
   if (f.json) {
     nlohmann::json j;
-    j["mode"] = "full";
+    j["mode"] = DecodeModeName(request_options->mode);
     j["prompt_tokens"] = prompt.size();
-    j["tokens"] = result->tokens;
+    j["tokens"] = r.output();
     j["tokens_per_s"] = tps;
-    j["decode_tokens_per_s"] = decode_tps;
-    j["prefill_seconds"] = result->prefill_seconds;
-    j["decode_seconds"] = result->decode_seconds;
-    j["stopped_at_eos"] = result->stopped_at_eos;
+    j["seconds"] = total;
+    j["stopped_at_eos"] = r.stopped_at_eos();
     j["backend"] = (*engine)->backend().name();
     j["threads"] = (*engine)->backend().threads();
+    if (request_options->mode != DecodeMode::kFull) {
+      j["compressor"] = st.compressor;
+      j["compression_ratio"] = st.compression_ratio;
+      j["kv_bytes"] = {{"full", static_cast<int64_t>(prompt.size()) * config.kv_bytes_per_token()},
+                       {"compressed", st.compressed_kv_bytes}};
+    }
+    if (request_options->mode == DecodeMode::kLossy) j["lossy"] = true;
+    if (speculative) {
+      j["accept_lengths"] = st.accept_lengths;
+      j["draft_lengths"] = st.draft_lengths;
+      j["mean_accepted"] = mean_accept;
+      j["verify_rounds"] = st.verify_rounds;
+      j["fallbacks"] = st.fallbacks;
+      j["drafted_tokens"] = st.drafted_tokens;
+      j["wasted_drafts"] = st.wasted_drafts;
+      j["drafter_full_kv_bytes_read"] = st.drafter_full_kv_bytes_read;
+      j["kv_refresh"] = request_options->draft.kv_refresh;
+    }
     if (tokenizer) {
-      auto text = tokenizer->Decode(result->tokens);
-      if (text.ok()) j["text"] = *text;
+      if (auto text = tokenizer->Decode(r.output()); text.ok()) j["text"] = *text;
     }
     std::cout << j.dump() << std::endl;
   } else {
     std::printf("\n");
     std::fflush(stdout);
-    std::fprintf(stderr,
-                 "[%zu prompt + %zu generated tokens; prefill %.3f s; %.1f tokens/s overall, "
-                 "%.1f tokens/s decode; %s, %d threads]\n",
-                 prompt.size(), result->tokens.size(), result->prefill_seconds, tps, decode_tps,
-                 (*engine)->backend().name().c_str(), (*engine)->backend().threads());
+    std::string extra;
+    if (request_options->mode != DecodeMode::kFull) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "; %s c=%.4f", st.compressor.c_str(), st.compression_ratio);
+      extra += buf;
+    }
+    if (speculative) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "; %lld verify rounds, %.2f accepted drafts/round, %lld fallbacks",
+                    static_cast<long long>(st.verify_rounds), mean_accept,
+                    static_cast<long long>(st.fallbacks));
+      extra += buf;
+    }
+    if (request_options->mode == DecodeMode::kLossy) extra += "; LOSSY (unverified)";
+    std::fprintf(stderr, "[%s: %zu prompt + %zu generated tokens, %.1f tokens/s%s; %s, %d threads]\n",
+                 DecodeModeName(request_options->mode), prompt.size(), r.output().size(), tps,
+                 extra.c_str(), (*engine)->backend().name().c_str(),
+                 (*engine)->backend().threads());
   }
   return kExitOk;
 }

@@ -14,7 +14,8 @@ constexpr char kUsage[] =
     "VeriCache: lossless decoding over compressed KV caches.\n"
     "\n"
     "commands:\n"
-    "  generate     generate tokens from a prompt with the exact engine\n"
+    "  generate     generate tokens: full KV, lossless VeriCache, or the lossy baseline\n"
+    "  compressors  list the KV compressors and their parameters\n"
     "\n"
     "Run 'vericache <command> --help' for the flags of a command.\n";
 
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "generate") return vc::cli::RunGenerate(argc, argv);
+  if (command == "compressors") return vc::cli::RunCompressors(argc, argv);
   std::fprintf(stderr, "vericache: unknown command '%s' (see vericache --help)\n", command.c_str());
   return 2;
 }

@@ -1,0 +1,172 @@
+// The compressor registry: pure token droppers, pure quantisers and every
+// "<dropper>+<quantiser>" composite, all one class (StagedCompressor) made of
+// an optional dropping stage and an optional quantisation stage.
+#include <charconv>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "common/compress/compressor.h"
+#include "common/compress/internal/stages.h"
+
+namespace vc {
+namespace compress_internal {
+
+std::string FormatDouble(double value) {
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
+}
+
+namespace {
+
+bool Contains(const std::vector<std::string>& names, const std::string& name) {
+  for (const std::string& n : names) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+CompressorInfo CompositeInfo(const std::string& dropper, const std::string& quantizer) {
+  const CompressorInfo d = DropperInfo(dropper), q = QuantizerInfo(quantizer);
+  CompressorInfo info;
+  info.name = absl::StrCat(dropper, "+", quantizer);
+  info.family = "composite";
+  info.description = absl::StrCat(
+      "drop then quantise: ", dropper, " keeps the tokens that --ratio allows when sized as f32, ",
+      "then ", quantizer, " quantises the kept rows (achieved ratio below --ratio). ", dropper,
+      ": ", d.description, ". ", quantizer, ": ", q.description);
+  info.takes_ratio = true;
+  info.takes_bits = true;
+  info.needs_attention_stats = d.needs_attention_stats;
+  info.params = d.params;
+  info.params.insert(info.params.end(), q.params.begin(), q.params.end());
+  return info;
+}
+
+std::string KnownNames() {
+  std::vector<std::string> names = DropperNames();
+  names.insert(names.end(), QuantizerNames().begin(), QuantizerNames().end());
+  return absl::StrCat(absl::StrJoin(names, ", "),
+                      ", and composites <dropper>+<quantiser> (e.g. snapkv+kivi, h2o+int8)");
+}
+
+class StagedCompressor final : public Compressor {
+ public:
+  StagedCompressor(CompressorInfo info, std::unique_ptr<Dropper> dropper,
+                   std::unique_ptr<Quantizer> quantizer)
+      : info_(std::move(info)), dropper_(std::move(dropper)), quantizer_(std::move(quantizer)) {
+    if (dropper_ != nullptr) description_ = dropper_->Describe();
+    if (quantizer_ != nullptr) {
+      description_ = description_.empty()
+                         ? quantizer_->Describe()
+                         : absl::StrCat(description_, "+", quantizer_->Describe());
+    }
+  }
+
+  const CompressorInfo& info() const override { return info_; }
+  std::string Describe() const override { return description_; }
+
+  absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Compress(
+      const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
+      const AttentionStats& stats) const override {
+    if (prefix_len < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(info_.name, ": prefix to compress must hold >= 1 token, got ", prefix_len));
+    }
+    if (config.n_layers < 1 || config.n_kv_heads < 1 || config.head_dim < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(info_.name, ": bad model shape"));
+    }
+    KeptPositions kept;
+    if (dropper_ != nullptr) {
+      VC_ASSIGN_OR_RETURN(kept, dropper_->Select(config, prefix_len, stats));
+    } else {
+      std::vector<int32_t> all(prefix_len);
+      for (int32_t i = 0; i < prefix_len; ++i) all[i] = i;
+      kept.assign(config.n_layers, std::vector<std::vector<int32_t>>(config.n_kv_heads, all));
+    }
+    const RowCodecSpec key_spec =
+        quantizer_ != nullptr ? quantizer_->KeySpec(config) : RowCodecSpec::F32();
+    const RowCodecSpec value_spec =
+        quantizer_ != nullptr ? quantizer_->ValueSpec(config) : RowCodecSpec::F32();
+    return CompressedPrefix::Build(config, full, prefix_len, kept, key_spec, value_spec,
+                                   description_);
+  }
+
+ private:
+  CompressorInfo info_;
+  std::unique_ptr<Dropper> dropper_;
+  std::unique_ptr<Quantizer> quantizer_;
+  std::string description_;
+};
+
+}  // namespace
+}  // namespace compress_internal
+
+using compress_internal::CompositeInfo;
+using compress_internal::Contains;
+using compress_internal::Dropper;
+using compress_internal::DropperInfo;
+using compress_internal::DropperNames;
+using compress_internal::FormatDouble;
+using compress_internal::KnownNames;
+using compress_internal::MakeDropper;
+using compress_internal::MakeQuantizer;
+using compress_internal::Quantizer;
+using compress_internal::QuantizerInfo;
+using compress_internal::QuantizerNames;
+using compress_internal::StagedCompressor;
+
+absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressorOptions& options) {
+  const std::string& name = options.name;
+  const size_t plus = name.find('+');
+  if (plus == std::string::npos) {
+    if (Contains(DropperNames(), name)) {
+      if (options.bits != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " drops tokens and takes no --bits (got ", options.bits,
+            "); to quantise what it keeps use a composite such as ", name, "+kivi"));
+      }
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, MakeDropper(name, options, name));
+      return std::unique_ptr<Compressor>(
+          new StagedCompressor(DropperInfo(name), std::move(dropper), nullptr));
+    }
+    if (Contains(QuantizerNames(), name)) {
+      if (options.ratio != 0.0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " is a pure quantiser and takes no --ratio (got ", FormatDouble(options.ratio),
+            "); its size follows from --bits. To drop tokens too use a composite such as snapkv+",
+            name));
+      }
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer,
+                          MakeQuantizer(name, options, name));
+      return std::unique_ptr<Compressor>(
+          new StagedCompressor(QuantizerInfo(name), nullptr, std::move(quantizer)));
+    }
+  } else {
+    const std::string d = name.substr(0, plus), q = name.substr(plus + 1);
+    if (Contains(DropperNames(), d) && Contains(QuantizerNames(), q)) {
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, MakeDropper(d, options, name));
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer, MakeQuantizer(q, options, name));
+      return std::unique_ptr<Compressor>(
+          new StagedCompressor(CompositeInfo(d, q), std::move(dropper), std::move(quantizer)));
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown compressor '", name, "'; known: ", KnownNames()));
+}
+
+std::vector<CompressorInfo> ListCompressors() {
+  std::vector<CompressorInfo> out;
+  for (const std::string& d : DropperNames()) out.push_back(DropperInfo(d));
+  for (const std::string& q : QuantizerNames()) out.push_back(QuantizerInfo(q));
+  for (const std::string& d : DropperNames()) {
+    for (const std::string& q : QuantizerNames()) out.push_back(CompositeInfo(d, q));
+  }
+  return out;
+}
+
+}  // namespace vc

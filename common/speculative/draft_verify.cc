@@ -1,0 +1,430 @@
+#include "common/speculative/draft_verify.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/decode/full_decode.h"
+
+namespace vc {
+namespace {
+
+// Independent noise streams for rejection sampling (the seeded mode uses
+// stream 0 on both sides so that drafter and verifier draw identically).
+constexpr uint64_t kDraftStream = 0xD1B54A32D192ED03ull;
+constexpr uint64_t kAcceptStream = 0x8CB92BA72F3D8DD7ull;
+constexpr uint64_t kResidualStream = 0xABC98388FB8FAC03ull;
+
+// Copies the K/V rows of positions [from, to) of every layer from `src` to
+// `dst` (both already hold those positions).
+void CopyRows(const PagedKvCache& src, SequenceKv* dst, int32_t from, int32_t to) {
+  const int hd = src.head_dim(), heads = src.kv_heads();
+  std::vector<float> k(static_cast<size_t>(heads) * hd), v(k.size());
+  for (int32_t pos = from; pos < to; ++pos) {
+    for (int l = 0; l < src.n_layers(); ++l) {
+      for (int h = 0; h < heads; ++h) {
+        std::copy_n(src.KeyAt(l, h, pos), hd, &k[h * hd]);
+        std::copy_n(src.ValueAt(l, h, pos), hd, &v[h * hd]);
+      }
+      dst->Write(l, pos, k.data(), v.data());
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<DecodeMode> ParseDecodeMode(const std::string& name) {
+  if (name == "full") return DecodeMode::kFull;
+  if (name == "vericache") return DecodeMode::kVeriCache;
+  if (name == "lossy") return DecodeMode::kLossy;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown mode '", name, "' (expected full, vericache or lossy)"));
+}
+
+absl::StatusOr<SamplingMode> ParseSamplingMode(const std::string& name) {
+  if (name == "greedy") return SamplingMode::kGreedy;
+  if (name == "seeded") return SamplingMode::kSeeded;
+  if (name == "rejection") return SamplingMode::kRejection;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown sampling '", name, "' (expected greedy, seeded or rejection)"));
+}
+
+const char* DecodeModeName(DecodeMode mode) {
+  switch (mode) {
+    case DecodeMode::kFull:
+      return "full";
+    case DecodeMode::kVeriCache:
+      return "vericache";
+    case DecodeMode::kLossy:
+      return "lossy";
+  }
+  return "?";
+}
+
+absl::Status DraftOptions::Validate() const {
+  if (draft_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("draft length must be >= 1, got ", draft_len));
+  }
+  if (min_draft_len < 1 || max_draft_len < min_draft_len) {
+    return absl::InvalidArgumentError(absl::StrCat("draft length bounds must satisfy 1 <= min (",
+                                                   min_draft_len, ") <= max (", max_draft_len,
+                                                   ")"));
+  }
+  if (fallback_window < 1) return absl::InvalidArgumentError("fallback window must be >= 1");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
+    const Engine& engine, std::vector<int32_t> prompt, const RequestOptions& options) {
+  const ModelConfig& c = engine.config();
+  VC_RETURN_IF_ERROR(ValidateRequest(c, prompt, options.max_new_tokens));
+  if (options.sampling_mode == SamplingMode::kGreedy) {
+    if (!options.sampling.greedy()) {
+      return absl::InvalidArgumentError("greedy sampling takes no temperature");
+    }
+  } else {
+    VC_RETURN_IF_ERROR(options.sampling.Validate());
+    if (options.sampling.greedy()) {
+      return absl::InvalidArgumentError("seeded and rejection sampling need a temperature > 0");
+    }
+  }
+  std::unique_ptr<Compressor> compressor;
+  if (options.mode != DecodeMode::kFull) {
+    VC_RETURN_IF_ERROR(options.draft.Validate());
+    VC_ASSIGN_OR_RETURN(compressor, CreateCompressor(options.compressor));
+  }
+  return std::unique_ptr<SpeculativeRequest>(
+      new SpeculativeRequest(engine, std::move(prompt), options, std::move(compressor)));
+}
+
+SpeculativeRequest::SpeculativeRequest(const Engine& engine, std::vector<int32_t> prompt,
+                                       const RequestOptions& options,
+                                       std::unique_ptr<Compressor> compressor)
+    : config_(engine.config()),
+      vocab_(engine.config().vocab_size),
+      prompt_(std::move(prompt)),
+      options_(options),
+      compressor_(std::move(compressor)),
+      full_kv_(std::make_unique<PagedKvCache>(
+          engine.config(), PagedKvCache::Options{.arena = options.full_kv_arena})) {
+  x_ = options_.draft.adaptive
+           ? std::clamp(options_.draft.draft_len, options_.draft.min_draft_len,
+                        options_.draft.max_draft_len)
+           : options_.draft.draft_len;
+  if (compressor_ != nullptr && compressor_->info().needs_attention_stats) {
+    stats_observer_ = std::make_unique<AttentionStats>(
+        config_, static_cast<int32_t>(prompt_.size()), options_.compressor.window);
+  }
+}
+
+SequenceInput SpeculativeRequest::NextInput() {
+  switch (phase_) {
+    case Phase::kPrefill:
+      return {full_kv_.get(), prompt_, static_cast<int64_t>(prompt_.size()) - 1,
+              stats_observer_.get()};
+    case Phase::kDraft:
+      full_kv_read_mark_ = full_kv_->bytes_read();
+      return {draft_kv_.get(), draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1};
+    case Phase::kVerify:
+      VC_CHECK(!awaiting_verify_kv(), "staged verify without StageVerifyKv");
+      return {verify_kv_ ? verify_kv_.get() : full_kv_.get(), verify_input_, 0};
+    case Phase::kFullDecode: {
+      SequenceKv* kv = options_.mode == DecodeMode::kLossy ? static_cast<SequenceKv*>(draft_kv_.get())
+                                                           : full_kv_.get();
+      return {kv, draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1};
+    }
+    case Phase::kDone:
+      break;
+  }
+  return {};
+}
+
+absl::Status SpeculativeRequest::OnLogits(std::span<const float> rows) {
+  switch (phase_) {
+    case Phase::kPrefill:
+      return AfterPrefill(rows);
+    case Phase::kDraft:
+      stats_.drafter_full_kv_bytes_read += full_kv_->bytes_read() - full_kv_read_mark_;
+      return AfterDraftStep(rows);
+    case Phase::kVerify:
+      return AfterVerify(rows);
+    case Phase::kFullDecode:
+      return AfterFullStep(rows);
+    case Phase::kDone:
+      break;
+  }
+  return absl::FailedPreconditionError("request is already done");
+}
+
+int32_t SpeculativeRequest::Choose(std::span<const float> logits, int64_t position,
+                                   uint64_t stream) const {
+  if (options_.sampling_mode == SamplingMode::kGreedy) return Argmax(logits);
+  SamplingParams p = options_.sampling;
+  p.seed ^= stream;
+  return SampleToken(logits, p, position);
+}
+
+bool SpeculativeRequest::Emit(std::span<const int32_t> tokens) {
+  for (const int32_t t : tokens) {
+    output_.push_back(t);
+    if (t == config_.eos_id && !options_.ignore_eos) {
+      stopped_at_eos_ = true;
+      break;
+    }
+    if (static_cast<int64_t>(output_.size()) >= options_.max_new_tokens) break;
+  }
+  if (stopped_at_eos_ || static_cast<int64_t>(output_.size()) >= options_.max_new_tokens) {
+    phase_ = Phase::kDone;
+    stats_.full_kv_bytes =
+        static_cast<int64_t>(prompt_.size() + output_.size()) * config_.kv_bytes_per_token();
+    full_kv_.reset(new PagedKvCache(config_, PagedKvCache::Options{.block_tokens = 16}));
+    draft_kv_.reset();
+    verify_kv_.reset();
+    prefix_reservation_ = KvArena::Reservation();
+    return true;
+  }
+  return false;
+}
+
+absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t pos = static_cast<int64_t>(prompt_.size());
+  const int32_t first = Choose(last_row, pos, 0);
+  if (options_.mode != DecodeMode::kFull) {
+    // Compress the prompt's KV once, right after its prefill.
+    const AttentionStats empty_stats(config_, 0, 0);
+    const AttentionStats& stats = stats_observer_ ? *stats_observer_ : empty_stats;
+    VC_ASSIGN_OR_RETURN(auto prefix, compressor_->Compress(config_, *full_kv_,
+                                                           static_cast<int32_t>(prompt_.size()),
+                                                           stats));
+    stats_.compressed_kv_bytes = prefix->bytes();
+    stats_.compression_ratio = prefix->ratio();
+    stats_.compressor = compressor_->Describe();
+    if (options_.draft_kv_arena != nullptr) {
+      VC_ASSIGN_OR_RETURN(prefix_reservation_, options_.draft_kv_arena->Reserve(prefix->bytes()));
+    }
+    draft_kv_ = std::make_unique<CompressedSequenceKv>(config_, std::move(prefix), 0,
+                                                       options_.draft_kv_arena);
+    stats_observer_.reset();
+    if (options_.mode == DecodeMode::kLossy) {
+      // The lossy baseline never needs the full KV again.
+      full_kv_.reset(new PagedKvCache(config_, PagedKvCache::Options{.block_tokens = 16}));
+    }
+  }
+  stats_.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (Emit({&first, 1})) return absl::OkStatus();
+  pending_ = first;
+  draft_feed_ = {first};
+  if (options_.mode == DecodeMode::kVeriCache) {
+    StartRound();
+  } else {
+    phase_ = Phase::kFullDecode;
+  }
+  return absl::OkStatus();
+}
+
+void SpeculativeRequest::StartRound() {
+  const int64_t remaining = options_.max_new_tokens - static_cast<int64_t>(output_.size());
+  const int x = static_cast<int>(std::min<int64_t>(x_, remaining - 1));
+  drafts_.clear();
+  draft_probs_.clear();
+  stats_.draft_lengths.push_back(x);
+  if (x <= 0) {
+    verify_input_ = {pending_};
+    phase_ = Phase::kVerify;
+  } else {
+    drafts_.reserve(x);
+    phase_ = Phase::kDraft;
+  }
+}
+
+absl::Status SpeculativeRequest::AfterDraftStep(std::span<const float> last_row) {
+  const int64_t pos = draft_kv_->next_position();
+  int32_t d;
+  if (options_.sampling_mode == SamplingMode::kRejection) {
+    std::vector<double> q = FilteredDistribution(last_row, options_.sampling);
+    d = SampleFromDistribution(q, options_.sampling.seed ^ kDraftStream, pos);
+    draft_probs_.push_back(std::move(q));
+  } else {
+    d = Choose(last_row, pos, 0);
+  }
+  drafts_.push_back(d);
+  draft_feed_ = {d};
+  if (static_cast<int>(drafts_.size()) == stats_.draft_lengths.back()) {
+    verify_input_.assign(1, pending_);
+    verify_input_.insert(verify_input_.end(), drafts_.begin(), drafts_.end());
+    phase_ = Phase::kVerify;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
+  const int x = static_cast<int>(drafts_.size());
+  if (rows.size() != static_cast<size_t>(x + 1) * vocab_) {
+    return absl::InternalError("verify pass returned the wrong number of rows");
+  }
+  PagedKvCache& vkv = verify_kv_ ? *verify_kv_ : *full_kv_;
+  const int32_t base = vkv.next_position() - (x + 1);  // position of p
+  auto row = [&](int i) { return rows.subspan(static_cast<size_t>(i) * vocab_, vocab_); };
+  int accepted = 0;
+  int32_t next = -1;
+  if (options_.sampling_mode == SamplingMode::kRejection) {
+    for (; accepted < x; ++accepted) {
+      const int64_t pos = base + 1 + accepted;
+      const std::vector<double> p = FilteredDistribution(row(accepted), options_.sampling);
+      const std::vector<double>& q = draft_probs_[accepted];
+      const int32_t d = drafts_[accepted];
+      const double u = KeyedUniform(options_.sampling.seed ^ kAcceptStream, pos);
+      if (q[d] > 0 && u * q[d] < p[d]) continue;  // accept with min(1, p/q)
+      std::vector<double> residual(p.size());
+      double mass = 0;
+      for (size_t t = 0; t < p.size(); ++t) mass += residual[t] = std::max(0.0, p[t] - q[t]);
+      next = mass > 0 ? SampleFromDistribution(residual, options_.sampling.seed ^ kResidualStream, pos)
+                      : SampleFromDistribution(p, options_.sampling.seed ^ kResidualStream, pos);
+      break;
+    }
+    if (next < 0) next = Choose(row(x), base + 1 + x, 0);  // bonus from the target distribution
+  } else {
+    for (; accepted < x; ++accepted) {
+      const int32_t target = Choose(row(accepted), base + 1 + accepted, 0);
+      if (target != drafts_[accepted]) {
+        next = target;
+        break;
+      }
+    }
+    if (next < 0) next = Choose(row(x), base + 1 + x, 0);
+  }
+
+  ++stats_.verify_rounds;
+  stats_.accept_lengths.push_back(accepted);
+  stats_.drafted_tokens += x;
+  stats_.wasted_drafts += x - accepted;
+
+  // Keep the exact KV of [p, d1..d_accepted]; drop the rest on both sides.
+  const int32_t keep_until = base + 1 + accepted;
+  vkv.Truncate(keep_until);
+  if (verify_kv_ != nullptr) {
+    // Write the accepted rows back to the host copy, then free the arena copy.
+    VC_RETURN_IF_ERROR(full_kv_->Append(keep_until - full_kv_->next_position()));
+    CopyRows(vkv, full_kv_.get(), base, keep_until);
+  }
+  draft_kv_->Truncate(std::min(draft_kv_->next_position(), keep_until));
+  std::vector<int32_t> accepted_seq = {pending_};
+  accepted_seq.insert(accepted_seq.end(), drafts_.begin(), drafts_.begin() + accepted);
+  draft_feed_.clear();
+  if (options_.draft.kv_refresh) {
+    // Overwrite the drafter's K/V of accepted tokens with the exact rows.
+    if (draft_kv_->next_position() < keep_until) {
+      VC_RETURN_IF_ERROR(draft_kv_->Append(keep_until - draft_kv_->next_position()));
+    }
+    CopyRows(vkv, draft_kv_.get(), std::max(base, draft_kv_->tail().first_position()), keep_until);
+  } else {
+    // The drafter runs whatever accepted tokens it has no K/V for yet.
+    for (int32_t pos = draft_kv_->next_position(); pos < keep_until; ++pos) {
+      draft_feed_.push_back(accepted_seq[pos - base]);
+    }
+  }
+  draft_feed_.push_back(next);
+  verify_kv_.reset();
+
+  std::vector<int32_t> emitted(drafts_.begin(), drafts_.begin() + accepted);
+  emitted.push_back(next);
+  if (Emit(emitted)) return absl::OkStatus();
+  pending_ = next;
+  UpdateDraftLength(accepted);
+  if (ShouldFallBack()) {
+    ++stats_.fallbacks;
+    draft_kv_.reset();  // full-KV decoding from here on
+    prefix_reservation_ = KvArena::Reservation();
+    draft_feed_ = {pending_};
+    phase_ = Phase::kFullDecode;
+    return absl::OkStatus();
+  }
+  StartRound();
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeRequest::AfterFullStep(std::span<const float> last_row) {
+  const SequenceKv& kv = options_.mode == DecodeMode::kLossy
+                             ? static_cast<const SequenceKv&>(*draft_kv_)
+                             : static_cast<const SequenceKv&>(*full_kv_);
+  const int32_t token = Choose(last_row, kv.next_position(), 0);
+  if (Emit({&token, 1})) return absl::OkStatus();
+  pending_ = token;
+  draft_feed_ = {token};
+  return absl::OkStatus();
+}
+
+void SpeculativeRequest::UpdateDraftLength(int accepted) {
+  if (!options_.draft.adaptive) return;
+  const int x = stats_.draft_lengths.back();
+  accept_ewma_ = accept_ewma_ < 0 ? accepted : 0.7 * accept_ewma_ + 0.3 * accepted;
+  // Grow fast while every draft is accepted; otherwise aim a little past the
+  // typical accepted run so that a longer run is not cut short.
+  const int target = accepted == x ? 2 * std::max(1, x)
+                                   : static_cast<int>(std::lround(accept_ewma_ * 1.5)) + 1;
+  x_ = std::clamp(target, options_.draft.min_draft_len, options_.draft.max_draft_len);
+}
+
+bool SpeculativeRequest::ShouldFallBack() const {
+  const DraftOptions& d = options_.draft;
+  if (d.fallback_after_rounds >= 0 && stats_.verify_rounds >= d.fallback_after_rounds) return true;
+  if (d.fallback_min_accepted < 0 || stats_.verify_rounds < d.fallback_window) return false;
+  double sum = 0;
+  const auto& a = stats_.accept_lengths;
+  for (size_t i = a.size() - d.fallback_window; i < a.size(); ++i) sum += a[i];
+  return sum / d.fallback_window < d.fallback_min_accepted;
+}
+
+absl::StatusOr<BatchResult> RunBatch(Engine& engine,
+                                     std::span<const std::unique_ptr<SpeculativeRequest>> requests,
+                                     const std::function<void()>& after_step) {
+  BatchResult result;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t vocab = engine.config().vocab_size;
+  std::vector<SequenceInput> inputs;
+  std::vector<SpeculativeRequest*> owners;
+  std::vector<float> logits;
+  for (;;) {
+    // Every unfinished request advances one step of its phase; packed into
+    // Forward calls of at most the engine's batch-token limit (a request that
+    // alone exceeds it fails in Forward with a clear error).
+    inputs.clear();
+    owners.clear();
+    for (const auto& r : requests) {
+      if (!r->done()) {
+        inputs.push_back(r->NextInput());
+        owners.push_back(r.get());
+      }
+    }
+    if (inputs.empty()) break;
+    size_t begin = 0;
+    while (begin < inputs.size()) {
+      size_t end = begin;
+      int64_t tokens = 0;
+      while (end < inputs.size() &&
+             (end == begin || tokens + static_cast<int64_t>(inputs[end].tokens.size()) <=
+                                  engine.max_batch_tokens())) {
+        tokens += static_cast<int64_t>(inputs[end].tokens.size());
+        ++end;
+      }
+      VC_RETURN_IF_ERROR(engine.Forward({inputs.data() + begin, end - begin}, &logits));
+      ++result.forward_calls;
+      size_t offset = 0;
+      for (size_t i = begin; i < end; ++i) {
+        const size_t rows = inputs[i].tokens.size() - static_cast<size_t>(inputs[i].first_logit);
+        VC_RETURN_IF_ERROR(owners[i]->OnLogits(
+            std::span<const float>(logits).subspan(offset, rows * vocab)));
+        offset += rows * vocab;
+      }
+      if (after_step) after_step();
+      begin = end;
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace vc

@@ -1,0 +1,200 @@
+// The product's promise as a test suite: for every compressor, ratio or bit
+// width, draft length and sampling mode, --mode vericache returns exactly the
+// tokens of full-KV decoding on both test models, generating to the end of
+// the context, with requests of different settings sharing one batch.
+// It also asserts that the drafter never read full KV, that no fallback
+// happened, and that mean acceptance meets the bands in
+// ../shared/models/README.md, so a path that quietly decodes with full KV or
+// drafts against the wrong cache cannot pass.
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/decode/full_decode.h"
+#include "common/speculative/draft_verify.h"
+#include "gtest/gtest.h"
+
+namespace vc {
+namespace {
+
+struct ModelCase {
+  const char* file;
+  std::vector<int> prompt_lengths;
+};
+
+std::string ModelPath(const char* file) {
+  const char* dir = std::getenv("VC_MODELS_DIR");
+  return dir ? std::string(dir) + "/" + file : "";
+}
+
+// A natural prompt for a model without a tokenizer: the model's own sampled
+// continuation of BOS (temperature 1, fixed seed).
+std::vector<int32_t> MakePrompt(Engine& engine, int length, uint64_t seed) {
+  DecodeOptions o;
+  o.max_new_tokens = length - 1;
+  o.ignore_eos = true;
+  o.sampling = {1.0f, 0, 1.0f, seed};
+  std::vector<int32_t> bos = {engine.config().bos_id};
+  auto r = DecodeFull(engine, bos, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> prompt = bos;
+  prompt.insert(prompt.end(), r->tokens.begin(), r->tokens.end());
+  return prompt;
+}
+
+struct CompressorCase {
+  std::string name;
+  double ratio;
+  int bits;
+};
+
+std::string CaseName(const CompressorCase& c) {
+  std::string n = c.name;
+  if (c.ratio > 0) n += "_r" + std::to_string(static_cast<int>(c.ratio * 100));
+  if (c.bits > 0) n += "_b" + std::to_string(c.bits);
+  for (char& ch : n) {
+    if (ch == '+') ch = '_';
+  }
+  return n;
+}
+
+std::vector<CompressorCase> AllCompressorCases() {
+  std::vector<CompressorCase> cases;
+  for (const char* dropper : {"streamingllm", "h2o", "snapkv", "pyramidkv", "tova"}) {
+    for (double r : {0.1, 0.25, 0.5}) cases.push_back({dropper, r, 0});
+  }
+  cases.push_back({"kivi", 0, 2});
+  cases.push_back({"kivi", 0, 4});
+  cases.push_back({"int8", 0, 8});
+  for (const char* composite : {"snapkv+kivi", "h2o+int8"}) {
+    for (double r : {0.25, 0.5}) cases.push_back({composite, r, composite[4] == '+' ? 8 : 4});
+  }
+  return cases;
+}
+
+class LosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
+
+void RunModel(const ModelCase& mc, const CompressorCase& cc) {
+  const std::string path = ModelPath(mc.file);
+  if (path.empty() || !std::ifstream(path).good()) GTEST_SKIP() << "model not found: " << mc.file;
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions eo;
+  eo.backend.threads = 2;
+  auto engine = Engine::Create(**model, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int ctx = (*model)->config().max_seq_len;
+
+  struct Job {
+    std::vector<int32_t> prompt;
+    SamplingMode sampling;
+    int draft_len;  // 0 = auto
+    std::vector<int32_t> expected;
+  };
+  std::vector<Job> jobs;
+  const SamplingParams seeded{0.8f, 0, 0.95f, 1234};
+  for (size_t pi = 0; pi < mc.prompt_lengths.size(); ++pi) {
+    const std::vector<int32_t> prompt = MakePrompt(**engine, mc.prompt_lengths[pi], 100 + pi);
+    for (SamplingMode sm : {SamplingMode::kGreedy, SamplingMode::kSeeded}) {
+      DecodeOptions o;
+      o.max_new_tokens = ctx - static_cast<int>(prompt.size());
+      o.ignore_eos = true;
+      if (sm == SamplingMode::kSeeded) o.sampling = seeded;
+      auto ref = DecodeFull(**engine, prompt, o);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      for (int x : {1, 4, 16, 32, 0}) jobs.push_back({prompt, sm, x, ref->tokens});
+    }
+  }
+  std::vector<std::unique_ptr<SpeculativeRequest>> requests;
+  for (const Job& job : jobs) {
+    RequestOptions ro;
+    ro.mode = DecodeMode::kVeriCache;
+    ro.max_new_tokens = static_cast<int64_t>(job.expected.size());
+    ro.ignore_eos = true;
+    ro.sampling_mode = job.sampling;
+    if (job.sampling == SamplingMode::kSeeded) ro.sampling = seeded;
+    ro.compressor.name = cc.name;
+    ro.compressor.ratio = cc.ratio;
+    ro.compressor.bits = cc.bits;
+    ro.draft.adaptive = job.draft_len == 0;
+    ro.draft.draft_len = job.draft_len == 0 ? 8 : job.draft_len;
+    auto r = SpeculativeRequest::Create(**engine, job.prompt, ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    requests.push_back(std::move(r).value());
+  }
+  auto run = RunBatch(**engine, requests);
+  ASSERT_TRUE(run.ok()) << run.status();
+  int64_t rounds = 0, accepted = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const SpeculativeRequest& r = *requests[i];
+    const std::string where = std::string(mc.file) + " prompt=" +
+                              std::to_string(jobs[i].prompt.size()) + " x=" +
+                              std::to_string(jobs[i].draft_len) + " sampling=" +
+                              (jobs[i].sampling == SamplingMode::kGreedy ? "greedy" : "seeded");
+    ASSERT_EQ(r.output(), jobs[i].expected) << where;
+    EXPECT_EQ(r.stats().drafter_full_kv_bytes_read, 0) << where;
+    EXPECT_EQ(r.stats().fallbacks, 0) << where;
+    EXPECT_GT(r.stats().verify_rounds, 0) << where;
+    EXPECT_LT(r.stats().compression_ratio, 1.0) << where;
+    rounds += r.stats().verify_rounds;
+    accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
+                                int64_t{0});
+  }
+  std::printf("[ %s | %s ] %zu requests, %lld rounds, mean accepted drafts/round %.2f\n", mc.file,
+              CaseName(cc).c_str(), jobs.size(), static_cast<long long>(rounds),
+              rounds ? static_cast<double>(accepted) / rounds : 0.0);
+}
+
+TEST_P(LosslessSuite, Stories260K) { RunModel({"stories260K.bin", {16, 120, 250, 400}}, GetParam()); }
+TEST_P(LosslessSuite, Aidreams260K) { RunModel({"aidreams260K.bin", {16, 48, 80, 100}}, GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(AllCompressors, LosslessSuite, ::testing::ValuesIn(AllCompressorCases()),
+                         [](const auto& info) { return CaseName(info.param); });
+
+// The acceptance bands of ../shared/models/README.md (greedy, KV refresh on).
+double MeanAccepted(const char* file, const std::vector<int>& prompt_lengths, int x,
+                    const CompressorCase& cc) {
+  const std::string path = ModelPath(file);
+  auto model = Model::Load(path);
+  EXPECT_TRUE(model.ok()) << model.status();
+  auto engine = Engine::Create(**model, {});
+  const int ctx = (*model)->config().max_seq_len;
+  std::vector<std::unique_ptr<SpeculativeRequest>> requests;
+  for (size_t i = 0; i < prompt_lengths.size(); ++i) {
+    const std::vector<int32_t> prompt = MakePrompt(**engine, prompt_lengths[i], 500 + i);
+    RequestOptions ro;
+    ro.mode = DecodeMode::kVeriCache;
+    ro.max_new_tokens = std::min<int64_t>(100, ctx - static_cast<int>(prompt.size()));
+    ro.ignore_eos = true;
+    ro.compressor.name = cc.name;
+    ro.compressor.ratio = cc.ratio;
+    ro.compressor.bits = cc.bits;
+    ro.draft.draft_len = x;
+    requests.push_back(std::move(SpeculativeRequest::Create(**engine, prompt, ro)).value());
+  }
+  EXPECT_TRUE(RunBatch(**engine, requests).ok());
+  int64_t rounds = 0, accepted = 0;
+  for (const auto& r : requests) {
+    rounds += r->stats().verify_rounds;
+    for (int a : r->stats().accept_lengths) accepted += a;
+  }
+  return rounds ? static_cast<double>(accepted) / rounds : 0.0;
+}
+
+TEST(AcceptanceBands, MeetTheModelReadme) {
+  if (!std::ifstream(ModelPath("stories260K.bin")).good()) GTEST_SKIP() << "models not found";
+  const double aid_int8 = MeanAccepted("aidreams260K.bin", {48, 56, 64, 72, 80}, 16, {"int8", 0, 8});
+  const double aid_kivi4 = MeanAccepted("aidreams260K.bin", {48, 56, 64, 72, 80}, 16, {"kivi", 0, 4});
+  const double st_int8 = MeanAccepted("stories260K.bin", {200, 260, 330, 400}, 32, {"int8", 0, 8});
+  std::printf("mean accepted drafts/round: aidreams int8 %.2f, aidreams kivi-4 %.2f, stories int8 %.2f\n",
+              aid_int8, aid_kivi4, st_int8);
+  EXPECT_GE(aid_int8, 10.0);
+  EXPECT_GE(aid_kivi4, 10.0);
+  EXPECT_GE(st_int8, 12.0);
+}
+
+}  // namespace
+}  // namespace vc
