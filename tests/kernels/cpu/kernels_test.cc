@@ -1,0 +1,445 @@
+// The CPU kernels against an independent scalar statement of the numerics
+// contract (kernels/kernels.h): every SIMD level and thread count must agree
+// with it bit for bit.
+#include "kernels/kernels.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace vc::kernels {
+namespace {
+
+// ---- The canonical rule, written out independently -------------------------
+
+// 16 logical lanes; element i goes into lane i % 16 with one FMA, in
+// increasing i; the last group is padded with zeros (which are FMA'd too);
+// then the fixed tree l[k] + l[k+8], + [k+4], + [k+2], + [k+1].
+float CanonicalDot(const float* a, const float* b, int64_t n) {
+  float lane[16];
+  for (float& l : lane) l = 0.0f;
+  const int64_t padded = (n + 15) / 16 * 16;
+  for (int64_t i = 0; i < padded; ++i) {
+    const float x = i < n ? a[i] : 0.0f;
+    const float y = i < n ? b[i] : 0.0f;
+    lane[i % 16] = std::fma(x, y, lane[i % 16]);
+  }
+  for (int width = 8; width >= 1; width /= 2) {
+    for (int k = 0; k < width; ++k) lane[k] = lane[k] + lane[k + width];
+  }
+  return lane[0];
+}
+
+// Values spread over many binades with both signs, so that any other
+// summation order gives a different float with high probability.
+std::vector<float> Spread(std::mt19937_64& rng, int64_t n) {
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-12, 12);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = std::ldexp(mant(rng), expo(rng));
+  return v;
+}
+
+bool SameBits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Every SIMD level this CPU accepts.
+std::vector<std::string> Levels() {
+  std::vector<std::string> out;
+  for (const char* name : {"scalar", "avx2", "avx512"}) {
+    if (ParseSimdLevel(name).ok()) out.push_back(name);
+  }
+  return out;
+}
+
+std::unique_ptr<KernelBackend> MakeBackend(const std::string& simd, int threads) {
+  BackendOptions options;
+  options.name = "cpu";
+  options.simd = simd;
+  options.threads = threads;
+  auto backend = CreateBackend(options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(*backend) : nullptr;
+}
+
+TEST(KernelsTest, ScalarLevelIsAlwaysAvailable) {
+  ASSERT_FALSE(Levels().empty());
+  EXPECT_EQ(Levels().front(), "scalar");
+  std::cout << "SIMD levels on this CPU:";
+  for (const auto& l : Levels()) std::cout << " " << l;
+  std::cout << "\n";
+}
+
+TEST(KernelsTest, TestDataIsOrderSensitive) {
+  // Sanity check of the test itself: a plain sequential sum disagrees with
+  // the canonical rule on most inputs, so bit equality below means something.
+  std::mt19937_64 rng(7);
+  int differ = 0;
+  for (int64_t n = 17; n <= 100; ++n) {
+    const auto a = Spread(rng, n), b = Spread(rng, n);
+    float seq = 0.0f;
+    for (int64_t i = 0; i < n; ++i) seq = std::fma(a[i], b[i], seq);
+    if (!SameBits(seq, CanonicalDot(a.data(), b.data(), n))) ++differ;
+  }
+  EXPECT_GT(differ, 42);  // over half of the 84 lengths
+}
+
+TEST(KernelsTest, DotMatchesCanonicalRuleOnEveryLevel) {
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    std::mt19937_64 rng(11);
+    for (int64_t n = 0; n <= 100; ++n) {
+      for (int rep = 0; rep < 8; ++rep) {
+        // Unaligned starts: offset the data inside a larger buffer.
+        const int64_t off = rep % 5;
+        const auto a = Spread(rng, n + off), b = Spread(rng, n + off);
+        const float want = CanonicalDot(a.data() + off, b.data() + off, n);
+        const float got = backend->Dot(a.data() + off, b.data() + off, n);
+        ASSERT_TRUE(SameBits(want, got))
+            << level << " n=" << n << " rep=" << rep << " want=" << want << " got=" << got;
+      }
+    }
+    // Longer lengths around multiples of 16.
+    for (int64_t n : {127, 128, 129, 255, 256, 257, 1000, 1024, 4097}) {
+      const auto a = Spread(rng, n), b = Spread(rng, n);
+      ASSERT_TRUE(
+          SameBits(CanonicalDot(a.data(), b.data(), n), backend->Dot(a.data(), b.data(), n)))
+          << level << " n=" << n;
+    }
+  }
+}
+
+TEST(KernelsTest, DotOfNothingIsPositiveZero) {
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    const float dummy = 1.0f;
+    EXPECT_TRUE(SameBits(backend->Dot(&dummy, &dummy, 0), 0.0f)) << level;
+  }
+}
+
+TEST(KernelsTest, DotSpecialValues) {
+  // Cancellation, signed zeros, infinities and NaN follow the same sequence
+  // of IEEE operations on every level.
+  std::vector<float> a(37, 0.0f), b(37, 0.0f);
+  a[0] = 1e30f;
+  b[0] = 1e8f;  // 1e38: near FLT_MAX; lane 0 then cancels it with element 16
+  a[16] = -1e30f;
+  b[16] = 1e8f;
+  a[5] = -0.0f;
+  b[5] = 3.0f;
+  a[36] = 2.5f;
+  b[36] = -4.0f;
+  std::vector<float> c(33, -0.0f), d(33, 1.0f);
+  std::vector<float> e(20, 1.0f), f(20, 1.0f);
+  e[3] = std::numeric_limits<float>::infinity();
+  f[19] = 0.0f;
+  e[19] = std::numeric_limits<float>::infinity();  // inf * 0 = NaN
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    EXPECT_TRUE(
+        SameBits(CanonicalDot(a.data(), b.data(), 37), backend->Dot(a.data(), b.data(), 37)))
+        << level;
+    EXPECT_TRUE(
+        SameBits(CanonicalDot(c.data(), d.data(), 33), backend->Dot(c.data(), d.data(), 33)))
+        << level;
+    EXPECT_TRUE(std::isnan(backend->Dot(e.data(), f.data(), 20))) << level;
+  }
+}
+
+struct MatmulShape {
+  int64_t tokens, in, out;
+};
+
+TEST(KernelsTest, MatmulMatchesCanonicalRuleOnEveryLevelAndThreadCount) {
+  const std::vector<MatmulShape> shapes = {
+      {1, 1, 1},    {1, 7, 3},    {2, 15, 17},  {3, 16, 16},    {5, 17, 33},
+      {1, 64, 512}, {7, 64, 172}, {4, 172, 64}, {17, 100, 100}, {33, 257, 300},
+      {1, 33, 1},   {9, 1, 40},   {2, 0, 5},    {0, 8, 8},      {64, 64, 64},
+  };
+  for (const auto& level : Levels()) {
+    for (int threads : {1, 2, 3, 4}) {
+      auto backend = MakeBackend(level, threads);
+      ASSERT_NE(backend, nullptr);
+      EXPECT_EQ(backend->threads(), threads);
+      std::mt19937_64 rng(23);
+      for (const auto& s : shapes) {
+        const auto x = Spread(rng, s.tokens * s.in);
+        const auto w = Spread(rng, s.out * s.in);
+        const auto bias = Spread(rng, s.out);
+        for (bool with_bias : {false, true}) {
+          std::vector<float> want(static_cast<size_t>(s.tokens * s.out));
+          for (int64_t t = 0; t < s.tokens; ++t) {
+            for (int64_t o = 0; o < s.out; ++o) {
+              const float dot = CanonicalDot(x.data() + t * s.in, w.data() + o * s.in, s.in);
+              want[static_cast<size_t>(t * s.out + o)] = with_bias ? bias[o] + dot : dot;
+            }
+          }
+          // Poison the output so unwritten elements show up.
+          std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+          backend->Matmul(x.data(), s.tokens, w.data(), with_bias ? bias.data() : nullptr, s.in,
+                          s.out, got.data());
+          ASSERT_TRUE(SameBits(want, got))
+              << level << " threads=" << threads << " tokens=" << s.tokens << " in=" << s.in
+              << " out=" << s.out << " bias=" << with_bias;
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, MatmulRowIsIndependentOfTokenCount) {
+  // The batch-invariance property in its smallest form: row t of a
+  // multi-token matmul equals the one-token matmul of that row.
+  std::mt19937_64 rng(29);
+  const int64_t in = 72, out = 90, tokens = 13;
+  const auto x = Spread(rng, tokens * in), w = Spread(rng, out * in), bias = Spread(rng, out);
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 2);
+    ASSERT_NE(backend, nullptr);
+    std::vector<float> all(static_cast<size_t>(tokens * out));
+    backend->Matmul(x.data(), tokens, w.data(), bias.data(), in, out, all.data());
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<float> one(static_cast<size_t>(out));
+      backend->Matmul(x.data() + t * in, 1, w.data(), bias.data(), in, out, one.data());
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + t * out, out * sizeof(float)), 0)
+          << level << " t=" << t;
+    }
+  }
+}
+
+TEST(KernelsTest, AttentionScoresMatchCanonicalRule) {
+  std::mt19937_64 rng(31);
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    for (int64_t head_dim : {2, 8, 12, 16, 24, 32, 40, 64, 80, 128}) {
+      for (int64_t n : {0, 1, 2, 5, 16, 31, 100}) {
+        const auto q = Spread(rng, head_dim);
+        const auto k = Spread(rng, n * head_dim);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        std::vector<float> want(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) {
+          want[static_cast<size_t>(j)] =
+              CanonicalDot(q.data(), k.data() + j * head_dim, head_dim) * scale;
+        }
+        std::vector<float> got(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
+        backend->AttentionScores(q.data(), k.data(), n, head_dim, scale, got.data());
+        ASSERT_TRUE(SameBits(want, got)) << level << " head_dim=" << head_dim << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, AccumulateValuesMatchesSequentialFma) {
+  std::mt19937_64 rng(37);
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    for (int64_t head_dim : {1, 2, 7, 8, 12, 15, 16, 17, 24, 33, 64, 100, 128}) {
+      for (int64_t n : {0, 1, 2, 3, 17, 64, 101}) {
+        const auto p = Spread(rng, n);
+        const auto v = Spread(rng, n * head_dim);
+        const auto init = Spread(rng, head_dim);
+        std::vector<float> want = init;
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t d = 0; d < head_dim; ++d) {
+            want[static_cast<size_t>(d)] =
+                std::fma(p[static_cast<size_t>(j)], v[static_cast<size_t>(j * head_dim + d)],
+                         want[static_cast<size_t>(d)]);
+          }
+        }
+        std::vector<float> got = init;
+        backend->AccumulateValues(p.data(), v.data(), n, head_dim, got.data());
+        ASSERT_TRUE(SameBits(want, got)) << level << " head_dim=" << head_dim << " n=" << n;
+      }
+    }
+  }
+}
+
+// ---- Exp / Silu ------------------------------------------------------------
+
+// Distance in units in the last place between two positive finite floats.
+int64_t UlpDistance(float a, float b) {
+  const int64_t ia = std::bit_cast<int32_t>(a), ib = std::bit_cast<int32_t>(b);
+  return ia > ib ? ia - ib : ib - ia;
+}
+
+TEST(KernelsTest, ExpIsAccurateOverTheNormalRange) {
+  // Inputs whose result is a normal float: [-87.3, 88.72].
+  int64_t max_ulp = 0;
+  float worst_x = 0.0f;
+  int64_t count = 0;
+  for (float x = -87.3f; x <= 88.72f; x += 0.00731f) {
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const float got = Exp(x);
+    ASSERT_FALSE(std::isnan(got)) << x;
+    const int64_t ulp = UlpDistance(want, got);
+    if (ulp > max_ulp) {
+      max_ulp = ulp;
+      worst_x = x;
+    }
+    ++count;
+  }
+  // Also every float in [-1, 1] at a finer stride, where softmax lives.
+  for (float x = -1.0f; x <= 1.0f; x = std::nextafter(x, 2.0f) + 1e-6f) {
+    const int64_t ulp = UlpDistance(static_cast<float>(std::exp(static_cast<double>(x))), Exp(x));
+    if (ulp > max_ulp) {
+      max_ulp = ulp;
+      worst_x = x;
+    }
+    ++count;
+  }
+  std::cout << "Exp: " << count << " points, max error " << max_ulp << " ulp at x=" << worst_x
+            << "\n";
+  EXPECT_LE(max_ulp, 3);
+}
+
+TEST(KernelsTest, ExpEdgeCases) {
+  EXPECT_EQ(Exp(0.0f), 1.0f);
+  EXPECT_EQ(Exp(-0.0f), 1.0f);
+  EXPECT_EQ(Exp(-104.0f), 0.0f);
+  EXPECT_EQ(Exp(-1000.0f), 0.0f);
+  EXPECT_EQ(Exp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(Exp(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(Exp(100.0f), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(Exp(std::numeric_limits<float>::quiet_NaN())));
+  // The subnormal tail is finite, non-negative, non-increasing toward -inf
+  // and close to the true value in absolute terms.
+  float prev = Exp(-87.0f);
+  for (float x = -87.0f; x >= -110.0f; x -= 0.01f) {
+    const float y = Exp(x);
+    ASSERT_FALSE(std::isnan(y)) << x;
+    ASSERT_GE(y, 0.0f) << x;
+    ASSERT_LE(y, prev * 1.0001f + 1e-45f) << x;
+    ASSERT_NEAR(y, std::exp(static_cast<double>(x)),
+                4e-45 + 4e-7 * std::exp(static_cast<double>(x)))
+        << x;
+    prev = y;
+  }
+  // exp(1) and exp(-1) to within an ulp or two.
+  EXPECT_LE(UlpDistance(Exp(1.0f), static_cast<float>(std::exp(1.0))), 2);
+  EXPECT_LE(UlpDistance(Exp(-1.0f), static_cast<float>(std::exp(-1.0))), 2);
+}
+
+TEST(KernelsTest, SiluIsXTimesSigmoid) {
+  double max_rel = 0.0;
+  for (float x = -30.0f; x <= 30.0f; x += 0.0137f) {
+    const double want = x / (1.0 + std::exp(-static_cast<double>(x)));
+    const float got = Silu(x);
+    ASSERT_FALSE(std::isnan(got)) << x;
+    if (std::fabs(want) > 1e-30)
+      max_rel = std::max(max_rel, std::fabs(got - want) / std::fabs(want));
+  }
+  std::cout << "Silu max relative error " << max_rel << "\n";
+  EXPECT_LT(max_rel, 1e-6);
+  EXPECT_EQ(Silu(0.0f), 0.0f);
+  EXPECT_EQ(Silu(-200.0f), -0.0f);  // x / inf
+  EXPECT_EQ(Silu(200.0f), 200.0f);
+}
+
+// ---- Options and registry --------------------------------------------------
+
+TEST(KernelsTest, ParseSimdLevel) {
+  auto bad = ParseSimdLevel("avx9");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseSimdLevel("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseSimdLevel("AVX2x").status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto scalar = ParseSimdLevel("scalar");
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  EXPECT_EQ(*scalar, SimdLevel::kScalar);
+
+  auto automatic = ParseSimdLevel("auto");
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(*automatic, DetectSimdLevel());
+
+  // A level above the detected one is rejected; levels at or below accepted.
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    auto parsed = ParseSimdLevel(SimdLevelName(level));
+    if (static_cast<int>(level) <= static_cast<int>(DetectSimdLevel())) {
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      EXPECT_EQ(*parsed, level);
+    } else {
+      EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST(KernelsTest, BackendNamesItsLevel) {
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    EXPECT_EQ(backend->name(), "cpu/" + level);
+  }
+}
+
+TEST(KernelsTest, CreateBackendRejectsUnknownNames) {
+  BackendOptions options;
+  options.name = "no-such-backend";
+  auto backend = CreateBackend(options);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+
+  options.name = "cpu";
+  options.simd = "avx9";
+  backend = CreateBackend(options);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+
+  bool has_cpu = false;
+  for (const auto& name : RegisteredBackends()) has_cpu |= name == "cpu";
+  EXPECT_TRUE(has_cpu);
+}
+
+TEST(KernelsTest, RmsNormAndSoftmaxFollowTheirFormulas) {
+  std::mt19937_64 rng(41);
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    for (int64_t n : {1, 8, 17, 64, 100}) {
+      const auto x = Spread(rng, n), g = Spread(rng, n);
+      const float eps = 1e-5f;
+      const float r =
+          1.0f / std::sqrt(CanonicalDot(x.data(), x.data(), n) / static_cast<float>(n) + eps);
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) want[i] = g[i] * (x[i] * r);
+      RmsNorm(*backend, x.data(), g.data(), n, eps, got.data());
+      ASSERT_TRUE(SameBits(want, got)) << level << " n=" << n;
+    }
+  }
+  for (int64_t n : {1, 2, 9, 100}) {
+    std::vector<float> s = Spread(rng, n);
+    std::vector<float> want = s;
+    float m = want[0];
+    for (float v : want) m = std::max(m, v);
+    float sum = 0.0f;
+    for (float& v : want) {
+      v = Exp(v - m);
+      sum += v;
+    }
+    const float inv = 1.0f / sum;
+    for (float& v : want) v *= inv;
+    Softmax(s.data(), n);
+    ASSERT_TRUE(SameBits(want, s)) << "n=" << n;
+  }
+}
+
+}  // namespace
+}  // namespace vc::kernels
