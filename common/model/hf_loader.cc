@@ -15,10 +15,14 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -382,7 +386,13 @@ absl::StatusOr<HfConfig> ParseConfig(const Json& root, const std::string& path) 
   VC_ASSIGN_OR_RETURN(int64_t hidden, f.Int("intermediate_size", 1, kMaxSize));
   VC_ASSIGN_OR_RETURN(int64_t layers, f.Int("num_hidden_layers", 1, kMaxSize));
   VC_ASSIGN_OR_RETURN(int64_t heads, f.Int("num_attention_heads", 1, kMaxSize));
-  // transformers: an absent num_key_value_heads means plain multi-head attention.
+  // transformers reads a null num_key_value_heads as plain multi-head
+  // attention, and so does LlamaConfig an absent one; MistralConfig and
+  // Qwen2Config instead default an absent one to a model-specific count (8,
+  // 32), which is too arbitrary to assume.
+  if (!f.Present("num_key_value_heads") && out.arch != Arch::kLlama) {
+    return f.Missing("num_key_value_heads");
+  }
   VC_ASSIGN_OR_RETURN(int64_t kv_heads, f.IntOr("num_key_value_heads", heads, 1, kMaxSize));
   int64_t head_dim = 0;
   if (f.Has("head_dim")) {

@@ -1,0 +1,149 @@
+// Model::LoadLlama2c on the real stories260K checkpoint and on damaged copies
+// of it, and Model::Load's file/directory dispatch.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "common/model/model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/model/hf_checkpoint_writer.h"
+#include "tests/common/model/status_matchers.h"
+
+namespace vc {
+namespace {
+
+using ::vc::testing::ReadFile;
+using ::vc::testing::StatusIs;
+using ::vc::testing::TempDir;
+using ::vc::testing::WriteFile;
+
+constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+// stories260K: dim 64, hidden 172, 5 layers, vocab 512, kv_dim 32; f32.
+constexpr size_t kDim = 64, kHidden = 172, kLayers = 5, kVocab = 512, kKvDim = 32;
+constexpr size_t kHeaderBytes = 28;
+constexpr size_t kEmbeddingBytes = kVocab * kDim * 4;
+constexpr size_t kRmsAttBytes = kLayers * kDim * 4;
+constexpr size_t kWqBytes = kLayers * kDim * kDim * 4;
+constexpr size_t kWkBytes = kLayers * kKvDim * kDim * 4;
+constexpr size_t kW1Bytes = kLayers * kHidden * kDim * 4;
+
+class Llama2cLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* dir = std::getenv("VC_MODELS_DIR");
+    path_ = std::string(dir != nullptr ? dir : "/work/shared/models") + "/stories260K.bin";
+    if (!std::filesystem::exists(path_)) GTEST_SKIP() << path_ << " is not available";
+  }
+  // A copy of the first `bytes` bytes of the checkpoint.
+  std::string TruncatedCopy(size_t bytes) {
+    std::string copy = tmp_.path() + "/truncated.bin";
+    WriteFile(copy, ReadFile(path_).substr(0, bytes));
+    return copy;
+  }
+
+  std::string path_;
+  TempDir tmp_;
+};
+
+TEST_F(Llama2cLoaderTest, LoadsStories260K) {
+  auto model = Model::LoadLlama2c(path_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  EXPECT_EQ(c.architecture, "llama2c");
+  EXPECT_EQ(c.dim, 64);
+  EXPECT_EQ(c.hidden_dim, 172);
+  EXPECT_EQ(c.n_layers, 5);
+  EXPECT_EQ(c.n_heads, 8);
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.max_seq_len, 512);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.rope.layout, RopeLayout::kInterleaved);
+  EXPECT_EQ(c.rope.theta, 10000.0);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.bos_id, 1);
+  EXPECT_EQ((*model)->source(), path_);
+
+  const ModelWeights& w = (*model)->weights();
+  EXPECT_EQ(w.classifier, w.token_embedding);
+  ASSERT_EQ(w.layers.size(), 5u);
+  // Spot-check tensors against the raw file: the first embedding row, and
+  // the last element of layer 4's w3 (the end of the last per-layer tensor).
+  const std::string raw = ReadFile(path_);
+  for (size_t i = 0; i < kDim; ++i) {
+    float x;
+    std::memcpy(&x, raw.data() + kHeaderBytes + 4 * i, 4);
+    EXPECT_EQ(w.token_embedding[i], x) << i;
+  }
+  // File order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3.
+  const size_t w3_offset = kHeaderBytes + kEmbeddingBytes + kRmsAttBytes + kWqBytes + 2 * kWkBytes +
+                           kWqBytes + kRmsAttBytes + 2 * kW1Bytes;
+  float last;
+  std::memcpy(&last, raw.data() + w3_offset + kW1Bytes - 4, 4);
+  EXPECT_EQ(w.layers[kLayers - 1].w3[kHidden * kDim - 1], last);
+}
+
+TEST_F(Llama2cLoaderTest, LoadDispatchesFilesToLlama2c) {
+  auto model = Model::Load(path_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().architecture, "llama2c");
+}
+
+TEST_F(Llama2cLoaderTest, TruncatedCopyNamesTheTensor) {
+  // Cut inside wq, which follows token_embedding and rms_att.
+  const std::string copy = TruncatedCopy(kHeaderBytes + kEmbeddingBytes + kRmsAttBytes + 100);
+  EXPECT_THAT(Model::LoadLlama2c(copy), StatusIs(kInvalid, {copy, "truncated", "'wq'"}));
+  // Cut inside the embedding.
+  const std::string early = TruncatedCopy(kHeaderBytes + 4);
+  EXPECT_THAT(Model::LoadLlama2c(early), StatusIs(kInvalid, {"truncated", "'token_embedding'"}));
+  // Cut inside the header.
+  const std::string header = TruncatedCopy(10);
+  EXPECT_THAT(Model::LoadLlama2c(header), StatusIs(kInvalid, {"truncated", "10 bytes"}));
+}
+
+TEST_F(Llama2cLoaderTest, TrailingBytesAreRejected) {
+  const std::string copy = tmp_.path() + "/long.bin";
+  WriteFile(copy, ReadFile(path_) + std::string(4096, '\0'));
+  EXPECT_THAT(Model::LoadLlama2c(copy), StatusIs(kInvalid, {"trailing"}));
+}
+
+TEST(Llama2cLoaderErrors, GarbageHeaderFailsCleanly) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/garbage.bin";
+  WriteFile(path, std::string("this is not a llama2.c checkpoint, just some text") +
+                      std::string(1000, 'x'));
+  EXPECT_THAT(Model::LoadLlama2c(path), StatusIs(kInvalid, {path, "not a llama2.c checkpoint"}));
+
+  // Plausible sizes but inconsistent ones: dim not divisible by n_heads.
+  const int32_t header[7] = {64, 172, 5, 7, 7, 512, 512};
+  std::string bytes(sizeof(header), '\0');
+  std::memcpy(bytes.data(), header, sizeof(header));
+  WriteFile(path, bytes + std::string(4096, '\0'));
+  EXPECT_THAT(Model::LoadLlama2c(path), StatusIs(kInvalid, {"not divisible"}));
+
+  WriteFile(path, "");
+  EXPECT_THAT(Model::LoadLlama2c(path), StatusIs(kInvalid, {"truncated"}));
+}
+
+TEST(Llama2cLoaderErrors, MissingFileIsNotFound) {
+  TempDir tmp;
+  EXPECT_THAT(Model::LoadLlama2c(tmp.path() + "/missing.bin"),
+              StatusIs(absl::StatusCode::kNotFound, {"missing.bin"}));
+  EXPECT_THAT(Model::Load(tmp.path() + "/missing.bin"),
+              StatusIs(absl::StatusCode::kNotFound, {"missing.bin"}));
+}
+
+TEST(Llama2cLoaderErrors, LoadSendsDirectoriesToTheHuggingFaceLoader) {
+  TempDir tmp;
+  // An empty directory: the Hugging Face loader's complaint, not llama2.c's.
+  EXPECT_THAT(Model::Load(tmp.path()), StatusIs(absl::StatusCode::kNotFound, {"config.json"}));
+}
+
+}  // namespace
+}  // namespace vc
