@@ -21,6 +21,9 @@ Registry& GetRegistry() {
   static Registry* r = [] {
     auto* reg = new Registry();  // never destroyed
     reg->factories["cpu"] = CreateCpuBackend;
+#if defined(VC_HAVE_CUDA) && VC_HAVE_CUDA
+    reg->factories["cuda"] = CreateCudaBackend;
+#endif
     return reg;
   }();
   return *r;

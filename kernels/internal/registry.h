@@ -18,5 +18,8 @@ bool RegisterBackend(const std::string& name, BackendFactory factory);
 
 // Built-in factories.
 absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCpuBackend(const BackendOptions& options);
+// Defined only in CUDA builds (kernels/cuda/, VC_HAVE_CUDA): FailedPrecondition
+// "no CUDA device: ..." when the machine has none.
+absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCudaBackend(const BackendOptions& options);
 
 }  // namespace vc::kernels
