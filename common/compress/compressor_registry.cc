@@ -4,6 +4,7 @@
 #include <charconv>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,9 +62,8 @@ class StagedCompressor final : public Compressor {
       : info_(std::move(info)), dropper_(std::move(dropper)), quantizer_(std::move(quantizer)) {
     if (dropper_ != nullptr) description_ = dropper_->Describe();
     if (quantizer_ != nullptr) {
-      description_ = description_.empty()
-                         ? quantizer_->Describe()
-                         : absl::StrCat(description_, "+", quantizer_->Describe());
+      description_ = description_.empty() ? quantizer_->Describe()
+                                          : absl::StrCat(description_, "+", quantizer_->Describe());
     }
   }
 
@@ -126,9 +126,9 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressorOpt
   if (plus == std::string::npos) {
     if (Contains(DropperNames(), name)) {
       if (options.bits != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, " drops tokens and takes no --bits (got ", options.bits,
-            "); to quantise what it keeps use a composite such as ", name, "+kivi"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " drops tokens and takes no --bits (got ", options.bits,
+                         "); to quantise what it keeps use a composite such as ", name, "+kivi"));
       }
       VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, MakeDropper(name, options, name));
       return std::unique_ptr<Compressor>(
@@ -141,8 +141,7 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressorOpt
             "); its size follows from --bits. To drop tokens too use a composite such as snapkv+",
             name));
       }
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer,
-                          MakeQuantizer(name, options, name));
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer, MakeQuantizer(name, options, name));
       return std::unique_ptr<Compressor>(
           new StagedCompressor(QuantizerInfo(name), nullptr, std::move(quantizer)));
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,9 +50,9 @@ std::vector<double> HeadScores(int32_t n, Getter get) {
 
 absl::Status CheckStats(const std::string& label, const AttentionStats& stats, int32_t prefix_len) {
   if (stats.prompt_len() < prefix_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": attention statistics cover ", stats.prompt_len(),
-        " prompt tokens but the prefix to compress has ", prefix_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": attention statistics cover ", stats.prompt_len(),
+                     " prompt tokens but the prefix to compress has ", prefix_len));
   }
   return absl::OkStatus();
 }
@@ -89,7 +90,8 @@ class StreamingLlm final : public RatioDropper {
     std::vector<int32_t> kept = Range(0, sinks);
     const std::vector<int32_t> recent = Range(prefix_len - (k - sinks), prefix_len);
     kept.insert(kept.end(), recent.begin(), recent.end());
-    return KeptPositions(config.n_layers, std::vector<std::vector<int32_t>>(config.n_kv_heads, kept));
+    return KeptPositions(config.n_layers,
+                         std::vector<std::vector<int32_t>>(config.n_kv_heads, kept));
   }
   std::string Describe() const override {
     return absl::StrCat("streamingllm(ratio=", FormatDouble(ratio_), ",sink_tokens=", sinks_, ")");
@@ -194,8 +196,8 @@ class PyramidKv final : public RatioDropper {
                                        const AttentionStats& stats) const override {
     VC_RETURN_IF_ERROR(CheckStats(label_, stats, prefix_len));
     VC_RETURN_IF_ERROR(CheckWindow(label_, stats, window_));
-    const std::vector<int32_t> budget = PyramidBudgets(
-        TokenBudget(config, prefix_len, ratio_), config.n_layers, beta_, prefix_len);
+    const std::vector<int32_t> budget =
+        PyramidBudgets(TokenBudget(config, prefix_len, ratio_), config.n_layers, beta_, prefix_len);
     KeptPositions out(config.n_layers, std::vector<std::vector<int32_t>>(config.n_kv_heads));
     for (int l = 0; l < config.n_layers; ++l) {
       for (int h = 0; h < config.n_kv_heads; ++h) {
@@ -296,8 +298,8 @@ CompressorInfo DropperInfo(const std::string& name) {
         "uniform budget of --ratio";
     info.params.push_back(WindowParam(d));
     info.params.push_back(PoolParam(d));
-    info.params.push_back({"--pyramid-beta", FormatDouble(d.pyramid_beta),
-                           "budget slope beta in [0, 1]"});
+    info.params.push_back(
+        {"--pyramid-beta", FormatDouble(d.pyramid_beta), "budget slope beta in [0, 1]"});
   } else if (name == "tova") {
     info.description =
         "TOVA: keeps the positions the last prompt query attends to most (per KV head)";
@@ -309,9 +311,9 @@ absl::StatusOr<std::unique_ptr<Dropper>> MakeDropper(const std::string& name,
                                                      const CompressorOptions& o,
                                                      const std::string& label) {
   if (!(o.ratio > 0.0 && o.ratio <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": --ratio must be in (0, 1] (compressed / full bytes), got ", FormatDouble(o.ratio),
-        o.ratio == 0.0 ? " (not given)" : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": --ratio must be in (0, 1] (compressed / full bytes), got ",
+                     FormatDouble(o.ratio), o.ratio == 0.0 ? " (not given)" : ""));
   }
   if (name == "streamingllm") {
     VC_RETURN_IF_ERROR(CheckPositive(label, "--sink-tokens", o.sink_tokens, 0));

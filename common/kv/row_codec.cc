@@ -81,7 +81,10 @@ class QuantRowStore final : public RowStore {
             const float scale = amax / static_cast<float>(half);
             scale_[row * groups_per_row + g] = scale;
             for (int c = c0; c < c1; ++c) {
-              const float q = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
+              // A non-finite input (inf/nan scale or element) maps to code 0:
+              // converting a NaN to int is undefined behaviour.
+              const float r = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
+              const float q = std::isnan(r) ? 0.0f : r;
               const int code = static_cast<int>(std::clamp(q, -static_cast<float>(half),
                                                            static_cast<float>(half)));
               codes_.Set(row * dim + c, static_cast<uint32_t>(code + half));
@@ -142,6 +145,7 @@ class QuantRowStore final : public RowStore {
   static uint32_t Encode(float x, float scale, float zero, uint32_t max_code) {
     if (!(scale > 0.0f)) return 0;
     const float q = std::nearbyint((x - zero) / scale);
+    if (std::isnan(q)) return 0;  // non-finite input: casting NaN is undefined
     return static_cast<uint32_t>(std::clamp(q, 0.0f, static_cast<float>(max_code)));
   }
 

@@ -1,0 +1,315 @@
+#include "common/kv/row_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vc {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using Kind = RowCodecSpec::Kind;
+
+std::unique_ptr<RowStore> MustEncode(const RowCodecSpec& spec, const std::vector<float>& rows,
+                                     int dim) {
+  auto s = RowStore::Encode(spec, rows.data(), static_cast<int64_t>(rows.size()) / dim, dim);
+  EXPECT_TRUE(s.ok()) << s.status() << " " << spec.DebugString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+std::vector<float> Row(const RowStore& store, int64_t i) {
+  std::vector<float> out(store.dim());
+  store.Decode(i, out.data());
+  return out;
+}
+
+std::vector<float> RandomRows(int64_t n, int dim, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  std::vector<float> rows(n * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int c = 0; c < dim; ++c) {
+      // Channel 1 is an outlier channel (as keys have), row 2 a constant row.
+      rows[i * dim + c] = i == 2 ? 0.75f : (c == 1 ? 10.0f : 1.0f) * u(rng);
+    }
+  }
+  return rows;
+}
+
+// The reference model of a spec: which rows are quantised, each element's
+// step (scale), and the exact byte count, all from the format's definition.
+struct Reference {
+  int64_t n_quant = 0;
+  std::vector<float> scale;  // per element of the quantised rows
+  std::vector<float> span;   // |lo| + |hi| of each element's group (float error scale)
+  int64_t bytes = 0;
+};
+
+Reference Model(const RowCodecSpec& spec, const std::vector<float>& rows, int64_t n, int dim) {
+  Reference r;
+  if (spec.kind == Kind::kF32) {
+    r.bytes = n * dim * 4;
+    return r;
+  }
+  const int64_t max_code = (int64_t{1} << spec.bits) - 1;
+  const int64_t half = (int64_t{1} << (spec.bits - 1)) - 1;
+  int64_t params = 0;  // scales + zero points
+  if (spec.kind == Kind::kPerChannelAsymmetric) {
+    const int group = spec.group > 0 ? spec.group : 1;
+    r.n_quant = std::max<int64_t>(0, n - spec.residual);
+    r.n_quant -= r.n_quant % group;
+    r.scale.resize(r.n_quant * dim);
+    r.span.resize(r.n_quant * dim);
+    for (int64_t g = 0; g < r.n_quant / group; ++g) {
+      for (int c = 0; c < dim; ++c) {
+        float lo = rows[g * group * dim + c], hi = lo;
+        for (int k = 0; k < group; ++k) {
+          lo = std::min(lo, rows[(g * group + k) * dim + c]);
+          hi = std::max(hi, rows[(g * group + k) * dim + c]);
+        }
+        for (int k = 0; k < group; ++k) {
+          r.scale[(g * group + k) * dim + c] = (hi - lo) / max_code;
+          r.span[(g * group + k) * dim + c] = std::fabs(lo) + std::fabs(hi);
+        }
+        params += 2;
+      }
+    }
+  } else {
+    const int group = spec.group > 0 ? spec.group : dim;
+    r.n_quant = std::max<int64_t>(0, n - spec.residual);
+    r.scale.resize(r.n_quant * dim);
+    r.span.resize(r.n_quant * dim);
+    for (int64_t i = 0; i < r.n_quant; ++i) {
+      for (int c0 = 0; c0 < dim; c0 += group) {
+        const int c1 = std::min(dim, c0 + group);
+        float lo = rows[i * dim + c0], hi = lo, amax = 0.0f;
+        for (int c = c0; c < c1; ++c) {
+          lo = std::min(lo, rows[i * dim + c]);
+          hi = std::max(hi, rows[i * dim + c]);
+          amax = std::max(amax, std::fabs(rows[i * dim + c]));
+        }
+        const bool sym = spec.kind == Kind::kPerTokenSymmetric;
+        for (int c = c0; c < c1; ++c) {
+          r.scale[i * dim + c] = sym ? amax / half : (hi - lo) / max_code;
+          r.span[i * dim + c] = std::fabs(lo) + std::fabs(hi);
+        }
+        params += sym ? 1 : 2;
+      }
+    }
+  }
+  r.bytes = (r.n_quant * dim * spec.bits + 7) / 8 + params * 4 + (n - r.n_quant) * dim * 4;
+  return r;
+}
+
+// Every element of a quantised row is within half a step of its input (plus
+// float rounding of the affine maps); every other row is stored exactly.
+void CheckStore(const RowCodecSpec& spec, const std::vector<float>& rows, int dim) {
+  SCOPED_TRACE(spec.DebugString());
+  const int64_t n = static_cast<int64_t>(rows.size()) / dim;
+  auto store = MustEncode(spec, rows, dim);
+  ASSERT_NE(store, nullptr);
+  const Reference ref = Model(spec, rows, n, dim);
+  EXPECT_EQ(store->rows(), n);
+  EXPECT_EQ(store->dim(), dim);
+  EXPECT_EQ(store->bytes(), ref.bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<float> out = Row(*store, i);
+    EXPECT_EQ(out, Row(*store, i));  // deterministic
+    if (i >= ref.n_quant) {
+      ASSERT_NE(store->RowIfF32(i), nullptr) << "row " << i;
+      EXPECT_THAT(out, ElementsAreArray(&rows[i * dim], dim)) << "row " << i;
+      EXPECT_EQ(store->RowIfF32(i)[0], rows[i * dim]);
+      continue;
+    }
+    EXPECT_EQ(store->RowIfF32(i), nullptr) << "row " << i;
+    for (int c = 0; c < dim; ++c) {
+      const float x = rows[i * dim + c];
+      const float bound = ref.scale[i * dim + c] / 2 + 1e-6f * (1.0f + ref.span[i * dim + c]);
+      EXPECT_LE(std::fabs(out[c] - x), bound) << "row " << i << " channel " << c;
+    }
+  }
+}
+
+TEST(RowCodecTest, RoundTripsEveryKindAndWidth) {
+  const int dim = 8;
+  const std::vector<float> rows = RandomRows(13, dim, 7);
+  for (const int bits : {2, 4, 8}) {
+    for (const int residual : {0, 2, 5, 20}) {
+      for (const int group : {0, 3, 8}) {
+        CheckStore({Kind::kPerTokenSymmetric, bits, group, residual}, rows, dim);
+        CheckStore({Kind::kPerTokenAsymmetric, bits, group, residual}, rows, dim);
+      }
+      for (const int group : {1, 2, 4, 5, 13, 32}) {
+        CheckStore({Kind::kPerChannelAsymmetric, bits, group, residual}, rows, dim);
+      }
+    }
+  }
+  CheckStore(RowCodecSpec::F32(), rows, dim);
+}
+
+TEST(RowCodecTest, ErrorShrinksWithMoreBits) {
+  const int dim = 16;
+  const std::vector<float> rows = RandomRows(64, dim, 11);
+  double previous = 1e30;
+  for (const int bits : {2, 4, 8}) {
+    auto store = MustEncode({Kind::kPerTokenAsymmetric, bits, 0, 0}, rows, dim);
+    ASSERT_NE(store, nullptr);
+    double err = 0;
+    for (int64_t i = 0; i < 64; ++i) {
+      const std::vector<float> out = Row(*store, i);
+      for (int c = 0; c < dim; ++c) err += std::fabs(out[c] - rows[i * dim + c]);
+    }
+    EXPECT_LT(err, previous / 3) << bits;
+    previous = err;
+  }
+}
+
+TEST(RowCodecTest, HandComputedRows) {
+  // Asymmetric 2-bit of [0, 1, 2, 3]: scale 1, zero 0, codes 0..3, exact;
+  // one code byte plus a scale and a zero point.
+  auto a = MustEncode({Kind::kPerTokenAsymmetric, 2, 0, 0}, {0, 1, 2, 3}, 4);
+  ASSERT_NE(a, nullptr);
+  EXPECT_THAT(Row(*a, 0), ElementsAre(0, 1, 2, 3));
+  EXPECT_EQ(a->bytes(), 1 + 8);
+  // [1, 2, 4, 8] in 2 bits: scale 7/3, codes 0, 0 (0.43), 1 (1.29), 3.
+  auto b = MustEncode({Kind::kPerTokenAsymmetric, 2, 0, 0}, {1, 2, 4, 8}, 4);
+  ASSERT_NE(b, nullptr);
+  const float s = 7.0f / 3.0f;
+  EXPECT_THAT(Row(*b, 0), ElementsAre(1, 1, s + 1, 3 * s + 1));
+  // Symmetric 8-bit: absmax 127 -> scale 1; 0.5 rounds half to even.
+  auto c = MustEncode({Kind::kPerTokenSymmetric, 8, 0, 0}, {1, -2, 0.5f, 127}, 4);
+  ASSERT_NE(c, nullptr);
+  EXPECT_THAT(Row(*c, 0), ElementsAre(1, -2, 0, 127));
+  EXPECT_EQ(c->bytes(), 4 + 4);
+  // Symmetric 2-bit: codes -1, 0, 1 times absmax.
+  auto d = MustEncode({Kind::kPerTokenSymmetric, 2, 0, 0}, {-2, -0.9f, 0.4f, 2}, 4);
+  ASSERT_NE(d, nullptr);
+  EXPECT_THAT(Row(*d, 0), ElementsAre(-2, 0, 0, 2));
+  // Symmetric 4-bit, groups of 2 channels: [7, -3.5] -> scale 1, [0.7, 0.1]
+  // -> scale 0.1 (codes 7, 1).
+  auto e = MustEncode({Kind::kPerTokenSymmetric, 4, 2, 0}, {7, -3.5f, 0.7f, 0.1f}, 4);
+  ASSERT_NE(e, nullptr);
+  const float t = 0.7f / 7.0f;
+  EXPECT_THAT(Row(*e, 0), ElementsAre(7, -4, 7 * t, 1 * t));  // -3.5 -> -4 (half to even)
+  EXPECT_EQ(e->bytes(), 2 + 2 * 4);
+  // Per-channel 2-bit over 3 tokens: channel 0 = [0, 1.4, 3] (scale 1),
+  // channel 1 = [5, 5, 5] (exact).
+  auto f = MustEncode({Kind::kPerChannelAsymmetric, 2, 3, 0}, {0, 5, 1.4f, 5, 3, 5}, 2);
+  ASSERT_NE(f, nullptr);
+  EXPECT_THAT(Row(*f, 0), ElementsAre(0, 5));
+  EXPECT_THAT(Row(*f, 1), ElementsAre(1, 5));
+  EXPECT_THAT(Row(*f, 2), ElementsAre(3, 5));
+  EXPECT_EQ(f->bytes(), 2 + 2 * 2 * 4);  // 12 bits of codes, 2 channels x (scale, zero)
+}
+
+TEST(RowCodecTest, ResidualRowsAreExactAndInPlace) {
+  const std::vector<float> rows = RandomRows(6, 4, 3);
+  for (const Kind kind :
+       {Kind::kPerTokenSymmetric, Kind::kPerTokenAsymmetric, Kind::kPerChannelAsymmetric}) {
+    // Per-channel groups of 3 tokens so that rows 0-2 fill one whole group.
+    auto store = MustEncode({kind, 2, kind == Kind::kPerChannelAsymmetric ? 3 : 2, 3}, rows, 4);
+    ASSERT_NE(store, nullptr);
+    for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(store->RowIfF32(i), nullptr);
+    for (int64_t i = 3; i < 6; ++i) {
+      ASSERT_NE(store->RowIfF32(i), nullptr);
+      EXPECT_THAT(std::vector<float>(store->RowIfF32(i), store->RowIfF32(i) + 4),
+                  ElementsAreArray(&rows[i * 4], 4));
+    }
+  }
+  // A residual longer than the rows keeps everything f32.
+  auto all = MustEncode({Kind::kPerTokenAsymmetric, 4, 0, 10}, rows, 4);
+  ASSERT_NE(all, nullptr);
+  EXPECT_EQ(all->bytes(), 6 * 4 * 4);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_NE(all->RowIfF32(i), nullptr);
+}
+
+TEST(RowCodecTest, PerChannelPartialGroupsStayF32) {
+  const std::vector<float> rows = RandomRows(7, 4, 5);
+  // Groups of 3 tokens: rows 0-5 quantised, row 6 alone stays f32.
+  auto a = MustEncode({Kind::kPerChannelAsymmetric, 4, 3, 0}, rows, 4);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->RowIfF32(5), nullptr);
+  ASSERT_NE(a->RowIfF32(6), nullptr);
+  EXPECT_THAT(Row(*a, 6), ElementsAreArray(&rows[24], 4));
+  EXPECT_EQ(a->bytes(), (6 * 4 * 4) / 8 + 2 * 4 * 2 * 4 + 4 * 4);
+  // With 2 residual rows, 5 remain: one group (rows 0-2); rows 3-6 are f32.
+  auto b = MustEncode({Kind::kPerChannelAsymmetric, 4, 3, 2}, rows, 4);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->RowIfF32(2), nullptr);
+  for (int64_t i = 3; i < 7; ++i) ASSERT_NE(b->RowIfF32(i), nullptr) << i;
+  EXPECT_EQ(b->bytes(), (3 * 4 * 4) / 8 + 4 * 2 * 4 + 4 * 4 * 4);
+}
+
+TEST(RowCodecTest, F32StoreAndEmptyStores) {
+  const std::vector<float> rows = RandomRows(3, 5, 1);
+  auto f = MustEncode(RowCodecSpec::F32(), rows, 5);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes(), 3 * 5 * 4);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_THAT(Row(*f, i), ElementsAreArray(&rows[i * 5], 5));
+  for (const Kind kind : {Kind::kF32, Kind::kPerTokenAsymmetric, Kind::kPerChannelAsymmetric}) {
+    auto empty = RowStore::Encode({kind, kind == Kind::kF32 ? 32 : 4, 2, 1}, nullptr, 0, 4);
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    EXPECT_EQ((*empty)->rows(), 0);
+    EXPECT_EQ((*empty)->bytes(), 0);
+  }
+  // Codes pack across rows: 3 rows x 3 channels x 2 bits = 18 bits = 3 bytes.
+  auto packed = MustEncode({Kind::kPerTokenSymmetric, 2, 0, 0}, RandomRows(3, 3, 2), 3);
+  ASSERT_NE(packed, nullptr);
+  EXPECT_EQ(packed->bytes(), 3 + 3 * 4);
+}
+
+TEST(RowCodecTest, RejectsBadSpecs) {
+  const float row[4] = {0, 1, 2, 3};
+  auto expect_invalid = [&](const RowCodecSpec& spec, int dim, const std::string& part) {
+    auto s = RowStore::Encode(spec, row, 1, dim);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << spec.DebugString();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(part));
+  };
+  expect_invalid({Kind::kPerTokenAsymmetric, 3, 0, 0}, 4, "bits must be 2, 4 or 8, got 3");
+  expect_invalid({Kind::kPerChannelAsymmetric, 16, 2, 0}, 4, "got 16");
+  expect_invalid({Kind::kPerTokenSymmetric, 1, 0, 0}, 4, "got 1");
+  expect_invalid({Kind::kPerTokenAsymmetric, 4, -1, 0}, 4, "group must be >= 0");
+  expect_invalid({Kind::kPerTokenSymmetric, 4, 5, 0}, 4,
+                 "channel group 5 is larger than head_dim 4");
+  expect_invalid({Kind::kPerChannelAsymmetric, 4, 2, -1}, 4, "residual must be >= 0");
+  expect_invalid({Kind::kPerTokenAsymmetric, 4, 0, 0}, 0, "bad shape");
+  EXPECT_TRUE(RowCodecSpec::F32().Validate(4).ok());
+  // Per-channel groups count tokens, so they may exceed head_dim.
+  EXPECT_TRUE((RowCodecSpec{Kind::kPerChannelAsymmetric, 4, 64, 0}.Validate(4).ok()));
+}
+
+TEST(RowCodecTest, NonFiniteInputsStayInTheirGroup) {
+  // A NaN or infinity poisons only its own group (its codes are defined: a
+  // NaN quotient becomes code 0 instead of an undefined float-to-int cast).
+  const float nan = std::nanf(""), inf = INFINITY;
+  for (const Kind kind : {Kind::kPerTokenSymmetric, Kind::kPerTokenAsymmetric}) {
+    auto s = MustEncode({kind, 4, 2, 0}, {nan, inf, 7, 7, inf, 1, -7, -7}, 4);
+    ASSERT_NE(s, nullptr);
+    const std::vector<float> r0 = Row(*s, 0), r1 = Row(*s, 1);
+    EXPECT_EQ(r0[2], 7.0f);  // symmetric 4-bit: absmax 7 -> scale 1, exact
+    EXPECT_EQ(r0[3], 7.0f);
+    EXPECT_EQ(r1[2], -7.0f);
+    EXPECT_EQ(r1[3], -7.0f);
+  }
+}
+
+TEST(RowCodecTest, DebugStrings) {
+  EXPECT_EQ(RowCodecSpec::F32().DebugString(), "f32");
+  EXPECT_EQ((RowCodecSpec{Kind::kPerTokenSymmetric, 8, 0, 0}.DebugString()),
+            "int8-per-token(group=0,residual=0)");
+  EXPECT_EQ((RowCodecSpec{Kind::kPerChannelAsymmetric, 2, 32, 16}.DebugString()),
+            "uint2-per-channel(group=32,residual=16)");
+}
+
+}  // namespace
+}  // namespace vc
