@@ -20,10 +20,6 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
     return absl::InvalidArgumentError("kept positions must list every layer");
   }
   const int hd = config.head_dim;
-  if (hd > kMaxHeadDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compressed KV supports head_dim <= ", kMaxHeadDim, ", model has ", hd));
-  }
   std::shared_ptr<CompressedPrefix> out(new CompressedPrefix());
   out->prefix_len_ = prefix_len;
   out->description_ = std::move(description);
@@ -97,25 +93,49 @@ SequenceKv::KeyRange CompressedSequenceKv::Keys(int layer, int kv_head, int32_t 
   return {p0, (kept - p0) + tail.count};
 }
 
+namespace {
+
+// Calls fn(offset, rows, n) over rows [first, first + count) of `store` in
+// order, in chunks: runs of f32 rows in place, quantised rows decoded a block
+// at a time. Attention results do not depend on the chunking (each score is
+// its own dot product; value sums continue one FMA chain per lane).
+template <typename Fn>
+void ForEachChunk(const RowStore& store, int64_t first, int64_t count, int head_dim, Fn fn) {
+  constexpr int64_t kDecodeRows = 32;
+  thread_local std::vector<float> buffer;
+  int64_t j = 0;
+  while (j < count) {
+    const float* in_place = store.RowIfF32(first + j);
+    int64_t n = 1;
+    if (in_place != nullptr) {
+      while (j + n < count && store.RowIfF32(first + j + n) != nullptr) ++n;
+      fn(j, in_place, n);
+    } else {
+      while (j + n < count && n < kDecodeRows && store.RowIfF32(first + j + n) == nullptr) ++n;
+      buffer.resize(static_cast<size_t>(kDecodeRows) * head_dim);
+      for (int64_t r = 0; r < n; ++r) store.Decode(first + j + r, &buffer[r * head_dim]);
+      fn(j, buffer.data(), n);
+    }
+    j += n;
+  }
+}
+
+}  // namespace
+
 void CompressedSequenceKv::Scores(const kernels::KernelBackend& backend, int layer, int kv_head,
                                   KeyRange range, const float* q, float scale,
                                   float* scores) const {
   const CompressedPrefix::Head& head = prefix_->layer(layer).heads[kv_head];
   const int64_t kept = static_cast<int64_t>(head.positions.size());
-  int64_t j = 0;
-  float row[kMaxHeadDim];
-  for (; j < range.count && range.first + j < kept; ++j) {
-    const int64_t i = range.first + j;
-    const float* k = head.keys->RowIfF32(i);
-    if (k == nullptr) {
-      head.keys->Decode(i, row);
-      k = row;
-    }
-    scores[j] = backend.Dot(q, k, head_dim_) * scale;
-  }
-  if (j < range.count) {
-    tail_.Scores(backend, layer, kv_head, {range.first + j - kept, range.count - j}, q, scale,
-                 scores + j);
+  const int64_t in_prefix = std::clamp<int64_t>(kept - range.first, 0, range.count);
+  ForEachChunk(*head.keys, range.first, in_prefix, head_dim_,
+               [&](int64_t j, const float* rows, int64_t n) {
+                 backend.AttentionScores(q, rows, n, head_dim_, scale, scores + j);
+               });
+  if (in_prefix < range.count) {
+    tail_.Scores(backend, layer, kv_head,
+                 {range.first + in_prefix - kept, range.count - in_prefix}, q, scale,
+                 scores + in_prefix);
   }
 }
 
@@ -123,19 +143,14 @@ void CompressedSequenceKv::MixValues(const kernels::KernelBackend& backend, int 
                                      KeyRange range, const float* p, float* out) const {
   const CompressedPrefix::Head& head = prefix_->layer(layer).heads[kv_head];
   const int64_t kept = static_cast<int64_t>(head.positions.size());
-  int64_t j = 0;
-  float row[kMaxHeadDim];
-  for (; j < range.count && range.first + j < kept; ++j) {
-    const int64_t i = range.first + j;
-    const float* v = head.values->RowIfF32(i);
-    if (v == nullptr) {
-      head.values->Decode(i, row);
-      v = row;
-    }
-    backend.AccumulateValues(p + j, v, 1, head_dim_, out);
-  }
-  if (j < range.count) {
-    tail_.MixValues(backend, layer, kv_head, {range.first + j - kept, range.count - j}, p + j, out);
+  const int64_t in_prefix = std::clamp<int64_t>(kept - range.first, 0, range.count);
+  ForEachChunk(*head.values, range.first, in_prefix, head_dim_,
+               [&](int64_t j, const float* rows, int64_t n) {
+                 backend.AccumulateValues(p + j, rows, n, head_dim_, out);
+               });
+  if (in_prefix < range.count) {
+    tail_.MixValues(backend, layer, kv_head,
+                    {range.first + in_prefix - kept, range.count - in_prefix}, p + in_prefix, out);
   }
 }
 

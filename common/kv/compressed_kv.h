@@ -23,9 +23,6 @@
 
 namespace vc {
 
-// Largest head_dim a compressed view decodes (one row lives on the stack).
-inline constexpr int kMaxHeadDim = 512;
-
 class CompressedPrefix {
  public:
   struct Head {

@@ -49,7 +49,9 @@ class RowStore {
   virtual int dim() const = 0;
   // Writes row i (dequantised) to out[dim]. Deterministic: plain f32 ops.
   virtual void Decode(int64_t i, float* out) const = 0;
-  // Row i in place if it is stored as f32, else null (fast path).
+  // Row i in place if it is stored as f32, else null (fast path). Rows
+  // stored as f32 are contiguous: RowIfF32(i + 1) == RowIfF32(i) + dim()
+  // whenever both are non-null.
   virtual const float* RowIfF32(int64_t i) const = 0;
   // Exact bytes held: codes, scales and zero points (not container slack).
   virtual int64_t bytes() const = 0;

