@@ -438,7 +438,7 @@ absl::Status LongContextRuntime::CollectCopies(std::vector<CopyResult> results) 
       return absl::InternalError(
           absl::StrCat("reload of request ", r.id, " failed: ", r.copy.status().ToString()));
     }
-    e.req->StageVerifyKv(std::move(r.copy).value());
+    VC_RETURN_IF_ERROR(e.req->StageVerifyKv(std::move(r.copy).value()));
     e.staged = true;
   }
   return absl::OkStatus();

@@ -91,6 +91,13 @@ absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
     }
   }
   std::unique_ptr<Compressor> compressor;
+  if (options.staged_verify &&
+      (options.mode != DecodeMode::kVeriCache || options.draft.fallback_min_accepted >= 0 ||
+       options.draft.fallback_after_rounds >= 0)) {
+    // Falling back would decode against the host copy of the full KV.
+    return absl::InvalidArgumentError(
+        "staged verify needs --mode vericache with fallback disabled");
+  }
   if (options.mode != DecodeMode::kFull) {
     VC_RETURN_IF_ERROR(options.draft.Validate());
     VC_ASSIGN_OR_RETURN(compressor, CreateCompressor(options.compressor));
@@ -117,6 +124,20 @@ SpeculativeRequest::SpeculativeRequest(const Engine& engine, std::vector<int32_t
     stats_observer_ = std::make_unique<AttentionStats>(
         config_, static_cast<int32_t>(prompt_.size()), options_.compressor.window);
   }
+}
+
+absl::Status SpeculativeRequest::StageVerifyKv(std::unique_ptr<PagedKvCache> copy) {
+  if (!options_.staged_verify) {
+    return absl::FailedPreconditionError("StageVerifyKv on a request without staged_verify");
+  }
+  if (copy == nullptr || copy->first_position() != full_kv_->first_position() ||
+      copy->next_position() != full_kv_->next_position()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staged verify KV must copy positions [", full_kv_->first_position(), ", ",
+                     full_kv_->next_position(), ")"));
+  }
+  verify_kv_ = std::move(copy);
+  return absl::OkStatus();
 }
 
 SequenceInput SpeculativeRequest::NextInput() {

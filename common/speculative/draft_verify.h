@@ -122,9 +122,11 @@ class SpeculativeRequest {
   bool awaiting_verify_kv() const {
     return phase_ == Phase::kVerify && options_.staged_verify && verify_kv_ == nullptr;
   }
-  // Hands over the arena copy of the full KV for the next verify pass
-  // (a copy of full_kv(), e.g. made by PagedKvCache::CopyFrom).
-  void StageVerifyKv(std::unique_ptr<PagedKvCache> copy) { verify_kv_ = std::move(copy); }
+  // Hands over the arena copy of the full KV for the next verify pass (a copy
+  // of full_kv(), e.g. made by PagedKvCache::CopyFrom). Allowed at any time
+  // before that pass, also while still drafting: full_kv() only changes in
+  // a verify. InvalidArgument if the copy does not cover exactly full_kv().
+  absl::Status StageVerifyKv(std::unique_ptr<PagedKvCache> copy);
 
   // The verifier's full KV (exact) and the drafter's compressed view; for the
   // long-context runtime that moves them between tiers.

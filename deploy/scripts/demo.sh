@@ -23,5 +23,24 @@ echo "== aidreams260K, seeded sampling (temperature 0.8, top-p 0.9, seed 7) =="
 "$VC" generate --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams260K.tok512.bin" \
   --prompt "I dream of" --max-new-tokens 80 --temperature 0.8 --top-p 0.9 --seed 7
 echo
+echo "== aidreams260K, lossless VeriCache: draft on 4-bit KIVI KV, verify on full KV =="
+"$VC" generate --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams260K.tok512.bin" \
+  --prompt "I dream of" --max-new-tokens 80 --mode vericache --compressor kivi --bits 4 --draft-len 16
+echo
 echo "== stories260K (no tokenizer: token ids in and out), 120 tokens =="
 "$VC" generate --model "$M/stories260K.bin" --prompt-ids "1 306 461" --max-new-tokens 120 --ignore-eos
+
+echo
+echo "== stories260K: full vs VeriCache (SnapKV 50%, draft length auto) vs lossy, 300 tokens =="
+IDS="1 306 461"
+for args in "--mode full" "--mode vericache --compressor snapkv --ratio 0.5 --draft-len auto" \
+            "--mode vericache --compressor int8 --draft-len 32" "--mode lossy --compressor snapkv --ratio 0.5"; do
+  "$VC" generate --model "$M/stories260K.bin" --prompt-ids "$IDS" --max-new-tokens 300 --ignore-eos \
+    $args --json > /tmp/vericache_demo_$$.json
+  echo "$args: $(sed -e 's/.*"tokens":\[\([^]]*\)\].*/\1/' /tmp/vericache_demo_$$.json | md5sum | cut -c1-12) (token digest)" \
+    "$(grep -o '"mean_accepted":[0-9.]*' /tmp/vericache_demo_$$.json || true)" \
+    "$(grep -o '"compression_ratio":[0-9.]*' /tmp/vericache_demo_$$.json || true)" \
+    "$(grep -o '"lossy":true' /tmp/vericache_demo_$$.json || true)"
+done
+rm -f /tmp/vericache_demo_$$.json
+echo "(equal digests = identical token streams; VeriCache must match full, lossy usually does not)"

@@ -22,4 +22,17 @@ echo "== unit tests under ASan+UBSan =="
 (cd "$REPO_ROOT/build-asan" && \
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest -j "$JOBS" -L unit --output-on-failure --timeout 900)
+
+# ThreadSanitizer for the concurrency-heavy units (the thread pool, the copy
+# engine and the long-context runtime that drives it).
+TSAN_TESTS=(thread_pool_test copy_engine_test long_context_runtime_test)
+echo "== build (build-tsan/, TSan: ${TSAN_TESTS[*]}) =="
+cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \
+  -DVC_MODELS_DIR="$VC_MODELS_DIR" >/dev/null
+ninja -C "$REPO_ROOT/build-tsan" -j "$JOBS" "${TSAN_TESTS[@]}"
+echo "== concurrency tests under TSan =="
+for t in "${TSAN_TESTS[@]}"; do
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$REPO_ROOT/build-tsan/bin/$t" --gtest_brief=1
+done
 echo "== all test stages passed =="
