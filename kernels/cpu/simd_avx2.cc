@@ -3,6 +3,10 @@
 // -mavx2 -mfma; only called after DetectSimdLevel() saw both.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "kernels/cpu/internal/simd_ops.h"
 
 namespace vc::kernels::cpu {
@@ -15,11 +19,14 @@ inline __m256i PrefixMask(int64_t k) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 8 - k));
 }
 
+// The canonical tree (ReduceLanes16) done in registers: every step adds the
+// same pairs of lanes as the scalar tree, lower lane first, so the result is
+// bit-identical.
 inline float Reduce(__m256 lo, __m256 hi) {
-  alignas(32) float lane[16];
-  _mm256_store_ps(lane, lo);
-  _mm256_store_ps(lane + 8, hi);
-  return ReduceLanes16(lane);
+  const __m256 s8 = _mm256_add_ps(lo, hi);  // l[k] + l[k+8]
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
 }
 
 float Dot(const float* a, const float* b, int64_t n) {
@@ -33,39 +40,61 @@ float Dot(const float* a, const float* b, int64_t n) {
     const int64_t rem = n - i;
     const __m256i mlo = PrefixMask(rem < 8 ? rem : 8), mhi = PrefixMask(rem > 8 ? rem - 8 : 0);
     lo = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, mlo), _mm256_maskload_ps(b + i, mlo), lo);
-    hi = _mm256_fmadd_ps(_mm256_maskload_ps(a + i + 8, mhi), _mm256_maskload_ps(b + i + 8, mhi),
-                         hi);
+    hi =
+        _mm256_fmadd_ps(_mm256_maskload_ps(a + i + 8, mhi), _mm256_maskload_ps(b + i + 8, mhi), hi);
   }
   return Reduce(lo, hi);
 }
 
-template <int R, int T>
-inline void Step(const float* x, const float* w, int64_t in, int64_t o0, int64_t i, __m256i mask,
+// One 8-lane half of a step: w row r at wr + r * in + i, token t at
+// x + t * ldx + i; Load is a plain or a masked load.
+template <int R, int T, typename Load>
+inline void Step(const float* x, int64_t ldx, const float* wr, int64_t in, int64_t i, Load load,
                  __m256 (&acc)[R][T]) {
   __m256 wv[R];
-  for (int r = 0; r < R; ++r) wv[r] = _mm256_maskload_ps(w + (o0 + r) * in + i, mask);
+  for (int r = 0; r < R; ++r) wv[r] = load(wr + r * in + i);
   for (int t = 0; t < T; ++t) {
-    const __m256 xv = _mm256_maskload_ps(x + t * in + i, mask);
+    const __m256 xv = load(x + t * ldx + i);
     for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
   }
 }
 
+inline void PrefetchL2(const float* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+}
+
+// R weight rows x T tokens (token t's row at x + t * ldx); each output
+// element has its 16 lanes in lo (0-7) and hi (8-15). With a non-null `pf` it
+// also prefetches the R rows starting at pf (the next row group's weights)
+// into L2, one cache line per row per step.
 template <int R, int T>
-void Tile(const float* x, const float* w, const float* bias, int64_t in, int64_t o0, int64_t ldy,
-          float* y) {
+void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_t in, int64_t o0,
+          int64_t ldy, float* y, const float* pf) {
   __m256 lo[R][T], hi[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) lo[r][t] = hi[r][t] = _mm256_setzero_ps();
-  const __m256i all = PrefixMask(8);
+  const float* wr = w + o0 * in;
+  auto plain = [](const float* p) { return _mm256_loadu_ps(p); };
   int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
-    Step<R, T>(x, w, in, o0, i, all, lo);
-    Step<R, T>(x, w, in, o0, i + 8, all, hi);
+  if (pf != nullptr) {
+    for (; i + 16 <= in; i += 16) {
+      for (int r = 0; r < R; ++r) PrefetchL2(pf + r * in + i);
+      Step<R, T>(x, ldx, wr, in, i, plain, lo);
+      Step<R, T>(x, ldx, wr, in, i + 8, plain, hi);
+    }
+  } else {
+    for (; i + 16 <= in; i += 16) {
+      Step<R, T>(x, ldx, wr, in, i, plain, lo);
+      Step<R, T>(x, ldx, wr, in, i + 8, plain, hi);
+    }
   }
-  if (i < in) {
+  if (i < in) {  // zero-padded last group
     const int64_t rem = in - i;
-    Step<R, T>(x, w, in, o0, i, PrefixMask(rem < 8 ? rem : 8), lo);
-    Step<R, T>(x, w, in, o0, i + 8, PrefixMask(rem > 8 ? rem - 8 : 0), hi);
+    const __m256i mlo = PrefixMask(rem < 8 ? rem : 8), mhi = PrefixMask(rem > 8 ? rem - 8 : 0);
+    Step<R, T>(
+        x, ldx, wr, in, i, [mlo](const float* p) { return _mm256_maskload_ps(p, mlo); }, lo);
+    Step<R, T>(
+        x, ldx, wr, in, i + 8, [mhi](const float* p) { return _mm256_maskload_ps(p, mhi); }, hi);
   }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
@@ -76,25 +105,59 @@ void Tile(const float* x, const float* w, const float* bias, int64_t in, int64_t
   }
 }
 
-using TileFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                        float*);
+using TileFn = void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t,
+                        int64_t, float*, const float*);
 constexpr int kRows = 2;
 constexpr int kTokens = 3;
 template <int R>
 constexpr TileFn kTilesForRows[kTokens + 1] = {nullptr, Tile<R, 1>, Tile<R, 2>, Tile<R, 3>};
 constexpr const TileFn* kTiles[kRows + 1] = {nullptr, kTilesForRows<1>, kTilesForRows<2>};
+// Tokens are processed in spans of at most this many (which bounds the copy
+// of x below).
+constexpr int64_t kSpanTokens = 48;
 
+// As in simd_avx512.cc: only the visiting order of output elements, where x
+// is read from and the prefetches are chosen here; every element is still
+// one Tile accumulator pair over the whole row.
 void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
                 int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
   int64_t o = o_begin;
   if (tokens == 1) {
-    for (; o + 4 <= o_end; o += 4) Tile<4, 1>(x, w, bias, in, o, ldy, y);
+    for (; o + 4 <= o_end; o += 4) {
+      const float* pf = o + 8 <= o_end ? w + (o + 4) * in : nullptr;
+      Tile<4, 1>(x, in, w, bias, in, o, ldy, y, pf);
+    }
+    if (o == o_end) return;
   }
-  for (; o < o_end; o += kRows) {
-    const int r = static_cast<int>(o_end - o < kRows ? o_end - o : kRows);
-    for (int64_t t = 0; t < tokens; t += kTokens) {
-      const int nt = static_cast<int>(tokens - t < kTokens ? tokens - t : kTokens);
-      kTiles[r][nt](x + t * in, w, bias, in, o, ldy, y + t * ldy);
+  const int64_t o_first = o;
+  // x rows with a stride that is a multiple of 2 KiB alias in L1 (see
+  // simd_avx512.cc); they are copied (exactly) into 64-byte longer rows.
+  const bool pack = in % 512 == 0;
+  thread_local std::vector<float> packed;
+  for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
+    const int64_t span = std::min(tokens - ts, kSpanTokens);
+    const float* xs = x + ts * in;
+    int64_t ldx = in;
+    if (pack) {
+      ldx = in + 16;
+      packed.resize(static_cast<size_t>(span * ldx + 16));
+      float* buf = packed.data();
+      buf += (16 - (reinterpret_cast<uintptr_t>(buf) / 4) % 16) % 16;  // 64-byte aligned
+      for (int64_t t = 0; t < span; ++t) std::copy_n(xs + t * in, in, buf + t * ldx);
+      xs = buf;
+    }
+    // Near-equal token tiles of at most kTokens; the first tile of a row
+    // group prefetches the next group's weights.
+    const int64_t ntiles = (span + kTokens - 1) / kTokens;
+    for (o = o_first; o < o_end; o += kRows) {
+      const int r = static_cast<int>(o_end - o < kRows ? o_end - o : kRows);
+      const float* pf = o + int64_t{2} * kRows <= o_end ? w + (o + kRows) * in : nullptr;
+      for (int64_t k = 0, t = 0; k < ntiles; ++k) {
+        const int64_t t1 = span * (k + 1) / ntiles;
+        kTiles[r][t1 - t](xs + t * ldx, ldx, w, bias, in, o, ldy, y + (ts + t) * ldy,
+                          k == 0 ? pf : nullptr);
+        t = t1;
+      }
     }
   }
 }

@@ -3,6 +3,10 @@
 // DetectSimdLevel() saw AVX-512F.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "kernels/cpu/internal/simd_ops.h"
 
 namespace vc::kernels::cpu {
@@ -10,10 +14,60 @@ namespace {
 
 inline __mmask16 TailMask(int64_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
 
+// GCC 12 implements the unmasked AVX-512 shuffles, extracts and casts from a
+// zmm with _mm512_undefined_ps(), which trips -Wuninitialized; the maskz_
+// forms with a full mask are the same instructions, and the halves of a
+// register are taken with __builtin_shufflevector.
+constexpr __mmask16 kAll = 0xFFFF;
+inline __m256 Lo256(__m512 v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
+inline __m256 Hi256(__m512 v) {
+  return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+inline __m128 Lo128(__m512 v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3); }
+
+// The canonical tree (ReduceLanes16) done in registers. Every step adds the
+// same pairs of lanes as the scalar tree, lower lane first, so the results are
+// bit-identical; only the lanes' positions in the registers differ.
 inline float Reduce(__m512 v) {
-  alignas(64) float lane[16];
-  _mm512_store_ps(lane, v);
-  return ReduceLanes16(lane);
+  const __m256 s8 = _mm256_add_ps(Lo256(v), Hi256(v));  // l[k] + l[k+8]
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
+}
+
+// Level 1 of the tree for two registers: [a[k] + a[k+8] | b[k] + b[k+8]], k < 8.
+inline __m512 Fold8(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, a, b, 0x44),
+                       _mm512_maskz_shuffle_f32x4(kAll, a, b, 0xEE));
+}
+
+// Level 2 for two level-1 results ab = [A | B], cd = [C | D] (8 lanes each):
+// quarter j of the result is X[k] + X[k+4], k < 4, for X = A, B, C, D.
+inline __m512 Fold4(__m512 ab, __m512 cd) {
+  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, ab, cd, 0x88),
+                       _mm512_maskz_shuffle_f32x4(kAll, ab, cd, 0xDD));
+}
+
+// Lane i of the result is Reduce(v_i), for 4 registers.
+inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 u = Fold4(Fold8(a, b), Fold8(c, d));
+  const __m512 v = _mm512_add_ps(u, _mm512_shuffle_ps(u, u, 0xEE));  // [k] + [k+2] per quarter
+  const __m512 z = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, 0x55));  // [0] + [1] per quarter
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return Lo128(_mm512_maskz_permutexvar_ps(kAll, idx, z));
+}
+
+// Lane i of the result is Reduce(v_i), for 8 registers.
+inline __m256 Reduce8(__m512 a, __m512 b, __m512 c, __m512 d, __m512 e, __m512 f, __m512 g,
+                      __m512 h) {
+  const __m512 u1 = Fold4(Fold8(a, b), Fold8(c, d));  // quarters: a b c d
+  const __m512 u2 = Fold4(Fold8(e, f), Fold8(g, h));  // quarters: e f g h
+  // Per quarter j: [X[0]+X[2], X[1]+X[3], Y[0]+Y[2], Y[1]+Y[3]], X from u1, Y from u2.
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u1, u2, 0x44), _mm512_shuffle_ps(u1, u2, 0xEE));
+  // Per quarter j: [X, Y, X, Y], the finished sums of outputs j and j + 4.
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(v, v, 0x88), _mm512_shuffle_ps(v, v, 0xDD));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return Lo256(_mm512_maskz_permutexvar_ps(kAll, idx, z));
 }
 
 float Dot(const float* a, const float* b, int64_t n) {
@@ -29,74 +83,199 @@ float Dot(const float* a, const float* b, int64_t n) {
   return Reduce(acc);
 }
 
-// R weight rows x T tokens, one accumulator per output element.
+// y[t * ldy + o0 + r] = Reduce(acc[r][t]) (+ bias[o0 + r]). Groups of 4 or 8
+// outputs that are contiguous in y are reduced and stored together.
 template <int R, int T>
-void Tile(const float* x, const float* w, const float* bias, int64_t in, int64_t o0, int64_t ldy,
-          float* y) {
+inline void Store(const __m512 (&acc)[R][T], const float* bias, int64_t o0, int64_t ldy, float* y) {
+  if constexpr (R == 8 && T == 1) {
+    __m256 v = Reduce8(acc[0][0], acc[1][0], acc[2][0], acc[3][0], acc[4][0], acc[5][0], acc[6][0],
+                       acc[7][0]);
+    if (bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + o0));
+    _mm256_storeu_ps(y + o0, v);
+  } else if constexpr (R == 4) {
+    __m128 b4 = _mm_setzero_ps();
+    if (bias != nullptr) b4 = _mm_loadu_ps(bias + o0);
+    int t = 0;
+    for (; t + 2 <= T; t += 2) {  // two tokens' 4 outputs at once
+      __m256 v = Reduce8(acc[0][t], acc[1][t], acc[2][t], acc[3][t], acc[0][t + 1], acc[1][t + 1],
+                         acc[2][t + 1], acc[3][t + 1]);
+      if (bias != nullptr) v = _mm256_add_ps(v, _mm256_set_m128(b4, b4));
+      _mm_storeu_ps(y + t * ldy + o0, _mm256_castps256_ps128(v));
+      _mm_storeu_ps(y + (t + 1) * ldy + o0, _mm256_extractf128_ps(v, 1));
+    }
+    if (t < T) {
+      __m128 v = Reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+      if (bias != nullptr) v = _mm_add_ps(v, b4);
+      _mm_storeu_ps(y + t * ldy + o0, v);
+    }
+  } else {
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) {
+        float v = Reduce(acc[r][t]);
+        if (bias != nullptr) v += bias[o0 + r];
+        y[t * ldy + o0 + r] = v;
+      }
+    }
+  }
+}
+
+inline void PrefetchL2(const float* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+}
+
+// R weight rows x T tokens, one accumulator per output element (token t's
+// row at x + t * ldx). It also prefetches `pf_rows` (0..R) weight rows
+// starting at pf (rows of the next row group) into L2, one cache line per row
+// per step, so the weight stream from memory overlaps the FMAs. Prefetches
+// never change a value.
+template <int R, int T>
+void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_t in, int64_t o0,
+          int64_t ldy, float* y, const float* pf, int pf_rows) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
+  const float* wr = w + o0 * in;
+  auto step = [&](int64_t i) {
     __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + (o0 + r) * in + i);
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(wr + r * in + i);
     for (int t = 0; t < T; ++t) {
-      const __m512 xv = _mm512_loadu_ps(x + t * in + i);
+      const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
     }
+  };
+  int64_t i = 0;
+  if (pf_rows == R) {
+    for (; i + 16 <= in; i += 16) {
+      for (int r = 0; r < R; ++r) PrefetchL2(pf + r * in + i);
+      step(i);
+    }
+  } else if (pf_rows > 0) {
+    for (; i + 16 <= in; i += 16) {
+      for (int r = 0; r < pf_rows; ++r) PrefetchL2(pf + r * in + i);
+      step(i);
+    }
+  } else {
+    for (; i + 16 <= in; i += 16) step(i);
   }
   if (i < in) {
     const __mmask16 m = TailMask(in - i);
     __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(m, w + (o0 + r) * in + i);
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(m, wr + r * in + i);
     for (int t = 0; t < T; ++t) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * in + i);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * ldx + i);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      float v = Reduce(acc[r][t]);
-      if (bias != nullptr) v += bias[o0 + r];
-      y[t * ldy + o0 + r] = v;
-    }
-  }
+  Store<R, T>(acc, bias, o0, ldy, y);
 }
 
-using TileFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                        float*);
+using TileFn = void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t,
+                        int64_t, float*, const float*, int);
 constexpr int kRows = 4;
 constexpr int kTokens = 6;
 template <int R>
-constexpr TileFn kTilesForRows[kTokens + 1] = {nullptr,      Tile<R, 1>, Tile<R, 2>, Tile<R, 3>,
+constexpr TileFn kTilesForRows[kTokens + 1] = {nullptr,    Tile<R, 1>, Tile<R, 2>, Tile<R, 3>,
                                                Tile<R, 4>, Tile<R, 5>, Tile<R, 6>};
 constexpr const TileFn* kTiles[kRows + 1] = {nullptr, kTilesForRows<1>, kTilesForRows<2>,
                                              kTilesForRows<3>, kTilesForRows<4>};
+// Tokens are processed in spans of at most this many (which bounds the copy
+// of x below).
+constexpr int64_t kSpanTokens = int64_t{8} * kTokens;
 
+// Only the order in which output elements are visited, where x is read from
+// and the prefetches are chosen here; each element is still one Tile
+// accumulator over the whole row, i.e. the canonical dot product.
 void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
                 int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
   int64_t o = o_begin;
   if (tokens == 1) {
-    // Matrix-vector: more rows per pass keeps more loads in flight.
-    for (; o + 8 <= o_end; o += 8) Tile<8, 1>(x, w, bias, in, o, ldy, y);
+    // Matrix-vector: 8 rows per pass keep more loads in flight; the next 8
+    // rows (inside this range) are prefetched meanwhile.
+    for (; o + 8 <= o_end; o += 8) {
+      const bool next = o + 16 <= o_end;
+      Tile<8, 1>(x, in, w, bias, in, o, ldy, y, next ? w + (o + 8) * in : nullptr, next ? 8 : 0);
+    }
+    if (o == o_end) return;
   }
-  for (; o < o_end; o += kRows) {
-    const int r = static_cast<int>(o_end - o < kRows ? o_end - o : kRows);
-    for (int64_t t = 0; t < tokens; t += kTokens) {
-      const int nt = static_cast<int>(tokens - t < kTokens ? tokens - t : kTokens);
-      kTiles[r][nt](x + t * in, w, bias, in, o, ldy, y + t * ldy);
+  const int64_t o_first = o;
+  // With a row stride that is a multiple of 2 KiB, the same offset of every
+  // token row falls into the same few L1 sets as the weight rows' and the
+  // tile's operands evict each other (4K aliasing); such x rows are copied
+  // (exactly) into a buffer whose rows are 64 bytes longer.
+  const bool pack = in % 512 == 0;
+  thread_local std::vector<float> packed;
+  for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
+    const int64_t span = std::min(tokens - ts, kSpanTokens);
+    const float* xs = x + ts * in;
+    int64_t ldx = in;
+    if (pack) {
+      ldx = in + 16;
+      packed.resize(static_cast<size_t>(span * ldx + 16));
+      float* buf = packed.data();
+      buf += (16 - (reinterpret_cast<uintptr_t>(buf) / 4) % 16) % 16;  // 64-byte aligned
+      for (int64_t t = 0; t < span; ++t) std::copy_n(xs + t * in, in, buf + t * ldx);
+      xs = buf;
+    }
+    // Near-equal token tiles of at most kTokens (32 tokens: 6+6+5+5+5+5, not
+    // 6*5+2). A row group's weights stay in L1 while every tile of the span
+    // passes over them; meanwhile the tiles prefetch the next group's rows,
+    // spread evenly over them (tile k takes rows [k*R/n, (k+1)*R/n)).
+    const int64_t ntiles = (span + kTokens - 1) / kTokens;
+    for (o = o_first; o < o_end; o += kRows) {
+      const int r = static_cast<int>(o_end - o < kRows ? o_end - o : kRows);
+      const bool next = o + int64_t{2} * kRows <= o_end;
+      for (int64_t k = 0, t = 0; k < ntiles; ++k) {
+        const int64_t t1 = span * (k + 1) / ntiles;
+        const int64_t p0 = k * kRows / ntiles, p1 = (k + 1) * kRows / ntiles;
+        kTiles[r][t1 - t](xs + t * ldx, ldx, w, bias, in, o, ldy, y + (ts + t) * ldy,
+                          next ? w + (o + kRows + p0) * in : nullptr,
+                          next ? static_cast<int>(p1 - p0) : 0);
+        t = t1;
+      }
     }
   }
 }
 
-void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
-  for (int64_t d = 0; d < dim; d += 16) {
-    const __mmask16 m = dim - d >= 16 ? static_cast<__mmask16>(0xFFFF) : TailMask(dim - d);
-    __m512 acc = _mm512_maskz_loadu_ps(m, out + d);
-    for (int64_t j = 0; j < n; ++j) {
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v + j * dim + d), acc);
+// C 16-lane chunks of out[0, 16 * C) at once (the last one masked by
+// `last`): per chunk the same FMAs in the same key order as one chunk at a
+// time, but C independent chains keep the FMA unit busy instead of waiting
+// on one chain's latency.
+template <int C>
+void AccumulateChunks(const float* p, const float* v, int64_t n, int64_t dim, float* out,
+                      __mmask16 last) {
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c)
+    acc[c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, out + int64_t{16} * c);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    const float* vj = v + j * dim;
+    for (int c = 0; c < C; ++c) {
+      acc[c] = _mm512_fmadd_ps(
+          pj, _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, vj + int64_t{16} * c), acc[c]);
     }
-    _mm512_mask_storeu_ps(out + d, m, acc);
+  }
+  for (int c = 0; c < C; ++c)
+    _mm512_mask_storeu_ps(out + int64_t{16} * c, c == C - 1 ? last : kAll, acc[c]);
+}
+
+// out[d] = fma(p[j], v[j * dim + d], out[d]) for j = 0..n-1 in order, for
+// every d < dim, up to 8 chunks of 16 d's per pass over the keys.
+void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
+  using ChunksFn = void (*)(const float*, const float*, int64_t, int64_t, float*, __mmask16);
+  static constexpr ChunksFn kChunks[9] = {nullptr,
+                                          AccumulateChunks<1>,
+                                          AccumulateChunks<2>,
+                                          AccumulateChunks<3>,
+                                          AccumulateChunks<4>,
+                                          AccumulateChunks<5>,
+                                          AccumulateChunks<6>,
+                                          AccumulateChunks<7>,
+                                          AccumulateChunks<8>};
+  for (int64_t d = 0; d < dim; d += 128) {
+    const int64_t rem = dim - d < 128 ? dim - d : 128;
+    const int chunks = static_cast<int>((rem + 15) / 16);
+    const __mmask16 last = rem % 16 == 0 ? kAll : TailMask(rem % 16);
+    kChunks[chunks](p, v + d, n, dim, out + d, last);
   }
 }
 
