@@ -68,6 +68,10 @@ absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const
   o.max_new_tokens = f.max_new_tokens;
   o.ignore_eos = f.ignore_eos;
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
+  if (f.temperature < 0) {
+    return absl::InvalidArgumentError("--temperature must be >= 0, got " +
+                                      std::to_string(f.temperature));
+  }
   std::string sampling = f.sampling.empty() ? (f.temperature > 0 ? "seeded" : "greedy") : f.sampling;
   auto sampling_mode = ParseSamplingMode(sampling);
   if (!sampling_mode.ok()) return sampling_mode.status();

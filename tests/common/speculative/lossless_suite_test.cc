@@ -146,7 +146,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
     // KIVI keeps its residual window in full precision, so very short prompts
     // may not compress at all; long ones must.
     EXPECT_LE(r.stats().compression_ratio, 1.0) << where;
-    if (jobs[i].prompt.size() >= 100) EXPECT_LT(r.stats().compression_ratio, 1.0) << where;
+    if (jobs[i].prompt.size() >= 100) {
+      EXPECT_LT(r.stats().compression_ratio, 1.0) << where;
+    }
     rounds += r.stats().verify_rounds;
     accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
                                 int64_t{0});
