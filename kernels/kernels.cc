@@ -1,6 +1,7 @@
 #include "kernels/kernels.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -109,6 +110,16 @@ absl::StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
   return want;
 }
 
+namespace {
+// 2^e for e in [-126, 127], built from its bit pattern.
+inline float PowerOfTwo(int e) {
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+}  // namespace
+
 float Exp(float x) {
   // Cephes expf: x = n*ln2 + r with |r| <= ln2/2, exp(r) by a degree-6
   // polynomial, times 2^n. Plain * and + only (no FMA, no libm), so every
@@ -126,7 +137,13 @@ float Exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * (r * r) + r + 1.0f;
-  return std::ldexp(y, static_cast<int>(n));
+  // y * 2^n without a libm call. Every step is exact except the last
+  // multiply, which rounds once, exactly as ldexp would (also into the
+  // subnormal range and to infinity).
+  const int e = static_cast<int>(n);
+  if (e >= -126 && e <= 127) return y * PowerOfTwo(e);
+  if (e > 127) return (y * PowerOfTwo(e - 1)) * 2.0f;
+  return (y * PowerOfTwo(e + 64)) * 0x1p-64f;
 }
 
 float Silu(float x) { return x / (1.0f + Exp(-x)); }

@@ -78,7 +78,7 @@ class CpuBackend final : public KernelBackend {
 
   void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim, float scale,
                        float* scores) const override {
-    for (int64_t j = 0; j < n; ++j) scores[j] = ops_.dot(q, k + j * head_dim, head_dim) * scale;
+    ops_.scores(q, k, n, head_dim, scale, scores);
   }
 
   void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,

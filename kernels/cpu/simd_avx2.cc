@@ -173,10 +173,12 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
   }
 }
 
+VC_DEFINE_SCORES(Dot)
+
 }  // namespace
 
 const SimdOps* Avx2Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate};
+  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores};
   return &ops;
 }
 

@@ -40,10 +40,12 @@ void AccumulateScalar(const float* p, const float* v, int64_t n, int64_t dim, fl
   }
 }
 
+VC_DEFINE_SCORES(DotScalar)
+
 }  // namespace
 
 const SimdOps& ScalarOps() {
-  static const SimdOps ops{DotScalar, MatmulRowsScalar, AccumulateScalar};
+  static const SimdOps ops{DotScalar, MatmulRowsScalar, AccumulateScalar, Scores};
   return ops;
 }
 

@@ -15,7 +15,19 @@ struct SimdOps {
                       int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y);
   // out[d] = fma(p[j], v[j*dim + d], out[d]), j in order.
   void (*accumulate)(const float* p, const float* v, int64_t n, int64_t dim, float* out);
+  // scores[j] = dot(q, k + j*dim, dim) * scale, j < n (one call per head
+  // instead of one indirect call per key).
+  void (*scores)(const float* q, const float* k, int64_t n, int64_t dim, float scale,
+                 float* scores);
 };
+
+// Defines the `scores` entry of a SIMD table from that translation unit's
+// own (inlinable) Dot.
+#define VC_DEFINE_SCORES(DOT)                                                          \
+  void Scores(const float* q, const float* k, int64_t n, int64_t dim, float scale,     \
+              float* scores) {                                                         \
+    for (int64_t j = 0; j < n; ++j) scores[j] = DOT(q, k + j * dim, dim) * scale;      \
+  }
 
 const SimdOps& ScalarOps();
 const SimdOps* Avx2Ops();    // null when not compiled in
