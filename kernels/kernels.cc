@@ -123,19 +123,21 @@ inline float PowerOfTwo(int e) {
 float Exp(float x) {
   // Cephes expf: x = n*ln2 + r with |r| <= ln2/2, exp(r) by a degree-6
   // polynomial, times 2^n. Plain * and + only (no FMA, no libm), so every
-  // path and machine computes the same bits.
+  // path and machine computes the same bits; the SIMD tables implement the
+  // very same operations (cpu::SimdOps::exp_inplace).
+  using namespace cpu;
   if (std::isnan(x)) return x;
-  if (x > 88.72283f) return INFINITY;
-  if (x < -103.0f) return 0.0f;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  if (x > kExpHi) return INFINITY;
+  if (x < kExpLo) return 0.0f;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = kExpP0;
+  p = p * r + kExpP1;
+  p = p * r + kExpP2;
+  p = p * r + kExpP3;
+  p = p * r + kExpP4;
+  p = p * r + kExpP5;
   const float y = p * (r * r) + r + 1.0f;
   // y * 2^n without a libm call. Every step is exact except the last
   // multiply, which rounds once, exactly as ldexp would (also into the
@@ -167,5 +169,7 @@ void Softmax(float* s, int64_t n) {
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
+
+void KernelBackend::Softmax(float* s, int64_t n) const { kernels::Softmax(s, n); }
 
 }  // namespace vc::kernels

@@ -76,6 +76,9 @@ class KernelBackend {
   // out[d] = fma(p[j], v[j*head_dim + d], out[d]) for j = 0..n-1 in order.
   virtual void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
                                 float* out) const = 0;
+
+  // Bit-identical to kernels::Softmax below; backends may vectorise it.
+  virtual void Softmax(float* s, int64_t n) const;
 };
 
 // Creates a backend by registry name ("cpu"; "cuda" when built with CUDA and

@@ -207,7 +207,7 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
         const SequenceKv::KeyRange range = kv.Keys(l, kvh, min_pos, pos);
         scores.resize(std::max<int64_t>(1, range.count));
         kv.Scores(be, l, kvh, range, &s.q[r * qd + int64_t{h} * hd], scale, scores.data());
-        kernels::Softmax(scores.data(), range.count);
+        be.Softmax(scores.data(), range.count);
         if (AttentionObserver* obs = batch[s.row_entry[r]].observer) {
           obs->Observe(l, h, kvh, pos, range, scores.data());
         }

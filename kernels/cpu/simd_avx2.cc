@@ -3,6 +3,8 @@
 // -mavx2 -mfma; only called after DetectSimdLevel() saw both.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -175,10 +177,60 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
 
 VC_DEFINE_SCORES(Dot)
 
+// kernels::Exp, 8 lanes at a time, with the same IEEE operations in the same
+// order; the scalar branches become lane blends.
+inline __m256 Pow2(__m256i e) {  // 2^e for e in [-126, 127]
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+}
+
+inline __m256 Exp8(__m256 x) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Hi)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Lo)));
+  __m256 p = _mm256_set1_ps(kExpP0);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpP1));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpP2));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpP3));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpP4));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpP5));
+  const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
+                                 _mm256_set1_ps(1.0f));
+  const __m256 n_clamped = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-1000.f)),
+                                         _mm256_set1_ps(1000.f));
+  const __m256i e = _mm256_cvtps_epi32(n_clamped);
+  const __m256i lo = _mm256_set1_epi32(-126), hi = _mm256_set1_epi32(127);
+  const __m256 mid = _mm256_mul_ps(y, Pow2(_mm256_min_epi32(_mm256_max_epi32(e, lo), hi)));
+  const __m256 big = _mm256_mul_ps(
+      _mm256_mul_ps(y, Pow2(_mm256_min_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), hi))),
+      _mm256_set1_ps(2.0f));
+  const __m256 small = _mm256_mul_ps(
+      _mm256_mul_ps(y, Pow2(_mm256_max_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(64)), lo))),
+      _mm256_set1_ps(0x1p-64f));
+  __m256 out = mid;
+  out = _mm256_blendv_ps(out, big, _mm256_castsi256_ps(_mm256_cmpgt_epi32(e, hi)));
+  out = _mm256_blendv_ps(out, small, _mm256_castsi256_ps(_mm256_cmpgt_epi32(lo, e)));
+  out = _mm256_blendv_ps(out, _mm256_setzero_ps(),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(kExpLo), _CMP_LT_OQ));
+  out = _mm256_blendv_ps(out, _mm256_set1_ps(INFINITY),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(kExpHi), _CMP_GT_OQ));
+  out = _mm256_blendv_ps(out, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return out;
+}
+
+void ExpInplace(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, Exp8(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    const __m256i m = PrefixMask(n - i);
+    _mm256_maskstore_ps(x + i, m, Exp8(_mm256_maskload_ps(x + i, m)));
+  }
+}
+
 }  // namespace
 
 const SimdOps* Avx2Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores};
+  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace};
   return &ops;
 }
 

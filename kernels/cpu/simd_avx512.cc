@@ -3,6 +3,8 @@
 // DetectSimdLevel() saw AVX-512F.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -281,10 +283,67 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
 
 VC_DEFINE_SCORES(Dot)
 
+// kernels::Exp, 16 lanes at a time, with the same IEEE operations in the
+// same order; the scalar branches become lane selects.
+inline __m512 Pow2(__m512i e) {  // 2^e for e in [-126, 127]
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+}
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which
+// -Wmaybe-uninitialized reports falsely once they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline __m512 Exp16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
+  __m512 p = _mm512_set1_ps(kExpP0);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP1));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP2));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP3));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP4));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP5));
+  const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
+                                 _mm512_set1_ps(1.0f));
+  // n is integral and within int range for every lane that survives the
+  // range selects below; other lanes' values are discarded.
+  const __m512 n_clamped = _mm512_min_ps(_mm512_max_ps(n, _mm512_set1_ps(-1000.f)),
+                                         _mm512_set1_ps(1000.f));
+  const __m512i e = _mm512_cvtps_epi32(n_clamped);
+  const __m512i lo = _mm512_set1_epi32(-126), hi = _mm512_set1_epi32(127);
+  const __m512 mid = _mm512_mul_ps(y, Pow2(_mm512_min_epi32(_mm512_max_epi32(e, lo), hi)));
+  const __m512 big = _mm512_mul_ps(
+      _mm512_mul_ps(y, Pow2(_mm512_min_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), hi))),
+      _mm512_set1_ps(2.0f));
+  const __m512 small = _mm512_mul_ps(
+      _mm512_mul_ps(y, Pow2(_mm512_max_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(64)), lo))),
+      _mm512_set1_ps(0x1p-64f));
+  __m512 out = mid;
+  out = _mm512_mask_mov_ps(out, _mm512_cmpgt_epi32_mask(e, hi), big);
+  out = _mm512_mask_mov_ps(out, _mm512_cmplt_epi32_mask(e, lo), small);
+  out = _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLo), _CMP_LT_OQ),
+                           _mm512_setzero_ps());
+  out = _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpHi), _CMP_GT_OQ),
+                           _mm512_set1_ps(INFINITY));
+  out = _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+  return out;
+}
+#pragma GCC diagnostic pop
+
+void ExpInplace(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, Exp16(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(x + i, m, Exp16(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
 }  // namespace
 
 const SimdOps* Avx512Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores};
+  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace};
   return &ops;
 }
 

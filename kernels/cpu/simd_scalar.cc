@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/cpu/internal/simd_ops.h"
+#include "kernels/kernels.h"
 
 namespace vc::kernels::cpu {
 namespace {
@@ -42,10 +43,14 @@ void AccumulateScalar(const float* p, const float* v, int64_t n, int64_t dim, fl
 
 VC_DEFINE_SCORES(DotScalar)
 
+void ExpInplaceScalar(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Exp(x[i]);
+}
+
 }  // namespace
 
 const SimdOps& ScalarOps() {
-  static const SimdOps ops{DotScalar, MatmulRowsScalar, AccumulateScalar, Scores};
+  static const SimdOps ops{DotScalar, MatmulRowsScalar, AccumulateScalar, Scores, ExpInplaceScalar};
   return ops;
 }
 

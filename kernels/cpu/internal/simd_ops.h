@@ -19,7 +19,22 @@ struct SimdOps {
   // instead of one indirect call per key).
   void (*scores)(const float* q, const float* k, int64_t n, int64_t dim, float scale,
                  float* scores);
+  // x[i] = kernels::Exp(x[i]) bit for bit (same operations, vectorised).
+  void (*exp_inplace)(float* x, int64_t n);
 };
+
+// The constants of kernels::Exp (Cephes expf), shared by every level.
+inline constexpr float kExpHi = 88.72283f;
+inline constexpr float kExpLo = -103.0f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f;
+inline constexpr float kLn2Lo = -2.12194440e-4f;
+inline constexpr float kExpP0 = 1.9875691500e-4f;
+inline constexpr float kExpP1 = 1.3981999507e-3f;
+inline constexpr float kExpP2 = 8.3334519073e-3f;
+inline constexpr float kExpP3 = 4.1665795894e-2f;
+inline constexpr float kExpP4 = 1.6666665459e-1f;
+inline constexpr float kExpP5 = 5.0000001201e-1f;
 
 // Defines the `scores` entry of a SIMD table from that translation unit's
 // own (inlinable) Dot.
