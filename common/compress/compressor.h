@@ -2,9 +2,11 @@
 //
 // Offline compressors run once when a prefix is stored (or right after the
 // prompt's prefill): Compress(full KV of the prefix, attention statistics of
-// its prefill) -> CompressedPrefix. Online ones may also refine a request's
-// view while it decodes (OnAccepted). The draft/verify engine and the
-// scheduler never know which method is in use.
+// its prefill) -> CompressedPrefix. The draft/verify engine and the
+// scheduler never know which method is in use. (Online refinement while a
+// request decodes — evicting from the drafter's view as tokens are accepted —
+// is not implemented yet: every method here is offline, and the drafter's
+// tail of generated tokens stays exact.)
 //
 // The knob for token dropping is the compression ratio
 //   c = bytes of the compressed prefix KV (codes, scales, zero points and
