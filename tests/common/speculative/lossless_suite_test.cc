@@ -70,11 +70,15 @@ std::vector<CompressorCase> AllCompressorCases() {
   cases.push_back({"kivi", 0, 2});
   cases.push_back({"kivi", 0, 4});
   cases.push_back({"int8", 0, 8});
-  for (const char* composite : {"snapkv+kivi", "h2o+int8"}) {
-    for (double r : {0.25, 0.5}) cases.push_back({composite, r, composite[4] == '+' ? 8 : 4});
+  for (const std::string composite : {"snapkv+kivi", "h2o+int8"}) {
+    const int bits = composite.ends_with("int8") ? 8 : 4;
+    for (double r : {0.25, 0.5}) cases.push_back({composite, r, bits});
   }
   return cases;
 }
+
+// Readable parameter names in test output and ctest listings.
+void PrintTo(const CompressorCase& c, std::ostream* os) { *os << CaseName(c); }
 
 class LosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
 
