@@ -31,8 +31,10 @@ echo "== stories260K (no tokenizer: token ids in and out), 120 tokens =="
 "$VC" generate --model "$M/stories260K.bin" --prompt-ids "1 306 461" --max-new-tokens 120 --ignore-eos
 
 echo
-echo "== stories260K: full vs VeriCache (SnapKV 50%, draft length auto) vs lossy, 300 tokens =="
-IDS="1 306 461"
+echo "== stories260K: 200-token prompt (the model's own sampled text), 300 new tokens =="
+echo "   full KV vs lossless VeriCache vs the lossy baseline"
+IDS="1 $("$VC" generate --model "$M/stories260K.bin" --prompt-ids 1 --max-new-tokens 199 \
+  --temperature 1 --seed 3 --ignore-eos 2>/dev/null)"
 for args in "--mode full" "--mode vericache --compressor snapkv --ratio 0.5 --draft-len auto" \
             "--mode vericache --compressor int8 --draft-len 32" "--mode lossy --compressor snapkv --ratio 0.5"; do
   "$VC" generate --model "$M/stories260K.bin" --prompt-ids "$IDS" --max-new-tokens 300 --ignore-eos \
