@@ -331,19 +331,25 @@ absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
     CopyRows(vkv, full_kv_.get(), base, keep_until);
   }
   draft_kv_->Truncate(std::min(draft_kv_->next_position(), keep_until));
-  std::vector<int32_t> accepted_seq = {pending_};
-  accepted_seq.insert(accepted_seq.end(), drafts_.begin(), drafts_.begin() + accepted);
+  // The drafter may lack K/V for some accepted positions (rounds without
+  // drafts, or no refresh): everything from its end up to keep_until.
+  const int32_t drafter_end = draft_kv_->next_position();
   draft_feed_.clear();
   if (options_.draft.kv_refresh) {
     // Overwrite the drafter's K/V of accepted tokens with the exact rows.
-    if (draft_kv_->next_position() < keep_until) {
-      VC_RETURN_IF_ERROR(draft_kv_->Append(keep_until - draft_kv_->next_position()));
+    if (drafter_end < keep_until) {
+      VC_RETURN_IF_ERROR(draft_kv_->Append(keep_until - drafter_end));
     }
-    CopyRows(vkv, draft_kv_.get(), std::max(base, draft_kv_->tail().first_position()), keep_until);
+    CopyRows(vkv, draft_kv_.get(), std::min(base, drafter_end), keep_until);
   } else {
     // The drafter runs whatever accepted tokens it has no K/V for yet.
-    for (int32_t pos = draft_kv_->next_position(); pos < keep_until; ++pos) {
-      draft_feed_.push_back(accepted_seq[pos - base]);
+    const int32_t prompt_len = static_cast<int32_t>(prompt_.size());
+    for (int32_t pos = drafter_end; pos < keep_until; ++pos) {
+      // output_ ends with p (at `base`); the accepted drafts follow it.
+      const int32_t i = pos - prompt_len;
+      draft_feed_.push_back(i < static_cast<int32_t>(output_.size())
+                                ? output_[i]
+                                : drafts_[pos - base - 1]);
     }
   }
   draft_feed_.push_back(next);

@@ -1,6 +1,7 @@
 // Runs the real `vericache` binary and checks the CLI contract: exit codes,
 // one-line errors, the JSON object, and that threads/SIMD never change tokens.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -21,7 +22,9 @@ struct RunResult {
 };
 
 RunResult RunCli(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/vc_cli_stderr.txt";
+  // Per process: ctest runs several of these tests at once.
+  const std::string err_path =
+      ::testing::TempDir() + "/vc_cli_stderr_" + std::to_string(getpid()) + ".txt";
   const std::string cmd = std::string(VC_CLI_PATH) + " " + args + " 2>" + err_path;
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");

@@ -1,0 +1,162 @@
+#include "common/kvstore/chunk_key.h"
+
+#include <bit>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/kvstore/internal/sha256.h"
+
+namespace vc::kvstore {
+namespace {
+
+using internal::Sha256;
+
+// Domain strings keep the kinds of keys apart.
+constexpr char kFullChunkDomain[] = "vericache.kv.full_chunk.v1";
+constexpr char kVariantDomain[] = "vericache.kv.compressed_variant.v1";
+constexpr char kModelDomain[] = "vericache.model_id.v1";
+
+ChunkKey ToKey(const std::array<uint8_t, 32>& d) {
+  ChunkKey k;
+  k.bytes = d;
+  return k;
+}
+
+void FieldInt(Sha256& h, int64_t v) { h.FieldU64(static_cast<uint64_t>(v)); }
+void FieldDouble(Sha256& h, double v) { h.FieldU64(std::bit_cast<uint64_t>(v)); }
+
+}  // namespace
+
+std::string ChunkKey::Hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(64, '0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    out[2 * i] = kDigits[bytes[i] >> 4];
+    out[2 * i + 1] = kDigits[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+absl::StatusOr<ChunkKey> ChunkKey::FromRaw(const std::string& raw) {
+  if (raw.size() != 32) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk key must be 32 bytes, got ", raw.size()));
+  }
+  ChunkKey k;
+  std::memcpy(k.bytes.data(), raw.data(), 32);
+  return k;
+}
+
+ChunkKey FullChunkKey(const ChunkKeyOptions& options, const ModelId& model,
+                      const ChunkKey* previous, absl::Span<const int32_t> tokens) {
+  Sha256 h;
+  h.Field(std::string(kFullChunkDomain));
+  h.Field(options.tenant_salt);
+  h.Field(model.bytes.data(), model.bytes.size());
+  h.FieldU64(options.numerics_version);
+  h.FieldU64(options.kv_layout_version);
+  if (previous != nullptr) {
+    h.Field(previous->bytes.data(), previous->bytes.size());
+  } else {
+    h.Field(nullptr, 0);
+  }
+  h.U64(tokens.size() * 4);
+  for (int32_t t : tokens) {
+    const uint32_t u = static_cast<uint32_t>(t);
+    const uint8_t b[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8),
+                          static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
+    h.UpdateRaw(b, 4);
+  }
+  return ToKey(h.Finish());
+}
+
+absl::StatusOr<std::vector<ChunkKey>> ChunkKeysForTokens(const ChunkKeyOptions& options,
+                                                         const ModelId& model,
+                                                         absl::Span<const int32_t> tokens) {
+  if (options.chunk_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_tokens must be positive, got ", options.chunk_tokens));
+  }
+  const size_t n = static_cast<size_t>(options.chunk_tokens);
+  std::vector<ChunkKey> keys;
+  keys.reserve(tokens.size() / n);
+  for (size_t start = 0; start + n <= tokens.size(); start += n) {
+    const ChunkKey* prev = keys.empty() ? nullptr : &keys.back();
+    ChunkKey k = FullChunkKey(options, model, prev, tokens.subspan(start, n));
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,
+                              const std::string& compressor_description, double ratio) {
+  Sha256 h;
+  h.Field(std::string(kVariantDomain));
+  h.Field(last_full_chunk.bytes.data(), last_full_chunk.bytes.size());
+  h.Field(compressor_description);
+  FieldDouble(h, ratio);
+  return ToKey(h.Finish());
+}
+
+ModelId ComputeModelId(const ModelConfig& c, absl::Span<const absl::Span<const float>> tensors) {
+  Sha256 h;
+  h.Field(std::string(kModelDomain));
+  h.Field(c.architecture);
+  FieldInt(h, c.dim);
+  FieldInt(h, c.hidden_dim);
+  FieldInt(h, c.n_layers);
+  FieldInt(h, c.n_heads);
+  FieldInt(h, c.n_kv_heads);
+  FieldInt(h, c.head_dim);
+  FieldInt(h, c.vocab_size);
+  FieldDouble(h, static_cast<double>(c.rms_norm_eps));
+  FieldDouble(h, c.rope.theta);
+  FieldInt(h, static_cast<int64_t>(c.rope.layout));
+  FieldInt(h, static_cast<int64_t>(c.rope.scaling));
+  FieldDouble(h, c.rope.factor);
+  FieldDouble(h, c.rope.low_freq_factor);
+  FieldDouble(h, c.rope.high_freq_factor);
+  FieldInt(h, c.rope.original_max_position);
+  FieldInt(h, c.sliding_window);
+  FieldInt(h, c.qkv_bias ? 1 : 0);
+  FieldInt(h, c.tied_embeddings ? 1 : 0);
+  h.U64(tensors.size());
+  for (const auto& t : tensors) {
+    // f32 bytes as stored (little-endian hosts only, like the loaders).
+    h.Field(t.data(), t.size() * sizeof(float));
+  }
+  return ToKey(h.Finish());
+}
+
+ModelId ComputeModelId(const Model& model) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& w = model.weights();
+  const size_t dim = static_cast<size_t>(c.dim);
+  const size_t hidden = static_cast<size_t>(c.hidden_dim);
+  const size_t q = static_cast<size_t>(c.q_dim());
+  const size_t kv = static_cast<size_t>(c.kv_dim());
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
+  std::vector<absl::Span<const float>> t;
+  auto add = [&t](const float* p, size_t n) {
+    if (p != nullptr) t.emplace_back(p, n);
+  };
+  add(w.token_embedding, vocab * dim);
+  for (const LayerWeights& l : w.layers) {
+    add(l.rms_att, dim);
+    add(l.wq, q * dim);
+    add(l.wk, kv * dim);
+    add(l.wv, kv * dim);
+    add(l.bq, q);
+    add(l.bk, kv);
+    add(l.bv, kv);
+    add(l.wo, dim * q);
+    add(l.rms_ffn, dim);
+    add(l.w1, hidden * dim);
+    add(l.w2, dim * hidden);
+    add(l.w3, hidden * dim);
+  }
+  add(w.rms_final, dim);
+  if (w.classifier != w.token_embedding) add(w.classifier, vocab * dim);
+  return ComputeModelId(c, t);
+}
+
+}  // namespace vc::kvstore

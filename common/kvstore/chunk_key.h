@@ -1,0 +1,78 @@
+// Content-addressed keys for KV chunks (DESIGN.md section 4).
+//
+// A full-KV chunk key is SHA-256 over a length-prefixed encoding of (tenant
+// salt, model id, numerics version, KV dtype/layout version, previous chunk
+// key or empty, the chunk's token ids), so a key names one exact prefix of
+// one exact model. A compressed variant depends on the whole prefix and is
+// keyed by (the prefix's last full-chunk key, the compressor's Describe()
+// string with its parameters, ratio).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/model.h"
+
+namespace vc::kvstore {
+
+// A 32-byte SHA-256 digest.
+struct ChunkKey {
+  std::array<uint8_t, 32> bytes{};
+
+  // 64 lower-case hex digits.
+  std::string Hex() const;
+  // The 32 raw bytes as a string (e.g. a storage key).
+  std::string Raw() const { return std::string(bytes.begin(), bytes.end()); }
+  static absl::StatusOr<ChunkKey> FromRaw(const std::string& raw);
+
+  friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
+  friend auto operator<=>(const ChunkKey&, const ChunkKey&) = default;
+};
+
+// Identifies a model: hash of the config fields that change the math and of
+// every weight byte.
+using ModelId = ChunkKey;
+
+struct ChunkKeyOptions {
+  // Tokens per full-KV chunk; default 256. Only whole chunks are keyed.
+  int chunk_tokens = 256;
+  // Per-tenant salt; default empty (shared). Derived from the caller's
+  // identity once authentication exists, never trusted from a request.
+  std::string tenant_salt;
+  // Version of the numerics contract (kernels' exactness); default 1.
+  uint32_t numerics_version = 1;
+  // Version of the KV dtype and layout (f32, [kv_heads][tokens][head_dim]);
+  // default 1.
+  uint32_t kv_layout_version = 1;
+};
+
+// The key of one full-KV chunk. `previous` is null for the first chunk.
+ChunkKey FullChunkKey(const ChunkKeyOptions& options, const ModelId& model,
+                      const ChunkKey* previous, absl::Span<const int32_t> tokens);
+
+// Keys of the whole chunks of `tokens` (a trailing partial chunk gets none),
+// each chained on the one before. InvalidArgument if chunk_tokens <= 0.
+absl::StatusOr<std::vector<ChunkKey>> ChunkKeysForTokens(const ChunkKeyOptions& options,
+                                                         const ModelId& model,
+                                                         absl::Span<const int32_t> tokens);
+
+// The key of a compressed variant of the prefix that ends at `last_full_chunk`.
+// `compressor_description` is Compressor::Describe() (it includes the
+// parameters); `ratio` is the target ratio (hashed by its exact bits).
+ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,
+                              const std::string& compressor_description, double ratio);
+
+// Hash of the fields of `config` that change the math (not bos/eos or
+// max_seq_len) and of the weight tensors, in order, each length-prefixed.
+ModelId ComputeModelId(const ModelConfig& config,
+                       absl::Span<const absl::Span<const float>> tensors);
+// The same for a loaded model, streaming every weight tensor (embedding, per
+// layer rms_att wq wk wv [bq bk bv] wo rms_ffn w1 w2 w3, rms_final, and the
+// classifier when not tied).
+ModelId ComputeModelId(const Model& model);
+
+}  // namespace vc::kvstore

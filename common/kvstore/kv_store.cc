@@ -1,0 +1,503 @@
+#include "common/kvstore/kv_store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace vc::kvstore {
+namespace {
+
+// RocksDB key space: 'd' + key -> value; 'm' + key -> metadata.
+constexpr char kDataPrefix = 'd';
+constexpr char kMetaPrefix = 'm';
+constexpr size_t kMetaBytes = 24;
+
+std::string DataKey(const std::string& key) { return std::string(1, kDataPrefix) + key; }
+std::string MetaKey(const std::string& key) { return std::string(1, kMetaPrefix) + key; }
+
+// Wraps a RocksDB status; `what` says what was being done.
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": rocksdb: ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  if (s.IsNotSupported()) return absl::UnimplementedError(msg);
+  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsIOError()) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
+}
+
+struct Meta {
+  int64_t size = 0;
+  uint64_t seq = 0;        // access order: larger is more recent
+  int64_t written_ms = 0;  // for TTL
+};
+
+std::string EncodeMeta(const Meta& m) {
+  std::string out(kMetaBytes, '\0');
+  const uint64_t f[3] = {static_cast<uint64_t>(m.size), m.seq, static_cast<uint64_t>(m.written_ms)};
+  for (int i = 0; i < 3; ++i)
+    for (int b = 0; b < 8; ++b)
+      out[8 * i + b] = static_cast<char>(static_cast<uint8_t>(f[i] >> (8 * b)));
+  return out;
+}
+
+bool DecodeMeta(const rocksdb::Slice& s, Meta& m) {
+  if (s.size() != kMetaBytes) return false;
+  uint64_t f[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i)
+    for (int b = 0; b < 8; ++b)
+      f[i] |= uint64_t{static_cast<uint8_t>(s.data()[8 * i + b])} << (8 * b);
+  m.size = static_cast<int64_t>(f[0]);
+  m.seq = f[1];
+  m.written_ms = static_cast<int64_t>(f[2]);
+  return m.size >= 0;
+}
+
+struct DbDeleter {
+  void operator()(rocksdb::DB* db) const {
+    if (db == nullptr) return;
+    db->Close().PermitUncheckedError();  // best effort; the destructor closes too
+    delete db;
+  }
+};
+
+}  // namespace
+
+struct KvStore::Impl {
+  KvStoreOptions options;
+  std::unique_ptr<rocksdb::DB, DbDeleter> db;
+  rocksdb::WriteOptions sync_write;
+  rocksdb::WriteOptions lazy_write;  // access-order updates
+
+  mutable std::mutex mu;
+
+  // Disk tier: every live entry, LRU list front = most recent.
+  struct DiskEntry {
+    Meta meta;
+    int pins = 0;
+    std::list<std::string>::iterator lru;
+  };
+  std::unordered_map<std::string, DiskEntry> disk;
+  std::list<std::string> disk_lru;
+  int64_t disk_bytes = 0;
+  uint64_t next_seq = 1;
+
+  // DRAM tier: a cache of values.
+  struct DramEntry {
+    std::string value;
+    std::list<std::string>::iterator lru;
+  };
+  std::unordered_map<std::string, DramEntry> dram;
+  std::list<std::string> dram_lru;
+  int64_t dram_bytes = 0;
+
+  // Open two-phase puts.
+  struct PendingPut {
+    std::map<std::string, std::string> entries;
+    int64_t bytes = 0;
+  };
+  std::unordered_map<uint64_t, PendingPut> puts;
+  uint64_t next_put_id = 1;
+  int64_t staged_bytes = 0;
+
+  KvStoreStats counters;  // only the counter fields are used
+
+  int64_t NowMs() const {
+    if (options.clock_ms) return options.clock_ms();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  absl::Status CheckKey(const std::string& key) const {
+    if (key.empty()) return absl::InvalidArgumentError("KvStore: empty key");
+    if (key.size() > static_cast<size_t>(options.max_key_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvStore: key of ", key.size(), " bytes exceeds max_key_bytes ", options.max_key_bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Load() {
+    std::vector<std::pair<uint64_t, std::string>> order;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    const std::string start(1, kMetaPrefix);
+    for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
+      Meta m;
+      const std::string key = it->key().ToString().substr(1);
+      if (!DecodeMeta(it->value(), m)) {
+        return absl::DataLossError(
+            absl::StrCat("KvStore: corrupt metadata record in ", options.path));
+      }
+      DiskEntry e;
+      e.meta = m;
+      disk.emplace(key, std::move(e));
+      order.emplace_back(m.seq, key);
+      disk_bytes += m.size;
+      next_seq = std::max(next_seq, m.seq + 1);
+    }
+    VC_RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("scanning ", options.path)));
+    std::sort(order.begin(), order.end());
+    for (auto it2 = order.rbegin(); it2 != order.rend(); ++it2) {
+      disk_lru.push_back(it2->second);
+      disk[it2->second].lru = std::prev(disk_lru.end());
+    }
+    return absl::OkStatus();
+  }
+
+  bool Expired(const DiskEntry& e, int64_t now) const {
+    return options.ttl_seconds > 0 && e.pins == 0 &&
+           now - e.meta.written_ms >= options.ttl_seconds * 1000;
+  }
+
+  void DropDram(const std::string& key) {
+    auto it = dram.find(key);
+    if (it == dram.end()) return;
+    dram_bytes -= static_cast<int64_t>(it->second.value.size());
+    dram_lru.erase(it->second.lru);
+    dram.erase(it);
+  }
+
+  // Forgets `key` in memory (after its records were deleted on disk).
+  void DropEntry(const std::string& key) {
+    DropDram(key);
+    auto it = disk.find(key);
+    if (it == disk.end()) return;
+    disk_bytes -= it->second.meta.size;
+    disk_lru.erase(it->second.lru);
+    disk.erase(it);
+  }
+
+  absl::Status DeleteOnDisk(const std::vector<std::string>& keys) {
+    rocksdb::WriteBatch batch;
+    for (const std::string& k : keys) {
+      VC_RETURN_IF_ERROR(FromRocks(batch.Delete(DataKey(k)), "batch delete"));
+      VC_RETURN_IF_ERROR(FromRocks(batch.Delete(MetaKey(k)), "batch delete"));
+    }
+    return FromRocks(db->Write(sync_write, &batch), absl::StrCat("deleting in ", options.path));
+  }
+
+  // Deletes `key` if it has expired; true if it did.
+  absl::StatusOr<bool> ExpireIfDue(const std::string& key, const DiskEntry& e, int64_t now) {
+    if (!Expired(e, now)) return false;
+    VC_RETURN_IF_ERROR(DeleteOnDisk({key}));
+    DropEntry(key);
+    ++counters.expirations;
+    return true;
+  }
+
+  void Touch(const std::string& key, DiskEntry& e) {
+    e.meta.seq = next_seq++;
+    disk_lru.splice(disk_lru.begin(), disk_lru, e.lru);
+    // Best effort and unsynced: losing it only ages the entry in LRU order.
+    db->Put(lazy_write, MetaKey(key), EncodeMeta(e.meta)).PermitUncheckedError();
+  }
+
+  // Caches `value` in DRAM if it fits after evicting unpinned entries.
+  void CacheInDram(const std::string& key, const std::string& value) {
+    DropDram(key);
+    const int64_t size = static_cast<int64_t>(value.size());
+    if (size > options.dram_budget_bytes) return;
+    // Victims: least recent first, skipping pinned ones.
+    std::vector<std::string> victims;
+    int64_t freed = 0;
+    for (auto it = dram_lru.rbegin();
+         it != dram_lru.rend() && dram_bytes - freed + size > options.dram_budget_bytes; ++it) {
+      auto d = disk.find(*it);
+      if (d != disk.end() && d->second.pins > 0) continue;
+      victims.push_back(*it);
+      freed += static_cast<int64_t>(dram.at(*it).value.size());
+    }
+    if (dram_bytes - freed + size > options.dram_budget_bytes) return;
+    for (const std::string& v : victims) {
+      DropDram(v);
+      ++counters.dram_evictions;
+    }
+    dram_lru.push_front(key);
+    dram.emplace(key, DramEntry{value, dram_lru.begin()});
+    dram_bytes += size;
+  }
+
+  // Writes `entries` atomically, evicting unpinned LRU entries (not among
+  // them) to stay within the disk budget.
+  absl::Status CommitEntries(const std::map<std::string, std::string>& entries) {
+    int64_t added = 0;
+    for (const auto& [k, v] : entries) {
+      added += static_cast<int64_t>(v.size());
+      auto it = disk.find(k);
+      if (it != disk.end()) added -= it->second.meta.size;
+    }
+    std::vector<std::string> victims;
+    int64_t freed = 0;
+    for (auto it = disk_lru.rbegin();
+         it != disk_lru.rend() && disk_bytes - freed + added > options.disk_budget_bytes; ++it) {
+      const DiskEntry& e = disk.at(*it);
+      if (e.pins > 0 || entries.count(*it) > 0) continue;
+      victims.push_back(*it);
+      freed += e.meta.size;
+    }
+    if (disk_bytes - freed + added > options.disk_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KvStore: put of ", entries.size(), " entries does not fit the disk budget of ",
+          options.disk_budget_bytes, " bytes (", disk_bytes, " used, pinned entries stay)"));
+    }
+    rocksdb::WriteBatch batch;
+    for (const std::string& k : victims) {
+      VC_RETURN_IF_ERROR(FromRocks(batch.Delete(DataKey(k)), "batch delete"));
+      VC_RETURN_IF_ERROR(FromRocks(batch.Delete(MetaKey(k)), "batch delete"));
+    }
+    const int64_t now = NowMs();
+    std::vector<std::pair<std::string, Meta>> metas;
+    for (const auto& [k, v] : entries) {
+      Meta m;
+      m.size = static_cast<int64_t>(v.size());
+      m.seq = next_seq++;
+      m.written_ms = now;
+      VC_RETURN_IF_ERROR(FromRocks(batch.Put(DataKey(k), v), "batch put"));
+      VC_RETURN_IF_ERROR(FromRocks(batch.Put(MetaKey(k), EncodeMeta(m)), "batch put"));
+      metas.emplace_back(k, m);
+    }
+    VC_RETURN_IF_ERROR(
+        FromRocks(db->Write(sync_write, &batch), absl::StrCat("committing to ", options.path)));
+    // Durable: now update the bookkeeping.
+    for (const std::string& k : victims) {
+      DropEntry(k);
+      ++counters.disk_evictions;
+    }
+    for (auto& [k, m] : metas) {
+      auto it = disk.find(k);
+      if (it == disk.end()) {
+        disk_lru.push_front(k);
+        DiskEntry e;
+        e.lru = disk_lru.begin();
+        it = disk.emplace(k, e).first;
+      } else {
+        disk_bytes -= it->second.meta.size;
+        disk_lru.splice(disk_lru.begin(), disk_lru, it->second.lru);
+      }
+      it->second.meta = m;
+      disk_bytes += m.size;
+      CacheInDram(k, entries.at(k));
+    }
+    return absl::OkStatus();
+  }
+
+  void DiscardPut(std::unordered_map<uint64_t, PendingPut>::iterator it) {
+    staged_bytes -= it->second.bytes;
+    puts.erase(it);
+  }
+};
+
+KvStore::KvStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvStore::~KvStore() = default;
+
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("KvStore: options.path is empty");
+  if (options.disk_budget_bytes <= 0 || options.dram_budget_bytes < 0 || options.ttl_seconds < 0 ||
+      options.max_open_puts <= 0 || options.max_staged_bytes <= 0 || options.max_key_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
+                     " (must be > 0), dram_budget_bytes=", options.dram_budget_bytes,
+                     " (>= 0), ttl_seconds=", options.ttl_seconds, " (>= 0), max_open_puts=",
+                     options.max_open_puts, " (> 0), max_staged_bytes=", options.max_staged_bytes,
+                     " (> 0), max_key_bytes=", options.max_key_bytes, " (> 0)"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat("KvStore: cannot create database directory ",
+                                                      options.path, ": ", ec.message()));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->sync_write.sync = options.sync_writes;
+  impl->lazy_write.sync = false;
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.max_open_files = 256;  // bounded file handles
+  db_options.keep_log_file_num = 4;
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
+  impl->db.reset(raw);
+  VC_RETURN_IF_ERROR(FromRocks(s, absl::StrCat("KvStore: opening database at ", options.path)));
+  if (impl->db == nullptr) return absl::InternalError("KvStore: rocksdb returned no database");
+  VC_RETURN_IF_ERROR(impl->Load());
+  return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
+}
+
+absl::Status KvStore::Put(const std::string& key, const std::string& value) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->CommitEntries({{key, value}});
+}
+
+absl::StatusOr<uint64_t> KvStore::BeginPut() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->puts.size() >= static_cast<size_t>(impl_->options.max_open_puts)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KvStore: ", impl_->puts.size(), " puts already open (max_open_puts)"));
+  }
+  const uint64_t id = impl_->next_put_id++;
+  impl_->puts.emplace(id, Impl::PendingPut{});
+  return id;
+}
+
+absl::Status KvStore::Stage(uint64_t put_id, const std::string& key, std::string value) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->puts.find(put_id);
+  if (it == impl_->puts.end()) {
+    return absl::NotFoundError(absl::StrCat("KvStore: no open put ", put_id));
+  }
+  Impl::PendingPut& p = it->second;
+  auto old = p.entries.find(key);
+  const int64_t old_size = old == p.entries.end() ? 0 : static_cast<int64_t>(old->second.size());
+  const int64_t delta = static_cast<int64_t>(value.size()) - old_size;
+  if (impl_->staged_bytes + delta > impl_->options.max_staged_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KvStore: staging ", value.size(), " bytes exceeds max_staged_bytes ",
+                     impl_->options.max_staged_bytes, " (", impl_->staged_bytes, " staged)"));
+  }
+  p.entries[key] = std::move(value);
+  p.bytes += delta;
+  impl_->staged_bytes += delta;
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::Commit(uint64_t put_id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->puts.find(put_id);
+  if (it == impl_->puts.end()) {
+    return absl::NotFoundError(absl::StrCat("KvStore: no open put ", put_id));
+  }
+  absl::Status s = impl_->CommitEntries(it->second.entries);
+  impl_->DiscardPut(it);
+  return s;
+}
+
+absl::Status KvStore::Abort(uint64_t put_id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->puts.find(put_id);
+  if (it == impl_->puts.end()) {
+    return absl::NotFoundError(absl::StrCat("KvStore: no open put ", put_id));
+  }
+  impl_->DiscardPut(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> KvStore::Get(const std::string& key) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  auto it = m.disk.find(key);
+  if (it == m.disk.end()) {
+    ++m.counters.misses;
+    return absl::NotFoundError("KvStore: key not found");
+  }
+  VC_ASSIGN_OR_RETURN(const bool expired, m.ExpireIfDue(key, it->second, m.NowMs()));
+  if (expired) {
+    ++m.counters.misses;
+    return absl::NotFoundError("KvStore: key not found (expired)");
+  }
+  m.Touch(key, it->second);
+  auto d = m.dram.find(key);
+  if (d != m.dram.end()) {
+    m.dram_lru.splice(m.dram_lru.begin(), m.dram_lru, d->second.lru);
+    ++m.counters.dram_hits;
+    return d->second.value;
+  }
+  std::string value;
+  const rocksdb::Status s = m.db->Get(rocksdb::ReadOptions(), DataKey(key), &value);
+  if (s.IsNotFound()) {
+    return absl::DataLossError("KvStore: metadata present but value missing on disk");
+  }
+  VC_RETURN_IF_ERROR(FromRocks(s, "KvStore: reading value"));
+  if (static_cast<int64_t>(value.size()) != it->second.meta.size) {
+    return absl::DataLossError(absl::StrCat("KvStore: value on disk is ", value.size(),
+                                            " bytes, metadata says ", it->second.meta.size));
+  }
+  ++m.counters.disk_hits;
+  m.CacheInDram(key, value);
+  return value;
+}
+
+absl::StatusOr<std::map<std::string, Tier>> KvStore::Lookup(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  const int64_t now = m.NowMs();
+  std::map<std::string, Tier> out;
+  for (const std::string& key : keys) {
+    auto it = m.disk.find(key);
+    if (it == m.disk.end()) continue;
+    VC_ASSIGN_OR_RETURN(const bool expired, m.ExpireIfDue(key, it->second, now));
+    if (expired) continue;
+    out[key] = m.dram.count(key) > 0 ? Tier::kDram : Tier::kDisk;
+  }
+  return out;
+}
+
+absl::Status KvStore::Delete(const std::string& key) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  auto it = m.disk.find(key);
+  if (it == m.disk.end()) return absl::NotFoundError("KvStore: delete of a missing key");
+  if (it->second.pins > 0) {
+    return absl::FailedPreconditionError("KvStore: cannot delete a pinned entry");
+  }
+  VC_RETURN_IF_ERROR(m.DeleteOnDisk({key}));
+  m.DropEntry(key);
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::Pin(const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  auto it = m.disk.find(key);
+  if (it == m.disk.end()) return absl::NotFoundError("KvStore: pin of a missing key");
+  VC_ASSIGN_OR_RETURN(const bool expired, m.ExpireIfDue(key, it->second, m.NowMs()));
+  if (expired) return absl::NotFoundError("KvStore: pin of an expired key");
+  ++it->second.pins;
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::Unpin(const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->disk.find(key);
+  if (it == impl_->disk.end() || it->second.pins == 0) {
+    return absl::FailedPreconditionError("KvStore: unpin of an entry that is not pinned");
+  }
+  --it->second.pins;
+  return absl::OkStatus();
+}
+
+KvStoreStats KvStore::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const Impl& m = *impl_;
+  KvStoreStats s = m.counters;
+  s.dram_entries = static_cast<int64_t>(m.dram.size());
+  s.dram_bytes = m.dram_bytes;
+  s.disk_entries = static_cast<int64_t>(m.disk.size());
+  s.disk_bytes = m.disk_bytes;
+  s.pinned_entries = 0;
+  for (const auto& [k, e] : m.disk) s.pinned_entries += e.pins > 0 ? 1 : 0;
+  s.open_puts = static_cast<int64_t>(m.puts.size());
+  s.staged_bytes = m.staged_bytes;
+  return s;
+}
+
+}  // namespace vc::kvstore

@@ -1,0 +1,117 @@
+// The storage core of vc-kvstore: a byte store for KV chunks keyed by content
+// (see chunk_key.h), with a DRAM LRU tier in front of RocksDB on disk.
+//
+// Every entry is on disk; the DRAM tier caches hot values. Both tiers have a
+// byte budget and evict least recently used entries that are not pinned.
+// Multi-chunk prefixes are written in two phases (BeginPut, Stage, Commit) so
+// that all their chunks become visible at once (one RocksDB WriteBatch);
+// staged data is invisible until Commit and is discarded by Abort or when the
+// store is destroyed. Bookkeeping (size, LRU order, write time) is stored next
+// to each value, so the budget and the LRU order survive a reopen; pins do
+// not (they belong to the running process).
+//
+// Thread-safe: every method takes one internal mutex.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vc::kvstore {
+
+struct KvStoreOptions {
+  // Directory of the RocksDB database; created (with its parents) if
+  // missing. Required.
+  std::string path;
+  // Bytes of values kept on disk; least recently used unpinned entries are
+  // evicted past it. Default 64 GiB.
+  int64_t disk_budget_bytes = int64_t{64} << 30;
+  // Bytes of values cached in DRAM (0 disables the tier). Default 1 GiB.
+  int64_t dram_budget_bytes = int64_t{1} << 30;
+  // Entries older than this (since written) read as missing and are deleted
+  // on read, unless pinned. 0: no expiry. Default 0.
+  int64_t ttl_seconds = 0;
+  // fsync every commit (data and bookkeeping). Default true. Access-order
+  // updates on reads are never synced.
+  bool sync_writes = true;
+  // Open (begun, not yet committed or aborted) puts; BeginPut fails with
+  // ResourceExhausted past it. Default 256.
+  int max_open_puts = 256;
+  // Bytes staged by all open puts together; Stage fails with
+  // ResourceExhausted past it. Default 1 GiB.
+  int64_t max_staged_bytes = int64_t{1} << 30;
+  // Longest key in bytes. Default 256.
+  int max_key_bytes = 256;
+  // Wall clock in milliseconds since the epoch, for TTL; null: the system
+  // clock. Tests inject a fake one.
+  std::function<int64_t()> clock_ms;
+};
+
+// Where a key was found.
+enum class Tier { kDram, kDisk };
+
+struct KvStoreStats {
+  int64_t dram_entries = 0;
+  int64_t dram_bytes = 0;
+  int64_t disk_entries = 0;  // every live entry (all are on disk)
+  int64_t disk_bytes = 0;
+  int64_t pinned_entries = 0;
+  int64_t open_puts = 0;
+  int64_t staged_bytes = 0;
+  int64_t dram_hits = 0;  // Get served from DRAM
+  int64_t disk_hits = 0;  // Get served from disk
+  int64_t misses = 0;     // Get of a missing or expired key
+  int64_t dram_evictions = 0;
+  int64_t disk_evictions = 0;  // entries deleted to stay in the disk budget
+  int64_t expirations = 0;     // entries deleted by TTL
+};
+
+class KvStore {
+ public:
+  // Opens (or creates) the store at options.path. InvalidArgument for bad
+  // options; the RocksDB error (with the path) if the database cannot open.
+  static absl::StatusOr<std::unique_ptr<KvStore>> Open(const KvStoreOptions& options);
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  // Writes one entry (replacing any value) and commits it. ResourceExhausted
+  // if it cannot fit in the disk budget even after evicting every unpinned
+  // entry.
+  [[nodiscard]] absl::Status Put(const std::string& key, const std::string& value);
+
+  // Two-phase put: BeginPut returns an id; Stage adds entries to it (a later
+  // Stage of the same key wins); Commit makes all of them visible at once or
+  // none (then the put is discarded too); Abort discards them.
+  [[nodiscard]] absl::StatusOr<uint64_t> BeginPut();
+  [[nodiscard]] absl::Status Stage(uint64_t put_id, const std::string& key, std::string value);
+  [[nodiscard]] absl::Status Commit(uint64_t put_id);
+  [[nodiscard]] absl::Status Abort(uint64_t put_id);
+
+  // The value of `key`; NotFound if absent or expired. Counts as an access.
+  [[nodiscard]] absl::StatusOr<std::string> Get(const std::string& key);
+  // Which of `keys` exist, and the fastest tier holding each. Not an access.
+  [[nodiscard]] absl::StatusOr<std::map<std::string, Tier>> Lookup(
+      const std::vector<std::string>& keys);
+  // Removes `key`; NotFound if absent, FailedPrecondition if pinned.
+  [[nodiscard]] absl::Status Delete(const std::string& key);
+  // Pins are counted: an entry with a positive count is never evicted or
+  // expired. Pin: NotFound if absent. Unpin: FailedPrecondition if not pinned.
+  [[nodiscard]] absl::Status Pin(const std::string& key);
+  [[nodiscard]] absl::Status Unpin(const std::string& key);
+
+  KvStoreStats Stats() const;
+
+ private:
+  struct Impl;
+  explicit KvStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vc::kvstore
