@@ -23,9 +23,9 @@ echo "== aidreams260K, seeded sampling (temperature 0.8, top-p 0.9, seed 7) =="
 "$VC" generate --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams260K.tok512.bin" \
   --prompt "I dream of" --max-new-tokens 80 --temperature 0.8 --top-p 0.9 --seed 7
 echo
-echo "== aidreams260K, lossless VeriCache: draft on 4-bit KIVI KV, verify on full KV =="
+echo "== aidreams260K, lossless VeriCache: draft on INT8 KV, verify on full KV =="
 "$VC" generate --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams260K.tok512.bin" \
-  --prompt "I dream of" --max-new-tokens 80 --mode vericache --compressor kivi --bits 4 --draft-len 16
+  --prompt "I dream of" --max-new-tokens 80 --mode vericache --compressor int8 --draft-len 16
 echo
 echo "== stories260K (no tokenizer: token ids in and out), 120 tokens =="
 "$VC" generate --model "$M/stories260K.bin" --prompt-ids "1 306 461" --max-new-tokens 120 --ignore-eos
