@@ -1,0 +1,227 @@
+#include "services/kvstore/kvstore_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace vc::kvstore {
+namespace {
+
+namespace pb = ::vericache::v1;
+
+template <typename T>
+T* Must(absl::StatusOr<T*> r, const char* what) {
+  VC_CHECK(r.ok(), what);
+  return *r;
+}
+
+const std::vector<double>& LatencyBuckets() {
+  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                               0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                               1.0,    2.5,     5.0,    10.0};
+  return kBuckets;
+}
+
+}  // namespace
+
+absl::Status ValidateRawKey(const std::string& key, const std::string& what) {
+  if (key.size() != kRawKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be ", kRawKeyBytes,
+                                                   " raw bytes, got ", key.size()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())),
+                      std::string(status.message()));
+}
+
+KvStoreService::KvStoreService(KvStore* store, metrics::Registry* registry) : store_(store) {
+  requests_ = Must(registry->AddCounter("vericache_kvstore_requests_total",
+                                        "vc-kvstore RPCs served, by method and status code.",
+                                        {"method", "code"}),
+                   "register vericache_kvstore_requests_total");
+  seconds_ = Must(registry->AddHistogram("vericache_kvstore_request_seconds",
+                                         "vc-kvstore RPC handling time in seconds.", {"method"},
+                                         LatencyBuckets()),
+                  "register vericache_kvstore_request_seconds");
+  bytes_ = Must(registry->AddGauge("vericache_kvstore_bytes", "Bytes of values held, by tier.",
+                                   {"tier"}),
+                "register vericache_kvstore_bytes");
+  entries_ = Must(registry->AddGauge("vericache_kvstore_entries", "Entries held, by tier.",
+                                     {"tier"}),
+                  "register vericache_kvstore_entries");
+  hits_ = &Must(registry->AddCounter("vericache_kvstore_hits_total",
+                                     "Gets served from DRAM or disk."),
+                "register vericache_kvstore_hits_total")
+               ->Get();
+  misses_ = &Must(registry->AddCounter("vericache_kvstore_misses_total",
+                                       "Gets of a missing or expired key."),
+                  "register vericache_kvstore_misses_total")
+                 ->Get();
+  evictions_ = &Must(registry->AddCounter("vericache_kvstore_evictions_total",
+                                          "Entries evicted from DRAM or disk, or expired."),
+                     "register vericache_kvstore_evictions_total")
+                    ->Get();
+  RefreshStoreMetrics();
+}
+
+void KvStoreService::RefreshStoreMetrics() {
+  const KvStoreStats s = store_->Stats();
+  bytes_->Labels({"dram"}).Set(static_cast<double>(s.dram_bytes));
+  bytes_->Labels({"disk"}).Set(static_cast<double>(s.disk_bytes));
+  entries_->Labels({"dram"}).Set(static_cast<double>(s.dram_entries));
+  entries_->Labels({"disk"}).Set(static_cast<double>(s.disk_entries));
+  const int64_t hits = s.dram_hits + s.disk_hits;
+  const int64_t evictions = s.dram_evictions + s.disk_evictions + s.expirations;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (hits > last_hits_) hits_->Inc(static_cast<double>(hits - last_hits_));
+  if (s.misses > last_misses_) misses_->Inc(static_cast<double>(s.misses - last_misses_));
+  if (evictions > last_evictions_) evictions_->Inc(static_cast<double>(evictions - last_evictions_));
+  last_hits_ = std::max(last_hits_, hits);
+  last_misses_ = std::max(last_misses_, s.misses);
+  last_evictions_ = std::max(last_evictions_, evictions);
+}
+
+template <typename Body>
+grpc::ServerUnaryReactor* KvStoreService::Handle(grpc::CallbackServerContext* ctx,
+                                                 const char* method, Body&& body) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status;
+  try {
+    status = body();
+  } catch (const std::exception& e) {  // no exception crosses the service edge
+    status = absl::InternalError(absl::StrCat(method, ": ", e.what()));
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  seconds_->Labels({method}).Observe(secs);
+  requests_->Labels({method, absl::StatusCodeToString(status.code())}).Inc();
+  RefreshStoreMetrics();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Lookup(grpc::CallbackServerContext* ctx,
+                                                 const pb::LookupRequest* req,
+                                                 pb::LookupResponse* resp) {
+  return Handle(ctx, "Lookup", [&]() -> absl::Status {
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<size_t>(req->keys_size()));
+    for (int i = 0; i < req->keys_size(); ++i) {
+      VC_RETURN_IF_ERROR(ValidateRawKey(req->keys(i), absl::StrCat("keys[", i, "]")));
+      keys.push_back(req->keys(i));
+    }
+    VC_ASSIGN_OR_RETURN(auto found, store_->Lookup(keys));
+    for (const std::string& key : keys) {
+      pb::LookupResult* r = resp->add_results();
+      r->set_key(key);
+      auto it = found.find(key);
+      r->set_hit(it != found.end());
+      if (it != found.end()) {
+        r->set_tier(it->second == Tier::kDram ? pb::TIER_DRAM : pb::TIER_DISK);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::BeginPut(grpc::CallbackServerContext* ctx,
+                                                   const pb::BeginPutRequest* /*req*/,
+                                                   pb::BeginPutResponse* resp) {
+  return Handle(ctx, "BeginPut", [&]() -> absl::Status {
+    VC_ASSIGN_OR_RETURN(uint64_t id, store_->BeginPut());
+    resp->set_put_id(id);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::StageChunk(grpc::CallbackServerContext* ctx,
+                                                     const pb::StageChunkRequest* req,
+                                                     pb::StageChunkResponse* /*resp*/) {
+  return Handle(ctx, "StageChunk", [&]() -> absl::Status {
+    VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
+    return store_->Stage(req->put_id(), req->key(), req->value());
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::CommitPut(grpc::CallbackServerContext* ctx,
+                                                    const pb::CommitPutRequest* req,
+                                                    pb::CommitPutResponse* /*resp*/) {
+  return Handle(ctx, "CommitPut",
+                [&]() -> absl::Status { return store_->Commit(req->put_id()); });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::AbortPut(grpc::CallbackServerContext* ctx,
+                                                   const pb::AbortPutRequest* req,
+                                                   pb::AbortPutResponse* /*resp*/) {
+  return Handle(ctx, "AbortPut",
+                [&]() -> absl::Status { return store_->Abort(req->put_id()); });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Get(grpc::CallbackServerContext* ctx,
+                                              const pb::GetRequest* req, pb::GetResponse* resp) {
+  return Handle(ctx, "Get", [&]() -> absl::Status {
+    VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
+    VC_ASSIGN_OR_RETURN(std::string value, store_->Get(req->key()));
+    resp->set_value(std::move(value));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Delete(grpc::CallbackServerContext* ctx,
+                                                 const pb::DeleteRequest* req,
+                                                 pb::DeleteResponse* /*resp*/) {
+  return Handle(ctx, "Delete", [&]() -> absl::Status {
+    VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
+    return store_->Delete(req->key());
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Pin(grpc::CallbackServerContext* ctx,
+                                              const pb::PinRequest* req, pb::PinResponse* /*resp*/) {
+  return Handle(ctx, "Pin", [&]() -> absl::Status {
+    VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
+    return store_->Pin(req->key());
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Unpin(grpc::CallbackServerContext* ctx,
+                                                const pb::UnpinRequest* req,
+                                                pb::UnpinResponse* /*resp*/) {
+  return Handle(ctx, "Unpin", [&]() -> absl::Status {
+    VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
+    return store_->Unpin(req->key());
+  });
+}
+
+grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
+                                               const pb::StatRequest* /*req*/,
+                                               pb::StatResponse* resp) {
+  return Handle(ctx, "Stat", [&]() -> absl::Status {
+    const KvStoreStats s = store_->Stats();
+    resp->set_dram_entries(s.dram_entries);
+    resp->set_dram_bytes(s.dram_bytes);
+    resp->set_disk_entries(s.disk_entries);
+    resp->set_disk_bytes(s.disk_bytes);
+    resp->set_pinned_entries(s.pinned_entries);
+    resp->set_open_puts(s.open_puts);
+    resp->set_staged_bytes(s.staged_bytes);
+    resp->set_dram_hits(s.dram_hits);
+    resp->set_disk_hits(s.disk_hits);
+    resp->set_misses(s.misses);
+    resp->set_dram_evictions(s.dram_evictions);
+    resp->set_disk_evictions(s.disk_evictions);
+    resp->set_expirations(s.expirations);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace vc::kvstore

@@ -1,0 +1,92 @@
+// gRPC control plane of vc-kvstore (vericache.v1.KvStore): validates every
+// request, forwards it to a vc::kvstore::KvStore, maps absl::Status onto
+// grpc::Status (same code, message kept) and records per-method metrics.
+//
+// Uses the gRPC callback API. Handlers run the store call inline on gRPC's
+// callback threads (the store takes one mutex; RocksDB commits may fsync).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/kvstore/kv_store.h"
+#include "common/metrics/metrics.h"
+#include "vericache/v1/kvstore.grpc.pb.h"
+
+namespace vc::kvstore {
+
+// Raw chunk keys are SHA-256 digests.
+inline constexpr size_t kRawKeyBytes = 32;
+
+// InvalidArgument (naming `what`) unless `key` is exactly kRawKeyBytes long.
+absl::Status ValidateRawKey(const std::string& key, const std::string& what);
+
+// absl -> gRPC status with the same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class KvStoreService final : public vericache::v1::KvStore::CallbackService {
+ public:
+  // `store` and `registry` must outlive the service. Registers the
+  // vericache_kvstore_* metric families (aborts on a clash: a programming
+  // error).
+  KvStoreService(KvStore* store, metrics::Registry* registry);
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
+                                   const vericache::v1::LookupRequest* req,
+                                   vericache::v1::LookupResponse* resp) override;
+  grpc::ServerUnaryReactor* BeginPut(grpc::CallbackServerContext* ctx,
+                                     const vericache::v1::BeginPutRequest* req,
+                                     vericache::v1::BeginPutResponse* resp) override;
+  grpc::ServerUnaryReactor* StageChunk(grpc::CallbackServerContext* ctx,
+                                       const vericache::v1::StageChunkRequest* req,
+                                       vericache::v1::StageChunkResponse* resp) override;
+  grpc::ServerUnaryReactor* CommitPut(grpc::CallbackServerContext* ctx,
+                                      const vericache::v1::CommitPutRequest* req,
+                                      vericache::v1::CommitPutResponse* resp) override;
+  grpc::ServerUnaryReactor* AbortPut(grpc::CallbackServerContext* ctx,
+                                     const vericache::v1::AbortPutRequest* req,
+                                     vericache::v1::AbortPutResponse* resp) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx,
+                                const vericache::v1::GetRequest* req,
+                                vericache::v1::GetResponse* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+                                   const vericache::v1::DeleteRequest* req,
+                                   vericache::v1::DeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx,
+                                const vericache::v1::PinRequest* req,
+                                vericache::v1::PinResponse* resp) override;
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
+                                  const vericache::v1::UnpinRequest* req,
+                                  vericache::v1::UnpinResponse* resp) override;
+  grpc::ServerUnaryReactor* Stat(grpc::CallbackServerContext* ctx,
+                                 const vericache::v1::StatRequest* req,
+                                 vericache::v1::StatResponse* resp) override;
+
+  // Refreshes the tier gauges and the hit/miss/eviction counters from the
+  // store's Stats().
+  void RefreshStoreMetrics();
+
+ private:
+  // Runs `body`, records metrics for `method`, finishes the call.
+  template <typename Body>
+  grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* ctx, const char* method,
+                                   Body&& body);
+
+  KvStore* store_;
+  metrics::CounterFamily* requests_;
+  metrics::HistogramFamily* seconds_;
+  metrics::GaugeFamily* bytes_;
+  metrics::GaugeFamily* entries_;
+  metrics::Counter* hits_;
+  metrics::Counter* misses_;
+  metrics::Counter* evictions_;
+
+  std::mutex mu_;  // guards the last_* snapshot used for counter deltas
+  int64_t last_hits_ = 0;
+  int64_t last_misses_ = 0;
+  int64_t last_evictions_ = 0;
+};
+
+}  // namespace vc::kvstore

@@ -1,0 +1,180 @@
+// `vc-kvstore`: the KV chunk store daemon (DESIGN.md section 7). First cut:
+// gRPC control plane (vericache.v1.KvStore) with chunk bytes in the messages,
+// grpc.health.v1, and Prometheus /metrics. SIGTERM/SIGINT drain: health goes
+// NOT_SERVING, the server shuts down with a deadline, exit 0.
+// Exit codes: 0 ok, 1 runtime failure, 2 bad flags.
+#include <signal.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/flags.h"
+#include "common/kvstore/kv_store.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_server.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/kvstore/kvstore_service.h"
+
+namespace {
+
+constexpr char kName[] = "vc-kvstore";
+constexpr char kVersion[] = "0.1.0";
+constexpr int kShutdownDeadlineS = 5;
+
+struct Options {
+  std::string listen = "127.0.0.1:7070";
+  std::string data_dir;
+  int64_t disk_budget_bytes = int64_t{64} << 30;
+  int64_t dram_budget_bytes = int64_t{1} << 30;
+  int64_t ttl_seconds = 0;
+  std::string metrics_listen = "127.0.0.1:9470";
+  int64_t max_message_bytes = int64_t{64} << 20;
+};
+
+// Splits "host:port" at the last ':'; port must be 0..65535.
+absl::Status SplitHostPort(const std::string& flag, const std::string& value, std::string* host,
+                           int* port) {
+  const size_t colon = value.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": expected HOST:PORT, got '", value, "'"));
+  }
+  int p = -1;
+  if (!absl::SimpleAtoi(value.substr(colon + 1), &p) || p < 0 || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": bad port in '", value, "'"));
+  }
+  *host = value.substr(0, colon);
+  *port = p;
+  return absl::OkStatus();
+}
+
+int BadFlags(const std::string& message) {
+  std::fprintf(stderr, "%s: %s (see %s --help)\n", kName, message.c_str(), kName);
+  return 2;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", kName, message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opts;
+  vc::FlagSet flags(kName, "VeriCache KV chunk store daemon (gRPC control plane).");
+  flags.Add("--listen", &opts.listen, "HOST:PORT", "gRPC address (port 0 picks a free one)");
+  flags.Add("--data-dir", &opts.data_dir, "DIR", "RocksDB directory (required)");
+  flags.Add("--disk-budget-bytes", &opts.disk_budget_bytes, "N", "bytes of values kept on disk");
+  flags.Add("--dram-budget-bytes", &opts.dram_budget_bytes, "N",
+            "bytes of values cached in DRAM (0 disables)");
+  flags.Add("--ttl-seconds", &opts.ttl_seconds, "N", "expire entries after N seconds (0: never)");
+  flags.Add("--metrics-listen", &opts.metrics_listen, "HOST:PORT",
+            "Prometheus /metrics address (port 0 picks one; empty disables)");
+  flags.Add("--max-message-bytes", &opts.max_message_bytes, "N",
+            "largest gRPC message sent or received");
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return BadFlags(std::string(s.message()));
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  if (opts.data_dir.empty()) return BadFlags("--data-dir is required");
+  if (opts.disk_budget_bytes <= 0) return BadFlags("--disk-budget-bytes must be > 0");
+  if (opts.dram_budget_bytes < 0) return BadFlags("--dram-budget-bytes must be >= 0");
+  if (opts.ttl_seconds < 0) return BadFlags("--ttl-seconds must be >= 0");
+  if (opts.max_message_bytes <= 0 || opts.max_message_bytes > INT_MAX) {
+    return BadFlags(absl::StrCat("--max-message-bytes must be in [1, ", INT_MAX, "]"));
+  }
+  std::string listen_host;
+  int listen_port = 0;
+  if (absl::Status s = SplitHostPort("--listen", opts.listen, &listen_host, &listen_port); !s.ok()) {
+    return BadFlags(std::string(s.message()));
+  }
+  std::string metrics_host;
+  int metrics_port = 0;
+  if (!opts.metrics_listen.empty()) {
+    if (absl::Status s =
+            SplitHostPort("--metrics-listen", opts.metrics_listen, &metrics_host, &metrics_port);
+        !s.ok()) {
+      return BadFlags(std::string(s.message()));
+    }
+  }
+
+  // Block the drain signals in every thread (gRPC's and httplib's inherit the
+  // mask); the main thread takes them with sigwait.
+  sigset_t drain_signals;
+  sigemptyset(&drain_signals);
+  sigaddset(&drain_signals, SIGTERM);
+  sigaddset(&drain_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &drain_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  vc::kvstore::KvStoreOptions store_opts;
+  store_opts.path = opts.data_dir;
+  store_opts.disk_budget_bytes = opts.disk_budget_bytes;
+  store_opts.dram_budget_bytes = opts.dram_budget_bytes;
+  store_opts.ttl_seconds = opts.ttl_seconds;
+  auto store = vc::kvstore::KvStore::Open(store_opts);
+  if (!store.ok()) return Fail(store.status().ToString());
+
+  vc::metrics::Registry registry;
+  if (absl::Status s = vc::metrics::RegisterBuildInfo(registry, kVersion); !s.ok()) {
+    return Fail(s.ToString());
+  }
+  vc::kvstore::KvStoreService service(store->get(), &registry);
+
+  std::unique_ptr<vc::metrics::MetricsServer> metrics_server;
+  if (!opts.metrics_listen.empty()) {
+    vc::metrics::MetricsServerOptions mopts;
+    mopts.address = metrics_host;
+    mopts.port = metrics_port;
+    auto started = vc::metrics::MetricsServer::Start(&registry, mopts);
+    if (!started.ok()) return Fail(started.status().ToString());
+    metrics_server = std::move(*started);
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(opts.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(opts.max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", opts.listen));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(true);
+
+  std::string line = absl::StrCat(kName, " listening on ", listen_host, ":", bound_port);
+  if (metrics_server) {
+    absl::StrAppend(&line, " metrics ", metrics_host, ":", metrics_server->port());
+  } else {
+    absl::StrAppend(&line, " metrics disabled");
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  while (sigwait(&drain_signals, &sig) != 0) {
+  }
+  std::fprintf(stderr, "%s: signal %d, draining\n", kName, sig);
+  const auto drain_start = std::chrono::steady_clock::now();
+  if (health != nullptr) health->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(kShutdownDeadlineS));
+  server->Wait();
+  if (metrics_server) metrics_server->Stop();
+  const auto drain_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - drain_start)
+                            .count();
+  std::fprintf(stderr, "%s: stopped after %lld ms\n", kName, static_cast<long long>(drain_ms));
+  return 0;
+}
