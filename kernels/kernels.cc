@@ -157,18 +157,19 @@ void RmsNorm(const KernelBackend& backend, const float* x, const float* g, int64
   for (int64_t i = 0; i < n; ++i) out[i] = g[i] * (x[i] * r);
 }
 
-void Softmax(float* s, int64_t n) {
+void SoftmaxWithExp(float* s, int64_t n, void (*exp_inplace)(float*, int64_t)) {
   if (n <= 0) return;
   float m = s[0];
   for (int64_t j = 1; j < n; ++j) m = std::max(m, s[j]);
+  for (int64_t j = 0; j < n; ++j) s[j] = s[j] - m;
+  exp_inplace(s, n);
   float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = Exp(s[j] - m);
-    sum += s[j];
-  }
+  for (int64_t j = 0; j < n; ++j) sum += s[j];
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
+
+void Softmax(float* s, int64_t n) { SoftmaxWithExp(s, n, cpu::ScalarOps().exp_inplace); }
 
 void KernelBackend::Softmax(float* s, int64_t n) const { kernels::Softmax(s, n); }
 

@@ -187,6 +187,12 @@ int32_t SpeculativeRequest::Choose(std::span<const float> logits, int64_t positi
   return SampleToken(logits, p, position);
 }
 
+void SpeculativeRequest::ReleaseFullKv() {
+  // An empty cache rather than null: full_kv() stays valid for callers that
+  // read its counters after the request finished.
+  full_kv_ = std::make_unique<PagedKvCache>(config_);
+}
+
 bool SpeculativeRequest::Emit(std::span<const int32_t> tokens) {
   for (const int32_t t : tokens) {
     output_.push_back(t);
@@ -200,7 +206,7 @@ bool SpeculativeRequest::Emit(std::span<const int32_t> tokens) {
     phase_ = Phase::kDone;
     stats_.full_kv_bytes =
         static_cast<int64_t>(prompt_.size() + output_.size()) * config_.kv_bytes_per_token();
-    full_kv_.reset(new PagedKvCache(config_, PagedKvCache::Options{.block_tokens = 16}));
+    ReleaseFullKv();
     draft_kv_.reset();
     verify_kv_.reset();
     prefix_reservation_ = KvArena::Reservation();
@@ -231,7 +237,7 @@ absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
     stats_observer_.reset();
     if (options_.mode == DecodeMode::kLossy) {
       // The lossy baseline never needs the full KV again.
-      full_kv_.reset(new PagedKvCache(config_, PagedKvCache::Options{.block_tokens = 16}));
+      ReleaseFullKv();
     }
   }
   stats_.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

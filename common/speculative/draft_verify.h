@@ -144,6 +144,7 @@ class SpeculativeRequest {
   // when the request is finished.
   bool Emit(std::span<const int32_t> tokens);
   void StartRound();
+  void ReleaseFullKv();
   int32_t Choose(std::span<const float> logits, int64_t position, uint64_t stream) const;
   void UpdateDraftLength(int accepted);
   bool ShouldFallBack() const;

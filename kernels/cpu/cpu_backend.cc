@@ -81,18 +81,7 @@ class CpuBackend final : public KernelBackend {
     ops_.scores(q, k, n, head_dim, scale, scores);
   }
 
-  void Softmax(float* s, int64_t n) const override {
-    // Same operations as kernels::Softmax, with the exps vectorised.
-    if (n <= 0) return;
-    float m = s[0];
-    for (int64_t j = 1; j < n; ++j) m = std::max(m, s[j]);
-    for (int64_t j = 0; j < n; ++j) s[j] = s[j] - m;
-    ops_.exp_inplace(s, n);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += s[j];
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-  }
+  void Softmax(float* s, int64_t n) const override { SoftmaxWithExp(s, n, ops_.exp_inplace); }
 
   void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
                         float* out) const override {

@@ -16,6 +16,10 @@ using BackendFactory =
 // Returns true so it can initialise a namespace-scope constant.
 bool RegisterBackend(const std::string& name, BackendFactory factory);
 
+// kernels::Softmax with the exps computed by `exp_inplace` (which must equal
+// kernels::Exp bit for bit); backends pass their vectorised exp.
+void SoftmaxWithExp(float* s, int64_t n, void (*exp_inplace)(float*, int64_t));
+
 // Built-in factories.
 absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCpuBackend(const BackendOptions& options);
 // Defined only in CUDA builds (kernels/cuda/, VC_HAVE_CUDA): FailedPrecondition

@@ -8,7 +8,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/base/flags.h"
-#include "common/decode/full_decode.h"
 #include "common/engine/engine.h"
 #include "common/model/model.h"
 #include "common/speculative/draft_verify.h"
