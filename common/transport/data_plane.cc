@@ -1,0 +1,120 @@
+#include "common/transport/data_plane.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/transport/internal/backends.h"
+#include "common/transport/internal/stream_client.h"
+#include "common/transport/internal/stream_server.h"
+
+namespace vc::transport {
+namespace {
+
+using internal::Connector;
+using internal::Listener;
+
+// The backend registry: a backend is a listener factory plus a connector
+// factory; everything above the bytes is shared.
+struct Backend {
+  const char* kind;
+  absl::StatusOr<std::unique_ptr<Listener>> (*listen)(const DataPlaneServerOptions&);
+  absl::StatusOr<std::unique_ptr<Connector>> (*connect)(const DataPlaneClientOptions&);
+};
+
+constexpr Backend kBackends[] = {
+    {"tcp", &internal::MakeTcpListener, &internal::MakeTcpConnector},
+    {"ucx", &internal::MakeUcxListener, &internal::MakeUcxConnector},
+};
+
+absl::StatusOr<const Backend*> FindBackend(const std::string& kind) {
+  for (const Backend& b : kBackends) {
+    if (kind == b.kind) return &b;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown data plane kind '", kind, "' (known: ", absl::StrJoin(DataPlaneKinds(), ", "), ")"));
+}
+
+absl::Status CheckPacing(const char* name, const LinkPacing& p) {
+  if (!std::isfinite(p.bytes_per_second) || p.bytes_per_second < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " link bytes_per_second must be >= 0 (0 = unpaced), got ", p.bytes_per_second));
+  }
+  if (!std::isfinite(p.latency_seconds) || p.latency_seconds < 0 || p.latency_seconds > 60) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " link latency_seconds must be in [0, 60], got ", p.latency_seconds));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
+  if (absl::Status s = CheckPacing("fast", o.fast); !s.ok()) return s;
+  if (absl::Status s = CheckPacing("slow", o.slow); !s.ok()) return s;
+  if (!std::isfinite(o.slot_seconds) || o.slot_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot_seconds must be > 0, got ", o.slot_seconds));
+  }
+  if (o.max_tracked_slots < 1) return absl::InvalidArgumentError("max_tracked_slots must be >= 1");
+  if (o.max_connections < 1) return absl::InvalidArgumentError("max_connections must be >= 1");
+  if (o.max_keys_per_fetch < 1) {
+    return absl::InvalidArgumentError("max_keys_per_fetch must be >= 1");
+  }
+  if (o.max_key_bytes < 1) return absl::InvalidArgumentError("max_key_bytes must be >= 1");
+  if (o.max_response_bytes < 0) {
+    return absl::InvalidArgumentError("max_response_bytes must be >= 0");
+  }
+  if (o.write_piece_bytes < 1 || o.write_piece_bytes > (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError("write_piece_bytes must be in [1, 64 MiB]");
+  }
+  if (!std::isfinite(o.io_timeout_seconds) || o.io_timeout_seconds <= 0) {
+    return absl::InvalidArgumentError("io_timeout_seconds must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* LinkClassName(LinkClass link) { return link == LinkClass::kFast ? "fast" : "slow"; }
+
+std::vector<std::string> DataPlaneKinds() {
+  std::vector<std::string> kinds;
+  for (const Backend& b : kBackends) kinds.emplace_back(b.kind);
+  return kinds;
+}
+
+DataPlaneServer::~DataPlaneServer() = default;
+DataPlaneClient::~DataPlaneClient() = default;
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Create(
+    const DataPlaneServerOptions& options, BlobLookup lookup) {
+  auto backend = FindBackend(options.kind);
+  if (!backend.ok()) return backend.status();
+  if (absl::Status s = CheckServerOptions(options); !s.ok()) return s;
+  if (!lookup) return absl::InvalidArgumentError("data plane server needs a lookup function");
+  auto listener = (*backend)->listen(options);
+  if (!listener.ok()) return listener.status();
+  return internal::StartStreamServer(options, std::move(lookup), std::move(*listener));
+}
+
+absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(
+    const DataPlaneClientOptions& options) {
+  auto backend = FindBackend(options.kind);
+  if (!backend.ok()) return backend.status();
+  if (options.server_address.empty()) {
+    return absl::InvalidArgumentError("data plane client needs server_address (HOST:PORT)");
+  }
+  if (options.max_response_bytes < 0) {
+    return absl::InvalidArgumentError("max_response_bytes must be >= 0");
+  }
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError("max_connections must be >= 1");
+  }
+  if (options.link != LinkClass::kFast && options.link != LinkClass::kSlow) {
+    return absl::InvalidArgumentError("unknown link class");
+  }
+  auto connector = (*backend)->connect(options);
+  if (!connector.ok()) return connector.status();
+  return internal::MakeStreamClient(options, std::move(*connector));
+}
+
+}  // namespace vc::transport

@@ -1,0 +1,92 @@
+// What a data plane backend provides: connections that carry bytes both ways
+// (ByteStream), a Listener on the server side and a Connector on the client
+// side. The framing, pacing and connection handling above them are shared
+// (stream_server.h, stream_client.h), so a backend is only byte transport.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/transport/data_plane.h"
+#include "common/transport/internal/link_pacer.h"
+
+namespace vc::transport::internal {
+
+// TimePoint::max() means "no deadline" (used only where a stream may idle,
+// e.g. a server waiting for the next request; Close() ends such waits).
+inline constexpr TimePoint kNoDeadline = TimePoint::max();
+
+// One connection. Reads and writes are issued by one thread at a time; Close
+// may be called from any thread, concurrently with them.
+class ByteStream {
+ public:
+  virtual ~ByteStream() = default;
+  // Reads between 1 and `max` bytes; the count is the transport's own (UCX:
+  // the receive completion's length). DeadlineExceeded at the deadline,
+  // Unavailable if the peer is gone or the stream was closed. After an error
+  // the stream is unusable.
+  virtual absl::StatusOr<size_t> ReadSome(char* buf, size_t max, TimePoint deadline) = 0;
+  // Sends all of `data` (taken by value so an asynchronous transport owns
+  // the buffer until the send completes). Same errors as ReadSome.
+  virtual absl::Status Write(std::string data, TimePoint deadline) = 0;
+  // Fails pending and later reads and writes with Unavailable.
+  virtual void Close() = 0;
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Waits up to `wait` for a new connection; nullptr if none arrived.
+  virtual absl::StatusOr<std::unique_ptr<ByteStream>> Accept(std::chrono::milliseconds wait) = 0;
+  virtual std::string address() const = 0;
+};
+
+class Connector {
+ public:
+  virtual ~Connector() = default;
+  // A new connection to the server. Backends may connect lazily, in which
+  // case a refused connection surfaces as Unavailable on the first read.
+  virtual absl::StatusOr<std::unique_ptr<ByteStream>> Connect(TimePoint deadline) = 0;
+};
+
+// Exact reads over a ByteStream, with a small buffer so headers do not cost
+// one transport operation each; large reads go straight to the destination.
+class BufferedReader {
+ public:
+  // `received` (optional) is also advanced by every read, live.
+  explicit BufferedReader(ByteStream* stream, std::atomic<int64_t>* received = nullptr,
+                          size_t buffer_bytes = 64 << 10);
+  absl::Status ReadExact(char* dst, size_t n, TimePoint deadline);
+  // Reads and drops n bytes.
+  absl::Status Skip(size_t n, TimePoint deadline);
+  // Bytes obtained from the stream so far (for "did the peer say anything").
+  int64_t bytes_received() const { return received_; }
+
+ private:
+  ByteStream* stream_;
+  std::atomic<int64_t>* shared_received_;
+  std::string buffer_;
+  size_t begin_ = 0, end_ = 0;
+  int64_t received_ = 0;
+};
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+// "HOST:PORT" with an IPv4 address or a host name; port 0..65535.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& address);
+// Resolves to an IPv4 socket address (numeric hosts without a lookup).
+absl::StatusOr<sockaddr_in> ResolveIpv4(const HostPort& hp);
+
+TimePoint DeadlineAfter(double seconds);
+
+}  // namespace vc::transport::internal

@@ -1,0 +1,246 @@
+// The TCP data plane facing peers that do not follow the framing: a server
+// that lies about lengths or hangs up mid-response, and clients that send
+// garbage or stall. Every case ends in a clear error, never a crash, a huge
+// allocation or a hang, and the real server keeps serving others.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "common/transport/data_plane.h"
+#include "common/transport/internal/wire.h"
+#include "gtest/gtest.h"
+#include "tests/common/transport/test_util.h"
+
+namespace vc::transport {
+namespace {
+
+using testing::HasCode;
+using testing::In;
+
+// A one-connection TCP server on 127.0.0.1 that runs `script` on the
+// accepted socket.
+class FakeServer {
+ public:
+  explicit FakeServer(std::function<void(int fd)> script) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(listen_fd_, 4), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, script] {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 30'000) <= 0) return;
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      script(fd);
+      ::close(fd);
+    });
+  }
+  ~FakeServer() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(listen_fd_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+void ReadRequest(int fd) {
+  char header[internal::kRequestHeaderBytes];
+  ASSERT_EQ(::recv(fd, header, sizeof(header), MSG_WAITALL), static_cast<ssize_t>(sizeof(header)));
+  auto h = internal::DecodeRequestHeader(header);
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::string body(h->body_bytes, '\0');
+  ASSERT_EQ(::recv(fd, body.data(), body.size(), MSG_WAITALL), static_cast<ssize_t>(body.size()));
+}
+
+void SendAll(int fd, const std::string& s) {
+  ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
+}
+
+std::string OkHeader(uint32_t count) {
+  internal::ResponseHeader h;
+  h.count = count;
+  return internal::EncodeResponseHeader(h);
+}
+
+std::unique_ptr<DataPlaneClient> ClientFor(const std::string& address,
+                                           int64_t max_response_bytes = int64_t{1} << 30) {
+  DataPlaneClientOptions o;
+  o.server_address = address;
+  o.max_response_bytes = max_response_bytes;
+  auto c = DataPlaneClient::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+TEST(MalformedServerTest, HugeValueLengthIsRefusedBeforeAllocating) {
+  FakeServer server([](int fd) {
+    ReadRequest(fd);
+    std::string reply = OkHeader(1);
+    internal::PutU64(&reply, uint64_t{1} << 60);
+    SendAll(fd, reply);
+    char c;
+    ::recv(fd, &c, 1, 0);  // until the client hangs up
+  });
+  auto client = ClientFor(server.address(), /*max_response_bytes=*/1 << 20);
+  EXPECT_TRUE(HasCode(client->Fetch({"k"}, In(30)), absl::StatusCode::kResourceExhausted,
+                      "max_response_bytes"));
+}
+
+TEST(MalformedServerTest, WrongValueCountIsDataLoss) {
+  FakeServer server([](int fd) {
+    ReadRequest(fd);
+    SendAll(fd, OkHeader(2));
+  });
+  EXPECT_TRUE(HasCode(ClientFor(server.address())->Fetch({"k"}, In(30)),
+                      absl::StatusCode::kDataLoss, "2 values for 1 keys"));
+}
+
+TEST(MalformedServerTest, GarbageHeaderIsDataLoss) {
+  FakeServer server([](int fd) {
+    ReadRequest(fd);
+    SendAll(fd, std::string(internal::kResponseHeaderBytes, 'G'));
+  });
+  EXPECT_TRUE(HasCode(ClientFor(server.address())->Fetch({"k"}, In(30)),
+                      absl::StatusCode::kDataLoss, "magic"));
+}
+
+TEST(MalformedServerTest, HangUpMidValueIsUnavailable) {
+  FakeServer server([](int fd) {
+    ReadRequest(fd);
+    std::string reply = OkHeader(1);
+    internal::PutU64(&reply, 1000);
+    reply += std::string(10, 'v');
+    SendAll(fd, reply);
+  });
+  EXPECT_TRUE(
+      HasCode(ClientFor(server.address())->Fetch({"k"}, In(30)), absl::StatusCode::kUnavailable));
+}
+
+TEST(MalformedServerTest, SilentServerHitsTheDeadline) {
+  FakeServer server([](int fd) {
+    ReadRequest(fd);
+    char c;
+    ::recv(fd, &c, 1, 0);  // says nothing until the client hangs up
+  });
+  EXPECT_TRUE(HasCode(ClientFor(server.address())->Fetch({"k"}, In(0.2)),
+                      absl::StatusCode::kDeadlineExceeded));
+}
+
+// A raw TCP connection to a real server.
+int Connect(const std::string& address) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Everything the server sends until it closes (or 10 s pass).
+std::string ReadUntilClosed(int fd) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10'000) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+class MalformedClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DataPlaneServerOptions o;
+    o.io_timeout_seconds = 0.3;
+    auto s = DataPlaneServer::Create(
+        o, [](const std::string&) -> absl::StatusOr<std::string> { return std::string("value"); });
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  void ExpectStillServing() {
+    auto v = ClientFor(server_->address())->Fetch({"k"}, In(30));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ((*v)[0], "value");
+  }
+  std::unique_ptr<DataPlaneServer> server_;
+};
+
+TEST_F(MalformedClientTest, GarbageGetsAnErrorResponseAndAHangUp) {
+  const int fd = Connect(server_->address());
+  SendAll(fd, std::string(internal::kRequestHeaderBytes, 'Z'));
+  const std::string reply = ReadUntilClosed(fd);
+  ::close(fd);
+  ASSERT_GE(reply.size(), internal::kResponseHeaderBytes);
+  auto h = internal::DecodeResponseHeader(reply.data());
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(reply.find("magic"), std::string::npos);
+  ExpectStillServing();
+}
+
+TEST_F(MalformedClientTest, BodyShorterThanItsKeysIsRefused) {
+  // Claims one key of 100 bytes in a 10-byte body.
+  std::string req = *internal::EncodeRequest({"0123456789"}, LinkClass::kFast, 0, 1 << 20);
+  req[internal::kRequestHeaderBytes] = 100;
+  const int fd = Connect(server_->address());
+  SendAll(fd, req);
+  char header[internal::kResponseHeaderBytes];
+  ASSERT_EQ(::recv(fd, header, sizeof(header), MSG_WAITALL), static_cast<ssize_t>(sizeof(header)));
+  ::close(fd);
+  auto h = internal::DecodeResponseHeader(header);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  ExpectStillServing();
+}
+
+TEST_F(MalformedClientTest, StalledRequestIsDroppedAfterTheIoTimeout) {
+  const int fd = Connect(server_->address());
+  SendAll(fd, "VCDP");                            // a header that never completes
+  const std::string reply = ReadUntilClosed(fd);  // the server hangs up (io_timeout 0.3 s)
+  ::close(fd);
+  EXPECT_TRUE(reply.empty());
+  ExpectStillServing();
+}
+
+TEST(ConnectionLimitTest, ConnectionsOverTheMaxAreRefused) {
+  DataPlaneServerOptions o;
+  o.max_connections = 1;
+  auto server = DataPlaneServer::Create(
+      o, [](const std::string&) -> absl::StatusOr<std::string> { return std::string("v"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto first = ClientFor((*server)->address());
+  ASSERT_TRUE(first->Fetch({"k"}, In(30)).ok());  // holds the one connection (pooled)
+  auto second = ClientFor((*server)->address());
+  EXPECT_TRUE(HasCode(second->Fetch({"k"}, In(30)), absl::StatusCode::kUnavailable));
+  first.reset();  // frees the slot
+  absl::StatusOr<std::vector<std::string>> later;
+  for (int i = 0; i < 100; ++i) {  // the server notices the hang-up asynchronously
+    later = second->Fetch({"k"}, In(30));
+    if (later.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(later.ok()) << later.status();
+}
+
+}  // namespace
+}  // namespace vc::transport

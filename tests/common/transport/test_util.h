@@ -1,0 +1,72 @@
+// Helpers shared by the data plane tests.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/transport/data_plane.h"
+#include "gtest/gtest.h"
+
+namespace vc::transport::testing {
+
+using Clock = std::chrono::steady_clock;
+
+// Checks the code and that the message contains `substr`.
+inline ::testing::AssertionResult HasCode(const absl::Status& s, absl::StatusCode code,
+                                          const std::string& substr = "") {
+  if (s.code() != code) {
+    return ::testing::AssertionFailure()
+           << "expected " << absl::StatusCodeToString(code) << ", got " << s;
+  }
+  if (std::string(s.message()).find(substr) == std::string::npos) {
+    return ::testing::AssertionFailure() << "message of " << s << " lacks '" << substr << "'";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+template <typename T>
+::testing::AssertionResult HasCode(const absl::StatusOr<T>& s, absl::StatusCode code,
+                                   const std::string& substr = "") {
+  return HasCode(s.status(), code, substr);
+}
+
+inline std::string RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng() & 0xff);
+  return s;
+}
+
+// A read-only blob table as the server's lookup.
+inline BlobLookup MapLookup(std::shared_ptr<const std::map<std::string, std::string>> blobs) {
+  return [blobs](const std::string& key) -> absl::StatusOr<std::string> {
+    auto it = blobs->find(key);
+    if (it == blobs->end()) return absl::NotFoundError("not in the test table");
+    return it->second;
+  };
+}
+
+inline Clock::time_point In(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+inline double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Empty if UCX can make a context and worker here, else the reason.
+inline std::string UcxUnavailableReason() {
+  DataPlaneClientOptions o;
+  o.kind = "ucx";
+  o.server_address = "127.0.0.1:1";
+  auto c = DataPlaneClient::Create(o);
+  return c.ok() ? "" : c.status().ToString();
+}
+
+}  // namespace vc::transport::testing
