@@ -67,6 +67,65 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
   return std::shared_ptr<const CompressedPrefix>(std::move(out));
 }
 
+absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::FromParts(
+    const ModelConfig& config, int32_t prefix_len, std::vector<Layer> layers,
+    std::string description) {
+  if (prefix_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compressed prefix must hold >= 1 token, got ", prefix_len));
+  }
+  if (config.n_kv_heads < 1 || config.head_dim < 1) {
+    return absl::InvalidArgumentError("compressed prefix: bad model shape");
+  }
+  if (static_cast<int>(layers.size()) != config.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("compressed prefix has ", layers.size(),
+                                                   " layers, model has ", config.n_layers));
+  }
+  std::shared_ptr<CompressedPrefix> out(new CompressedPrefix());
+  out->prefix_len_ = prefix_len;
+  out->description_ = std::move(description);
+  out->full_bytes_ = int64_t{prefix_len} * config.kv_bytes_per_token();
+  for (int l = 0; l < config.n_layers; ++l) {
+    const std::vector<Head>& heads = layers[l].heads;
+    if (static_cast<int>(heads.size()) != config.n_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": ", heads.size(),
+                                                     " KV heads, model has ", config.n_kv_heads));
+    }
+    const size_t count = heads[0].positions.size();
+    for (int h = 0; h < config.n_kv_heads; ++h) {
+      const Head& head = heads[h];
+      const std::vector<int32_t>& pos = head.positions;
+      if (pos.size() != count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, ": heads keep different counts (", count, " vs ",
+                         pos.size(), "); a layer keeps the same count per head"));
+      }
+      for (size_t i = 0; i < pos.size(); ++i) {
+        if (pos[i] < 0 || pos[i] >= prefix_len || (i > 0 && pos[i] <= pos[i - 1])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "layer ", l, " head ", h, ": kept positions must be increasing and inside [0, ",
+              prefix_len, ")"));
+        }
+      }
+      for (const RowStore* store : {head.keys.get(), head.values.get()}) {
+        if (store == nullptr || store->rows() != static_cast<int64_t>(pos.size()) ||
+            store->dim() != config.head_dim) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "layer ", l, " head ", h, ": key/value rows must be ", pos.size(), " x ",
+              config.head_dim, (store == nullptr ? " (missing)" : "")));
+        }
+      }
+      // The same accounting as Build.
+      out->bytes_ += head.keys->bytes() + head.values->bytes();
+      if (static_cast<int32_t>(pos.size()) < prefix_len) {
+        out->bytes_ += static_cast<int64_t>(pos.size() * sizeof(int32_t));
+      }
+    }
+  }
+  out->layers_ = std::move(layers);
+  return std::shared_ptr<const CompressedPrefix>(std::move(out));
+}
+
 CompressedSequenceKv::CompressedSequenceKv(const ModelConfig& config,
                                            std::shared_ptr<const CompressedPrefix> prefix,
                                            int32_t max_tokens, KvArena* arena)

@@ -42,6 +42,17 @@ class CompressedPrefix {
       const std::vector<std::vector<std::vector<int32_t>>>& kept,  // [layer][kv_head][i]
       const RowCodecSpec& key_spec, const RowCodecSpec& value_spec, std::string description);
 
+  // Reassembles a prefix from its stored parts (the reader of a serialised
+  // variant, common/kvstore/variant_codec.h): `layers` as layer() returns
+  // them. Checks what Build guarantees (every layer and KV head present, the
+  // same count per head within a layer, increasing positions inside [0,
+  // prefix_len), key and value stores of one row per kept position and
+  // head_dim columns) and accounts bytes() and full_bytes() as Build does.
+  // InvalidArgument otherwise.
+  static absl::StatusOr<std::shared_ptr<const CompressedPrefix>> FromParts(
+      const ModelConfig& config, int32_t prefix_len, std::vector<Layer> layers,
+      std::string description);
+
   int32_t prefix_len() const { return prefix_len_; }
   const Layer& layer(int l) const { return layers_[l]; }
   int n_layers() const { return static_cast<int>(layers_.size()); }

@@ -1,8 +1,10 @@
 #include "common/kv/row_codec.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -25,11 +27,113 @@ class PackedCodes {
     return (bytes_[bit / 8] >> (bit % 8)) & ((1u << bits_) - 1u);
   }
   int64_t bytes() const { return static_cast<int64_t>(bytes_.size()); }
+  const std::vector<uint8_t>& raw() const { return bytes_; }
+  // Codes as serialised (the packed bytes, unused high bits included).
+  static PackedCodes FromRaw(int bits, std::vector<uint8_t> raw) {
+    PackedCodes c(bits, 0);
+    c.bytes_ = std::move(raw);
+    return c;
+  }
 
  private:
   int bits_;
   std::vector<uint8_t> bytes_;
 };
+
+// ---- Serialisation helpers (little-endian; floats as their bit patterns) ----
+static_assert(std::endian::native == std::endian::little,
+              "the serialised row formats store f32 in host order; big-endian hosts unsupported");
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(static_cast<uint8_t>(v >> (8 * i))));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(static_cast<uint8_t>(v >> (8 * i))));
+}
+void PutFloats(std::string* out, const std::vector<float>& v) {
+  if (v.empty()) return;
+  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// Reads fixed-size fields from a byte range; every read is bounds-checked.
+class Reader {
+ public:
+  Reader(std::string_view bytes, size_t offset) : bytes_(bytes), offset_(offset) {}
+  size_t offset() const { return offset_; }
+  size_t remaining() const { return offset_ <= bytes_.size() ? bytes_.size() - offset_ : 0; }
+  bool U32(uint32_t* v) {
+    if (remaining() < 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) {
+      *v |= uint32_t{static_cast<uint8_t>(bytes_[offset_ + i])} << (8 * i);
+    }
+    offset_ += 4;
+    return true;
+  }
+  bool U64(uint64_t* v) {
+    if (remaining() < 8) return false;
+    *v = 0;
+    for (int i = 0; i < 8; ++i) {
+      *v |= uint64_t{static_cast<uint8_t>(bytes_[offset_ + i])} << (8 * i);
+    }
+    offset_ += 8;
+    return true;
+  }
+  // Callers have checked that `n` items fit in remaining().
+  void Floats(int64_t n, std::vector<float>* v) {
+    v->resize(static_cast<size_t>(n));
+    if (n == 0) return;  // data() may be null: memcpy's pointers must not be
+    std::memcpy(v->data(), bytes_.data() + offset_, static_cast<size_t>(n) * sizeof(float));
+    offset_ += static_cast<size_t>(n) * sizeof(float);
+  }
+  void Bytes(int64_t n, std::vector<uint8_t>* v) {
+    v->assign(bytes_.begin() + offset_, bytes_.begin() + offset_ + n);
+    offset_ += static_cast<size_t>(n);
+  }
+
+ private:
+  std::string_view bytes_;
+  size_t offset_;
+};
+
+// Stored sizes of a quantised store, all derived from (spec, n, dim) exactly
+// as QuantRowStore's encoder lays them out, so the format need not repeat them.
+struct QuantLayout {
+  int group = 1;
+  int64_t n_quant = 0;
+  int64_t code_bytes = 0;
+  int64_t scales = 0;
+  int64_t zeros = 0;
+  int64_t residual_floats = 0;
+};
+
+QuantLayout LayoutOf(const RowCodecSpec& spec, int64_t n, int dim) {
+  QuantLayout q;
+  q.group = spec.group > 0 ? spec.group : (spec.kind == Kind::kPerChannelAsymmetric ? 1 : dim);
+  int64_t quantisable = std::max<int64_t>(0, n - spec.residual);
+  if (spec.kind == Kind::kPerChannelAsymmetric) quantisable -= quantisable % q.group;
+  q.n_quant = quantisable;
+  q.code_bytes = (q.n_quant * dim * spec.bits + 7) / 8;
+  if (spec.kind == Kind::kPerChannelAsymmetric) {
+    q.scales = q.zeros = (q.n_quant / q.group) * dim;
+  } else {
+    q.scales = q.n_quant * ((dim + q.group - 1) / q.group);
+    q.zeros = spec.kind == Kind::kPerTokenAsymmetric ? q.scales : 0;
+  }
+  q.residual_floats = (n - q.n_quant) * dim;
+  return q;
+}
+
+// Header of a serialised store: kind, bits, group, residual (u32 each),
+// rows (u64), dim (u32).
+void PutHeader(std::string* out, const RowCodecSpec& spec, int64_t n, int dim) {
+  PutU32(out, static_cast<uint32_t>(spec.kind));
+  PutU32(out, static_cast<uint32_t>(spec.bits));
+  PutU32(out, static_cast<uint32_t>(spec.group));
+  PutU32(out, static_cast<uint32_t>(spec.residual));
+  PutU64(out, static_cast<uint64_t>(n));
+  PutU32(out, static_cast<uint32_t>(dim));
+}
 
 // Rows [0, n_quant) quantised, [n_quant, n) kept as f32.
 class QuantRowStore final : public RowStore {
@@ -132,8 +236,30 @@ class QuantRowStore final : public RowStore {
     }
   }
 
+  // From serialised parts; sizes already checked against LayoutOf(spec, n, dim).
+  QuantRowStore(const RowCodecSpec& spec, int64_t n, int dim, const QuantLayout& layout,
+                PackedCodes codes, std::vector<float> scale, std::vector<float> zero,
+                std::vector<float> residual)
+      : spec_(spec),
+        n_(n),
+        dim_(dim),
+        group_(layout.group),
+        n_quant_(layout.n_quant),
+        codes_(std::move(codes)),
+        scale_(std::move(scale)),
+        zero_(std::move(zero)),
+        residual_(std::move(residual)) {}
+
   const float* RowIfF32(int64_t i) const override {
     return i >= n_quant_ ? &residual_[(i - n_quant_) * dim_] : nullptr;
+  }
+
+  void AppendSerialized(std::string* out) const override {
+    PutHeader(out, spec_, n_, dim_);
+    out->append(reinterpret_cast<const char*>(codes_.raw().data()), codes_.raw().size());
+    PutFloats(out, scale_);
+    PutFloats(out, zero_);
+    PutFloats(out, residual_);
   }
 
   int64_t bytes() const override {
@@ -167,8 +293,14 @@ class F32RowStore final : public RowStore {
   void Decode(int64_t i, float* out) const override {
     std::memcpy(out, &data_[i * dim_], dim_ * sizeof(float));
   }
+  F32RowStore(int64_t n, int dim, std::vector<float> data)
+      : n_(n), dim_(dim), data_(std::move(data)) {}
   const float* RowIfF32(int64_t i) const override { return &data_[i * dim_]; }
   int64_t bytes() const override { return static_cast<int64_t>(data_.size() * sizeof(float)); }
+  void AppendSerialized(std::string* out) const override {
+    PutHeader(out, RowCodecSpec::F32(), n_, dim_);
+    PutFloats(out, data_);
+  }
 
  private:
   int64_t n_;
@@ -216,6 +348,79 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Encode(const RowCodecSpec& s
     return std::unique_ptr<RowStore>(std::make_unique<F32RowStore>(rows, n, dim));
   }
   return std::unique_ptr<RowStore>(std::make_unique<QuantRowStore>(spec, rows, n, dim));
+}
+
+absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view bytes,
+                                                                size_t* offset) {
+  // Bounds keep every size product below 2^62 (no overflow) before any
+  // allocation: rows < 2^31, dim < 2^20, bits <= 32.
+  constexpr uint64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  constexpr uint32_t kMaxDim = 1u << 20;
+  Reader r(bytes, *offset);
+  uint32_t kind = 0, bits = 0, group = 0, residual = 0, dim = 0;
+  uint64_t n = 0;
+  if (!r.U32(&kind) || !r.U32(&bits) || !r.U32(&group) || !r.U32(&residual) || !r.U64(&n) ||
+      !r.U32(&dim)) {
+    return absl::InvalidArgumentError("serialised row store: truncated header");
+  }
+  if (kind > static_cast<uint32_t>(Kind::kPerChannelAsymmetric)) {
+    return absl::InvalidArgumentError(absl::StrCat("serialised row store: unknown kind ", kind));
+  }
+  if (n > kMaxRows || dim == 0 || dim > kMaxDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("serialised row store: bad shape rows=", n, " dim=", dim));
+  }
+  RowCodecSpec spec;
+  spec.kind = static_cast<Kind>(kind);
+  spec.bits = static_cast<int>(std::min<uint32_t>(bits, 1024));
+  spec.group = static_cast<int>(std::min<uint32_t>(group, std::numeric_limits<int32_t>::max()));
+  spec.residual =
+      static_cast<int>(std::min<uint32_t>(residual, std::numeric_limits<int32_t>::max()));
+  const int d = static_cast<int>(dim);
+  const int64_t rows = static_cast<int64_t>(n);
+  if (spec.kind == Kind::kF32) {
+    if (bits != 32 || group != 0 || residual != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("serialised row store: f32 with bits=", bits, " group=", group,
+                       " residual=", residual, " (expected 32, 0, 0)"));
+    }
+    const int64_t floats = rows * d;
+    if (r.remaining() / sizeof(float) < static_cast<uint64_t>(floats)) {
+      return absl::InvalidArgumentError(absl::StrCat("serialised row store: ", rows,
+                                                     " f32 rows of ", d, " need more than the ",
+                                                     r.remaining(), " bytes left"));
+    }
+    std::vector<float> data;
+    r.Floats(floats, &data);
+    *offset = r.offset();
+    return std::unique_ptr<RowStore>(std::make_unique<F32RowStore>(rows, d, std::move(data)));
+  }
+  if (bits != static_cast<uint32_t>(spec.bits) || group != static_cast<uint32_t>(spec.group) ||
+      residual != static_cast<uint32_t>(spec.residual)) {
+    return absl::InvalidArgumentError("serialised row store: spec field out of range");
+  }
+  if (absl::Status s = spec.Validate(d); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("serialised row store: ", s.message()));
+  }
+  const QuantLayout layout = LayoutOf(spec, rows, d);
+  const uint64_t need = static_cast<uint64_t>(layout.code_bytes) +
+                        sizeof(float) * static_cast<uint64_t>(layout.scales + layout.zeros +
+                                                              layout.residual_floats);
+  if (r.remaining() < need) {
+    return absl::InvalidArgumentError(absl::StrCat("serialised row store (", spec.DebugString(),
+                                                   ", ", rows, " rows of ", d, "): needs ", need,
+                                                   " bytes, ", r.remaining(), " left"));
+  }
+  std::vector<uint8_t> codes;
+  std::vector<float> scale, zero, rest;
+  r.Bytes(layout.code_bytes, &codes);
+  r.Floats(layout.scales, &scale);
+  r.Floats(layout.zeros, &zero);
+  r.Floats(layout.residual_floats, &rest);
+  *offset = r.offset();
+  return std::unique_ptr<RowStore>(std::make_unique<QuantRowStore>(
+      spec, rows, d, layout, PackedCodes::FromRaw(spec.bits, std::move(codes)), std::move(scale),
+      std::move(zero), std::move(rest)));
 }
 
 }  // namespace vc

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,6 +56,18 @@ class RowStore {
   virtual const float* RowIfF32(int64_t i) const = 0;
   // Exact bytes held: codes, scales and zero points (not container slack).
   virtual int64_t bytes() const = 0;
+
+  // Serialisation (for storing compressed variants, common/kvstore/
+  // variant_codec.h). Appends the store exactly as held: its spec, shape,
+  // packed codes, scales, zero points and f32 rows (little-endian), so that
+  // Deserialize rebuilds a store whose Decode() is bit-identical, with the
+  // same bytes() and the same f32 rows. No checksum: the container has one.
+  virtual void AppendSerialized(std::string* out) const = 0;
+  // Parses one store written by AppendSerialized from bytes[*offset, ...)
+  // and advances *offset past it. InvalidArgument for a bad spec or shape or
+  // too few bytes; sizes are checked against the input before allocating.
+  static absl::StatusOr<std::unique_ptr<RowStore>> Deserialize(std::string_view bytes,
+                                                               size_t* offset);
 };
 
 }  // namespace vc
