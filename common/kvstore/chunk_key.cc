@@ -14,6 +14,7 @@ using internal::Sha256;
 // Domain strings keep the kinds of keys apart.
 constexpr char kFullChunkDomain[] = "vericache.kv.full_chunk.v1";
 constexpr char kVariantDomain[] = "vericache.kv.compressed_variant.v1";
+constexpr char kManifestDomain[] = "vericache.kv.prefix_manifest.v1";
 constexpr char kModelDomain[] = "vericache.model_id.v1";
 
 ChunkKey ToKey(const std::array<uint8_t, 32>& d) {
@@ -85,6 +86,25 @@ absl::StatusOr<std::vector<ChunkKey>> ChunkKeysForTokens(const ChunkKeyOptions& 
     keys.push_back(k);
   }
   return keys;
+}
+
+ChunkKey PrefixManifestKey(const ChunkKeyOptions& options, const ModelId& model,
+                           absl::Span<const int32_t> tokens) {
+  Sha256 h;
+  h.Field(std::string(kManifestDomain));
+  h.Field(options.tenant_salt);
+  h.Field(model.bytes.data(), model.bytes.size());
+  h.FieldU64(options.numerics_version);
+  h.FieldU64(options.kv_layout_version);
+  h.FieldU64(static_cast<uint64_t>(options.chunk_tokens));
+  h.U64(tokens.size() * 4);
+  for (int32_t t : tokens) {
+    const uint32_t u = static_cast<uint32_t>(t);
+    const uint8_t b[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8),
+                          static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
+    h.UpdateRaw(b, 4);
+  }
+  return ToKey(h.Finish());
 }
 
 ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,

@@ -66,6 +66,11 @@ absl::StatusOr<std::vector<ChunkKey>> ChunkKeysForTokens(const ChunkKeyOptions& 
 ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,
                               const std::string& compressor_description, double ratio);
 
+// The key of a registered prefix's manifest (its whole token list, which may
+// end in a partial chunk): a registered prefix is named by this key's hex.
+ChunkKey PrefixManifestKey(const ChunkKeyOptions& options, const ModelId& model,
+                           absl::Span<const int32_t> tokens);
+
 // Hash of the fields of `config` that change the math (not bos/eos or
 // max_seq_len) and of the weight tensors, in order, each length-prefixed.
 ModelId ComputeModelId(const ModelConfig& config,

@@ -83,6 +83,16 @@ struct KvStore::Impl {
   rocksdb::WriteOptions sync_write;
   rocksdb::WriteOptions lazy_write;  // access-order updates
 
+  rocksdb::Status TimedWrite(rocksdb::WriteBatch& batch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rocksdb::Status s = db->Write(sync_write, &batch);
+    if (options.on_disk_write) {
+      options.on_disk_write(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return s;
+  }
+
   mutable std::mutex mu;
 
   // Disk tier: every live entry, LRU list front = most recent.
@@ -188,7 +198,7 @@ struct KvStore::Impl {
       VC_RETURN_IF_ERROR(FromRocks(batch.Delete(DataKey(k)), "batch delete"));
       VC_RETURN_IF_ERROR(FromRocks(batch.Delete(MetaKey(k)), "batch delete"));
     }
-    return FromRocks(db->Write(sync_write, &batch), absl::StrCat("deleting in ", options.path));
+    return FromRocks(TimedWrite(batch), absl::StrCat("deleting in ", options.path));
   }
 
   // Deletes `key` if it has expired; true if it did.
@@ -272,7 +282,7 @@ struct KvStore::Impl {
       metas.emplace_back(k, m);
     }
     VC_RETURN_IF_ERROR(
-        FromRocks(db->Write(sync_write, &batch), absl::StrCat("committing to ", options.path)));
+        FromRocks(TimedWrite(batch), absl::StrCat("committing to ", options.path)));
     // Durable: now update the bookkeeping.
     for (const std::string& k : victims) {
       DropEntry(k);
@@ -421,7 +431,12 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& key) {
     return d->second.value;
   }
   std::string value;
+  const auto read_start = std::chrono::steady_clock::now();
   const rocksdb::Status s = m.db->Get(rocksdb::ReadOptions(), DataKey(key), &value);
+  if (m.options.on_disk_read) {
+    m.options.on_disk_read(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count());
+  }
   if (s.IsNotFound()) {
     return absl::DataLossError("KvStore: metadata present but value missing on disk");
   }

@@ -51,6 +51,11 @@ struct KvStoreOptions {
   // Wall clock in milliseconds since the epoch, for TTL; null: the system
   // clock. Tests inject a fake one.
   std::function<int64_t()> clock_ms;
+  // Observers of RocksDB latency (seconds of one value read from disk, of one
+  // committed write batch), e.g. for metrics. Called with the store's mutex
+  // held: keep them cheap. Null: not observed.
+  std::function<void(double)> on_disk_read;
+  std::function<void(double)> on_disk_write;
 };
 
 // Where a key was found.

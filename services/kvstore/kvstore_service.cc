@@ -69,6 +69,18 @@ KvStoreService::KvStoreService(KvStore* store, metrics::Registry* registry) : st
                                           "Entries evicted from DRAM or disk, or expired."),
                      "register vericache_kvstore_evictions_total")
                     ->Get();
+  link_bytes_ = Must(registry->AddCounter("vericache_link_bytes_total",
+                                          "Chunk bytes sent by the data plane, by link class.",
+                                          {"link"}),
+                     "register vericache_link_bytes_total");
+  link_busy_ = Must(registry->AddCounter("vericache_link_busy_seconds_total",
+                                         "Seconds a link class was sending (utilisation = rate).",
+                                         {"link"}),
+                    "register vericache_link_busy_seconds_total");
+  link_capacity_ = Must(registry->AddGauge("vericache_link_capacity_bytes_per_second",
+                                           "Paced bandwidth of a link class (0: unpaced).",
+                                           {"link"}),
+                        "register vericache_link_capacity_bytes_per_second");
   RefreshStoreMetrics();
 }
 
@@ -87,6 +99,22 @@ void KvStoreService::RefreshStoreMetrics() {
   last_hits_ = std::max(last_hits_, hits);
   last_misses_ = std::max(last_misses_, s.misses);
   last_evictions_ = std::max(last_evictions_, evictions);
+  if (data_plane_ != nullptr) {
+    for (const transport::LinkClass link : {transport::LinkClass::kFast, transport::LinkClass::kSlow}) {
+      const int i = link == transport::LinkClass::kFast ? 0 : 1;
+      const transport::LinkStats ls = data_plane_->Stats(link);
+      const char* name = transport::LinkClassName(link);
+      if (ls.bytes_total > last_link_bytes_[i]) {
+        link_bytes_->Labels({name}).Inc(static_cast<double>(ls.bytes_total - last_link_bytes_[i]));
+        last_link_bytes_[i] = ls.bytes_total;
+      }
+      if (ls.busy_seconds > last_link_busy_[i]) {
+        link_busy_->Labels({name}).Inc(ls.busy_seconds - last_link_busy_[i]);
+        last_link_busy_[i] = ls.busy_seconds;
+      }
+      link_capacity_->Labels({name}).Set(ls.capacity_bytes_per_second);
+    }
+  }
 }
 
 template <typename Body>
@@ -220,6 +248,23 @@ grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
     resp->set_dram_evictions(s.dram_evictions);
     resp->set_disk_evictions(s.disk_evictions);
     resp->set_expirations(s.expirations);
+    if (data_plane_ != nullptr) {
+      resp->set_data_plane(data_plane_->kind());
+      resp->set_data_address(data_plane_->address());
+      for (const transport::LinkClass link :
+           {transport::LinkClass::kFast, transport::LinkClass::kSlow}) {
+        const transport::LinkStats ls = data_plane_->Stats(link);
+        pb::LinkStat* out = resp->add_links();
+        out->set_link(transport::LinkClassName(link));
+        out->set_bytes_total(ls.bytes_total);
+        out->set_fetches(ls.fetches);
+        out->set_busy_seconds(ls.busy_seconds);
+        out->set_capacity_bytes_per_second(ls.capacity_bytes_per_second);
+        out->set_slot_seconds(ls.slots.slot_seconds);
+        out->set_first_slot(ls.slots.first_slot);
+        for (const int64_t b : ls.slots.bytes_per_slot) out->add_bytes_per_slot(b);
+      }
+    }
     return absl::OkStatus();
   });
 }

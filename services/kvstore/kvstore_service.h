@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "common/kvstore/kv_store.h"
+#include "common/transport/data_plane.h"
 #include "common/metrics/metrics.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
@@ -64,8 +65,13 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
                                  const vericache::v1::StatRequest* req,
                                  vericache::v1::StatResponse* resp) override;
 
-  // Refreshes the tier gauges and the hit/miss/eviction counters from the
-  // store's Stats().
+  // The data plane serving this store's chunk bytes: Stat advertises it and
+  // reports its per-link counters. Must outlive the service.
+  void AttachDataPlane(transport::DataPlaneServer* data_plane) { data_plane_ = data_plane; }
+
+  // Refreshes the tier gauges, the hit/miss/eviction counters (from the
+  // store's Stats()) and the data plane's link counters. The daemon also
+  // calls it periodically, since data-plane traffic bypasses the RPCs.
   void RefreshStoreMetrics();
 
  private:
@@ -82,11 +88,17 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
   metrics::Counter* hits_;
   metrics::Counter* misses_;
   metrics::Counter* evictions_;
+  metrics::CounterFamily* link_bytes_;
+  metrics::CounterFamily* link_busy_;
+  metrics::GaugeFamily* link_capacity_;
+  transport::DataPlaneServer* data_plane_ = nullptr;
 
   std::mutex mu_;  // guards the last_* snapshot used for counter deltas
   int64_t last_hits_ = 0;
   int64_t last_misses_ = 0;
   int64_t last_evictions_ = 0;
+  int64_t last_link_bytes_[2] = {0, 0};
+  double last_link_busy_[2] = {0, 0};
 };
 
 }  // namespace vc::kvstore

@@ -1,24 +1,31 @@
-// `vc-kvstore`: the KV chunk store daemon (DESIGN.md section 7). First cut:
-// gRPC control plane (vericache.v1.KvStore) with chunk bytes in the messages,
-// grpc.health.v1, and Prometheus /metrics. SIGTERM/SIGINT drain: health goes
-// NOT_SERVING, the server shuts down with a deadline, exit 0.
+// `vc-kvstore`: the KV chunk store daemon (DESIGN.md section 7): gRPC
+// control plane (vericache.v1.KvStore), a data plane (TCP or UCX) that
+// workers fetch chunk bytes over, paced per link class, grpc.health.v1, and
+// Prometheus /metrics. SIGTERM/SIGINT drain: health goes NOT_SERVING, the
+// server shuts down with a deadline, exit 0.
 // Exit codes: 0 ok, 1 runtime failure, 2 bad flags.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/flags.h"
 #include "common/kvstore/kv_store.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
+#include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "services/kvstore/kvstore_service.h"
@@ -37,6 +44,13 @@ struct Options {
   int64_t ttl_seconds = 0;
   std::string metrics_listen = "127.0.0.1:9470";
   int64_t max_message_bytes = int64_t{64} << 20;
+  std::string data_plane = "tcp";
+  std::string data_listen = "127.0.0.1:7071";
+  double fast_link_bytes_per_second = 0;
+  double slow_link_bytes_per_second = 0;
+  double fast_link_latency_ms = 0;
+  double slow_link_latency_ms = 0;
+  double link_slot_seconds = 0.05;
 };
 
 // Splits "host:port" at the last ':'; port must be 0..65535.
@@ -80,6 +94,19 @@ int main(int argc, char** argv) {
             "Prometheus /metrics address (port 0 picks one; empty disables)");
   flags.Add("--max-message-bytes", &opts.max_message_bytes, "N",
             "largest gRPC message sent or received");
+  flags.Add("--data-plane", &opts.data_plane, "tcp|ucx", "transport for chunk bytes");
+  flags.Add("--data-listen", &opts.data_listen, "HOST:PORT",
+            "data plane address (port 0 picks a free one)");
+  flags.Add("--fast-link-bytes-per-second", &opts.fast_link_bytes_per_second, "N",
+            "pace the store->verifier link (0: unpaced)");
+  flags.Add("--slow-link-bytes-per-second", &opts.slow_link_bytes_per_second, "N",
+            "pace the store->drafter link (0: unpaced)");
+  flags.Add("--fast-link-latency-ms", &opts.fast_link_latency_ms, "X",
+            "latency added to each store->verifier response");
+  flags.Add("--slow-link-latency-ms", &opts.slow_link_latency_ms, "X",
+            "latency added to each store->drafter response");
+  flags.Add("--link-slot-seconds", &opts.link_slot_seconds, "X",
+            "width of the data plane's per-slot byte counters");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return BadFlags(std::string(s.message()));
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -91,6 +118,20 @@ int main(int argc, char** argv) {
   if (opts.ttl_seconds < 0) return BadFlags("--ttl-seconds must be >= 0");
   if (opts.max_message_bytes <= 0 || opts.max_message_bytes > INT_MAX) {
     return BadFlags(absl::StrCat("--max-message-bytes must be in [1, ", INT_MAX, "]"));
+  }
+  if (opts.fast_link_bytes_per_second < 0 || opts.slow_link_bytes_per_second < 0) {
+    return BadFlags("link bandwidths must be >= 0");
+  }
+  if (opts.fast_link_latency_ms < 0 || opts.slow_link_latency_ms < 0) {
+    return BadFlags("link latencies must be >= 0");
+  }
+  if (!(opts.link_slot_seconds > 0)) return BadFlags("--link-slot-seconds must be > 0");
+  {
+    const auto kinds = vc::transport::DataPlaneKinds();
+    if (std::find(kinds.begin(), kinds.end(), opts.data_plane) == kinds.end()) {
+      return BadFlags(absl::StrCat("--data-plane: unknown '", opts.data_plane,
+                                   "' (choose from: ", absl::StrJoin(kinds, ", "), ")"));
+    }
   }
   std::string listen_host;
   int listen_port = 0;
@@ -121,14 +162,41 @@ int main(int argc, char** argv) {
   store_opts.disk_budget_bytes = opts.disk_budget_bytes;
   store_opts.dram_budget_bytes = opts.dram_budget_bytes;
   store_opts.ttl_seconds = opts.ttl_seconds;
+  // The registry outlives the store (declared first), so the latency
+  // observers may record into it.
+  vc::metrics::Registry registry;
+  auto read_hist = registry.AddHistogram("vericache_kvstore_rocksdb_read_seconds",
+                                         "Seconds per value read from RocksDB (DRAM misses).", {},
+                                         {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1});
+  auto write_hist = registry.AddHistogram("vericache_kvstore_rocksdb_write_seconds",
+                                          "Seconds per committed RocksDB write batch (fsync included).",
+                                          {}, {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1});
+  if (!read_hist.ok() || !write_hist.ok()) return Fail("cannot register the RocksDB histograms");
+  vc::metrics::Histogram* read_seconds = &(*read_hist)->Get();
+  vc::metrics::Histogram* write_seconds = &(*write_hist)->Get();
+  store_opts.on_disk_read = [read_seconds](double s) { read_seconds->Observe(s); };
+  store_opts.on_disk_write = [write_seconds](double s) { write_seconds->Observe(s); };
   auto store = vc::kvstore::KvStore::Open(store_opts);
   if (!store.ok()) return Fail(store.status().ToString());
 
-  vc::metrics::Registry registry;
   if (absl::Status s = vc::metrics::RegisterBuildInfo(registry, kVersion); !s.ok()) {
     return Fail(s.ToString());
   }
   vc::kvstore::KvStoreService service(store->get(), &registry);
+
+  vc::transport::DataPlaneServerOptions dp_opts;
+  dp_opts.kind = opts.data_plane;
+  dp_opts.listen = opts.data_listen;
+  dp_opts.fast.bytes_per_second = opts.fast_link_bytes_per_second;
+  dp_opts.slow.bytes_per_second = opts.slow_link_bytes_per_second;
+  dp_opts.fast.latency_seconds = opts.fast_link_latency_ms / 1000.0;
+  dp_opts.slow.latency_seconds = opts.slow_link_latency_ms / 1000.0;
+  dp_opts.slot_seconds = opts.link_slot_seconds;
+  vc::kvstore::KvStore* raw_store = store->get();
+  auto data_plane = vc::transport::DataPlaneServer::Create(
+      dp_opts, [raw_store](const std::string& key) { return raw_store->Get(key); });
+  if (!data_plane.ok()) return Fail(data_plane.status().ToString());
+  service.AttachDataPlane(data_plane->get());
 
   std::unique_ptr<vc::metrics::MetricsServer> metrics_server;
   if (!opts.metrics_listen.empty()) {
@@ -154,7 +222,19 @@ int main(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(true);
 
-  std::string line = absl::StrCat(kName, " listening on ", listen_host, ":", bound_port);
+  // Data-plane traffic bypasses the RPCs: refresh its metrics on a timer.
+  std::mutex refresher_mu;
+  std::condition_variable refresher_cv;
+  bool stopping = false;
+  std::thread refresher([&] {
+    std::unique_lock<std::mutex> lock(refresher_mu);
+    while (!refresher_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping; })) {
+      service.RefreshStoreMetrics();
+    }
+  });
+
+  std::string line = absl::StrCat(kName, " listening on ", listen_host, ":", bound_port, " data ",
+                                   opts.data_plane, " ", (*data_plane)->address());
   if (metrics_server) {
     absl::StrAppend(&line, " metrics ", metrics_host, ":", metrics_server->port());
   } else {
@@ -171,6 +251,13 @@ int main(int argc, char** argv) {
   if (health != nullptr) health->SetServingStatus(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(kShutdownDeadlineS));
   server->Wait();
+  {
+    std::lock_guard<std::mutex> lock(refresher_mu);
+    stopping = true;
+  }
+  refresher_cv.notify_all();
+  refresher.join();
+  data_plane->reset();
   if (metrics_server) metrics_server->Stop();
   const auto drain_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::steady_clock::now() - drain_start)

@@ -90,17 +90,20 @@ class Daemon {
       }
       line.append(buf, static_cast<size_t>(n));
     }
-    // "vc-kvstore listening on HOST:PORT metrics HOST:PORT"
+    // "vc-kvstore listening on HOST:PORT data KIND HOST:PORT metrics HOST:PORT"
     const std::string kListening = "vc-kvstore listening on ";
+    const std::string kData = " data ";
     const std::string kMetrics = " metrics ";
     const size_t at = line.find(kListening);
+    const size_t data = line.find(kData);
     const size_t mid = line.find(kMetrics);
     const size_t end = line.find('\n');
-    if (at == std::string::npos || mid == std::string::npos || mid < at) {
+    if (at == std::string::npos || data == std::string::npos || mid == std::string::npos ||
+        data < at || mid < data) {
       *error = "unexpected listening line: " + line;
       return false;
     }
-    grpc_addr_ = line.substr(at + kListening.size(), mid - at - kListening.size());
+    grpc_addr_ = line.substr(at + kListening.size(), data - at - kListening.size());
     const std::string metrics = line.substr(mid + kMetrics.size(), end - mid - kMetrics.size());
     const size_t colon = metrics.rfind(':');
     if (colon == std::string::npos || grpc_addr_.find(':') == std::string::npos) {
@@ -174,8 +177,9 @@ class KvStoreDaemonTest : public ::testing::Test {
   void StartDaemon(const std::vector<std::string>& extra_args = {}) {
     daemon_ = std::make_unique<Daemon>();
     std::string error;
-    std::vector<std::string> args = {"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                                     "--data-dir", data_dir_ + "/db"};
+    std::vector<std::string> args = {"--listen",         "127.0.0.1:0", "--metrics-listen",
+                                     "127.0.0.1:0",      "--data-listen", "127.0.0.1:0",
+                                     "--data-dir",       data_dir_ + "/db"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     ASSERT_TRUE(daemon_->Start(args, &error)) << error;
     grpc::ChannelArguments channel_args;

@@ -1,0 +1,229 @@
+// The draft/verify protocol (DESIGN.md section 3) split across two machines:
+// a VerifySession lives on a verifier worker, a DraftSession on a drafter
+// worker, and the coordinator carries tokens and exact K/V rows between them.
+// SpeculativeRequest (common/speculative) runs the same protocol in one
+// process; this split form is what the daemons run.
+//
+// Positions. The prompt P has n tokens; its first L (the stored prefix, a
+// whole number of chunks, L <= n - 1) come from the KV store; the rest, the
+// suffix P[L:n], is computed by the workers. Both sessions keep the tokens at
+// positions [L, ...) themselves.
+//
+// Verifier. The exact K/V of positions [L, committed) live in the session's
+// tail; the prefix's full K/V [0, L) is attached only while a pass runs (it is
+// reloaded from the store for each verify, or shared by the requests of one
+// prefix-aware batch, or kept resident for plain full-KV decoding). The
+// unverified tokens U (the suffix in the first round, then the pending token
+// p) are run together with drafts d1..dx in one pass; d_i is accepted while it
+// equals the verifier's own choice t_i* at its position; the pass emits
+// d1..dj and t_(j+1)* (correction or bonus), keeps the K/V of [U, d1..dj] and
+// returns those rows for KV refresh.
+//
+// Drafter. Attends over a prefix view (compressed for vericache/lossy, full
+// for full_remote) plus an exact-precision tail, drafts ahead of the verified
+// sequence up to a lookahead (x plus speculative continuation), and on Commit
+// keeps the drafts that agree with the verified tokens (all of the next
+// window survives when every draft and the bonus matched), rolls back the
+// rest, and overwrites (or extends) its tail with the verifier's exact rows.
+//
+// Token choice is SampleToken/Argmax at the token's absolute position, as in
+// full-KV decoding, so greedy and seeded sampling are bit-identical to it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "common/engine/kv_cache.h"
+#include "common/kv/kv_arena.h"
+#include "common/sampling/sampler.h"
+#include "common/speculative/draft_verify.h"
+
+namespace vc::cluster {
+
+// A sequence's KV made of a shared, read-only full prefix [0, L) and the
+// sequence's own exact tail [L, ...). Attention over it is bit-identical to
+// attention over one PagedKvCache holding both (per-key scores are
+// independent; value mixing continues the same FMA chain across the split).
+class PrefixTailKv final : public SequenceKv {
+ public:
+  // `prefix` may be null when prefix_len == 0. The tail is charged to `arena`.
+  PrefixTailKv(const ModelConfig& config, std::shared_ptr<const PagedKvCache> prefix,
+               int32_t prefix_len, int32_t max_tokens = 0, KvArena* arena = nullptr);
+
+  int32_t next_position() const override { return tail_.next_position(); }
+  absl::Status Append(int32_t count) override { return tail_.Append(count); }
+  void Truncate(int32_t length) override { tail_.Truncate(length); }
+  void Write(int layer, int32_t pos, const float* k, const float* v) override {
+    tail_.Write(layer, pos, k, v);
+  }
+  KeyRange Keys(int layer, int kv_head, int32_t min_pos, int32_t max_pos) const override;
+  void Scores(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
+              const float* q, float scale, float* scores) const override;
+  void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
+                 const float* p, float* out) const override;
+
+  // Swaps the prefix (the verifier attaches it for a pass and drops it after).
+  void set_prefix(std::shared_ptr<const PagedKvCache> prefix) { prefix_ = std::move(prefix); }
+  bool has_prefix() const { return prefix_len_ == 0 || prefix_ != nullptr; }
+  int32_t prefix_len() const { return prefix_len_; }
+  PagedKvCache& tail() { return tail_; }
+  const PagedKvCache& tail() const { return tail_; }
+
+ private:
+  std::shared_ptr<const PagedKvCache> prefix_;
+  int32_t prefix_len_;
+  PagedKvCache tail_;
+};
+
+struct SessionSampling {
+  SamplingMode mode = SamplingMode::kGreedy;  // kRejection is not supported here
+  SamplingParams params;
+  absl::Status Validate() const;
+  // The token full-KV decoding picks from `logits` at absolute `position`.
+  int32_t Choose(std::span<const float> logits, int64_t position) const;
+};
+
+// ---------------------------------------------------------------- verifier
+
+struct VerifySessionOptions {
+  SessionSampling sampling;
+  KvArena* tail_arena = nullptr;  // charged for the exact tail
+};
+
+struct VerifyOutcome {
+  int32_t accepted = 0;         // j
+  std::vector<int32_t> tokens;  // d1..dj, then the correction or bonus token
+  int32_t refresh_first = 0;    // positions whose exact K/V the pass kept
+  int32_t refresh_count = 0;
+};
+
+class VerifySession {
+ public:
+  // InvalidArgument for an empty prompt, prefix_len outside [0, n - 1], ids
+  // outside the vocabulary, or a prompt longer than the context.
+  static absl::StatusOr<std::unique_ptr<VerifySession>> Create(const ModelConfig& config,
+                                                               std::vector<int32_t> prompt,
+                                                               int32_t prefix_len,
+                                                               const VerifySessionOptions& options);
+
+  // The prefix's full K/V for the next pass(es); must hold exactly [0, L).
+  absl::Status AttachPrefix(std::shared_ptr<const PagedKvCache> prefix);
+  void DetachPrefix() { kv_.set_prefix(nullptr); }
+  bool has_prefix() const { return kv_.has_prefix(); }
+
+  // The pass input for [U, drafts] (drafts may be empty: one full-KV decode
+  // step). FailedPrecondition without an attached prefix or with a pass in
+  // flight; InvalidArgument for ids outside the vocabulary; OutOfRange past
+  // the context. The returned input points into the session.
+  absl::StatusOr<SequenceInput> BeginPass(std::span<const int32_t> drafts);
+  // Consumes the pass's logit rows (|drafts| + 1 rows, in order).
+  absl::StatusOr<VerifyOutcome> FinishPass(std::span<const float> rows);
+  // Rolls back a pass whose Forward failed.
+  void AbortPass();
+
+  // Encodes the exact K/V of positions [first, first + count) in the chunk
+  // wire format (common/kvstore/chunk_codec.h).
+  absl::StatusOr<std::string> EncodeRows(int32_t first, int32_t count) const;
+
+  int32_t prefix_len() const { return kv_.prefix_len(); }
+  int32_t prompt_len() const { return static_cast<int32_t>(prompt_.size()); }
+  // Positions with exact K/V (one past the last).
+  int32_t committed() const { return kv_.next_position(); }
+  const std::vector<int32_t>& unverified() const { return unverified_; }
+  int64_t tail_bytes() const { return kv_.tail().bytes(); }
+
+ private:
+  VerifySession(const ModelConfig& config, std::vector<int32_t> prompt, int32_t prefix_len,
+                const VerifySessionOptions& options);
+
+  const ModelConfig& config_;
+  std::vector<int32_t> prompt_;
+  VerifySessionOptions options_;
+  PrefixTailKv kv_;
+  std::vector<int32_t> unverified_;  // U: tokens at [committed, ...) not yet run
+  std::vector<int32_t> pass_input_;  // [U, drafts] of the pass in flight
+  bool in_pass_ = false;
+};
+
+// Runs one verify pass for several sessions in a single Forward call (their
+// prefixes must be attached). Results are per session, in order; a session
+// whose input is invalid fails alone, the others still run.
+std::vector<absl::StatusOr<VerifyOutcome>> RunVerifyPass(
+    Engine& engine, std::span<VerifySession* const> sessions,
+    std::span<const std::vector<int32_t>> drafts);
+
+// ----------------------------------------------------------------- drafter
+
+struct DraftSessionOptions {
+  SessionSampling sampling;
+  // Drafts never land at positions >= end_position (prompt + max new tokens);
+  // 0: the context length.
+  int32_t end_position = 0;
+  int lookahead = 8;  // drafts kept ready beyond the verified sequence
+};
+
+struct CommitOutcome {
+  int32_t surviving_drafts = 0;  // drafts kept past the committed tokens
+  int32_t rolled_back = 0;       // drafts thrown away
+  int32_t refreshed_rows = 0;    // rows overwritten or appended from the refresh
+};
+
+class DraftSession {
+ public:
+  // `kv` holds the prefix view [0, prefix_len) and nothing else yet.
+  static absl::StatusOr<std::unique_ptr<DraftSession>> Create(const ModelConfig& config,
+                                                              std::vector<int32_t> prompt,
+                                                              std::unique_ptr<SequenceKv> kv,
+                                                              int32_t prefix_len,
+                                                              const DraftSessionOptions& options);
+
+  // True when a draft step would add a draft (below the lookahead and the
+  // end position).
+  bool wants_step() const;
+  // The next step's input: every known token not yet in the KV, logits for
+  // the last one. Only when wants_step().
+  SequenceInput BeginStep();
+  absl::Status FinishStep(std::span<const float> last_row);
+  void AbortStep();
+
+  // Drafts after the verified sequence, and the position of the first.
+  std::span<const int32_t> drafts() const;
+  int32_t verified_end() const { return verified_end_; }
+  void set_lookahead(int lookahead) { options_.lookahead = lookahead; }
+  int lookahead() const { return options_.lookahead; }
+
+  // Extends the verified sequence by `tokens` (the verifier's accepted drafts
+  // and its correction/bonus token). `refresh` (may be empty) is the exact
+  // K/V of consecutive verified positions in the chunk wire format.
+  absl::StatusOr<CommitOutcome> Commit(std::span<const int32_t> tokens, const std::string& refresh);
+
+  int32_t prefix_len() const { return prefix_len_; }
+  int32_t kv_next_position() const { return kv_->next_position(); }
+  SequenceKv& kv() { return *kv_; }
+
+ private:
+  DraftSession(const ModelConfig& config, std::vector<int32_t> prompt,
+               std::unique_ptr<SequenceKv> kv, int32_t prefix_len,
+               const DraftSessionOptions& options);
+  absl::Status CheckRefresh(const std::string& refresh, int32_t verified_end) const;
+  absl::StatusOr<int32_t> ApplyRefresh(const std::string& refresh);
+  int32_t known_end() const { return prefix_len_ + static_cast<int32_t>(seq_.size()); }
+
+  const ModelConfig& config_;
+  std::unique_ptr<SequenceKv> kv_;
+  int32_t prefix_len_;
+  DraftSessionOptions options_;
+  // Tokens at positions [L, ...): prompt suffix, verified output, then drafts.
+  std::vector<int32_t> seq_;
+  int32_t verified_end_;  // absolute position one past the verified tokens
+  std::vector<int32_t> step_input_;
+  bool in_step_ = false;
+};
+
+}  // namespace vc::cluster

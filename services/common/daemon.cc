@@ -1,0 +1,175 @@
+#include "services/common/daemon.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/metrics/metrics_server.h"
+#include "common/rpc/rpc.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace vc::daemon {
+
+int BadFlags(const std::string& name, const std::string& message) {
+  std::fprintf(stderr, "%s: %s (see %s --help)\n", name.c_str(), message.c_str(), name.c_str());
+  return 2;
+}
+
+int Fail(const std::string& name, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", name.c_str(), message.c_str());
+  return 1;
+}
+
+absl::Status ValidateServerOptions(const ServerOptions& options) {
+  std::string host;
+  int port = 0;
+  if (absl::Status s = rpc::SplitHostPort("--listen", options.listen, &host, &port); !s.ok()) {
+    return s;
+  }
+  if (!options.metrics_listen.empty()) {
+    if (absl::Status s = rpc::SplitHostPort("--metrics-listen", options.metrics_listen, &host, &port);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (options.max_message_bytes <= 0 || options.max_message_bytes > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-message-bytes must be in [1, ", INT_MAX, "]"));
+  }
+  return absl::OkStatus();
+}
+
+metrics::CounterFamily* MustCounter(metrics::Registry* registry, const std::string& name,
+                                    const std::string& help, std::vector<std::string> labels) {
+  auto f = registry->AddCounter(name, help, std::move(labels));
+  VC_CHECK(f.ok(), name.c_str());
+  return *f;
+}
+
+metrics::GaugeFamily* MustGauge(metrics::Registry* registry, const std::string& name,
+                                const std::string& help, std::vector<std::string> labels) {
+  auto f = registry->AddGauge(name, help, std::move(labels));
+  VC_CHECK(f.ok(), name.c_str());
+  return *f;
+}
+
+metrics::HistogramFamily* MustHistogram(metrics::Registry* registry, const std::string& name,
+                                        const std::string& help, std::vector<std::string> labels,
+                                        std::vector<double> buckets) {
+  auto f = registry->AddHistogram(name, help, std::move(labels), std::move(buckets));
+  VC_CHECK(f.ok(), name.c_str());
+  return *f;
+}
+
+std::vector<double> SecondsBuckets() {
+  std::vector<double> b;
+  for (double v = 1e-4; v < 200; v *= 2.5) b.push_back(v);
+  return b;
+}
+
+namespace {
+sigset_t DrainSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+}  // namespace
+
+void BlockDrainSignals() {
+  const sigset_t set = DrainSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+struct Server::Impl {
+  ServerOptions options;
+  std::unique_ptr<metrics::MetricsServer> metrics;
+  std::unique_ptr<grpc::Server> grpc;
+  std::string host;
+};
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      const std::vector<grpc::Service*>& services,
+                                                      metrics::Registry* registry) {
+  if (absl::Status s = ValidateServerOptions(options); !s.ok()) return s;
+  auto server = std::unique_ptr<Server>(new Server());
+  server->impl_ = std::make_unique<Impl>();
+  Impl& impl = *server->impl_;
+  impl.options = options;
+  if (absl::Status s = metrics::RegisterBuildInfo(*registry, options.version); !s.ok()) return s;
+  std::string metrics_host;
+  if (!options.metrics_listen.empty()) {
+    int metrics_port = 0;
+    (void)rpc::SplitHostPort("--metrics-listen", options.metrics_listen, &metrics_host,
+                             &metrics_port);
+    metrics::MetricsServerOptions mopts;
+    mopts.address = metrics_host;
+    mopts.port = metrics_port;
+    auto started = metrics::MetricsServer::Start(registry, mopts);
+    if (!started.ok()) return started.status();
+    impl.metrics = std::move(*started);
+  }
+  int listen_port = 0;
+  (void)rpc::SplitHostPort("--listen", options.listen, &impl.host, &listen_port);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  impl.grpc = builder.BuildAndStart();
+  if (impl.grpc == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  if (auto* health = impl.grpc->GetHealthCheckService()) health->SetServingStatus(true);
+  std::string line = absl::StrCat(options.name, " listening on ", impl.host, ":", server->port_);
+  if (impl.metrics) {
+    absl::StrAppend(&line, " metrics ", metrics_host, ":", impl.metrics->port());
+  } else {
+    absl::StrAppend(&line, " metrics disabled");
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  return server;
+}
+
+Server::~Server() {
+  if (impl_ && impl_->grpc) {
+    impl_->grpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    impl_->grpc->Wait();
+  }
+  if (impl_ && impl_->metrics) impl_->metrics->Stop();
+}
+
+int Server::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
+
+int Server::WaitForSignalAndDrain(const std::function<void()>& before_stop) {
+  const sigset_t set = DrainSignals();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  const std::string& name = impl_->options.name;
+  std::fprintf(stderr, "%s: signal %d, draining\n", name.c_str(), sig);
+  const auto start = std::chrono::steady_clock::now();
+  if (auto* health = impl_->grpc->GetHealthCheckService()) health->SetServingStatus(false);
+  if (before_stop) before_stop();
+  impl_->grpc->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(impl_->options.shutdown_deadline_seconds));
+  impl_->grpc->Wait();
+  impl_->grpc.reset();
+  if (impl_->metrics) impl_->metrics->Stop();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::fprintf(stderr, "%s: stopped after %lld ms\n", name.c_str(), static_cast<long long>(ms));
+  return 0;
+}
+
+}  // namespace vc::daemon

@@ -1,0 +1,130 @@
+#include "services/common/store_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/rpc/rpc.h"
+
+namespace vc::daemon {
+
+namespace pb = ::vericache::v1;
+
+absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
+  if (options.control_address.empty()) {
+    return absl::InvalidArgumentError("--kvstore is required (the vc-kvstore gRPC address)");
+  }
+  auto client = std::unique_ptr<StoreClient>(new StoreClient());
+  client->options_ = options;
+  client->stub_ =
+      pb::KvStore::NewStub(rpc::MakeChannel(options.control_address, options.max_message_bytes));
+  std::string data_address = options.data_address;
+  if (data_address.empty()) {
+    // The store advertises its data plane in Stat; ask until it answers (the
+    // store may still be starting) within the timeout.
+    const auto give_up = std::chrono::steady_clock::now() + options.timeout;
+    grpc::Status last;
+    while (true) {
+      pb::StatRequest req;
+      pb::StatResponse resp;
+      auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(1000));
+      ctx->set_wait_for_ready(true);
+      last = client->stub_->Stat(ctx.get(), req, &resp);
+      if (last.ok()) {
+        if (!options.data_plane.empty() && resp.data_plane() != options.data_plane) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("vc-kvstore at ", options.control_address, " serves the '",
+                           resp.data_plane(), "' data plane, this daemon uses '",
+                           options.data_plane, "' (--data-plane)"));
+        }
+        data_address = resp.data_address();
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= give_up) {
+        return rpc::FromGrpcStatus(last, absl::StrCat("vc-kvstore ", options.control_address, " Stat"));
+      }
+    }
+  }
+  client->data_address_ = data_address;
+  if (options.data_plane.empty()) return client;
+  transport::DataPlaneClientOptions dopts;
+  dopts.kind = options.data_plane;
+  dopts.server_address = data_address;
+  dopts.link = options.link;
+  VC_ASSIGN_OR_RETURN(client->data_, transport::DataPlaneClient::Create(dopts));
+  return client;
+}
+
+absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
+    const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline) {
+  if (deadline == std::chrono::steady_clock::time_point{}) {
+    deadline = std::chrono::steady_clock::now() + options_.timeout;
+  }
+  if (data_ == nullptr) return absl::FailedPreconditionError("this store client has no data plane");
+  return data_->Fetch(keys, deadline);
+}
+
+absl::StatusOr<std::vector<bool>> StoreClient::Lookup(const std::vector<std::string>& keys) {
+  pb::LookupRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  pb::LookupResponse resp;
+  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  const grpc::Status s = stub_->Lookup(ctx.get(), req, &resp);
+  if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore Lookup");
+  if (resp.results_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError("vc-kvstore Lookup answered a different number of keys");
+  }
+  std::vector<bool> hits;
+  for (const auto& r : resp.results()) hits.push_back(r.hit());
+  return hits;
+}
+
+absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
+  pb::GetRequest req;
+  req.set_key(key);
+  pb::GetResponse resp;
+  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  const grpc::Status s = stub_->Get(ctx.get(), req, &resp);
+  if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore Get");
+  return std::move(*resp.mutable_value());
+}
+
+absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::string>>& entries) {
+  pb::BeginPutRequest begin;
+  pb::BeginPutResponse began;
+  {
+    auto ctx = rpc::ContextWithTimeout(options_.timeout);
+    const grpc::Status s = stub_->BeginPut(ctx.get(), begin, &began);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore BeginPut");
+  }
+  const uint64_t id = began.put_id();
+  auto abort = [&](absl::Status error) {
+    pb::AbortPutRequest req;
+    req.set_put_id(id);
+    pb::AbortPutResponse resp;
+    auto ctx = rpc::ContextWithTimeout(options_.timeout);
+    (void)stub_->AbortPut(ctx.get(), req, &resp);
+    return error;
+  };
+  for (const auto& [key, value] : entries) {
+    pb::StageChunkRequest req;
+    req.set_put_id(id);
+    req.set_key(key);
+    req.set_value(value);
+    pb::StageChunkResponse resp;
+    auto ctx = rpc::ContextWithTimeout(options_.timeout);
+    const grpc::Status s = stub_->StageChunk(ctx.get(), req, &resp);
+    if (!s.ok()) return abort(rpc::FromGrpcStatus(s, "vc-kvstore StageChunk"));
+  }
+  pb::CommitPutRequest req;
+  req.set_put_id(id);
+  pb::CommitPutResponse resp;
+  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  const grpc::Status s = stub_->CommitPut(ctx.get(), req, &resp);
+  if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore CommitPut");
+  return absl::OkStatus();
+}
+
+transport::ClientStats StoreClient::data_stats() const {
+  return data_ ? data_->stats() : transport::ClientStats{};
+}
+
+}  // namespace vc::daemon

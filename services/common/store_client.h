@@ -1,0 +1,61 @@
+// A daemon's connection to vc-kvstore: the gRPC control plane (lookup,
+// two-phase put, get) and the data plane (TCP or UCX) that chunk bytes are
+// fetched over, on this worker's link class (fast for verifiers, slow for
+// drafters). Every call has a deadline.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/transport/data_plane.h"
+#include "grpcpp/grpcpp.h"
+#include "vericache/v1/kvstore.grpc.pb.h"
+
+namespace vc::daemon {
+
+struct StoreClientOptions {
+  std::string control_address;  // vc-kvstore --listen
+  // Data plane: kind must match the store's --data-plane; the address comes
+  // from the store (its Stat answer) unless set here. Empty: control plane
+  // only (the coordinator), Fetch fails.
+  std::string data_plane = "tcp";
+  std::string data_address;
+  transport::LinkClass link = transport::LinkClass::kFast;
+  std::chrono::milliseconds timeout{10000};
+  int max_message_bytes = 64 << 20;
+};
+
+class StoreClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreClient>> Create(const StoreClientOptions& options);
+
+  // Values of `keys` over the data plane (DataLoss/NotFound/Unavailable as
+  // the transport reports); the deadline is the options' timeout unless
+  // `deadline` is given.
+  absl::StatusOr<std::vector<std::string>> Fetch(
+      const std::vector<std::string>& keys,
+      std::chrono::steady_clock::time_point deadline = {});
+  // Which keys the store holds (control plane).
+  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys);
+  // One value over the control plane (small entries such as manifests).
+  absl::StatusOr<std::string> Get(const std::string& key);
+  // Writes every entry in one two-phase put: all become visible at once or
+  // none (aborted on any error). Entries are staged one message each.
+  absl::Status PutAll(const std::vector<std::pair<std::string, std::string>>& entries);
+
+  transport::ClientStats data_stats() const;
+  const std::string& data_address() const { return data_address_; }
+
+ private:
+  StoreClient() = default;
+  StoreClientOptions options_;
+  std::string data_address_;
+  std::unique_ptr<vericache::v1::KvStore::Stub> stub_;
+  std::unique_ptr<transport::DataPlaneClient> data_;
+};
+
+}  // namespace vc::daemon

@@ -1,0 +1,1218 @@
+#include "services/coordinator/coordinator_service.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/compress/compressor.h"
+#include "common/sampling/sampler.h"
+#include "common/rpc/rpc.h"
+#include "services/common/daemon.h"
+
+namespace vc::coordinator {
+
+namespace pb = ::vericache::v1;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kFinishedHistory = 1024;
+
+const char* ModeName(pb::Mode mode) {
+  switch (mode) {
+    case pb::MODE_FULL_REMOTE:
+      return "full_remote";
+    case pb::MODE_FULL_LOCAL:
+      return "full_local";
+    case pb::MODE_LOSSY_REMOTE:
+      return "lossy_remote";
+    default:
+      return "vericache";
+  }
+}
+
+std::string Hex(const std::string& raw) { return absl::BytesToHexString(raw); }
+
+std::string EncodeTokens(const std::vector<int32_t>& tokens) {
+  std::string out(tokens.size() * 4, '\0');
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(tokens[i]);
+    for (int b = 0; b < 4; ++b) out[i * 4 + b] = static_cast<char>((u >> (8 * b)) & 0xff);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
+  if (bytes.size() % 4 != 0) return absl::DataLossError("corrupt prefix manifest");
+  std::vector<int32_t> out(bytes.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b) u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i * 4 + b])) << (8 * b);
+    out[i] = static_cast<int32_t>(u);
+  }
+  return out;
+}
+
+bool Retryable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInternal ||
+         s.code() == absl::StatusCode::kOutOfRange || s.code() == absl::StatusCode::kAborted ||
+         s.code() == absl::StatusCode::kResourceExhausted;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- internals
+
+struct CoordinatorService::Worker {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Verifier::Stub> verifier;
+  std::unique_ptr<pb::Drafter::Stub> drafter;
+  std::atomic<int> active{0};
+  int index = 0;
+};
+
+struct CoordinatorService::Request {
+  std::string id;
+  pb::Mode mode = pb::MODE_VERICACHE;
+  std::atomic<bool> cancelled{false};
+  std::string state = "queued";
+  std::string error;
+  std::atomic<int64_t> generated{0};
+  Clock::time_point start;
+  Clock::time_point deadline = Clock::time_point::max();
+  // True once the client has gone away (cancelled call).
+  std::function<bool()> client_gone = [] { return false; };
+  bool gone() const { return cancelled || client_gone(); }
+};
+
+struct CoordinatorService::IngestWait {
+  bool done = false;
+  absl::Status status;
+  std::condition_variable cv;
+};
+
+struct CoordinatorService::Plan {
+  pb::GenerateRequest req;
+  std::vector<int32_t> prompt;
+  int32_t prefix_tokens = 0;
+  std::vector<std::string> chunk_keys;  // raw
+  std::string prefix_key;               // hex of the last chunk key ("" if none)
+  ingest::VariantSpec variant;
+  std::string variant_key;              // raw
+  int x = 8;
+  // Placement and sessions.
+  Worker* verifier = nullptr;
+  Worker* drafter = nullptr;
+  uint64_t session = 0;
+  bool verifier_open = false;
+  bool drafter_open = false;
+  // Output.
+  std::vector<int32_t> output;
+  bool stopped_at_eos = false;
+  pb::GenerateTotals totals;
+  std::deque<int> recent_accepted;
+  bool first_token_sent = false;
+  Clock::time_point first_token_time;
+};
+
+struct CoordinatorService::Metrics {
+  metrics::CounterFamily* requests;
+  metrics::HistogramFamily* ttft;
+  metrics::HistogramFamily* tpot;
+  metrics::Histogram* accepted_per_round;
+  metrics::Counter* wasted;
+  metrics::Counter* rounds;
+  metrics::Counter* fallbacks;
+  metrics::Counter* rejections;
+  metrics::Gauge* queue_depth;
+  metrics::Gauge* active;
+  metrics::GaugeFamily* link_occupancy;
+  metrics::GaugeFamily* memory_booked;
+  metrics::Counter* scheduler_queued;
+  metrics::CounterFamily* lossless_check;
+};
+
+CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
+                                       metrics::Registry* registry)
+    : options_(options), registry_(registry), metrics_(std::make_unique<Metrics>()) {
+  Metrics& m = *metrics_;
+  m.requests = daemon::MustCounter(registry, "vericache_requests_total",
+                                   "Generate requests by mode and outcome "
+                                   "(ok, error, cancelled, rejected).",
+                                   {"mode", "outcome"});
+  m.ttft = daemon::MustHistogram(registry, "vericache_ttft_seconds",
+                                 "Time to the first verified token.", {"mode"},
+                                 daemon::SecondsBuckets());
+  m.tpot = daemon::MustHistogram(registry, "vericache_time_per_output_token_seconds",
+                                 "Mean time per output token after the first, per request.",
+                                 {"mode"}, daemon::SecondsBuckets());
+  m.accepted_per_round =
+      &daemon::MustHistogram(registry, "vericache_accepted_tokens_per_round",
+                             "Drafts accepted per verify round.", {},
+                             {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64})
+           ->Get();
+  m.wasted = &daemon::MustCounter(registry, "vericache_drafted_tokens_wasted_total",
+                                  "Drafts the verifier rejected.")
+                  ->Get();
+  m.rounds = &daemon::MustCounter(registry, "vericache_verify_rounds_total", "Verify passes.")->Get();
+  m.fallbacks = &daemon::MustCounter(registry, "vericache_fallbacks_total",
+                                     "Requests that fell back to full-KV decoding.")
+                     ->Get();
+  m.rejections = &daemon::MustCounter(registry, "vericache_admission_rejections_total",
+                                      "Generate calls refused because the queue was full.")
+                      ->Get();
+  m.queue_depth = &daemon::MustGauge(registry, "vericache_queue_depth",
+                                     "Requests waiting for admission.")
+                       ->Get();
+  m.active = &daemon::MustGauge(registry, "vericache_active_requests", "Requests running.")->Get();
+  m.link_occupancy = daemon::MustGauge(registry, "vericache_scheduler_link_occupancy_ratio",
+                                       "Booked transfer seconds / slot seconds in the current "
+                                       "slot, per link.",
+                                       {"link"});
+  m.memory_booked = daemon::MustGauge(registry, "vericache_scheduler_memory_booked_bytes",
+                                      "Transient full KV booked on a verifier in the current slot.",
+                                      {"verifier"});
+  m.scheduler_queued = &daemon::MustCounter(registry, "vericache_scheduler_queued_total",
+                                            "Admit attempts the ring scheduler answered queued.")
+                            ->Get();
+  m.lossless_check = daemon::MustCounter(registry, "vericache_lossless_check_total",
+                                         "Shadow checks of vericache output against full_local.",
+                                         {"result"});
+}
+
+CoordinatorService::~CoordinatorService() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
+    const CoordinatorOptions& options, metrics::Registry* registry) {
+  if (options.verifiers.empty()) return absl::InvalidArgumentError("--verifiers is required");
+  if (options.drafters.empty()) return absl::InvalidArgumentError("--drafters is required");
+  if (options.chunk_tokens < 1) return absl::InvalidArgumentError("--chunk-tokens must be >= 1");
+  if (options.draft_len < 1) return absl::InvalidArgumentError("--draft-len must be >= 1");
+  if (options.max_active_requests < 1 || options.max_queued_requests < 0) {
+    return absl::InvalidArgumentError(
+        "--max-active-requests must be >= 1 and --max-queued-requests >= 0");
+  }
+  if (options.lossless_check_fraction < 0 || options.lossless_check_fraction > 1) {
+    return absl::InvalidArgumentError("--lossless-check-fraction must be in [0, 1]");
+  }
+  auto service = std::unique_ptr<CoordinatorService>(new CoordinatorService(options, registry));
+  VC_ASSIGN_OR_RETURN(service->default_variants_, ingest::ParseVariantList(options.ingest_variants));
+  if (service->default_variants_.empty()) {
+    return absl::InvalidArgumentError("--ingest-variants must name at least one variant");
+  }
+  VC_RETURN_IF_ERROR(service->Connect());
+  RingSchedulerOptions ro;
+  ro.slot_seconds = options.slot_seconds;
+  ro.window_slots = options.window_slots;
+  ro.lock_step = options.lock_step;
+  // The store's NIC is one shared link per class (DESIGN.md section 6):
+  // link 0 = fast (store->verifiers), link 1 = slow (store->drafters).
+  ro.links = {RingLink{"fast", options.fast_link_bytes_per_second, RingLink::Sharing::kShared, -1},
+              RingLink{"slow", options.slow_link_bytes_per_second, RingLink::Sharing::kShared, -1}};
+  for (const auto& v : service->verifiers_) {
+    ro.gpus.push_back(RingGpu{v->address, options.verifier_memory_bytes});
+  }
+  VC_ASSIGN_OR_RETURN(service->clock_, SlotClock::Create(ro));
+  return service;
+}
+
+absl::Status CoordinatorService::Connect() {
+  daemon::StoreClientOptions so;
+  so.control_address = options_.kvstore;
+  so.timeout = options_.startup_timeout;
+  so.max_message_bytes = options_.max_message_bytes;
+  // The coordinator never fetches chunk bytes; it only needs the control
+  // plane, but the client asks the store which data plane it runs.
+  so.data_plane = "";
+  VC_ASSIGN_OR_RETURN(store_, daemon::StoreClient::Create(so));
+  std::string model;
+  auto info_of = [&](Worker& w, bool verifier) -> absl::Status {
+    pb::WorkerInfoRequest req;
+    pb::WorkerInfoResponse resp;
+    auto ctx = rpc::ContextWithTimeout(
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.startup_timeout));
+    ctx->set_wait_for_ready(true);
+    const grpc::Status s = verifier ? w.verifier->Info(ctx.get(), req, &resp)
+                                    : w.drafter->Info(ctx.get(), req, &resp);
+    if (!s.ok()) {
+      return rpc::FromGrpcStatus(s, absl::StrCat(verifier ? "verifier " : "drafter ", w.address,
+                                                 " Info"));
+    }
+    if (resp.role() != (verifier ? "verifier" : "drafter")) {
+      return absl::FailedPreconditionError(absl::StrCat(w.address, " is a ", resp.role(),
+                                                        ", listed as a ",
+                                                        verifier ? "verifier" : "drafter"));
+    }
+    if (model.empty()) {
+      model = resp.model_id();
+      VC_ASSIGN_OR_RETURN(model_id_, kvstore::ChunkKey::FromRaw(model));
+      vocab_ = resp.vocab_size();
+      context_ = resp.context_length();
+      eos_id_ = resp.eos_id();
+      kv_bytes_per_token_ = resp.kv_bytes_per_token();
+    } else if (resp.model_id() != model) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", w.address, " runs another model (id ", Hex(resp.model_id()),
+                       ", expected ", Hex(model), ")"));
+    }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < options_.verifiers.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->address = options_.verifiers[i];
+    w->index = static_cast<int>(i);
+    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes);
+    w->verifier = pb::Verifier::NewStub(w->channel);
+    VC_RETURN_IF_ERROR(info_of(*w, true));
+    verifiers_.push_back(std::move(w));
+  }
+  for (size_t i = 0; i < options_.drafters.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->address = options_.drafters[i];
+    w->index = static_cast<int>(i);
+    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes);
+    w->drafter = pb::Drafter::NewStub(w->channel);
+    VC_RETURN_IF_ERROR(info_of(*w, false));
+    drafters_.push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorService::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [id, r] : requests_) r->cancelled = true;
+  }
+  admit_cv_.notify_all();
+  // Shadow checks run on their own threads; wait for them (bounded by their
+  // requests' deadlines) before the service goes away.
+  while (shadow_checks_running_.load() > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (clock_) clock_->Stop();
+}
+
+Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
+  return std::min(r.deadline, Clock::now() + options_.rpc_timeout);
+}
+
+std::unique_ptr<grpc::ClientContext> CoordinatorService::CallContext(const Request& r) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  const auto left = CallDeadline(r) - Clock::now();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
+  return ctx;
+}
+
+// ------------------------------------------------------------- admission
+
+absl::Status CoordinatorService::Admit(Request& r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("coordinator is shutting down");
+  if (active_ >= options_.max_active_requests) {
+    if (queued_ >= options_.max_queued_requests) {
+      metrics_->rejections->Inc();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "coordinator is full: ", active_, " requests running and ", queued_,
+          " queued (--max-active-requests ", options_.max_active_requests,
+          ", --max-queued-requests ", options_.max_queued_requests, ")"));
+    }
+    ++queued_;
+    metrics_->queue_depth->Set(queued_);
+    while (!stopping_ && active_ >= options_.max_active_requests && !r.gone() &&
+           Clock::now() < r.deadline) {
+      admit_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    --queued_;
+    metrics_->queue_depth->Set(queued_);
+    if (stopping_) return absl::UnavailableError("coordinator is shutting down");
+    if (r.gone()) return absl::CancelledError("request cancelled while queued");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("deadline passed while queued");
+  }
+  ++active_;
+  metrics_->active->Set(active_);
+  r.state = "running";
+  return absl::OkStatus();
+}
+
+void CoordinatorService::Leave(Request& /*r*/) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --active_;
+    ++completed_;
+    metrics_->active->Set(active_);
+  }
+  admit_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- Generate
+
+grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
+                                          grpc::ServerWriter<pb::GenerateResponse>* writer) {
+  auto r = std::make_shared<Request>();
+  r->id = req->request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
+                                    : req->request_id();
+  r->mode = req->mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : req->mode();
+  r->start = Clock::now();
+  r->client_gone = [ctx] { return ctx->IsCancelled(); };
+  const auto grpc_deadline = ctx->deadline();
+  if (grpc_deadline != std::chrono::system_clock::time_point::max()) {
+    r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     grpc_deadline - std::chrono::system_clock::now());
+  }
+  const char* mode = ModeName(r->mode);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(r->id);
+    if (it != requests_.end() && (it->second->state == "running" || it->second->state == "queued")) {
+      return rpc::ToGrpcStatus(
+          absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running")));
+    }
+    requests_[r->id] = r;
+  }
+  struct WriterSink final : Sink {
+    grpc::ServerWriter<pb::GenerateResponse>* writer;
+    explicit WriterSink(grpc::ServerWriter<pb::GenerateResponse>* w) : writer(w) {}
+    bool Write(const pb::GenerateResponse& msg) override { return writer->Write(msg); }
+  } sink(writer);
+  std::vector<int32_t> output;
+  const absl::Status s = Serve(*req, *r, &sink, &output);
+  const char* outcome = s.ok()                                              ? "ok"
+                        : s.code() == absl::StatusCode::kCancelled          ? "cancelled"
+                        : s.code() == absl::StatusCode::kResourceExhausted ? "rejected"
+                                                                            : "error";
+  metrics_->requests->Labels({mode, outcome}).Inc();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r->state = s.ok() ? "done" : (s.code() == absl::StatusCode::kCancelled ? "cancelled" : "failed");
+    r->error = std::string(s.message());
+    finished_order_.push_back(r->id);
+    while (finished_order_.size() > kFinishedHistory) {
+      auto it = requests_.find(finished_order_.front());
+      if (it != requests_.end() && it->second->state != "running" && it->second->state != "queued") {
+        requests_.erase(it);
+      }
+      finished_order_.pop_front();
+    }
+  }
+  if (s.ok() && r->mode == pb::MODE_VERICACHE && options_.lossless_check_fraction > 0) {
+    ShadowCheck(*req, output);
+  }
+  return rpc::ToGrpcStatus(s);
+}
+
+absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& r, Sink* sink,
+                                       std::vector<int32_t>* output) {
+  if (req.deadline_ms() < 0) return absl::InvalidArgumentError("deadline_ms must be >= 0");
+  if (req.deadline_ms() > 0) {
+    r.deadline = std::min(r.deadline, Clock::now() + std::chrono::milliseconds(req.deadline_ms()));
+  }
+  VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r));
+  VC_RETURN_IF_ERROR(Admit(r));
+  absl::Status status = EnsureStored(plan, r);
+  if (status.ok()) status = Run(plan, r, sink);
+  ReleaseSessions(plan);
+  Leave(r);
+  VC_RETURN_IF_ERROR(status);
+  pb::GenerateResponse last;
+  last.set_request_id(r.id);
+  last.set_final(true);
+  pb::GenerateTotals& t = *last.mutable_totals();
+  t = plan.totals;
+  for (int32_t tok : plan.output) t.add_tokens(tok);
+  t.set_stopped_at_eos(plan.stopped_at_eos);
+  t.set_total_ms(std::chrono::duration<double, std::milli>(Clock::now() - r.start).count());
+  t.set_prefix_tokens(plan.prefix_tokens);
+  if (plan.verifier) t.set_verifier(plan.verifier->address);
+  if (plan.drafter) t.set_drafter(plan.drafter->address);
+  if (plan.output.size() > 1 && plan.first_token_sent) {
+    const double after_first =
+        std::chrono::duration<double>(Clock::now() - plan.first_token_time).count();
+    metrics_->tpot->Labels({ModeName(r.mode)})
+        .Observe(after_first / static_cast<double>(plan.output.size() - 1));
+  }
+  sink->Write(last);
+  *output = plan.output;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
+    const pb::GenerateRequest& req, Request& r) {
+  Plan plan;
+  plan.req = req;
+  if (!req.prefix_id().empty()) {
+    std::string raw;
+    const bool hex = std::all_of(req.prefix_id().begin(), req.prefix_id().end(), [](char c) {
+      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    });
+    if (req.prefix_id().size() == 64 && hex) raw = absl::HexStringToBytes(req.prefix_id());
+    if (raw.size() != 32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix_id '", req.prefix_id(), "' is not a 64-digit hex prefix id"));
+    }
+    absl::StatusOr<std::string> manifest = store_->Get(raw);
+    if (!manifest.ok()) {
+      if (manifest.status().code() == absl::StatusCode::kNotFound) {
+        return absl::NotFoundError(absl::StrCat("prefix ", req.prefix_id(),
+                                                " is not registered (vericache ingest)"));
+      }
+      return manifest.status();
+    }
+    VC_ASSIGN_OR_RETURN(plan.prompt, DecodeTokens(*manifest));
+    if (!req.prompt_ids().empty()) {
+      return absl::InvalidArgumentError("give prompt_ids or prefix_id (+ suffix_ids), not both");
+    }
+    plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
+  } else {
+    if (!req.suffix_ids().empty()) {
+      return absl::InvalidArgumentError("suffix_ids need a prefix_id");
+    }
+    plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
+  }
+  if (plan.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (size_t i = 0; i < plan.prompt.size(); ++i) {
+    if (plan.prompt[i] < 0 || plan.prompt[i] >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ", plan.prompt[i],
+                                                     ", outside the vocabulary [0, ", vocab_, ")"));
+    }
+  }
+  if (req.max_new_tokens() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", req.max_new_tokens()));
+  }
+  if (static_cast<int64_t>(plan.prompt.size()) + req.max_new_tokens() > context_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", plan.prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
+        ") exceeds the model's context of ", context_, " tokens"));
+  }
+  if (req.sampling().mode() == pb::SamplingConfig::REJECTION) {
+    return absl::InvalidArgumentError(
+        "rejection sampling is not served by the cluster; use greedy or seeded sampling");
+  }
+  if (req.sampling().mode() == pb::SamplingConfig::SEEDED) {
+    SamplingParams sp;
+    sp.temperature = req.sampling().temperature();
+    sp.top_k = req.sampling().top_k();
+    sp.top_p = req.sampling().top_p() == 0.0f ? 1.0f : req.sampling().top_p();
+    sp.seed = req.sampling().seed();
+    VC_RETURN_IF_ERROR(sp.Validate());
+    if (sp.temperature <= 0.0f) {
+      return absl::InvalidArgumentError("seeded sampling needs a temperature > 0");
+    }
+  }
+  if (req.draft_len() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("draft_len must be >= 0, got ", req.draft_len()));
+  }
+  plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
+  // The compressed variant the drafter uses.
+  if (!req.compressor().empty()) {
+    if (req.ratio() < 0 || req.ratio() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("ratio must be in (0, 1], got ", req.ratio()));
+    }
+    plan.variant.compressor.name = req.compressor();
+    plan.variant.compressor.ratio = req.ratio();
+    plan.variant.compressor.bits = req.bits();
+    VC_RETURN_IF_ERROR(CreateCompressor(plan.variant.compressor).status());
+  } else {
+    if (req.ratio() != 0 || req.bits() != 0) {
+      return absl::InvalidArgumentError("ratio/bits need a compressor");
+    }
+    plan.variant = default_variants_.front();
+  }
+  // The stored prefix and its keys.
+  plan.prefix_tokens =
+      ingest::StoredPrefixTokens(static_cast<int32_t>(plan.prompt.size()), options_.chunk_tokens);
+  if (plan.prefix_tokens > 0) {
+    kvstore::ChunkKeyOptions ko;
+    ko.chunk_tokens = options_.chunk_tokens;
+    ko.tenant_salt = req.tenant_salt();
+    VC_ASSIGN_OR_RETURN(auto keys, kvstore::ChunkKeysForTokens(
+                                       ko, model_id_,
+                                       absl::MakeConstSpan(plan.prompt).first(plan.prefix_tokens)));
+    for (const auto& k : keys) plan.chunk_keys.push_back(k.Raw());
+    plan.prefix_key = keys.back().Hex();
+    VC_ASSIGN_OR_RETURN(kvstore::ChunkKey vk, ingest::VariantKeyFor(keys.back(), plan.variant));
+    plan.variant_key = vk.Raw();
+  }
+  plan.session = next_session_.fetch_add(1);
+  (void)r;
+  return plan;
+}
+
+absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
+  if (plan.prefix_tokens == 0) return absl::OkStatus();
+  // The chunks and the request's variant (every mode ingests both, so a
+  // later request over the same prefix finds its variant too).
+  std::vector<std::string> keys = plan.chunk_keys;
+  keys.push_back(plan.variant_key);
+  // One ingest per (prefix, variant) at a time; the others wait for it and
+  // look again (a failed or narrower ingest is retried by the waiter).
+  const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys));
+    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) return absl::OkStatus();
+    std::shared_ptr<IngestWait> wait;
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& slot = ingesting_[ingest_key];
+      if (slot == nullptr) {
+        slot = std::make_shared<IngestWait>();
+        mine = true;
+      }
+      wait = slot;
+    }
+    if (!mine) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!wait->cv.wait_until(lock, CallDeadline(r) + options_.rpc_timeout,
+                               [&] { return wait->done; })) {
+        return absl::DeadlineExceededError("waiting for another request's ingest of this prefix");
+      }
+      continue;
+    }
+    absl::Status status = [&]() -> absl::Status {
+      // Ingest on the verifier this prefix is placed on.
+      Worker& v = *verifiers_[std::hash<std::string>{}(plan.prefix_key) % verifiers_.size()];
+      pb::IngestRequest req;
+      for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
+      req.set_chunk_tokens(options_.chunk_tokens);
+      req.set_tenant_salt(plan.req.tenant_salt());
+      // The requested variant plus the configured defaults (without a
+      // duplicate of it).
+      std::string variants = options_.ingest_variants;
+      if (!plan.req.compressor().empty()) {
+        const CompressorOptions& c = plan.variant.compressor;
+        std::string spec = c.name;
+        auto compressor = CreateCompressor(c);
+        if (compressor.ok() && (*compressor)->info().takes_ratio) absl::StrAppend(&spec, ":", c.ratio);
+        if (compressor.ok() && (*compressor)->info().takes_bits && c.bits > 0) {
+          absl::StrAppend(&spec, ":", c.bits);
+        }
+        const bool merged = ingest::ParseVariantList(absl::StrCat(spec, ",", variants)).ok();
+        variants = merged ? absl::StrCat(spec, ",", variants) : spec;
+      }
+      req.set_variants(variants);
+      pb::IngestResponse resp;
+      auto ctx = rpc::ContextWithTimeout(
+          std::chrono::duration_cast<std::chrono::milliseconds>(options_.rpc_timeout * 6));
+      const grpc::Status s = v.verifier->Ingest(ctx.get(), req, &resp);
+      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest"));
+      bool has_variant = false;
+      for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
+      if (!has_variant) {
+        return absl::InternalError(absl::StrCat("ingest did not produce the variant ",
+                                                plan.variant.compressor.name));
+      }
+      plan.totals.set_ingested(true);
+      return absl::OkStatus();
+    }();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      wait->done = true;
+      wait->status = status;
+      ingesting_.erase(ingest_key);
+    }
+    wait->cv.notify_all();
+    return status;
+  }
+  return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
+}
+
+// ------------------------------------------------------------------ rounds
+
+bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>& tokens,
+                              const pb::RoundStats& round,
+                              Sink* writer) {
+  pb::GenerateResponse msg;
+  msg.set_request_id(r.id);
+  *msg.mutable_round() = round;
+  bool done = false;
+  for (int32_t t : tokens) {
+    plan.output.push_back(t);
+    msg.add_tokens(t);
+    if (t == eos_id_ && !plan.req.ignore_eos()) {
+      plan.stopped_at_eos = true;
+      done = true;
+      break;
+    }
+    if (static_cast<int64_t>(plan.output.size()) >= plan.req.max_new_tokens()) {
+      done = true;
+      break;
+    }
+  }
+  r.generated = static_cast<int64_t>(plan.output.size());
+  if (!plan.first_token_sent && msg.tokens_size() > 0) {
+    plan.first_token_sent = true;
+    plan.first_token_time = Clock::now();
+    const double ttft = std::chrono::duration<double>(plan.first_token_time - r.start).count();
+    plan.totals.set_ttft_ms(ttft * 1000);
+    metrics_->ttft->Labels({ModeName(r.mode)}).Observe(ttft);
+  }
+  if (!writer->Write(msg)) r.cancelled = true;  // the receiver is gone
+  return !done;
+}
+
+absl::Status CoordinatorService::Run(Plan& plan, Request& r,
+                                     Sink* writer) {
+  // Placement: the verifier by prefix (requests over one prefix meet there),
+  // the least loaded drafter.
+  plan.verifier = verifiers_[plan.prefix_key.empty()
+                                 ? plan.session % verifiers_.size()
+                                 : std::hash<std::string>{}(plan.prefix_key) % verifiers_.size()]
+                      .get();
+  plan.drafter = drafters_[0].get();
+  for (auto& d : drafters_) {
+    if (d->active.load() < plan.drafter->active.load()) plan.drafter = d.get();
+  }
+  switch (r.mode) {
+    case pb::MODE_FULL_LOCAL:
+      plan.drafter = nullptr;
+      return RunVerifierOnly(plan, r, writer, false);
+    case pb::MODE_FULL_REMOTE:
+    case pb::MODE_LOSSY_REMOTE:
+      plan.verifier = nullptr;
+      return RunDrafterOnly(plan, r, writer);
+    default:
+      return RunVeriCache(plan, r, writer);
+  }
+}
+
+namespace {
+pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys) {
+  pb::PrefixRef ref;
+  ref.set_prefix_tokens(tokens);
+  for (const auto& k : keys) ref.add_chunk_keys(k);
+  return ref;
+}
+}  // namespace
+
+absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
+                                              Sink* writer) {
+  Worker& v = *plan.verifier;
+  Worker& d = *plan.drafter;
+  const int32_t n = static_cast<int32_t>(plan.prompt.size());
+  // Open both sessions; the drafter starts drafting as soon as its
+  // compressed prefix has arrived over the slow link.
+  {
+    pb::VerifierOpenRequest req;
+    req.set_session_id(plan.session);
+    for (int32_t t : plan.prompt) req.add_prompt(t);
+    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+    *req.mutable_sampling() = plan.req.sampling();
+    req.set_tenant_salt(plan.req.tenant_salt());
+    pb::VerifierOpenResponse resp;
+    auto ctx = CallContext(r);
+    const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+    plan.verifier_open = true;
+    ++v.active;
+  }
+  bool drafter_ok = true;
+  {
+    pb::DrafterOpenRequest req;
+    req.set_session_id(plan.session);
+    for (int32_t t : plan.prompt) req.add_prompt(t);
+    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+    *req.mutable_sampling() = plan.req.sampling();
+    req.set_variant_key(plan.variant_key);
+    req.set_lookahead(plan.x);
+    req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()));
+    pb::DrafterOpenResponse resp;
+    auto ctx = CallContext(r);
+    const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
+    if (!s.ok()) {
+      const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
+      if (!Retryable(st)) return st;
+      drafter_ok = false;  // fall back to full-KV decoding on the verifier
+    } else {
+      plan.drafter_open = true;
+      ++d.active;
+      plan.totals.set_compression_ratio(resp.achieved_ratio());
+      plan.totals.set_compressor(resp.compressor());
+    }
+  }
+  const int64_t prefix_bytes = int64_t{plan.prefix_tokens} * kv_bytes_per_token_;
+  int64_t rounds = 0;
+  while (drafter_ok) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+    const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
+    // Book the verify: the reload on the fast link and the verifier's memory.
+    int64_t first_slot = clock_->now();
+    int64_t verify_slot = first_slot;
+    const int64_t booking_id = static_cast<int64_t>(plan.session);
+    bool booked = false;
+    if (prefix_bytes > 0) {
+      SlotClock::Shared shared;
+      if (!clock_->lock_step() &&
+          clock_->FindShared(plan.prefix_key, v.index, clock_->now() + std::max(1, take), &shared)) {
+        first_slot = std::max(shared.first_slot, clock_->now());
+        verify_slot = shared.verify_slot;
+      } else {
+        while (true) {
+          AdmitRequest ar;
+          ar.id = booking_id;
+          ar.full_kv_bytes = prefix_bytes;
+          ar.target_offset = std::max(1, take);
+          ar.min_offset = 1;
+          ar.link = 0;
+          ar.gpu = v.index;
+          VC_ASSIGN_OR_RETURN(Admission adm, clock_->Admit(ar));
+          if (!adm.queued) {
+            first_slot = adm.booking.first_slot();
+            verify_slot = adm.booking.verify_slot;
+            booked = true;
+            clock_->NoteShared(plan.prefix_key, v.index, adm.booking);
+            break;
+          }
+          metrics_->scheduler_queued->Inc();
+          if (!clock_->WaitForSlot(clock_->now() + 1, r.deadline)) {
+            return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
+          }
+        }
+      }
+    }
+    absl::Status round_status = [&]() -> absl::Status {
+      // The reload starts at its slot.
+      if (prefix_bytes > 0) {
+        if (!clock_->WaitForSlot(first_slot, r.deadline)) {
+          return absl::DeadlineExceededError("request deadline passed");
+        }
+        pb::LoadRequest req;
+        req.set_session_id(plan.session);
+        pb::LoadResponse resp;
+        auto ctx = CallContext(r);
+        const grpc::Status s = v.verifier->Load(ctx.get(), req, &resp);
+        if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Load"));
+        if (!clock_->WaitForSlot(verify_slot, r.deadline)) {
+          return absl::DeadlineExceededError("request deadline passed");
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!round_status.ok()) {
+      if (booked) (void)clock_->Release(booking_id);
+      return round_status;
+    }
+    // Take the drafts (they have been drafting since the last commit).
+    std::vector<int32_t> drafts;
+    if (take > 0) {
+      pb::DraftRequest req;
+      req.set_session_id(plan.session);
+      req.set_max_tokens(take);
+      req.set_min_tokens(take);
+      req.set_lookahead(plan.x);
+      pb::DraftResponse resp;
+      auto ctx = CallContext(r);
+      const grpc::Status s = d.drafter->Draft(ctx.get(), req, &resp);
+      if (!s.ok()) {
+        const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
+        if (booked) (void)clock_->Release(booking_id);
+        if (!Retryable(st)) return st;
+        drafter_ok = false;
+        break;
+      }
+      drafts.assign(resp.drafts().begin(), resp.drafts().end());
+      Calibrate(resp.step_seconds());
+    }
+    pb::VerifyRequest vreq;
+    vreq.set_session_id(plan.session);
+    for (int32_t t : drafts) vreq.add_drafts(t);
+    pb::VerifyResponse vresp;
+    const auto t0 = Clock::now();
+    grpc::Status vs;
+    {
+      auto ctx = CallContext(r);
+      vs = v.verifier->Verify(ctx.get(), vreq, &vresp);
+    }
+    if (booked) (void)clock_->Release(booking_id);
+    if (!vs.ok()) {
+      // Without the verifier nothing can be verified: fail cleanly (every
+      // token streamed so far was verified).
+      return rpc::FromGrpcStatus(vs, absl::StrCat("verifier ", v.address, " Verify"));
+    }
+    ++rounds;
+    metrics_->rounds->Inc();
+    UpdateSchedulerGauges();
+    metrics_->accepted_per_round->Observe(vresp.accepted());
+    metrics_->wasted->Inc(static_cast<double>(drafts.size()) - vresp.accepted());
+    plan.totals.set_verify_rounds(rounds);
+    plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() + static_cast<int64_t>(drafts.size()));
+    plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + vresp.accepted());
+    std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
+    pb::RoundStats round;
+    round.set_drafted(static_cast<int32_t>(drafts.size()));
+    round.set_accepted(vresp.accepted());
+    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    round.set_batch_requests(vresp.batch_requests());
+    round.set_prefix_shared(vresp.prefix_shared());
+    if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
+    // Tell the drafter: its confirmed drafts survive, the rest roll back,
+    // and the exact K/V of the verified tokens replaces its own.
+    {
+      pb::CommitRequest req;
+      req.set_session_id(plan.session);
+      for (int32_t t : tokens) req.add_tokens(t);
+      if (options_.kv_refresh) *req.mutable_refresh() = vresp.refresh();
+      pb::CommitResponse resp;
+      auto ctx = CallContext(r);
+      const grpc::Status s = d.drafter->Commit(ctx.get(), req, &resp);
+      if (!s.ok()) {
+        const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
+        if (!Retryable(st)) return st;
+        drafter_ok = false;
+        break;
+      }
+      plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
+    }
+    // Acceptance collapse: decoding on the verifier alone is faster.
+    if (take >= 2) {
+      plan.recent_accepted.push_back(vresp.accepted());
+      if (static_cast<int>(plan.recent_accepted.size()) > options_.fallback_window) {
+        plan.recent_accepted.pop_front();
+      }
+      if (static_cast<int>(plan.recent_accepted.size()) == options_.fallback_window) {
+        double sum = 0;
+        for (int a : plan.recent_accepted) sum += a;
+        if (sum / options_.fallback_window < options_.fallback_min_accepted) drafter_ok = false;
+      }
+    }
+  }
+  // Fallback: plain full-KV decoding on the verifier.
+  plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
+  metrics_->fallbacks->Inc();
+  if (plan.drafter_open) {
+    pb::ReleaseRequest req;
+    req.set_session_id(plan.session);
+    pb::ReleaseResponse resp;
+    auto ctx = CallContext(r);
+    (void)d.drafter->Release(ctx.get(), req, &resp);
+    plan.drafter_open = false;
+    --d.active;
+  }
+  return RunVerifierOnly(plan, r, writer, true);
+}
+
+absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
+                                                 Sink* writer,
+                                                 bool already_open) {
+  Worker& v = *plan.verifier;
+  if (!already_open) {
+    pb::VerifierOpenRequest req;
+    req.set_session_id(plan.session);
+    for (int32_t t : plan.prompt) req.add_prompt(t);
+    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+    *req.mutable_sampling() = plan.req.sampling();
+    req.set_resident(true);
+    req.set_tenant_salt(plan.req.tenant_salt());
+    pb::VerifierOpenResponse resp;
+    auto ctx = CallContext(r);
+    const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+    plan.verifier_open = true;
+    ++v.active;
+  } else {
+    pb::LoadRequest req;
+    req.set_session_id(plan.session);
+    req.set_resident(true);
+    pb::LoadResponse resp;
+    auto ctx = CallContext(r);
+    const grpc::Status s = v.verifier->Load(ctx.get(), req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Load"));
+  }
+  while (true) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    pb::VerifyRequest req;
+    req.set_session_id(plan.session);
+    pb::VerifyResponse resp;
+    const auto t0 = Clock::now();
+    auto ctx = CallContext(r);
+    const grpc::Status s = v.verifier->Verify(ctx.get(), req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Verify"));
+    pb::RoundStats round;
+    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    round.set_batch_requests(resp.batch_requests());
+    round.set_fallback(already_open);
+    std::vector<int32_t> tokens(resp.tokens().begin(), resp.tokens().end());
+    if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
+  }
+}
+
+absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
+                                                Sink* writer) {
+  Worker& d = *plan.drafter;
+  const bool full = r.mode == pb::MODE_FULL_REMOTE;
+  {
+    pb::DrafterOpenRequest req;
+    req.set_session_id(plan.session);
+    for (int32_t t : plan.prompt) req.add_prompt(t);
+    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+    *req.mutable_sampling() = plan.req.sampling();
+    if (full) {
+      req.set_full_prefix(true);
+    } else {
+      req.set_variant_key(plan.variant_key);
+    }
+    req.set_lookahead(options_.baseline_chunk);
+    req.set_end_position(static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens()));
+    pb::DrafterOpenResponse resp;
+    auto ctx = CallContext(r);
+    const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
+    plan.drafter_open = true;
+    ++d.active;
+    plan.totals.set_compression_ratio(resp.achieved_ratio());
+    plan.totals.set_compressor(full ? "full" : resp.compressor());
+  }
+  while (true) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+    pb::DraftRequest req;
+    req.set_session_id(plan.session);
+    req.set_max_tokens(static_cast<int32_t>(std::min<int64_t>(options_.baseline_chunk, remaining)));
+    req.set_min_tokens(1);
+    pb::DraftResponse resp;
+    {
+      auto ctx = CallContext(r);
+      const grpc::Status s = d.drafter->Draft(ctx.get(), req, &resp);
+      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
+    }
+    // These tokens are final: the drafter's own choices are the output.
+    std::vector<int32_t> tokens(resp.drafts().begin(), resp.drafts().end());
+    pb::CommitRequest creq;
+    creq.set_session_id(plan.session);
+    for (int32_t t : tokens) creq.add_tokens(t);
+    pb::CommitResponse cresp;
+    {
+      auto ctx = CallContext(r);
+      const grpc::Status s = d.drafter->Commit(ctx.get(), creq, &cresp);
+      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
+    }
+    pb::RoundStats round;
+    if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
+  }
+}
+
+void CoordinatorService::Calibrate(double step_seconds) {
+  if (!options_.auto_slot || !(step_seconds > 0)) return;
+  double slot = 0;
+  {
+    std::lock_guard<std::mutex> lock(calib_mu_);
+    step_ewma_ = step_ewma_ == 0 ? step_seconds : 0.9 * step_ewma_ + 0.1 * step_seconds;
+    if (++calib_samples_ % 16 != 0) return;
+    slot = std::clamp(step_ewma_, 0.0005, 1.0);
+  }
+  // Only a real drift is worth a recalibration.
+  const double current = clock_->slot_seconds();
+  if (std::abs(slot - current) > 0.2 * current) (void)clock_->SetSlotSeconds(slot);
+}
+
+void CoordinatorService::UpdateSchedulerGauges() {
+  const std::vector<double> links = clock_->LinkOccupancy();
+  static const char* kLinks[] = {"fast", "slow"};
+  for (size_t l = 0; l < links.size() && l < 2; ++l) {
+    metrics_->link_occupancy->Labels({kLinks[l]}).Set(links[l]);
+  }
+  const std::vector<int64_t> mem = clock_->MemoryBooked();
+  for (size_t g = 0; g < mem.size() && g < verifiers_.size(); ++g) {
+    metrics_->memory_booked->Labels({verifiers_[g]->address}).Set(static_cast<double>(mem[g]));
+  }
+}
+
+void CoordinatorService::ReleaseSessions(Plan& plan) {
+  // Best effort with a short deadline: a dead worker frees the session by
+  // its idle timeout instead.
+  pb::ReleaseRequest req;
+  req.set_session_id(plan.session);
+  pb::ReleaseResponse resp;
+  if (plan.verifier_open && plan.verifier) {
+    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
+    (void)plan.verifier->verifier->Release(ctx.get(), req, &resp);
+    plan.verifier_open = false;
+    --plan.verifier->active;
+  }
+  if (plan.drafter_open && plan.drafter) {
+    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
+    (void)plan.drafter->drafter->Release(ctx.get(), req, &resp);
+    plan.drafter_open = false;
+    --plan.drafter->active;
+  }
+}
+
+void CoordinatorService::ShadowCheck(const pb::GenerateRequest& req,
+                                     const std::vector<int32_t>& tokens) {
+  // A deterministic sample of requests (by a hash of the request) is decoded
+  // again in full_local mode; a mismatch means the lossless guarantee broke.
+  std::string fingerprint = req.SerializeAsString();
+  const uint64_t h = std::hash<std::string>{}(fingerprint);
+  if (static_cast<double>(h % 10000) >= options_.lossless_check_fraction * 10000) return;
+  if (shadow_checks_running_.fetch_add(1) >= 2) {  // bounded: skip when busy
+    --shadow_checks_running_;
+    return;
+  }
+  pb::GenerateRequest copy = req;
+  copy.set_mode(pb::MODE_FULL_LOCAL);
+  copy.set_request_id("");
+  std::thread([this, copy, tokens] {
+    struct NullSink final : Sink {
+      bool Write(const pb::GenerateResponse&) override { return true; }
+    } sink;
+    Request r;
+    r.id = absl::StrCat("shadow-", next_request_.fetch_add(1));
+    r.mode = pb::MODE_FULL_LOCAL;
+    r.start = Clock::now();
+    r.deadline = Clock::now() + options_.rpc_timeout * 6;
+    std::vector<int32_t> full;
+    const absl::Status s = Serve(copy, r, &sink, &full);
+    if (s.ok()) {
+      metrics_->lossless_check->Labels({full == tokens ? "match" : "mismatch"}).Inc();
+      if (full != tokens) {
+        std::fprintf(stderr, "vc-coordinator: LOSSLESS CHECK MISMATCH for a vericache request\n");
+      }
+    }
+    --shadow_checks_running_;
+  }).detach();
+}
+
+// ------------------------------------------------------------- other RPCs
+
+grpc::Status CoordinatorService::Cancel(grpc::ServerContext* /*ctx*/, const pb::CancelRequest* req,
+                                        pb::CancelResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = requests_.find(req->request_id());
+  const bool live = it != requests_.end() &&
+                    (it->second->state == "running" || it->second->state == "queued");
+  if (live) it->second->cancelled = true;
+  resp->set_existed(live);
+  admit_cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetRequest(grpc::ServerContext* /*ctx*/,
+                                            const pb::GetRequestRequest* req,
+                                            pb::RequestStatus* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = requests_.find(req->request_id());
+  if (it == requests_.end()) {
+    return rpc::ToGrpcStatus(absl::NotFoundError(
+        absl::StrCat("no request '", req->request_id(), "' (running or among the last ",
+                     kFinishedHistory, " finished)")));
+  }
+  resp->set_request_id(it->second->id);
+  resp->set_state(it->second->state);
+  resp->set_generated(it->second->generated);
+  resp->set_error(it->second->error);
+  resp->set_mode(it->second->mode);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* /*ctx*/,
+                                               const pb::ClusterStatusRequest* /*req*/,
+                                               pb::ClusterStatusResponse* resp) {
+  auto add = [&](Worker& w, bool verifier) {
+    pb::WorkerStatus* out = resp->add_workers();
+    out->set_address(w.address);
+    out->set_role(verifier ? "verifier" : "drafter");
+    pb::WorkerInfoRequest req;
+    pb::WorkerInfoResponse info;
+    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(1000));
+    const grpc::Status s = verifier ? w.verifier->Info(ctx.get(), req, &info)
+                                    : w.drafter->Info(ctx.get(), req, &info);
+    out->set_healthy(s.ok());
+    if (!s.ok()) out->set_error(s.error_message());
+    out->set_sessions(info.sessions());
+    out->set_kv_bytes(info.kv_bytes());
+  };
+  for (auto& v : verifiers_) add(*v, true);
+  for (auto& d : drafters_) add(*d, false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resp->set_active_requests(active_);
+    resp->set_queued_requests(queued_);
+    resp->set_completed_requests(completed_);
+  }
+  resp->set_slot_seconds(clock_->slot_seconds());
+  resp->set_slot(clock_->now());
+  resp->set_lock_step(clock_->lock_step());
+  for (double o : clock_->LinkOccupancy()) resp->add_link_occupancy(o);
+  const RingSchedulerStats st = clock_->stats();
+  for (double o : st.overrun_seconds) resp->add_link_overrun_seconds(o);
+  for (double p : st.peak_slot_seconds) resp->add_link_peak_slot_seconds(p);
+  resp->set_scheduler_admitted(st.admitted);
+  resp->set_scheduler_queued(st.queued);
+  resp->set_model_id(model_id_.Hex());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* /*ctx*/,
+                                                const pb::RegisterPrefixRequest* req,
+                                                pb::RegisterPrefixResponse* resp) {
+  std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_) {
+      return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "token ", i, " has id ", tokens[i], ", outside the vocabulary [0, ", vocab_, ")")));
+    }
+  }
+  if (static_cast<int>(tokens.size()) < options_.chunk_tokens) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "a prefix needs at least one whole chunk of ", options_.chunk_tokens, " tokens, got ",
+        tokens.size())));
+  }
+  if (static_cast<int>(tokens.size()) >= context_) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "a prefix of ", tokens.size(), " tokens leaves no room in the context of ", context_)));
+  }
+  const std::string variants = req->variants().empty() ? options_.ingest_variants : req->variants();
+  if (absl::Status s = ingest::ParseVariantList(variants).status(); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
+  kvstore::ChunkKeyOptions ko;
+  ko.chunk_tokens = options_.chunk_tokens;
+  ko.tenant_salt = req->tenant_salt();
+  const int32_t whole = static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
+  absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
+      kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(tokens).first(whole));
+  if (!keys.ok()) return rpc::ToGrpcStatus(keys.status());
+  const kvstore::ChunkKey manifest = kvstore::PrefixManifestKey(ko, model_id_, tokens);
+  resp->set_prefix_id(manifest.Hex());
+  resp->set_prefix_tokens(whole);
+  std::vector<std::string> lookup;
+  for (const auto& k : *keys) lookup.push_back(k.Raw());
+  lookup.push_back(manifest.Raw());
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup);
+  if (!hits.ok()) return rpc::ToGrpcStatus(hits.status());
+  if (std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) {
+    resp->set_already_stored(true);
+    return grpc::Status::OK;
+  }
+  Worker& v = *verifiers_[std::hash<std::string>{}(keys->back().Hex()) % verifiers_.size()];
+  pb::IngestRequest ireq;
+  for (int32_t i = 0; i < whole; ++i) ireq.add_tokens(tokens[i]);
+  ireq.set_chunk_tokens(options_.chunk_tokens);
+  ireq.set_tenant_salt(req->tenant_salt());
+  ireq.set_variants(variants);
+  pb::IngestResponse iresp;
+  auto ctx = rpc::ContextWithTimeout(
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.rpc_timeout * 6));
+  const grpc::Status s = v.verifier->Ingest(ctx.get(), ireq, &iresp);
+  if (!s.ok()) return s;
+  *resp->mutable_variants() = iresp.variants();
+  // The manifest last: a registered id always names a stored prefix.
+  if (absl::Status st = store_->PutAll({{manifest.Raw(), EncodeTokens(tokens)}}); !st.ok()) {
+    return rpc::ToGrpcStatus(st);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace vc::coordinator

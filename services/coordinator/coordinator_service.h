@@ -1,0 +1,181 @@
+// vc-coordinator's public API (vericache.v1.Coordinator) and the request
+// runner behind it (DESIGN.md sections 3, 6 and 7).
+//
+// Admission: at most max_active requests run; up to max_queued more wait for
+// a place; beyond that Generate answers RESOURCE_EXHAUSTED. A running
+// request is placed on one drafter (least loaded) and one verifier (by its
+// prefix, so requests over one prefix meet on one verifier and can share its
+// load); a prompt whose prefix is not stored yet is ingested first.
+//
+// vericache mode, per round: the ring scheduler (SlotClock) books the
+// prefix's reload on the fast link and the verifier's memory and names the
+// verify slot nearest x slots ahead (or joins the pending verify of another
+// request over the same prefix: prefix-aware verification); the reload
+// starts at its slot (Load), the drafts are taken at the verify slot and
+// verified; the accepted tokens stream to the client and go back to the
+// drafter with their exact K/V (Commit, KV refresh). A drafter that fails or
+// whose acceptance collapses is dropped for plain full-KV decoding on the
+// verifier (fallback). Baseline modes: full_local (the verifier decodes with
+// the prefix resident), full_remote (the drafter fetches the full prefix over
+// the slow link and decodes exactly), lossy_remote (the drafter decodes on
+// the compressed prefix without verification: NOT lossless).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ingest/prefix_ingest.h"
+#include "common/kvstore/chunk_key.h"
+#include "common/metrics/metrics.h"
+#include "services/common/store_client.h"
+#include "services/coordinator/slot_clock.h"
+#include "vericache/v1/coordinator.grpc.pb.h"
+#include "vericache/v1/worker.grpc.pb.h"
+
+namespace vc::coordinator {
+
+struct CoordinatorOptions {
+  std::vector<std::string> verifiers;  // HOST:PORT
+  std::vector<std::string> drafters;
+  std::string kvstore;
+  int max_active_requests = 64;
+  int max_queued_requests = 256;
+  double slot_seconds = 0.02;
+  // Recalibrate the slot from the drafters' measured step time (--slot-ms 0).
+  bool auto_slot = false;
+  int window_slots = 64;
+  bool lock_step = false;
+  double fast_link_bytes_per_second = 0;  // 0: unlimited
+  double slow_link_bytes_per_second = 0;
+  int64_t verifier_memory_bytes = int64_t{1} << 30;
+  int chunk_tokens = 64;
+  std::string ingest_variants = "snapkv:0.25";
+  int draft_len = 8;
+  bool kv_refresh = true;
+  // Fallback to full-KV decoding when the mean accepted drafts per round of
+  // the last fallback_window rounds is below fallback_min_accepted.
+  int fallback_window = 8;
+  double fallback_min_accepted = 0.25;
+  std::chrono::milliseconds rpc_timeout{10000};
+  // How long startup waits for every worker to answer Info.
+  std::chrono::milliseconds startup_timeout{60000};
+  double lossless_check_fraction = 0;
+  int max_message_bytes = 64 << 20;
+  int baseline_chunk = 16;  // tokens per Draft call in the remote baselines
+};
+
+class CoordinatorService final : public vericache::v1::Coordinator::Service {
+ public:
+  // Connects to the store and every worker (waiting for them up to
+  // startup_timeout) and checks they all run the same model.
+  static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(
+      const CoordinatorOptions& options, metrics::Registry* registry);
+  ~CoordinatorService() override;
+
+  // Refuses new requests, cancels running ones, stops the clock.
+  void Shutdown();
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const vericache::v1::GenerateRequest* req,
+                        grpc::ServerWriter<vericache::v1::GenerateResponse>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* ctx, const vericache::v1::CancelRequest* req,
+                      vericache::v1::CancelResponse* resp) override;
+  grpc::Status GetRequest(grpc::ServerContext* ctx, const vericache::v1::GetRequestRequest* req,
+                          vericache::v1::RequestStatus* resp) override;
+  grpc::Status ClusterStatus(grpc::ServerContext* ctx,
+                             const vericache::v1::ClusterStatusRequest* req,
+                             vericache::v1::ClusterStatusResponse* resp) override;
+  grpc::Status RegisterPrefix(grpc::ServerContext* ctx,
+                              const vericache::v1::RegisterPrefixRequest* req,
+                              vericache::v1::RegisterPrefixResponse* resp) override;
+
+ private:
+  struct Worker;
+  struct Request;
+  // Where a request's messages go: the client's stream, or nowhere (the
+  // shadow check). Write returns false when the receiver is gone.
+  struct Sink {
+    virtual ~Sink() = default;
+    virtual bool Write(const vericache::v1::GenerateResponse& msg) = 0;
+  };
+  struct Metrics;
+  struct Plan;
+
+  CoordinatorService(const CoordinatorOptions& options, metrics::Registry* registry);
+  absl::Status Connect();
+
+  // Plans, admits, runs and releases one request; the final message (with
+  // totals) is the last thing written to `sink`.
+  absl::Status Serve(const vericache::v1::GenerateRequest& req, Request& r, Sink* sink,
+                     std::vector<int32_t>* output);
+  // Admission: waits for a place among the active requests.
+  absl::Status Admit(Request& r);
+  void Leave(Request& r);
+
+  absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req, Request& r);
+  absl::Status EnsureStored(Plan& plan, Request& r);
+  absl::Status Run(Plan& plan, Request& r,
+                   Sink* writer);
+  absl::Status RunVeriCache(Plan& plan, Request& r,
+                            Sink* writer);
+  absl::Status RunVerifierOnly(Plan& plan, Request& r,
+                               Sink* writer,
+                               bool already_open);
+  absl::Status RunDrafterOnly(Plan& plan, Request& r,
+                              Sink* writer);
+  // Appends verified tokens (up to EOS / max_new_tokens) and streams them.
+  // Returns false when the request is complete.
+  bool Emit(Plan& plan, Request& r, const std::vector<int32_t>& tokens,
+            const vericache::v1::RoundStats& round,
+            Sink* writer);
+  void ReleaseSessions(Plan& plan);
+  // Auto slot: folds a drafter's step time into the slot duration.
+  void Calibrate(double step_seconds);
+  void UpdateSchedulerGauges();
+  void ShadowCheck(const vericache::v1::GenerateRequest& req, const std::vector<int32_t>& tokens);
+  std::chrono::steady_clock::time_point CallDeadline(const Request& r) const;
+  std::unique_ptr<grpc::ClientContext> CallContext(const Request& r) const;
+
+  CoordinatorOptions options_;
+  metrics::Registry* registry_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<daemon::StoreClient> store_;
+  std::unique_ptr<SlotClock> clock_;
+  std::vector<std::unique_ptr<Worker>> verifiers_;
+  std::vector<std::unique_ptr<Worker>> drafters_;
+  kvstore::ModelId model_id_;
+  int vocab_ = 0;
+  int context_ = 0;
+  int eos_id_ = 2;
+  int64_t kv_bytes_per_token_ = 0;
+  std::vector<ingest::VariantSpec> default_variants_;
+
+  std::mutex mu_;
+  std::condition_variable admit_cv_;
+  bool stopping_ = false;
+  int active_ = 0;
+  int queued_ = 0;
+  int64_t completed_ = 0;
+  // Running requests and a bounded history of finished ones (GetRequest).
+  std::map<std::string, std::shared_ptr<Request>> requests_;
+  std::deque<std::string> finished_order_;
+  // Prefixes being ingested: later requests wait for the first one's ingest.
+  struct IngestWait;
+  std::map<std::string, std::shared_ptr<IngestWait>> ingesting_;
+  std::atomic<uint64_t> next_session_{1};
+  std::atomic<int64_t> next_request_{1};
+  std::atomic<int> shadow_checks_running_{0};
+  std::mutex calib_mu_;
+  double step_ewma_ = 0;
+  int calib_samples_ = 0;
+};
+
+}  // namespace vc::coordinator

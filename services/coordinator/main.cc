@@ -1,0 +1,122 @@
+// `vc-coordinator`: the public gRPC API, admission, the multi-pool ring
+// scheduler and routing (DESIGN.md section 7). See coordinator_service.h.
+// Exit codes: 0 ok (drained), 1 runtime failure, 2 bad flags.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "common/base/flags.h"
+#include "services/common/daemon.h"
+#include "services/coordinator/coordinator_service.h"
+
+namespace {
+
+constexpr char kName[] = "vc-coordinator";
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
+    out.emplace_back(part);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  vc::daemon::ServerOptions server;
+  server.name = kName;
+  server.version = "0.2.0";
+  server.listen = "127.0.0.1:7430";
+  vc::coordinator::CoordinatorOptions o;
+  std::string verifiers, drafters;
+  double slot_ms = 20;
+  int64_t rpc_timeout_ms = 10000;
+  int64_t startup_timeout_ms = 60000;
+  bool no_kv_refresh = false;
+  vc::FlagSet flags(kName,
+                    "VeriCache coordinator: public API, admission, ring scheduler, routing.");
+  flags.Add("--listen", &server.listen, "HOST:PORT", "public gRPC address (port 0 picks one)");
+  flags.Add("--kvstore", &o.kvstore, "HOST:PORT", "vc-kvstore gRPC address (required)");
+  flags.Add("--verifiers", &verifiers, "LIST", "comma-separated vc-verifier addresses (required)");
+  flags.Add("--drafters", &drafters, "LIST", "comma-separated vc-drafter addresses (required)");
+  flags.Add("--metrics-listen", &server.metrics_listen, "HOST:PORT",
+            "Prometheus /metrics address (empty: off)");
+  flags.Add("--max-active-requests", &o.max_active_requests, "N", "requests running at once");
+  flags.Add("--max-queued-requests", &o.max_queued_requests, "N",
+            "requests waiting for a place; beyond, RESOURCE_EXHAUSTED");
+  flags.Add("--slot-ms", &slot_ms, "X",
+            "scheduler slot duration (about one draft step); 0: calibrate from the drafters' "
+            "measured step time");
+  flags.Add("--window-slots", &o.window_slots, "N", "scheduler lookahead W in slots (>= 3)");
+  flags.AddBool("--lock-step", &o.lock_step,
+                "ablation: every request verifies in the same slot (links may be oversubscribed)");
+  flags.Add("--fast-link-bytes-per-second", &o.fast_link_bytes_per_second, "N",
+            "store->verifier bandwidth the scheduler books (0: unlimited)");
+  flags.Add("--slow-link-bytes-per-second", &o.slow_link_bytes_per_second, "N",
+            "store->drafter bandwidth (0: unlimited)");
+  flags.Add("--verifier-memory-bytes", &o.verifier_memory_bytes, "N",
+            "transient full-KV capacity per verifier");
+  flags.Add("--chunk-tokens", &o.chunk_tokens, "N", "tokens per stored KV chunk");
+  flags.Add("--ingest-variants", &o.ingest_variants, "LIST",
+            "compressed variants made at ingest, e.g. snapkv:0.25,kivi:4 (the first is the default)");
+  flags.Add("--draft-len", &o.draft_len, "N", "default draft length x");
+  flags.AddBool("--no-kv-refresh", &no_kv_refresh,
+                "do not send the exact K/V of accepted tokens back to the drafter");
+  flags.Add("--fallback-window", &o.fallback_window, "N",
+            "rounds over which acceptance collapse is judged");
+  flags.Add("--fallback-min-accepted", &o.fallback_min_accepted, "X",
+            "fall back to full-KV decoding below this mean of accepted drafts per round");
+  flags.Add("--rpc-timeout-ms", &rpc_timeout_ms, "N", "deadline of each call to a worker or the store");
+  flags.Add("--startup-timeout-ms", &startup_timeout_ms, "N",
+            "how long to wait for the store and every worker at startup");
+  flags.Add("--lossless-check-fraction", &o.lossless_check_fraction, "X",
+            "fraction of vericache requests re-run in full_local mode and compared");
+  flags.Add("--max-message-bytes", &server.max_message_bytes, "N",
+            "largest gRPC message sent or received");
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
+    return vc::daemon::BadFlags(kName, std::string(s.message()));
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  o.verifiers = SplitList(verifiers);
+  o.drafters = SplitList(drafters);
+  if (o.kvstore.empty()) return vc::daemon::BadFlags(kName, "--kvstore is required");
+  if (o.verifiers.empty()) return vc::daemon::BadFlags(kName, "--verifiers is required");
+  if (o.drafters.empty()) return vc::daemon::BadFlags(kName, "--drafters is required");
+  if (!(slot_ms >= 0)) return vc::daemon::BadFlags(kName, "--slot-ms must be >= 0");
+  if (rpc_timeout_ms < 1 || startup_timeout_ms < 1) {
+    return vc::daemon::BadFlags(kName, "timeouts must be >= 1 ms");
+  }
+  if (o.fallback_window < 1) return vc::daemon::BadFlags(kName, "--fallback-window must be >= 1");
+  if (o.fast_link_bytes_per_second < 0 || o.slow_link_bytes_per_second < 0) {
+    return vc::daemon::BadFlags(kName, "link bandwidths must be >= 0");
+  }
+  if (o.verifier_memory_bytes < 1) {
+    return vc::daemon::BadFlags(kName, "--verifier-memory-bytes must be >= 1");
+  }
+  if (absl::Status s = vc::daemon::ValidateServerOptions(server); !s.ok()) {
+    return vc::daemon::BadFlags(kName, std::string(s.message()));
+  }
+  o.auto_slot = slot_ms == 0;
+  o.slot_seconds = o.auto_slot ? 0.002 : slot_ms / 1000.0;
+  o.kv_refresh = !no_kv_refresh;
+  o.rpc_timeout = std::chrono::milliseconds(rpc_timeout_ms);
+  o.startup_timeout = std::chrono::milliseconds(startup_timeout_ms);
+  o.max_message_bytes = static_cast<int>(server.max_message_bytes);
+  vc::daemon::BlockDrainSignals();
+
+  vc::metrics::Registry registry;
+  auto service = vc::coordinator::CoordinatorService::Create(o, &registry);
+  if (!service.ok()) {
+    const bool bad_input = service.status().code() == absl::StatusCode::kInvalidArgument;
+    return bad_input ? vc::daemon::BadFlags(kName, std::string(service.status().message()))
+                     : vc::daemon::Fail(kName, service.status().ToString());
+  }
+  auto started = vc::daemon::Server::Start(server, {service->get()}, &registry);
+  if (!started.ok()) return vc::daemon::Fail(kName, started.status().ToString());
+  return (*started)->WaitForSignalAndDrain([&] { (*service)->Shutdown(); });
+}

@@ -1,0 +1,130 @@
+#include "services/coordinator/slot_clock.h"
+
+namespace vc::coordinator {
+
+absl::StatusOr<std::unique_ptr<SlotClock>> SlotClock::Create(const RingSchedulerOptions& options) {
+  absl::StatusOr<RingScheduler> scheduler = RingScheduler::Create(options);
+  if (!scheduler.ok()) return scheduler.status();
+  auto clock = std::unique_ptr<SlotClock>(new SlotClock(std::move(*scheduler)));
+  clock->thread_ = std::thread([c = clock.get()] { c->Run(); });
+  return clock;
+}
+
+SlotClock::SlotClock(RingScheduler scheduler)
+    : scheduler_(std::move(scheduler)),
+      slot_seconds_(scheduler_.slot_seconds()),
+      lock_step_(scheduler_.lock_step()) {}
+
+SlotClock::~SlotClock() { Stop(); }
+
+void SlotClock::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void SlotClock::Run() {
+  // Slot boundaries follow one another without drift: a late wake-up
+  // advances every slot that has ended (the slot may be recalibrated, so the
+  // timeline restarts from the last boundary).
+  auto boundary = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const auto slot = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(slot_seconds_));
+    cv_.wait_until(lock, boundary + slot, [&] { return stopping_; });
+    if (stopping_) break;
+    const int64_t due = (std::chrono::steady_clock::now() - boundary) / slot;
+    if (due > 0) {
+      boundary += slot * due;
+      scheduler_.Advance(due);
+      for (auto it = shared_.begin(); it != shared_.end();) {
+        it = it->second.verify_slot < scheduler_.now() ? shared_.erase(it) : std::next(it);
+      }
+      cv_.notify_all();
+    }
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.Admit(r);
+}
+
+absl::Status SlotClock::Release(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.Release(id);
+}
+
+bool SlotClock::WaitForSlot(int64_t slot, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return stopping_ || scheduler_.now() >= slot; }) &&
+         !stopping_;
+}
+
+double SlotClock::slot_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slot_seconds_;
+}
+
+absl::Status SlotClock::SetSlotSeconds(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = scheduler_.SetSlotSeconds(seconds); !s.ok()) return s;
+  slot_seconds_ = seconds;
+  return absl::OkStatus();
+}
+
+int64_t SlotClock::now() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.now();
+}
+
+std::vector<double> SlotClock::LinkOccupancy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<double> out;
+  for (size_t l = 0; l < scheduler_.options().links.size(); ++l) {
+    out.push_back(scheduler_.LinkBooked(static_cast<int>(l), scheduler_.now()) /
+                  scheduler_.slot_seconds());
+  }
+  return out;
+}
+
+std::vector<int64_t> SlotClock::MemoryBooked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  for (size_t g = 0; g < scheduler_.options().gpus.size(); ++g) {
+    out.push_back(scheduler_.MemoryBooked(static_cast<int>(g), scheduler_.now()));
+  }
+  return out;
+}
+
+RingSchedulerStats SlotClock::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.stats();
+}
+
+bool SlotClock::FindShared(const std::string& prefix_key, int gpu, int64_t max_verify_slot,
+                           Shared* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = shared_.find({prefix_key, gpu});
+  if (it == shared_.end()) return false;
+  // Joining needs the verify to be still ahead (the loaded copy stays pinned
+  // until then, so this request's Load finds it) and no later than this
+  // request wants.
+  if (it->second.verify_slot <= scheduler_.now() || it->second.verify_slot > max_verify_slot) {
+    return false;
+  }
+  *out = it->second;
+  return true;
+}
+
+void SlotClock::NoteShared(const std::string& prefix_key, int gpu, const Booking& booking) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_[{prefix_key, gpu}] = Shared{booking.first_slot(), booking.verify_slot};
+}
+
+}  // namespace vc::coordinator

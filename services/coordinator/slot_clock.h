@@ -1,0 +1,73 @@
+// The coordinator's scheduler clock: the pure RingScheduler policy
+// (common/scheduler/ring_scheduler.h) driven by wall time. A thread ends a
+// slot every slot_seconds (RingScheduler::Advance) and wakes the requests
+// waiting for a slot; requests book their reloads and verifies through it.
+// Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/scheduler/ring_scheduler.h"
+
+namespace vc::coordinator {
+
+class SlotClock {
+ public:
+  static absl::StatusOr<std::unique_ptr<SlotClock>> Create(const RingSchedulerOptions& options);
+  ~SlotClock();
+
+  // Books `r` (RingScheduler::Admit semantics) or answers queued.
+  absl::StatusOr<Admission> Admit(const AdmitRequest& r);
+  absl::Status Release(int64_t id);
+
+  // Waits until the current slot is >= `slot`; false if `deadline` passed or
+  // the clock stopped first.
+  bool WaitForSlot(int64_t slot, std::chrono::steady_clock::time_point deadline);
+
+  int64_t now() const;
+  double slot_seconds() const;
+  // Recalibrates the slot (RingScheduler::SetSlotSeconds); later slots use
+  // the new duration.
+  absl::Status SetSlotSeconds(double seconds);
+  bool lock_step() const { return lock_step_; }
+  // Booked seconds / slot seconds in the current slot, per link.
+  std::vector<double> LinkOccupancy() const;
+  std::vector<int64_t> MemoryBooked() const;
+  RingSchedulerStats stats() const;
+
+  // Prefix-aware booking: the latest booking of `prefix_key` on `gpu`, if
+  // its verify slot is still ahead, so a request over the same prefix can
+  // join it (verified in the same pass, loaded once) instead of booking a
+  // second reload.
+  struct Shared {
+    int64_t first_slot = 0;
+    int64_t verify_slot = 0;
+  };
+  bool FindShared(const std::string& prefix_key, int gpu, int64_t max_verify_slot, Shared* out) const;
+  void NoteShared(const std::string& prefix_key, int gpu, const Booking& booking);
+
+  void Stop();
+
+ private:
+  explicit SlotClock(RingScheduler scheduler);
+  void Run();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  RingScheduler scheduler_;
+  double slot_seconds_;
+  const bool lock_step_;
+  bool stopping_ = false;
+  std::map<std::pair<std::string, int>, Shared> shared_;
+  std::thread thread_;
+};
+
+}  // namespace vc::coordinator

@@ -1,0 +1,330 @@
+#include "services/local/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/rpc/rpc.h"
+
+namespace vc::local {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string SelfDir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
+}
+
+// Reads one line from `fd` within `timeout` (the daemon's "listening" line).
+absl::StatusOr<std::string> ReadLine(int fd, std::chrono::steady_clock::time_point deadline,
+                                     const std::string& who) {
+  std::string line;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return absl::DeadlineExceededError(absl::StrCat(who, " did not report its address in time"));
+    }
+    fd_set set;
+    FD_ZERO(&set);
+    FD_SET(fd, &set);
+    timeval tv{static_cast<time_t>(left.count() / 1000),
+               static_cast<suseconds_t>((left.count() % 1000) * 1000)};
+    const int ready = select(fd + 1, &set, nullptr, nullptr, &tv);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    char c;
+    const ssize_t n = read(fd, &c, 1);
+    if (n <= 0) return absl::UnavailableError(absl::StrCat(who, " exited before it was ready"));
+    if (c == '\n') return line;
+    line.push_back(c);
+    if (line.size() > 4096) return absl::InternalError(absl::StrCat(who, " printed a line too long"));
+  }
+}
+
+// "<name> listening on HOST:PORT [data tcp HOST:PORT] metrics HOST:PORT|disabled"
+void ParseListening(const std::string& line, Endpoint* ep) {
+  std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  for (size_t i = 0; i + 1 < words.size(); ++i) {
+    if (words[i] == "on") ep->address = words[i + 1];
+    if (words[i] == "metrics" && words[i + 1] != "disabled") ep->metrics = words[i + 1];
+    if (words[i] == "data" && i + 2 < words.size()) ep->data = words[i + 2];
+  }
+}
+
+}  // namespace
+
+std::string DefaultModelPath() {
+  std::vector<fs::path> candidates;
+  if (const char* dir = std::getenv("VC_MODELS_DIR")) candidates.push_back(fs::path(dir) / "stories260K.bin");
+  // build/bin/vericache -> <repo>/../shared/models
+  const fs::path self = SelfDir();
+  candidates.push_back(self / "../../../shared/models/stories260K.bin");
+  candidates.push_back(self / "../../shared/models/stories260K.bin");
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (fs::exists(c, ec)) return fs::weakly_canonical(c, ec).string();
+  }
+  return "";
+}
+
+absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std::string& binary,
+                                             const std::vector<std::string>& args) {
+  const std::string path = (fs::path(bin_dir_) / binary).string();
+  if (access(path.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("daemon binary ", path, " not found (build it first)"));
+  }
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe failed");
+  int err_fd = -1;
+  if (!options_.log_dir.empty()) {
+    const std::string log = (fs::path(options_.log_dir) / (name + ".log")).string();
+    err_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  }
+  std::vector<std::string> argv_s = {path};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  auto extra = options_.extra_flags.find(binary);
+  if (extra != options_.extra_flags.end()) {
+    argv_s.insert(argv_s.end(), extra->second.begin(), extra->second.end());
+  }
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+    close(out[0]);
+    close(out[1]);
+    // The launcher blocks SIGTERM/SIGINT to wait for them; children start
+    // with a clean mask.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(path.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  if (err_fd >= 0) close(err_fd);
+  Endpoint ep;
+  ep.name = name;
+  ep.pid = pid;
+  endpoints_.push_back(ep);  // so Stop() reaps it even if it never gets ready
+  const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
+  absl::StatusOr<std::string> line = ReadLine(out[0], deadline, binary);
+  if (!line.ok()) {
+    close(out[0]);
+    return line.status();
+  }
+  ParseListening(*line, &ep);
+  // Keep draining the daemon's stdout so it never blocks on a full pipe.
+  std::thread([fd = out[0]] {
+    char buf[256];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+  }).detach();
+  if (ep.address.empty()) {
+    return absl::InternalError(absl::StrCat(binary, " printed an unexpected line: ", *line));
+  }
+  // Ready means healthy over gRPC, not just bound.
+  auto channel = rpc::MakeChannel(ep.address, 4 << 20);
+  absl::Status health = absl::UnavailableError("not checked");
+  while (std::chrono::steady_clock::now() < deadline) {
+    health = rpc::CheckHealth(channel, std::chrono::milliseconds(1000));
+    if (health.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!health.ok()) {
+    return absl::UnavailableError(absl::StrCat(binary, " at ", ep.address,
+                                               " is not healthy: ", health.message()));
+  }
+  endpoints_.back() = ep;
+  return ep;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
+  if (o.model.empty()) return absl::InvalidArgumentError("--model is required (no default model found)");
+  if (o.verifiers < 1 || o.drafters < 1) {
+    return absl::InvalidArgumentError("need at least one verifier and one drafter");
+  }
+  auto cluster = std::unique_ptr<LocalCluster>(new LocalCluster());
+  cluster->options_ = o;
+  cluster->bin_dir_ = o.bin_dir.empty() ? SelfDir() : o.bin_dir;
+  if (o.data_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "vericache-local-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+    cluster->data_dir_ = tmpl;
+    cluster->own_data_dir_ = true;
+  } else {
+    cluster->data_dir_ = o.data_dir;
+  }
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(o.log_dir, ec);
+  }
+  const std::string metrics = o.metrics ? "127.0.0.1:0" : "";
+  auto fail = [&](absl::Status s) -> absl::Status {
+    cluster->Stop(std::chrono::milliseconds(2000));
+    return s;
+  };
+  cluster->kvstore_args_ = {
+      "--listen=127.0.0.1:0",
+      "--data-listen=127.0.0.1:0",
+      "--data-dir=" + (fs::path(cluster->data_dir_) / "kvstore").string(),
+      "--metrics-listen=" + metrics,
+      "--data-plane=" + o.data_plane,
+      absl::StrCat("--fast-link-bytes-per-second=", o.fast_link_bytes_per_second),
+      absl::StrCat("--slow-link-bytes-per-second=", o.slow_link_bytes_per_second),
+      absl::StrCat("--fast-link-latency-ms=", o.fast_link_latency_ms),
+      absl::StrCat("--slow-link-latency-ms=", o.slow_link_latency_ms),
+      absl::StrCat("--link-slot-seconds=", o.slot_ms > 0 ? o.slot_ms / 1000.0 : 0.01)};
+  absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "vc-kvstore", cluster->kvstore_args_);
+  if (!store.ok()) return fail(store.status());
+  // Restart on the same ports (fault tests): pin the ports it picked.
+  cluster->kvstore_args_[0] = "--listen=" + store->address;
+  cluster->kvstore_args_[1] = "--data-listen=" + store->data;
+  std::vector<std::string> verifiers, drafters;
+  for (int i = 0; i < o.verifiers; ++i) {
+    const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(
+        name, "vc-verifier",
+        {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+         absl::StrCat("--threads=", o.worker_threads),
+         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")});
+    if (!ep.ok()) return fail(ep.status());
+    verifiers.push_back(ep->address);
+  }
+  for (int i = 0; i < o.drafters; ++i) {
+    const std::string name = i == 0 ? "drafter" : absl::StrCat("drafter-", i);
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(
+        name, "vc-drafter",
+        {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+         absl::StrCat("--threads=", o.worker_threads),
+         absl::StrCat("--continuation-tokens=", o.continuation_tokens)});
+    if (!ep.ok()) return fail(ep.status());
+    drafters.push_back(ep->address);
+  }
+  std::vector<std::string> coord_args = {
+      "--listen=127.0.0.1:0",
+      "--kvstore=" + store->address,
+      "--verifiers=" + absl::StrJoin(verifiers, ","),
+      "--drafters=" + absl::StrJoin(drafters, ","),
+      "--metrics-listen=" + metrics,
+      absl::StrCat("--slot-ms=", o.slot_ms),
+      absl::StrCat("--fast-link-bytes-per-second=", o.fast_link_bytes_per_second),
+      absl::StrCat("--slow-link-bytes-per-second=", o.slow_link_bytes_per_second),
+      absl::StrCat("--chunk-tokens=", o.chunk_tokens),
+      "--ingest-variants=" + o.ingest_variants,
+      absl::StrCat("--draft-len=", o.draft_len),
+      absl::StrCat("--lossless-check-fraction=", o.lossless_check_fraction),
+      absl::StrCat("--max-active-requests=", o.max_active_requests)};
+  if (o.lock_step) coord_args.push_back("--lock-step");
+  absl::StatusOr<Endpoint> coord = cluster->Spawn("coordinator", "vc-coordinator", coord_args);
+  if (!coord.ok()) return fail(coord.status());
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+void LocalCluster::Stop(std::chrono::milliseconds grace) {
+  // Coordinator first (it releases sessions), store last.
+  for (auto it = endpoints_.rbegin(); it != endpoints_.rend(); ++it) {
+    if (it->pid > 0) kill(it->pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (auto& ep : endpoints_) {
+    if (ep.pid <= 0) continue;
+    while (true) {
+      int status = 0;
+      const pid_t r = waitpid(ep.pid, &status, WNOHANG);
+      if (r == ep.pid || r < 0) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        kill(ep.pid, SIGKILL);
+        waitpid(ep.pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ep.pid = -1;
+  }
+  if (own_data_dir_ && !data_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(data_dir_, ec);
+    own_data_dir_ = false;
+  }
+}
+
+const Endpoint* LocalCluster::Find(const std::string& name) const {
+  for (const auto& ep : endpoints_) {
+    if (ep.name == name) return &ep;
+  }
+  return nullptr;
+}
+
+std::string LocalCluster::coordinator() const {
+  const Endpoint* ep = Find("coordinator");
+  return ep ? ep->address : "";
+}
+
+std::string LocalCluster::EndpointsJson() const {
+  std::string out = "{";
+  bool first = true;
+  auto add = [&](const std::string& k, const std::string& v) {
+    absl::StrAppend(&out, first ? "" : ", ", "\"", k, "\": \"", v, "\"");
+    first = false;
+  };
+  for (const auto& ep : endpoints_) {
+    add(ep.name, ep.address);
+    if (!ep.metrics.empty()) add(ep.name + "_metrics", ep.metrics);
+  }
+  out += "}";
+  return out;
+}
+
+absl::Status LocalCluster::Kill(const std::string& name) {
+  for (auto& ep : endpoints_) {
+    if (ep.name == name && ep.pid > 0) {
+      kill(ep.pid, SIGKILL);
+      int status = 0;
+      waitpid(ep.pid, &status, 0);
+      ep.pid = -1;
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no running daemon '", name, "'"));
+}
+
+absl::Status LocalCluster::RestartKvStore() {
+  for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
+    if (it->name == "kvstore") {
+      if (it->pid > 0) return absl::FailedPreconditionError("the store is still running");
+      endpoints_.erase(it);
+      // Same ports: the workers know the addresses from the first start.
+      absl::StatusOr<Endpoint> ep = Spawn("kvstore", "vc-kvstore", kvstore_args_);
+      if (!ep.ok()) return ep.status();
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError("no store in this cluster");
+}
+
+}  // namespace vc::local

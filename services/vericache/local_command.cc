@@ -1,0 +1,110 @@
+// `vericache local`: the four daemons on loopback, for a laptop or a CI
+// machine (services/local/local_cluster.h). Prints one line per endpoint
+// once all are healthy, optionally writes them as JSON, and stops them all
+// cleanly on Ctrl-C or SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "common/base/flags.h"
+#include "services/local/local_cluster.h"
+#include "services/vericache/commands.h"
+
+namespace vc::cli {
+
+int RunLocal(int argc, char** argv) {
+  const std::string cmd = "local";
+  local::LocalClusterOptions o;
+  o.model = local::DefaultModelPath();
+  std::string endpoints_file;
+  bool no_metrics = false;
+  FlagSet flags("vericache local",
+                "Start vc-kvstore, vc-verifier, vc-drafter and vc-coordinator on loopback (free\n"
+                "ports, a temporary data dir), wait until all are healthy, print their endpoints,\n"
+                "and stop them all on Ctrl-C or SIGTERM.");
+  flags.Add("--model", &o.model, "PATH", "model file (default: the test model stories260K)");
+  flags.Add("--data-dir", &o.data_dir, "DIR", "store data dir (default: a temporary dir, removed on exit)");
+  flags.Add("--verifiers", &o.verifiers, "N", "verifier workers");
+  flags.Add("--drafters", &o.drafters, "N", "drafter workers");
+  flags.Add("--data-plane", &o.data_plane, "tcp|ucx", "data plane transport");
+  flags.AddBool("--no-metrics", &no_metrics, "do not serve /metrics");
+  flags.Add("--worker-threads", &o.worker_threads, "N", "compute threads per worker");
+  flags.Add("--fast-link-bytes-per-second", &o.fast_link_bytes_per_second, "N",
+            "pace store->verifier (0: unpaced)");
+  flags.Add("--slow-link-bytes-per-second", &o.slow_link_bytes_per_second, "N",
+            "pace store->drafter (0: unpaced)");
+  flags.Add("--fast-link-latency-ms", &o.fast_link_latency_ms, "X", "store->verifier latency");
+  flags.Add("--slow-link-latency-ms", &o.slow_link_latency_ms, "X", "store->drafter latency");
+  flags.Add("--slot-ms", &o.slot_ms, "X", "scheduler slot duration");
+  flags.AddBool("--lock-step", &o.lock_step, "ablation: every request verifies in the same slot");
+  flags.Add("--chunk-tokens", &o.chunk_tokens, "N", "tokens per stored KV chunk");
+  flags.Add("--ingest-variants", &o.ingest_variants, "LIST", "compressed variants made at ingest");
+  flags.Add("--draft-len", &o.draft_len, "N", "default draft length x");
+  flags.AddBool("--prefix-aware", &o.prefix_aware,
+                "prefix-aware verification (default on; --prefix-aware=false to disable)");
+  flags.Add("--continuation-tokens", &o.continuation_tokens, "N",
+            "drafter's speculative continuation (0 off)");
+  flags.Add("--lossless-check-fraction", &o.lossless_check_fraction, "X",
+            "share of vericache requests re-run in full_local and compared");
+  flags.Add("--log-dir", &o.log_dir, "DIR", "write each daemon's stderr to DIR/<name>.log");
+  flags.Add("--endpoints-file", &endpoints_file, "PATH",
+            "write the endpoints as one JSON object once all daemons are healthy");
+  flags.Add("--bin-dir", &o.bin_dir, "DIR", "where the daemon binaries are (default: beside vericache)");
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  o.metrics = !no_metrics;
+  if (o.model.empty()) return BadInput(cmd, "--model is required (the test model was not found)");
+  if (o.data_plane != "tcp" && o.data_plane != "ucx") return BadInput(cmd, "--data-plane must be tcp or ucx");
+  if (o.verifiers < 1 || o.drafters < 1) return BadInput(cmd, "--verifiers and --drafters must be >= 1");
+
+  // Wait for the stop signals with sigwait; children get a clean mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::fprintf(stderr, "vericache local: starting the cluster (model %s)...\n", o.model.c_str());
+  auto cluster = local::LocalCluster::Start(o);
+  if (!cluster.ok()) return Fail(cmd, cluster.status());
+  for (const auto& name : {"coordinator", "kvstore"}) {
+    if (const auto* ep = (*cluster)->Find(name)) std::printf("%s: %s\n", name, ep->address.c_str());
+  }
+  for (const auto& ep : (*cluster)->endpoints()) {
+    if (ep.name != "coordinator" && ep.name != "kvstore") {
+      std::printf("%s: %s\n", ep.name.c_str(), ep.address.c_str());
+    }
+  }
+  for (const auto& ep : (*cluster)->endpoints()) {
+    if (!ep.metrics.empty()) {
+      std::printf("metrics: http://%s/metrics (%s)\n", ep.metrics.c_str(), ep.name.c_str());
+    }
+  }
+  std::fflush(stdout);
+  if (!endpoints_file.empty()) {
+    const std::string tmp = endpoints_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << (*cluster)->EndpointsJson() << "\n";
+      if (!out) {
+        (*cluster)->Stop();
+        return Fail(cmd, absl::InternalError("cannot write " + endpoints_file));
+      }
+    }
+    std::rename(tmp.c_str(), endpoints_file.c_str());  // readers never see half a file
+  }
+  int sig = 0;
+  while (sigwait(&stop, &sig) != 0) {
+  }
+  std::fprintf(stderr, "vericache local: signal %d, stopping the cluster\n", sig);
+  (*cluster)->Stop();
+  return kExitOk;
+}
+
+}  // namespace vc::cli

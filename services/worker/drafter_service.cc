@@ -1,0 +1,448 @@
+#include "services/worker/drafter_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/ingest/prefix_ingest.h"
+#include "common/kv/compressed_kv.h"
+#include "common/kvstore/variant_codec.h"
+#include "common/rpc/rpc.h"
+#include "services/common/daemon.h"
+#include "services/worker/worker_common.h"
+
+namespace vc::worker {
+
+namespace pb = ::vericache::v1;
+using Clock = std::chrono::steady_clock;
+
+struct DrafterService::Session {
+  std::unique_ptr<cluster::DraftSession> ds;
+  KvArena::Reservation prefix_charge;  // the compressed prefix it holds
+  int window = 8;                      // x asked by the coordinator
+  Clock::time_point last_used;
+  bool busy = false;  // in a draft step
+};
+
+struct DrafterService::Waiter {
+  uint64_t session_id = 0;
+  int max_tokens = 1;
+  int min_tokens = 1;
+  grpc::CallbackServerContext* ctx = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  pb::DraftResponse* resp = nullptr;
+  Clock::time_point deadline;
+};
+
+struct DrafterService::OpenJob {
+  grpc::CallbackServerContext* ctx = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  const pb::DrafterOpenRequest* req = nullptr;
+  pb::DrafterOpenResponse* resp = nullptr;
+};
+
+DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
+                               daemon::StoreClient* store, metrics::Registry* registry,
+                               const DrafterOptions& options)
+    : engine_(engine),
+      config_(engine->config()),
+      model_id_(model_id),
+      store_(store),
+      options_(options),
+      arena_("drafter", options.arena_bytes) {
+  WorkerMetrics m = RegisterWorkerMetrics(registry, "drafter");
+  sessions_gauge_ = m.sessions;
+  kv_device_gauge_ = m.kv_device;
+  forward_seconds_ = m.forward_seconds;
+  fetch_seconds_ = m.fetch_seconds;
+  fetch_bytes_ = m.fetch_bytes;
+  prefix_loads_ = m.prefix_loads;
+  continuation_hits_ = &daemon::MustCounter(registry, "vericache_drafter_continuation_drafts_total",
+                                            "Drafts made during a verify that survived it "
+                                            "(speculative continuation).")
+                            ->Get();
+  rolled_back_ = &daemon::MustCounter(registry, "vericache_drafter_rolled_back_drafts_total",
+                                      "Drafts thrown away after a verify.")
+                      ->Get();
+  batcher_ = std::thread([this] { BatchLoop(); });
+  opener_ = std::thread([this] { OpenLoop(); });
+}
+
+DrafterService::~DrafterService() { Shutdown(); }
+
+void DrafterService::Shutdown() {
+  std::vector<Waiter> waiters;
+  std::deque<OpenJob> opens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    waiters.swap(waiters_);
+    opens.swap(open_queue_);
+  }
+  const grpc::Status gone(grpc::StatusCode::UNAVAILABLE, "drafter is shutting down");
+  for (Waiter& w : waiters) w.reactor->Finish(gone);
+  for (OpenJob& j : opens) j.reactor->Finish(gone);
+  work_cv_.notify_all();
+  open_cv_.notify_all();
+  if (batcher_.joinable()) batcher_.join();
+  if (opener_.joinable()) opener_.join();
+}
+
+grpc::ServerUnaryReactor* DrafterService::Info(grpc::CallbackServerContext* ctx,
+                                               const pb::WorkerInfoRequest* /*req*/,
+                                               pb::WorkerInfoResponse* resp) {
+  FillWorkerInfo("drafter", config_, model_id_, options_.numerics_version, options_.data_plane,
+                 resp);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resp->set_sessions(static_cast<int32_t>(sessions_.size()));
+  }
+  resp->set_kv_bytes(arena_.in_use());
+  const transport::ClientStats ds = store_->data_stats();
+  resp->set_data_plane_bytes(ds.bytes);
+  resp->set_data_plane_transport_bytes(ds.transport_bytes);
+  resp->set_data_plane_fetches(ds.fetches);
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* DrafterService::Open(grpc::CallbackServerContext* ctx,
+                                               const pb::DrafterOpenRequest* req,
+                                               pb::DrafterOpenResponse* resp) {
+  if (req->lookahead() < 1) {
+    return Finish(ctx, absl::InvalidArgumentError(
+                           absl::StrCat("lookahead must be >= 1, got ", req->lookahead())));
+  }
+  if (req->prefix().prefix_tokens() > 0 && !req->full_prefix() && req->variant_key().size() != 32) {
+    return Finish(ctx, absl::InvalidArgumentError(
+                           "variant_key must be a 32-byte key (or set full_prefix)"));
+  }
+  OpenJob job{ctx, ctx->DefaultReactor(), req, resp};
+  grpc::ServerUnaryReactor* reactor = job.reactor;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      job.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "drafter is shutting down"));
+      return reactor;
+    }
+    if (static_cast<int>(open_queue_.size()) >= options_.max_open_queue) {
+      job.reactor->Finish(
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "drafter open queue is full"));
+      return reactor;
+    }
+    open_queue_.push_back(job);
+  }
+  open_cv_.notify_one();
+  return reactor;
+}
+
+void DrafterService::OpenLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    open_cv_.wait(lock, [&] { return stopping_ || !open_queue_.empty(); });
+    if (stopping_) return;
+    OpenJob job = open_queue_.front();
+    open_queue_.pop_front();
+    lock.unlock();
+    RunOpen(job);
+    lock.lock();
+  }
+}
+
+void DrafterService::RunOpen(OpenJob& job) {
+  const pb::DrafterOpenRequest& req = *job.req;
+  absl::Status status = [&]() -> absl::Status {
+    std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
+    VC_ASSIGN_OR_RETURN(PrefixRequest prefix, ValidatePrefix(req.prefix(), prompt, config_));
+    VC_ASSIGN_OR_RETURN(cluster::SessionSampling sampling, ToSessionSampling(req.sampling()));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (sessions_.count(req.session_id()) > 0) {
+        return absl::AlreadyExistsError(absl::StrCat("session ", req.session_id(), " is already open"));
+      }
+      if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "drafter holds its maximum of ", options_.max_sessions, " sessions"));
+      }
+    }
+    auto session = std::make_unique<Session>();
+    std::unique_ptr<SequenceKv> kv;
+    const auto t0 = Clock::now();
+    if (prefix.tokens == 0) {
+      kv = std::make_unique<cluster::PrefixTailKv>(config_, nullptr, 0, 0, &arena_);
+      job.resp->set_achieved_ratio(1.0);
+    } else if (req.full_prefix()) {
+      // full_remote: the full chunks over the slow link.
+      VC_ASSIGN_OR_RETURN(std::vector<std::string> chunks, store_->Fetch(prefix.chunk_keys));
+      int64_t bytes = 0;
+      for (const auto& c : chunks) bytes += static_cast<int64_t>(c.size());
+      PagedKvCache::Options o;
+      o.arena = &arena_;
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> full,
+                          ingest::LoadFullPrefix(config_, chunks, o));
+      kv = std::make_unique<cluster::PrefixTailKv>(config_, std::move(full), prefix.tokens, 0,
+                                                   &arena_);
+      job.resp->set_prefix_bytes(bytes);
+      job.resp->set_achieved_ratio(1.0);
+      job.resp->set_compressor("full");
+      fetch_bytes_->Inc(static_cast<double>(bytes));
+    } else {
+      VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs, store_->Fetch({req.variant_key()}));
+      VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> compressed,
+                          kvstore::DecodeCompressedPrefix(config_, blobs[0]));
+      if (compressed->prefix_len() != prefix.tokens) {
+        return absl::DataLossError(absl::StrCat("stored variant covers ", compressed->prefix_len(),
+                                                " tokens, the prefix has ", prefix.tokens));
+      }
+      VC_ASSIGN_OR_RETURN(session->prefix_charge, arena_.Reserve(compressed->bytes()));
+      job.resp->set_prefix_bytes(static_cast<int64_t>(blobs[0].size()));
+      job.resp->set_achieved_ratio(compressed->ratio());
+      job.resp->set_compressor(compressed->description());
+      fetch_bytes_->Inc(static_cast<double>(blobs[0].size()));
+      kv = std::make_unique<CompressedSequenceKv>(config_, std::move(compressed), 0, &arena_);
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    job.resp->set_fetch_seconds(secs);
+    if (prefix.tokens > 0) {
+      fetch_seconds_->Observe(secs);
+      prefix_loads_->Inc();
+    }
+    cluster::DraftSessionOptions dopt;
+    dopt.sampling = sampling;
+    dopt.end_position = req.end_position();
+    dopt.lookahead = req.lookahead() + options_.continuation_tokens;
+    session->window = req.lookahead();
+    VC_ASSIGN_OR_RETURN(session->ds, cluster::DraftSession::Create(config_, std::move(prompt),
+                                                                   std::move(kv), prefix.tokens,
+                                                                   dopt));
+    session->last_used = Clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("drafter is shutting down");
+    if (!sessions_.emplace(req.session_id(), std::move(session)).second) {
+      return absl::AlreadyExistsError(absl::StrCat("session ", req.session_id(), " is already open"));
+    }
+    UpdateGauges();
+    return absl::OkStatus();
+  }();
+  if (status.ok()) work_cv_.notify_all();
+  job.reactor->Finish(rpc::ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* DrafterService::Draft(grpc::CallbackServerContext* ctx,
+                                                const pb::DraftRequest* req,
+                                                pb::DraftResponse* resp) {
+  if (req->max_tokens() < 1 || req->min_tokens() < 0 || req->min_tokens() > req->max_tokens()) {
+    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "need 0 <= min_tokens <= max_tokens and max_tokens >= 1, got min ",
+                           req->min_tokens(), " max ", req->max_tokens())));
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(req->session_id());
+    if (it == sessions_.end()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                   absl::StrCat("no session ", req->session_id())));
+      return reactor;
+    }
+    Session& s = *it->second;
+    s.last_used = Clock::now();
+    if (req->lookahead() > 0) {
+      s.window = req->lookahead();
+      s.ds->set_lookahead(req->lookahead() + options_.continuation_tokens);
+    }
+    // The session must be able to reach max_tokens before the next commit.
+    if (s.ds->lookahead() < req->max_tokens()) s.ds->set_lookahead(req->max_tokens());
+    if (static_cast<int>(waiters_.size()) >= options_.max_waiting_drafts) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   "too many Draft calls waiting on this drafter"));
+      return reactor;
+    }
+    Waiter w;
+    w.session_id = req->session_id();
+    w.max_tokens = req->max_tokens();
+    w.min_tokens = std::max(1, req->min_tokens());
+    w.ctx = ctx;
+    w.reactor = reactor;
+    w.resp = resp;
+    w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    ctx->deadline() - std::chrono::system_clock::now());
+    waiters_.push_back(w);
+    ServeWaiters();
+  }
+  work_cv_.notify_all();
+  return reactor;
+}
+
+void DrafterService::ServeWaiters() {
+  const auto now = Clock::now();
+  std::vector<Waiter> still;
+  for (Waiter& w : waiters_) {
+    auto it = sessions_.find(w.session_id);
+    if (it == sessions_.end()) {
+      w.reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                     absl::StrCat("session ", w.session_id, " was released")));
+      continue;
+    }
+    Session& s = *it->second;
+    const auto drafts = s.ds->drafts();
+    const bool can_draft_more = s.ds->wants_step() || s.busy;
+    if (static_cast<int>(drafts.size()) >= w.min_tokens || (!can_draft_more && !drafts.empty())) {
+      const int n = std::min<int>(w.max_tokens, static_cast<int>(drafts.size()));
+      for (int i = 0; i < n; ++i) w.resp->add_drafts(drafts[i]);
+      w.resp->set_first_position(s.ds->verified_end());
+      w.resp->set_ready(static_cast<int32_t>(drafts.size()));
+      w.resp->set_step_seconds(step_seconds_ewma_);
+      w.reactor->Finish(grpc::Status::OK);
+      continue;
+    }
+    if (!can_draft_more) {
+      w.reactor->Finish(grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                                     "no draft possible: the session reached its end position"));
+      continue;
+    }
+    if (now >= w.deadline || w.ctx->IsCancelled()) {
+      w.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                     "drafts were not ready before the deadline"));
+      continue;
+    }
+    still.push_back(w);
+  }
+  waiters_.swap(still);
+}
+
+grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ctx,
+                                                 const pb::CommitRequest* req,
+                                                 pb::CommitResponse* resp) {
+  std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] {
+    auto it = sessions_.find(req->session_id());
+    return it == sessions_.end() || !it->second->busy;
+  };
+  work_cv_.wait(lock, ready);
+  auto it = sessions_.find(req->session_id());
+  if (it == sessions_.end()) {
+    return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
+  }
+  Session& s = *it->second;
+  s.last_used = Clock::now();
+  absl::StatusOr<cluster::CommitOutcome> out = s.ds->Commit(tokens, req->refresh().chunk());
+  if (!out.ok()) return Finish(ctx, out.status());
+  resp->set_surviving_drafts(out->surviving_drafts);
+  resp->set_rolled_back(out->rolled_back);
+  continuation_hits_->Inc(out->surviving_drafts);
+  rolled_back_->Inc(out->rolled_back);
+  lock.unlock();
+  work_cv_.notify_all();
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* DrafterService::Release(grpc::CallbackServerContext* ctx,
+                                                  const pb::ReleaseRequest* req,
+                                                  pb::ReleaseResponse* resp) {
+  std::unique_lock<std::mutex> lock(mu_);
+  work_cv_.wait(lock, [&] {
+    auto it = sessions_.find(req->session_id());
+    return it == sessions_.end() || !it->second->busy;
+  });
+  resp->set_existed(sessions_.erase(req->session_id()) > 0);
+  ServeWaiters();
+  UpdateGauges();
+  return Finish(ctx, absl::OkStatus());
+}
+
+void DrafterService::BatchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto last_reap = Clock::now();
+  std::vector<float> logits;
+  while (true) {
+    work_cv_.wait_for(lock, std::chrono::milliseconds(20), [&] {
+      if (stopping_) return true;
+      for (const auto& [id, s] : sessions_) {
+        if (!s->busy && s->ds->wants_step()) return true;
+      }
+      return false;
+    });
+    if (stopping_) return;
+    ServeWaiters();  // expire waiters even when nothing drafts
+    if (Clock::now() - last_reap > std::chrono::seconds(1)) {
+      ReapIdleSessions();
+      last_reap = Clock::now();
+    }
+    // One step for every session below its lookahead, bounded by the
+    // engine's batch size.
+    std::vector<Session*> stepping;
+    std::vector<SequenceInput> batch;
+    int64_t tokens = 0;
+    for (auto& [id, s] : sessions_) {
+      if (s->busy || !s->ds->wants_step()) continue;
+      SequenceInput in = s->ds->BeginStep();
+      if (tokens + static_cast<int64_t>(in.tokens.size()) > engine_->max_batch_tokens() &&
+          !batch.empty()) {
+        s->ds->AbortStep();
+        break;
+      }
+      tokens += static_cast<int64_t>(in.tokens.size());
+      s->busy = true;
+      stepping.push_back(s.get());
+      batch.push_back(in);
+    }
+    if (batch.empty()) continue;
+    lock.unlock();
+    const auto t0 = Clock::now();
+    std::vector<absl::Status> status(stepping.size());
+    std::vector<std::vector<float>> rows(stepping.size());
+    const absl::Status st = engine_->Forward(batch, &logits);
+    const int64_t vocab = config_.vocab_size;
+    if (st.ok()) {
+      for (size_t i = 0; i < stepping.size(); ++i) {
+        rows[i].assign(logits.begin() + static_cast<std::ptrdiff_t>(i * vocab),
+                       logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab));
+      }
+    } else {
+      // The engine validates the whole batch before touching any KV; find
+      // the session(s) at fault by running each alone.
+      for (size_t i = 0; i < stepping.size(); ++i) {
+        status[i] = stepping.size() == 1 ? st : engine_->Forward({&batch[i], 1}, &rows[i]);
+      }
+    }
+    const double step = std::chrono::duration<double>(Clock::now() - t0).count();
+    forward_seconds_->Observe(step);
+    lock.lock();
+    step_seconds_ewma_ = step_seconds_ewma_ == 0 ? step : 0.9 * step_seconds_ewma_ + 0.1 * step;
+    for (size_t i = 0; i < stepping.size(); ++i) {
+      Session* s = stepping[i];
+      s->busy = false;
+      if (!status[i].ok()) {
+        // Out of arena or context: the session stops drafting; its waiters
+        // get what exists (or an error) and the coordinator falls back.
+        s->ds->AbortStep();
+        s->ds->set_lookahead(static_cast<int>(s->ds->drafts().size()));
+        continue;
+      }
+      (void)s->ds->FinishStep(rows[i]);
+    }
+    ServeWaiters();
+    UpdateGauges();
+    work_cv_.notify_all();
+  }
+}
+
+void DrafterService::ReapIdleSessions() {
+  const auto now = Clock::now();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (!it->second->busy && now - it->second->last_used > options_.session_idle) {
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  UpdateGauges();
+}
+
+void DrafterService::UpdateGauges() {
+  sessions_gauge_->Set(static_cast<double>(sessions_.size()));
+  kv_device_gauge_->Set(static_cast<double>(arena_.in_use()));
+}
+
+}  // namespace vc::worker

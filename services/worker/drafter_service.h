@@ -1,0 +1,111 @@
+// vc-drafter's gRPC service (vericache.v1.Drafter): the remote pool's side
+// of the draft/verify protocol (DESIGN.md sections 3 and 7).
+//
+// Open fetches the request's compressed prefix variant (or, for the
+// full_remote baseline, its full chunks) over the slow link and starts a
+// DraftSession. One batch thread drafts for every session that is below its
+// lookahead in a single Forward call per step (continuous batching), so
+// drafts are ready before the coordinator asks for them, and it keeps
+// drafting past the window being verified (speculative continuation, up to
+// --continuation-tokens); Commit keeps what the verifier's tokens confirm and
+// rolls back the rest. Draft answers as soon as enough drafts exist, or when
+// no more can be drafted, within the call's deadline.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster/remote_session.h"
+#include "common/kvstore/chunk_key.h"
+#include "common/metrics/metrics.h"
+#include "services/common/store_client.h"
+#include "vericache/v1/worker.grpc.pb.h"
+
+namespace vc::worker {
+
+struct DrafterOptions {
+  int max_sessions = 256;
+  // Drafts kept ready past the window the coordinator asked for (x): the
+  // work that speculative continuation can save. 0 disables it.
+  int continuation_tokens = 8;
+  int64_t arena_bytes = int64_t{1} << 30;
+  int max_waiting_drafts = 1024;  // Draft calls waiting at once
+  int max_open_queue = 256;       // Open calls waiting for their fetch
+  std::chrono::seconds session_idle{120};
+  std::string data_plane = "tcp";
+  uint32_t numerics_version = 1;
+};
+
+class DrafterService final : public vericache::v1::Drafter::CallbackService {
+ public:
+  DrafterService(Engine* engine, const kvstore::ModelId& model_id, daemon::StoreClient* store,
+                 metrics::Registry* registry, const DrafterOptions& options);
+  ~DrafterService() override;
+  void Shutdown();
+
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx,
+                                 const vericache::v1::WorkerInfoRequest* req,
+                                 vericache::v1::WorkerInfoResponse* resp) override;
+  grpc::ServerUnaryReactor* Open(grpc::CallbackServerContext* ctx,
+                                 const vericache::v1::DrafterOpenRequest* req,
+                                 vericache::v1::DrafterOpenResponse* resp) override;
+  grpc::ServerUnaryReactor* Draft(grpc::CallbackServerContext* ctx,
+                                  const vericache::v1::DraftRequest* req,
+                                  vericache::v1::DraftResponse* resp) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx,
+                                   const vericache::v1::CommitRequest* req,
+                                   vericache::v1::CommitResponse* resp) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
+                                    const vericache::v1::ReleaseRequest* req,
+                                    vericache::v1::ReleaseResponse* resp) override;
+
+ private:
+  struct Session;
+  struct Waiter;
+  struct OpenJob;
+
+  void BatchLoop();
+  void OpenLoop();
+  void RunOpen(OpenJob& job);
+  // mu_ held: answers waiters that can be answered (or have expired).
+  void ServeWaiters();
+  void ReapIdleSessions();
+  void UpdateGauges();
+
+  Engine* engine_;
+  const ModelConfig& config_;
+  kvstore::ModelId model_id_;
+  daemon::StoreClient* store_;
+  DrafterOptions options_;
+  KvArena arena_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable open_cv_;
+  bool stopping_ = false;
+  std::map<uint64_t, std::unique_ptr<Session>> sessions_;
+  std::vector<Waiter> waiters_;
+  std::deque<OpenJob> open_queue_;
+  std::thread batcher_;
+  std::thread opener_;
+  double step_seconds_ewma_ = 0;  // guarded by mu_
+
+  metrics::Gauge* sessions_gauge_;
+  metrics::Gauge* kv_device_gauge_;
+  metrics::Histogram* forward_seconds_;
+  metrics::Histogram* fetch_seconds_;
+  metrics::Counter* fetch_bytes_;
+  metrics::Counter* prefix_loads_;
+  metrics::Counter* continuation_hits_;
+  metrics::Counter* rolled_back_;
+};
+
+}  // namespace vc::worker

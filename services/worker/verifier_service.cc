@@ -1,0 +1,582 @@
+#include "services/worker/verifier_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/ingest/prefix_ingest.h"
+#include "common/rpc/rpc.h"
+#include "services/common/daemon.h"
+#include "services/worker/worker_common.h"
+
+namespace vc::worker {
+
+namespace pb = ::vericache::v1;
+using Clock = std::chrono::steady_clock;
+
+// A prefix's full K/V, loaded once and shared by the sessions that pin it.
+struct VerifierService::Prefix {
+  std::string table_key;
+  std::vector<std::string> chunk_keys;
+  int32_t tokens = 0;
+  enum class State { kQueued, kLoading, kReady, kFailed } state = State::kQueued;
+  std::shared_ptr<const PagedKvCache> kv;
+  absl::Status error;
+  int pins = 0;
+  int64_t bytes = 0;
+  double fetch_seconds = 0;
+  bool charged_to_verify = false;  // a verify already reported its load bytes
+};
+
+struct VerifierService::Session {
+  std::unique_ptr<cluster::VerifySession> vs;
+  std::vector<std::string> chunk_keys;
+  std::string table_key;  // of its prefix ("" when it has no stored prefix)
+  bool resident = false;
+  bool pinned = false;
+  Clock::time_point last_used;
+  bool busy = false;  // in a verify pass
+};
+
+struct VerifierService::Job {
+  enum class Kind { kVerify, kIngest } kind = Kind::kVerify;
+  grpc::CallbackServerContext* ctx = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  uint64_t session_id = 0;
+  std::vector<int32_t> drafts;
+  pb::VerifyResponse* verify_resp = nullptr;
+  const pb::IngestRequest* ingest_req = nullptr;
+  pb::IngestResponse* ingest_resp = nullptr;
+  Clock::time_point enqueued;
+};
+
+VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_id,
+                                 daemon::StoreClient* store, metrics::Registry* registry,
+                                 const VerifierOptions& options)
+    : engine_(engine),
+      config_(engine->config()),
+      model_id_(model_id),
+      store_(store),
+      options_(options),
+      arena_("verifier", options.arena_bytes) {
+  WorkerMetrics m = RegisterWorkerMetrics(registry, "verifier");
+  sessions_gauge_ = m.sessions;
+  kv_device_gauge_ = m.kv_device;
+  kv_transient_gauge_ = m.kv_transient;
+  forward_seconds_ = m.forward_seconds;
+  fetch_seconds_ = m.fetch_seconds;
+  fetch_bytes_ = m.fetch_bytes;
+  prefix_loads_ = m.prefix_loads;
+  batch_requests_ = &daemon::MustHistogram(registry, "vericache_verify_batch_requests",
+                                           "Requests verified together in one pass.", {},
+                                           {1, 2, 4, 8, 16, 32, 64})
+                         ->Get();
+  prefix_shared_ = &daemon::MustCounter(registry, "vericache_prefix_load_shared_total",
+                                        "Verifies that used a prefix loaded for another request "
+                                        "(loads saved by prefix-aware verification).")
+                        ->Get();
+  for (int i = 0; i < std::max(1, options_.loader_threads); ++i) {
+    loaders_.emplace_back([this] { LoaderLoop(); });
+  }
+  batcher_ = std::thread([this] { BatchLoop(); });
+}
+
+VerifierService::~VerifierService() { Shutdown(); }
+
+void VerifierService::Shutdown() {
+  std::deque<Job> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !batcher_.joinable()) return;
+    stopping_ = true;
+    dropped.swap(jobs_);
+  }
+  for (Job& j : dropped) j.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier is shutting down"));
+  work_cv_.notify_all();
+  load_cv_.notify_all();
+  if (batcher_.joinable()) batcher_.join();
+  for (auto& t : loaders_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+// ------------------------------------------------------------------ RPCs
+
+grpc::ServerUnaryReactor* VerifierService::Info(grpc::CallbackServerContext* ctx,
+                                                const pb::WorkerInfoRequest* /*req*/,
+                                                pb::WorkerInfoResponse* resp) {
+  FillWorkerInfo("verifier", config_, model_id_, options_.numerics_version, options_.data_plane,
+                 resp);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resp->set_sessions(static_cast<int32_t>(sessions_.size()));
+  }
+  resp->set_kv_bytes(arena_.in_use());
+  const transport::ClientStats ds = store_->data_stats();
+  resp->set_data_plane_bytes(ds.bytes);
+  resp->set_data_plane_transport_bytes(ds.transport_bytes);
+  resp->set_data_plane_fetches(ds.fetches);
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* VerifierService::Open(grpc::CallbackServerContext* ctx,
+                                                const pb::VerifierOpenRequest* req,
+                                                pb::VerifierOpenResponse* /*resp*/) {
+  std::vector<int32_t> prompt(req->prompt().begin(), req->prompt().end());
+  absl::StatusOr<PrefixRequest> prefix = ValidatePrefix(req->prefix(), prompt, config_);
+  if (!prefix.ok()) return Finish(ctx, prefix.status());
+  absl::StatusOr<cluster::SessionSampling> sampling = ToSessionSampling(req->sampling());
+  if (!sampling.ok()) return Finish(ctx, sampling.status());
+  cluster::VerifySessionOptions vo;
+  vo.sampling = *sampling;
+  vo.tail_arena = &arena_;
+  auto vs = cluster::VerifySession::Create(config_, std::move(prompt), prefix->tokens, vo);
+  if (!vs.ok()) return Finish(ctx, vs.status());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
+  if (sessions_.count(req->session_id()) > 0) {
+    return Finish(ctx, absl::AlreadyExistsError(
+                           absl::StrCat("session ", req->session_id(), " is already open")));
+  }
+  if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    return Finish(ctx, absl::ResourceExhaustedError(absl::StrCat(
+                           "verifier holds its maximum of ", options_.max_sessions, " sessions")));
+  }
+  auto s = std::make_unique<Session>();
+  s->vs = std::move(*vs);
+  s->chunk_keys = prefix->chunk_keys;
+  if (prefix->tokens > 0) {
+    s->table_key = options_.prefix_aware
+                       ? prefix->chunk_keys.back()
+                       : absl::StrCat(prefix->chunk_keys.back(), "/", req->session_id());
+  }
+  s->resident = req->resident();
+  s->last_used = Clock::now();
+  Session& ref = *s;
+  sessions_[req->session_id()] = std::move(s);
+  if (ref.resident) PinPrefix(ref);
+  UpdateGauges();
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* VerifierService::Load(grpc::CallbackServerContext* ctx,
+                                                const pb::LoadRequest* req,
+                                                pb::LoadResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(req->session_id());
+  if (it == sessions_.end()) {
+    return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
+  }
+  it->second->last_used = Clock::now();
+  if (req->resident()) it->second->resident = true;
+  resp->set_already_loaded(PinPrefix(*it->second));
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* VerifierService::Verify(grpc::CallbackServerContext* ctx,
+                                                  const pb::VerifyRequest* req,
+                                                  pb::VerifyResponse* resp) {
+  Job job;
+  job.kind = Job::Kind::kVerify;
+  job.ctx = ctx;
+  job.session_id = req->session_id();
+  job.drafts.assign(req->drafts().begin(), req->drafts().end());
+  job.verify_resp = resp;
+  job.enqueued = Clock::now();
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
+    auto it = sessions_.find(req->session_id());
+    if (it == sessions_.end()) {
+      return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
+    }
+    if (static_cast<int>(jobs_.size()) >= options_.max_queued_jobs) {
+      return Finish(ctx, absl::ResourceExhaustedError("verifier job queue is full"));
+    }
+    Session& s = *it->second;
+    s.last_used = Clock::now();
+    // A verify without an earlier Load starts the load now.
+    if (!s.pinned) PinPrefix(s);
+    job.reactor = ctx->DefaultReactor();
+    reactor = job.reactor;
+    jobs_.push_back(std::move(job));
+  }
+  work_cv_.notify_all();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* VerifierService::Release(grpc::CallbackServerContext* ctx,
+                                                   const pb::ReleaseRequest* req,
+                                                   pb::ReleaseResponse* resp) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = sessions_.find(req->session_id());
+  if (it == sessions_.end()) {
+    resp->set_existed(false);
+    return Finish(ctx, absl::OkStatus());
+  }
+  // A pass in flight finishes first (it holds pointers into the session).
+  work_cv_.wait(lock, [&] {
+    auto again = sessions_.find(req->session_id());
+    return again == sessions_.end() || !again->second->busy;
+  });
+  it = sessions_.find(req->session_id());
+  if (it != sessions_.end()) {
+    if (it->second->pinned) UnpinPrefix(*it->second);
+    sessions_.erase(it);
+  }
+  resp->set_existed(true);
+  UpdateGauges();
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* VerifierService::Ingest(grpc::CallbackServerContext* ctx,
+                                                  const pb::IngestRequest* req,
+                                                  pb::IngestResponse* resp) {
+  if (req->chunk_tokens() <= 0) {
+    return Finish(ctx, absl::InvalidArgumentError("chunk_tokens must be > 0"));
+  }
+  if (req->tokens_size() == 0 || req->tokens_size() % req->chunk_tokens() != 0) {
+    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "ingest needs a whole number of ", req->chunk_tokens(),
+                           "-token chunks, got ", req->tokens_size(), " tokens")));
+  }
+  Job job;
+  job.kind = Job::Kind::kIngest;
+  job.ctx = ctx;
+  job.ingest_req = req;
+  job.ingest_resp = resp;
+  job.enqueued = Clock::now();
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
+    if (static_cast<int>(jobs_.size()) >= options_.max_queued_jobs) {
+      return Finish(ctx, absl::ResourceExhaustedError("verifier job queue is full"));
+    }
+    job.reactor = ctx->DefaultReactor();
+    reactor = job.reactor;
+    jobs_.push_back(std::move(job));
+  }
+  work_cv_.notify_all();
+  return reactor;
+}
+
+// --------------------------------------------------------------- prefixes
+
+bool VerifierService::PinPrefix(Session& s) {
+  if (s.pinned) {
+    auto it = prefixes_.find(s.table_key);
+    return it != prefixes_.end() && it->second->state == Prefix::State::kReady;
+  }
+  s.pinned = true;
+  if (s.table_key.empty()) return true;
+  std::shared_ptr<Prefix>& p = prefixes_[s.table_key];
+  if (p == nullptr) {
+    p = std::make_shared<Prefix>();
+    p->table_key = s.table_key;
+    p->chunk_keys = s.chunk_keys;
+    p->tokens = s.vs->prefix_len();
+    load_queue_.push_back(p);
+    load_cv_.notify_one();
+  }
+  ++p->pins;
+  return p->state == Prefix::State::kReady;
+}
+
+void VerifierService::UnpinPrefix(Session& s) {
+  if (!s.pinned) return;
+  s.pinned = false;
+  if (s.table_key.empty()) return;
+  auto it = prefixes_.find(s.table_key);
+  if (it == prefixes_.end()) return;
+  if (--it->second->pins <= 0) {
+    // A queued or loading prefix is dropped from the table; the loader sees
+    // it is orphaned and discards what it fetched.
+    prefixes_.erase(it);
+  }
+  UpdateGauges();
+}
+
+void VerifierService::LoaderLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    load_cv_.wait(lock, [&] { return stopping_ || !load_queue_.empty(); });
+    if (stopping_) return;
+    std::shared_ptr<Prefix> p = load_queue_.front();
+    load_queue_.pop_front();
+    if (prefixes_.count(p->table_key) == 0 || prefixes_[p->table_key] != p) continue;  // orphaned
+    p->state = Prefix::State::kLoading;
+    const std::vector<std::string> keys = p->chunk_keys;
+    lock.unlock();
+    const auto t0 = Clock::now();
+    absl::StatusOr<std::unique_ptr<PagedKvCache>> kv = absl::UnknownError("not fetched");
+    absl::StatusOr<std::vector<std::string>> chunks = store_->Fetch(keys);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    int64_t bytes = 0;
+    if (chunks.ok()) {
+      for (const auto& c : *chunks) bytes += static_cast<int64_t>(c.size());
+      PagedKvCache::Options o;
+      o.arena = &arena_;
+      kv = ingest::LoadFullPrefix(config_, *chunks, o);
+    } else {
+      kv = chunks.status();
+    }
+    fetch_seconds_->Observe(secs);
+    fetch_bytes_->Inc(static_cast<double>(bytes));
+    prefix_loads_->Inc();
+    lock.lock();
+    if (kv.ok()) {
+      p->kv = std::shared_ptr<const PagedKvCache>(std::move(*kv));
+      p->state = Prefix::State::kReady;
+      p->bytes = bytes;
+      p->fetch_seconds = secs;
+    } else {
+      p->error = kv.status();
+      p->state = Prefix::State::kFailed;
+    }
+    UpdateGauges();
+    work_cv_.notify_all();
+  }
+}
+
+// ------------------------------------------------------------ batch thread
+
+void VerifierService::BatchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto last_reap = Clock::now();
+  while (true) {
+    work_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) return;
+    if (Clock::now() - last_reap > std::chrono::seconds(1)) {
+      ReapIdleSessions();
+      last_reap = Clock::now();
+    }
+    if (jobs_.empty()) continue;
+    if (jobs_.front().kind == Job::Kind::kIngest) {
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      RunIngest(job);
+      lock.lock();
+      continue;
+    }
+    // Gather the verifies due together: wait (within the gather window) only
+    // while a session that asked for its prefix (Load) has not sent its
+    // verify yet; plain decode steps never wait.
+    auto others_due = [&] {
+      int due = 0;
+      for (const auto& [id, s] : sessions_) {
+        if (s->pinned && !s->resident && !s->busy) ++due;
+      }
+      return due > static_cast<int>(jobs_.size());
+    };
+    const auto gather_until = Clock::now() + options_.gather;
+    work_cv_.wait_until(lock, gather_until, [&] {
+      return stopping_ || static_cast<int>(jobs_.size()) >= options_.max_batch_requests ||
+             !others_due();
+    });
+    if (stopping_) return;
+    // Take the verifies whose prefix is ready (or failed: they fail now);
+    // the rest wait for their load, which wakes this thread.
+    std::vector<Job> batch;
+    std::deque<Job> keep;
+    bool any_waiting = false;
+    while (!jobs_.empty()) {
+      Job j = std::move(jobs_.front());
+      jobs_.pop_front();
+      if (j.kind != Job::Kind::kVerify ||
+          static_cast<int>(batch.size()) >= options_.max_batch_requests) {
+        keep.push_back(std::move(j));
+        continue;
+      }
+      auto it = sessions_.find(j.session_id);
+      if (it == sessions_.end()) {
+        j.reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                       absl::StrCat("session ", j.session_id, " was released")));
+        continue;
+      }
+      if (j.ctx->IsCancelled()) {
+        j.reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "verify cancelled"));
+        continue;
+      }
+      Session& s = *it->second;
+      bool ready = s.table_key.empty();
+      if (!ready) {
+        auto p = prefixes_.find(s.table_key);
+        if (p == prefixes_.end()) {
+          PinPrefix(s);  // released meanwhile: load again
+          p = prefixes_.find(s.table_key);
+        }
+        ready = p->second->state == Prefix::State::kReady ||
+                p->second->state == Prefix::State::kFailed;
+      }
+      if (!ready || s.busy) {
+        any_waiting = true;
+        keep.push_back(std::move(j));
+        continue;
+      }
+      s.busy = true;
+      batch.push_back(std::move(j));
+    }
+    jobs_ = std::move(keep);
+    if (batch.empty()) {
+      if (any_waiting) work_cv_.wait_for(lock, std::chrono::milliseconds(50));
+      continue;
+    }
+    lock.unlock();
+    RunVerifies(batch);
+    lock.lock();
+    work_cv_.notify_all();  // Release waits for busy sessions
+  }
+}
+
+void VerifierService::RunVerifies(std::vector<Job>& jobs) {
+  // mu_ is not held; the sessions are marked busy, their prefixes pinned.
+  std::vector<Session*> sessions;
+  std::vector<std::shared_ptr<Prefix>> prefixes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Job& j : jobs) {
+      Session* s = sessions_.at(j.session_id).get();
+      sessions.push_back(s);
+      prefixes.push_back(s->table_key.empty() ? nullptr : prefixes_.at(s->table_key));
+    }
+  }
+  std::map<Prefix*, int> users;
+  for (auto& p : prefixes) {
+    if (p) ++users[p.get()];
+  }
+  std::vector<cluster::VerifySession*> run;
+  std::vector<std::vector<int32_t>> drafts;
+  std::vector<size_t> run_index;
+  std::vector<absl::Status> errors(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (prefixes[i] != nullptr) {
+      if (prefixes[i]->state == Prefix::State::kFailed) {
+        errors[i] = absl::UnavailableError(
+            absl::StrCat("loading the prefix's full KV failed: ", prefixes[i]->error.message()));
+        continue;
+      }
+      if (absl::Status st = sessions[i]->vs->AttachPrefix(prefixes[i]->kv); !st.ok()) {
+        errors[i] = st;
+        continue;
+      }
+    }
+    run.push_back(sessions[i]->vs.get());
+    drafts.push_back(jobs[i].drafts);
+    run_index.push_back(i);
+  }
+  const auto t0 = Clock::now();
+  auto results = cluster::RunVerifyPass(*engine_, run, drafts);
+  const double forward = std::chrono::duration<double>(Clock::now() - t0).count();
+  forward_seconds_->Observe(forward);
+  batch_requests_->Observe(static_cast<double>(run.size()));
+
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < run.size(); ++r) {
+    const size_t i = run_index[r];
+    Session& s = *sessions[i];
+    s.vs->DetachPrefix();
+    if (!results[r].ok()) {
+      errors[i] = results[r].status();
+      continue;
+    }
+    const cluster::VerifyOutcome& o = *results[r];
+    pb::VerifyResponse* resp = jobs[i].verify_resp;
+    resp->set_accepted(o.accepted);
+    for (int32_t t : o.tokens) resp->add_tokens(t);
+    if (o.refresh_count > 0) {
+      absl::StatusOr<std::string> rows = s.vs->EncodeRows(o.refresh_first, o.refresh_count);
+      if (!rows.ok()) {
+        errors[i] = rows.status();
+        continue;
+      }
+      resp->mutable_refresh()->set_first_position(o.refresh_first);
+      resp->mutable_refresh()->set_count(o.refresh_count);
+      resp->mutable_refresh()->set_chunk(std::move(*rows));
+    }
+    resp->set_forward_seconds(forward);
+    resp->set_batch_requests(static_cast<int32_t>(run.size()));
+    resp->set_load_wait_seconds(
+        std::chrono::duration<double>(t0 - jobs[i].enqueued).count());
+    if (prefixes[i] != nullptr) {
+      Prefix& p = *prefixes[i];
+      const bool shared = users[&p] > 1 || p.charged_to_verify;
+      resp->set_prefix_shared(shared);
+      if (!p.charged_to_verify) {
+        resp->set_prefix_bytes_loaded(p.bytes);
+        p.charged_to_verify = true;
+      } else {
+        prefix_shared_->Inc();
+      }
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Session& s = *sessions[i];
+    s.busy = false;
+    s.last_used = Clock::now();
+    // The transient prefix goes after its verify unless the session decodes
+    // with it resident.
+    if (!s.resident) UnpinPrefix(s);
+    jobs[i].reactor->Finish(rpc::ToGrpcStatus(errors[i]));
+  }
+  UpdateGauges();
+}
+
+void VerifierService::RunIngest(Job& job) {
+  const pb::IngestRequest& req = *job.ingest_req;
+  absl::Status status = [&]() -> absl::Status {
+    VC_ASSIGN_OR_RETURN(auto variants, ingest::ParseVariantList(req.variants()));
+    kvstore::ChunkKeyOptions ko;
+    ko.chunk_tokens = req.chunk_tokens();
+    ko.tenant_salt = req.tenant_salt();
+    ko.numerics_version = options_.numerics_version;
+    std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
+    const auto t0 = Clock::now();
+    VC_ASSIGN_OR_RETURN(ingest::PrefixEntries entries,
+                        ingest::BuildPrefixEntries(*engine_, tokens, ko, model_id_, variants));
+    job.ingest_resp->set_prefill_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+    VC_RETURN_IF_ERROR(store_->PutAll(entries.entries));
+    int64_t bytes = 0;
+    for (const auto& e : entries.entries) bytes += static_cast<int64_t>(e.second.size());
+    job.ingest_resp->set_bytes(bytes);
+    for (const auto& k : entries.chunk_keys) job.ingest_resp->add_chunk_keys(k.Raw());
+    for (const auto& v : entries.variants) {
+      pb::StoredVariantInfo* out = job.ingest_resp->add_variants();
+      out->set_key(v.key.Raw());
+      out->set_description(v.description);
+      out->set_target_ratio(v.target_ratio);
+      out->set_achieved_ratio(v.achieved_ratio);
+      out->set_bytes(v.bytes);
+    }
+    return absl::OkStatus();
+  }();
+  job.reactor->Finish(rpc::ToGrpcStatus(status));
+}
+
+void VerifierService::ReapIdleSessions() {
+  const auto now = Clock::now();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    Session& s = *it->second;
+    if (!s.busy && now - s.last_used > options_.session_idle) {
+      if (s.pinned) UnpinPrefix(s);
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  UpdateGauges();
+}
+
+void VerifierService::UpdateGauges() {
+  sessions_gauge_->Set(static_cast<double>(sessions_.size()));
+  int64_t transient = 0;
+  for (const auto& [key, p] : prefixes_) {
+    if (p->kv) transient += p->kv->bytes();
+  }
+  kv_transient_gauge_->Set(static_cast<double>(transient));
+  kv_device_gauge_->Set(static_cast<double>(arena_.in_use() - transient));
+}
+
+}  // namespace vc::worker

@@ -1,0 +1,129 @@
+// vc-verifier's gRPC service (vericache.v1.Verifier): the local pool's side
+// of the draft/verify protocol (DESIGN.md sections 3 and 7).
+//
+// Per request it keeps a VerifySession (the exact K/V of the suffix and the
+// accepted output). The prefix's full K/V is fetched from vc-kvstore over
+// the fast link when the coordinator says its reload begins (Load), attached
+// for the verify pass, and dropped after it, unless the session is resident
+// (plain full-KV decoding). With prefix-aware verification, requests over
+// the same stored prefix share one loaded copy: loaded once, verified in the
+// same pass when they are due together.
+//
+// One batch thread runs every Forward call (the engine is single-threaded):
+// verify jobs that arrive within the gather window form one pass; ingest
+// jobs (prefill a prefix, store its chunks and variants) run between passes.
+// Loader threads fetch prefixes. Every queue is bounded; idle sessions are
+// reaped, so a coordinator that dies frees its KV here too.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster/remote_session.h"
+#include "common/kvstore/chunk_key.h"
+#include "common/metrics/metrics.h"
+#include "services/common/store_client.h"
+#include "vericache/v1/worker.grpc.pb.h"
+
+namespace vc::worker {
+
+struct VerifierOptions {
+  int max_sessions = 256;
+  bool prefix_aware = true;
+  // Bytes of KV this worker holds: transient prefixes plus session tails.
+  int64_t arena_bytes = int64_t{1} << 30;
+  int max_batch_requests = 64;
+  // How long the batch thread waits for more due verifies after the first.
+  std::chrono::microseconds gather{2000};
+  int max_queued_jobs = 1024;
+  int loader_threads = 2;
+  // Sessions untouched this long are released (their coordinator is gone).
+  std::chrono::seconds session_idle{120};
+  std::string data_plane = "tcp";
+  uint32_t numerics_version = 1;
+};
+
+class VerifierService final : public vericache::v1::Verifier::CallbackService {
+ public:
+  // `engine` and `store` must outlive the service; `registry` gets the
+  // vericache_worker_* families (role="verifier").
+  VerifierService(Engine* engine, const kvstore::ModelId& model_id, daemon::StoreClient* store,
+                  metrics::Registry* registry, const VerifierOptions& options);
+  ~VerifierService() override;
+
+  // Fails queued jobs with Unavailable and stops the threads (drain).
+  void Shutdown();
+
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx,
+                                 const vericache::v1::WorkerInfoRequest* req,
+                                 vericache::v1::WorkerInfoResponse* resp) override;
+  grpc::ServerUnaryReactor* Open(grpc::CallbackServerContext* ctx,
+                                 const vericache::v1::VerifierOpenRequest* req,
+                                 vericache::v1::VerifierOpenResponse* resp) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* ctx,
+                                 const vericache::v1::LoadRequest* req,
+                                 vericache::v1::LoadResponse* resp) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* ctx,
+                                   const vericache::v1::VerifyRequest* req,
+                                   vericache::v1::VerifyResponse* resp) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
+                                    const vericache::v1::ReleaseRequest* req,
+                                    vericache::v1::ReleaseResponse* resp) override;
+  grpc::ServerUnaryReactor* Ingest(grpc::CallbackServerContext* ctx,
+                                   const vericache::v1::IngestRequest* req,
+                                   vericache::v1::IngestResponse* resp) override;
+
+ private:
+  struct Prefix;
+  struct Session;
+  struct Job;
+
+  void BatchLoop();
+  void LoaderLoop();
+  // mu_ held. Pins the session's prefix (loading it if needed); true if it
+  // was already loaded.
+  bool PinPrefix(Session& s);
+  void UnpinPrefix(Session& s);
+  void RunVerifies(std::vector<Job>& jobs);
+  void RunIngest(Job& job);
+  void ReapIdleSessions();
+  void UpdateGauges();
+
+  Engine* engine_;
+  const ModelConfig& config_;
+  kvstore::ModelId model_id_;
+  daemon::StoreClient* store_;
+  VerifierOptions options_;
+  KvArena arena_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // batch thread: jobs or a finished load
+  std::condition_variable load_cv_;  // loader threads
+  bool stopping_ = false;
+  std::map<uint64_t, std::unique_ptr<Session>> sessions_;
+  std::map<std::string, std::shared_ptr<Prefix>> prefixes_;  // by table key
+  std::deque<std::shared_ptr<Prefix>> load_queue_;
+  std::deque<Job> jobs_;
+  std::vector<std::thread> loaders_;
+  std::thread batcher_;
+
+  metrics::Gauge* sessions_gauge_;
+  metrics::Gauge* kv_device_gauge_;
+  metrics::Gauge* kv_transient_gauge_;
+  metrics::Histogram* forward_seconds_;
+  metrics::Histogram* fetch_seconds_;
+  metrics::Counter* fetch_bytes_;
+  metrics::Histogram* batch_requests_;
+  metrics::Counter* prefix_loads_;
+  metrics::Counter* prefix_shared_;
+};
+
+}  // namespace vc::worker

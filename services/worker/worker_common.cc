@@ -1,0 +1,118 @@
+#include "services/worker/worker_common.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/rpc.h"
+#include "services/common/daemon.h"
+
+namespace vc::worker {
+
+namespace pb = ::vericache::v1;
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(rpc::ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::StatusOr<PrefixRequest> ValidatePrefix(const pb::PrefixRef& prefix,
+                                             const std::vector<int32_t>& prompt,
+                                             const ModelConfig& config) {
+  PrefixRequest out;
+  out.tokens = prefix.prefix_tokens();
+  const int keys = prefix.chunk_keys_size();
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (static_cast<int64_t>(prompt.size()) > config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt.size(),
+                                                   " tokens, more than the context length ",
+                                                   config.max_seq_len));
+  }
+  if (out.tokens < 0 || (keys == 0) != (out.tokens == 0) ||
+      (keys > 0 && out.tokens % keys != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix of ", out.tokens, " tokens in ", keys,
+                                                   " chunks is not a whole number of chunks"));
+  }
+  if (out.tokens > static_cast<int32_t>(prompt.size()) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stored prefix of ", out.tokens, " tokens leaves no suffix token of the ", prompt.size(),
+        "-token prompt"));
+  }
+  for (int i = 0; i < keys; ++i) {
+    if (prefix.chunk_keys(i).size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk_keys[", i, "] has ",
+                                                     prefix.chunk_keys(i).size(),
+                                                     " bytes, expected 32"));
+    }
+    out.chunk_keys.push_back(prefix.chunk_keys(i));
+  }
+  return out;
+}
+
+absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const pb::SamplingConfig& s) {
+  cluster::SessionSampling out;
+  switch (s.mode()) {
+    case pb::SamplingConfig::GREEDY:
+      out.mode = SamplingMode::kGreedy;
+      break;
+    case pb::SamplingConfig::SEEDED:
+      out.mode = SamplingMode::kSeeded;
+      break;
+    case pb::SamplingConfig::REJECTION:
+      out.mode = SamplingMode::kRejection;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown sampling mode ", s.mode()));
+  }
+  out.params.temperature = s.temperature();
+  out.params.top_k = s.top_k();
+  out.params.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  out.params.seed = s.seed();
+  if (out.mode == SamplingMode::kSeeded && out.params.temperature <= 0.0f) {
+    return absl::InvalidArgumentError("seeded sampling needs a temperature > 0");
+  }
+  if (absl::Status st = out.Validate(); !st.ok()) return st;
+  return out;
+}
+
+void FillWorkerInfo(const std::string& role, const ModelConfig& config,
+                    const kvstore::ModelId& model_id, uint32_t numerics_version,
+                    const std::string& data_plane, pb::WorkerInfoResponse* out) {
+  out->set_role(role);
+  out->set_model_id(model_id.Raw());
+  out->set_vocab_size(config.vocab_size);
+  out->set_context_length(config.max_seq_len);
+  out->set_kv_bytes_per_token(config.kv_bytes_per_token());
+  out->set_bos_id(config.bos_id);
+  out->set_eos_id(config.eos_id);
+  out->set_numerics_version(numerics_version);
+  out->set_data_plane(data_plane);
+}
+
+WorkerMetrics RegisterWorkerMetrics(metrics::Registry* registry, const std::string& role) {
+  WorkerMetrics m;
+  m.sessions = &daemon::MustGauge(registry, "vericache_worker_sessions",
+                                  "Request sessions held by the worker.", {"role"})
+                    ->Labels({role});
+  auto* kv = daemon::MustGauge(registry, "vericache_worker_kv_bytes",
+                               "KV bytes held by the worker, by tier (device: sessions' own "
+                               "KV; transient: full prefixes loaded for verification).",
+                               {"role", "tier"});
+  m.kv_device = &kv->Labels({role, "device"});
+  m.kv_transient = &kv->Labels({role, "transient"});
+  m.forward_seconds = &daemon::MustHistogram(registry, "vericache_worker_forward_seconds",
+                                             "Seconds per forward pass (one batch).", {"role"},
+                                             daemon::SecondsBuckets())
+                           ->Labels({role});
+  m.fetch_seconds = &daemon::MustHistogram(registry, "vericache_worker_fetch_seconds",
+                                           "Seconds per KV fetch from the store.", {"role"},
+                                           daemon::SecondsBuckets())
+                         ->Labels({role});
+  m.fetch_bytes = &daemon::MustCounter(registry, "vericache_worker_fetch_bytes_total",
+                                       "KV bytes fetched from the store.", {"role"})
+                       ->Labels({role});
+  m.prefix_loads = &daemon::MustCounter(registry, "vericache_prefix_loads_total",
+                                        "Prefix KV loads from the store.", {"role"})
+                        ->Labels({role});
+  return m;
+}
+
+}  // namespace vc::worker

@@ -1,0 +1,51 @@
+// Pieces vc-verifier and vc-drafter share: request validation into the
+// session types, the Info answer, the worker metric families, and finishing
+// a callback-API call with an absl::Status.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/cluster/remote_session.h"
+#include "common/kvstore/chunk_key.h"
+#include "common/metrics/metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "vericache/v1/worker.pb.h"
+
+namespace vc::worker {
+
+// Finishes `ctx`'s default reactor with `status` and returns it.
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status);
+
+struct PrefixRequest {
+  int32_t tokens = 0;
+  std::vector<std::string> chunk_keys;  // raw 32-byte keys
+};
+// Checks a request's stored-prefix reference against its prompt and model:
+// 32-byte keys, prefix_tokens = keys x a chunk size that divides it, at most
+// prompt length - 1, and at most the context. InvalidArgument otherwise.
+absl::StatusOr<PrefixRequest> ValidatePrefix(const vericache::v1::PrefixRef& prefix,
+                                             const std::vector<int32_t>& prompt,
+                                             const ModelConfig& config);
+
+// Greedy or seeded; InvalidArgument for rejection or bad parameters.
+absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const vericache::v1::SamplingConfig& s);
+
+void FillWorkerInfo(const std::string& role, const ModelConfig& config,
+                    const kvstore::ModelId& model_id, uint32_t numerics_version,
+                    const std::string& data_plane, vericache::v1::WorkerInfoResponse* out);
+
+// The vericache_worker_* families, children for `role`.
+struct WorkerMetrics {
+  metrics::Gauge* sessions;
+  metrics::Gauge* kv_device;
+  metrics::Gauge* kv_transient;
+  metrics::Histogram* forward_seconds;
+  metrics::Histogram* fetch_seconds;
+  metrics::Counter* fetch_bytes;
+  metrics::Counter* prefix_loads;
+};
+WorkerMetrics RegisterWorkerMetrics(metrics::Registry* registry, const std::string& role);
+
+}  // namespace vc::worker

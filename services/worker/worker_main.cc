@@ -1,0 +1,154 @@
+#include "services/worker/worker_main.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/flags.h"
+#include "common/engine/engine.h"
+#include "common/kvstore/chunk_key.h"
+#include "common/model/model.h"
+#include "services/common/daemon.h"
+#include "services/common/store_client.h"
+#include "services/worker/drafter_service.h"
+#include "services/worker/verifier_service.h"
+
+namespace vc::worker {
+namespace {
+
+constexpr char kVersion[] = "0.2.0";
+
+struct Flags {
+  daemon::ServerOptions server;
+  std::string model;
+  std::string kvstore;
+  std::string data_plane = "tcp";
+  int threads = 0;
+  int64_t max_batch_tokens = 4096;
+  int max_requests = 256;
+  int64_t arena_bytes = int64_t{1} << 30;
+  int64_t rpc_timeout_ms = 10000;
+  int64_t session_idle_seconds = 120;
+  bool prefix_aware = true;     // verifier
+  double batch_gather_ms = 2;   // verifier
+  int continuation_tokens = 8;  // drafter
+};
+
+}  // namespace
+
+int RunWorkerMain(Role role, int argc, char** argv) {
+  const bool verifier = role == Role::kVerifier;
+  const std::string name = verifier ? "vc-verifier" : "vc-drafter";
+  Flags f;
+  f.server.name = name;
+  f.server.version = kVersion;
+  f.server.listen = verifier ? "127.0.0.1:7410" : "127.0.0.1:7420";
+  FlagSet flags(name, verifier
+                          ? "VeriCache verifier worker (local pool): loads full KV over the fast "
+                            "link just in time and verifies drafts in one pass."
+                          : "VeriCache drafter worker (remote pool): fetches compressed KV over "
+                            "the slow link and drafts tokens for many requests at once.");
+  flags.Add("--listen", &f.server.listen, "HOST:PORT", "gRPC address (port 0 picks a free one)");
+  flags.Add("--model", &f.model, "PATH", "model file (llama2.c .bin) or Hugging Face directory (required)");
+  flags.Add("--kvstore", &f.kvstore, "HOST:PORT", "vc-kvstore gRPC address (required)");
+  flags.Add("--data-plane", &f.data_plane, "tcp|ucx", "data plane transport (must match the store)");
+  flags.Add("--threads", &f.threads, "N", "compute threads (0 = all cores); never changes results");
+  flags.Add("--max-batch-tokens", &f.max_batch_tokens, "N", "largest forward pass in tokens");
+  flags.Add("--max-requests", &f.max_requests, "N", "request sessions held at once");
+  flags.Add("--arena-bytes", &f.arena_bytes, "N", "KV bytes this worker may hold");
+  flags.Add("--metrics-listen", &f.server.metrics_listen, "HOST:PORT",
+            "Prometheus /metrics address (empty: off)");
+  flags.Add("--rpc-timeout-ms", &f.rpc_timeout_ms, "N", "deadline of calls this worker makes");
+  flags.Add("--max-message-bytes", &f.server.max_message_bytes, "N",
+            "largest gRPC message sent or received");
+  flags.Add("--session-idle-seconds", &f.session_idle_seconds, "N",
+            "release sessions untouched this long (their coordinator is gone)");
+  if (verifier) {
+    flags.AddBool("--prefix-aware", &f.prefix_aware,
+                  "verify requests that share a stored prefix with one load (default on; "
+                  "--prefix-aware=false to disable)");
+    flags.Add("--batch-gather-ms", &f.batch_gather_ms, "X",
+              "wait this long for more due verifies before a pass");
+  } else {
+    flags.Add("--continuation-tokens", &f.continuation_tokens, "N",
+              "drafts made ahead while a window is verified (speculative continuation; 0 off)");
+  }
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
+    return daemon::BadFlags(name, std::string(s.message()));
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  if (f.model.empty()) return daemon::BadFlags(name, "--model is required");
+  if (f.kvstore.empty()) return daemon::BadFlags(name, "--kvstore is required");
+  if (f.data_plane != "tcp" && f.data_plane != "ucx") {
+    return daemon::BadFlags(name, "--data-plane must be tcp or ucx");
+  }
+  if (f.threads < 0) return daemon::BadFlags(name, "--threads must be >= 0");
+  if (f.max_batch_tokens < 1) return daemon::BadFlags(name, "--max-batch-tokens must be >= 1");
+  if (f.max_requests < 1) return daemon::BadFlags(name, "--max-requests must be >= 1");
+  if (f.arena_bytes < 1) return daemon::BadFlags(name, "--arena-bytes must be >= 1");
+  if (f.rpc_timeout_ms < 1) return daemon::BadFlags(name, "--rpc-timeout-ms must be >= 1");
+  if (f.session_idle_seconds < 1) return daemon::BadFlags(name, "--session-idle-seconds must be >= 1");
+  if (f.batch_gather_ms < 0) return daemon::BadFlags(name, "--batch-gather-ms must be >= 0");
+  if (f.continuation_tokens < 0) return daemon::BadFlags(name, "--continuation-tokens must be >= 0");
+  if (absl::Status s = daemon::ValidateServerOptions(f.server); !s.ok()) {
+    return daemon::BadFlags(name, std::string(s.message()));
+  }
+  daemon::BlockDrainSignals();
+
+  auto model = Model::Load(f.model);
+  if (!model.ok()) return daemon::Fail(name, model.status().ToString());
+  EngineOptions eo;
+  eo.backend.threads = f.threads;
+  eo.max_batch_tokens = f.max_batch_tokens;
+  auto engine = Engine::Create(**model, eo);
+  if (!engine.ok()) return daemon::Fail(name, engine.status().ToString());
+  const kvstore::ModelId model_id = kvstore::ComputeModelId(**model);
+
+  daemon::StoreClientOptions so;
+  so.control_address = f.kvstore;
+  so.data_plane = f.data_plane;
+  so.link = verifier ? transport::LinkClass::kFast : transport::LinkClass::kSlow;
+  so.timeout = std::chrono::milliseconds(f.rpc_timeout_ms);
+  so.max_message_bytes = static_cast<int>(f.server.max_message_bytes);
+  auto store = daemon::StoreClient::Create(so);
+  if (!store.ok()) return daemon::Fail(name, store.status().ToString());
+
+  metrics::Registry registry;
+  std::unique_ptr<VerifierService> verifier_service;
+  std::unique_ptr<DrafterService> drafter_service;
+  grpc::Service* service = nullptr;
+  if (verifier) {
+    VerifierOptions vo;
+    vo.max_sessions = f.max_requests;
+    vo.prefix_aware = f.prefix_aware;
+    vo.arena_bytes = f.arena_bytes;
+    vo.gather = std::chrono::microseconds(static_cast<int64_t>(f.batch_gather_ms * 1000));
+    vo.session_idle = std::chrono::seconds(f.session_idle_seconds);
+    vo.data_plane = f.data_plane;
+    verifier_service = std::make_unique<VerifierService>(engine->get(), model_id, store->get(),
+                                                         &registry, vo);
+    service = verifier_service.get();
+  } else {
+    DrafterOptions dopt;
+    dopt.max_sessions = f.max_requests;
+    dopt.continuation_tokens = f.continuation_tokens;
+    dopt.arena_bytes = f.arena_bytes;
+    dopt.session_idle = std::chrono::seconds(f.session_idle_seconds);
+    dopt.data_plane = f.data_plane;
+    drafter_service = std::make_unique<DrafterService>(engine->get(), model_id, store->get(),
+                                                       &registry, dopt);
+    service = drafter_service.get();
+  }
+  auto server = daemon::Server::Start(f.server, {service}, &registry);
+  if (!server.ok()) return daemon::Fail(name, server.status().ToString());
+  return (*server)->WaitForSignalAndDrain([&] {
+    if (verifier_service) verifier_service->Shutdown();
+    if (drafter_service) drafter_service->Shutdown();
+  });
+}
+
+}  // namespace vc::worker

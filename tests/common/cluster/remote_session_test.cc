@@ -1,0 +1,288 @@
+// The split draft/verify protocol: a verifier session and a drafter session
+// driven round by round the way the coordinator drives them must produce
+// exactly the tokens of plain full-KV decoding, for every prefix length,
+// compressor, draft length, lookahead (speculative continuation), KV refresh
+// setting and sampling mode; prefix sharing across a batch must not change a
+// bit; bad input is rejected.
+#include "common/cluster/remote_session.h"
+
+#include <random>
+
+#include "common/compress/attention_stats.h"
+#include "common/compress/compressor.h"
+#include "common/decode/full_decode.h"
+#include "common/kv/compressed_kv.h"
+#include "gtest/gtest.h"
+
+namespace vc::cluster {
+namespace {
+
+ModelConfig SmallConfig() {
+  ModelConfig c;
+  c.dim = 32;
+  c.hidden_dim = 48;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 48;
+  c.max_seq_len = 128;
+  c.bos_id = 1;
+  c.eos_id = 2;
+  return c;
+}
+
+class RemoteSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = std::move(Model::CreateRandom(SmallConfig(), 11)).value();
+    EngineOptions eo;
+    eo.backend.threads = 1;
+    engine_ = std::move(Engine::Create(*model_, eo)).value();
+  }
+  const ModelConfig& config() const { return model_->config(); }
+
+  std::vector<int32_t> Prompt(int n, uint64_t seed) const {
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> p = {1};
+    while (static_cast<int>(p.size()) < n) {
+      p.push_back(3 + static_cast<int32_t>(rng() % (config().vocab_size - 3)));
+    }
+    return p;
+  }
+
+  std::vector<int32_t> Full(const std::vector<int32_t>& prompt, int n, const SessionSampling& s) {
+    DecodeOptions o;
+    o.max_new_tokens = n;
+    o.ignore_eos = true;
+    if (s.mode == SamplingMode::kSeeded) o.sampling = s.params;
+    return std::move(DecodeFull(*engine_, prompt, o)).value().tokens;
+  }
+
+  // Exact K/V of prompt[0, len) (what the store holds) and, optionally, the
+  // prefill's attention statistics for compressors.
+  std::shared_ptr<PagedKvCache> Prefill(const std::vector<int32_t>& prompt, int32_t len,
+                                        AttentionStats* stats = nullptr) {
+    auto kv = std::make_shared<PagedKvCache>(config());
+    if (len == 0) return kv;
+    SequenceInput in;
+    in.kv = kv.get();
+    in.tokens = std::span<const int32_t>(prompt).first(len);
+    in.first_logit = len;
+    in.observer = stats;
+    std::vector<float> logits;
+    EXPECT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
+    return kv;
+  }
+
+  // The drafter's prefix view: compressed with `compressor`, or the exact
+  // prefix when compressor is empty (full_remote).
+  std::unique_ptr<SequenceKv> DrafterKv(const std::vector<int32_t>& prompt, int32_t len,
+                                        const CompressorOptions& compressor) {
+    if (compressor.name.empty() || len == 0) {
+      return std::make_unique<PrefixTailKv>(config(), Prefill(prompt, len), len);
+    }
+    AttentionStats stats(config(), len, compressor.window);
+    auto full = Prefill(prompt, len, &stats);
+    auto c = std::move(CreateCompressor(compressor)).value();
+    auto prefix = c->Compress(config(), *full, len, stats);
+    EXPECT_TRUE(prefix.ok()) << prefix.status();
+    return std::make_unique<CompressedSequenceKv>(config(), std::move(prefix).value());
+  }
+
+  struct RunResult {
+    std::vector<int32_t> tokens;
+    int64_t rounds = 0;
+    int64_t accepted = 0;
+    int64_t survived = 0;
+  };
+
+  // The coordinator's loop for one request, in process.
+  RunResult Run(const std::vector<int32_t>& prompt, int32_t prefix_len, int n,
+                const CompressorOptions& compressor, int x, int lookahead, bool refresh,
+                const SessionSampling& sampling) {
+    VerifySessionOptions vo;
+    vo.sampling = sampling;
+    auto vs = std::move(VerifySession::Create(config(), prompt, prefix_len, vo)).value();
+    DraftSessionOptions dopt;
+    dopt.sampling = sampling;
+    dopt.lookahead = lookahead;
+    dopt.end_position = static_cast<int32_t>(prompt.size()) + n;
+    auto ds = std::move(DraftSession::Create(config(), prompt, DrafterKv(prompt, prefix_len, compressor),
+                                             prefix_len, dopt))
+                  .value();
+    auto verifier_prefix = Prefill(prompt, prefix_len);
+    RunResult r;
+    while (static_cast<int>(r.tokens.size()) < n) {
+      while (ds->wants_step() && static_cast<int>(ds->drafts().size()) < lookahead) {
+        SequenceInput in = ds->BeginStep();
+        std::vector<float> logits;
+        EXPECT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
+        EXPECT_TRUE(ds->FinishStep(logits).ok());
+      }
+      const int remaining = n - static_cast<int>(r.tokens.size());
+      const int take = std::min<int>({x, static_cast<int>(ds->drafts().size()), remaining - 1});
+      std::vector<int32_t> drafts(ds->drafts().begin(), ds->drafts().begin() + take);
+      EXPECT_TRUE(vs->AttachPrefix(verifier_prefix).ok());
+      VerifySession* one = vs.get();
+      auto results = RunVerifyPass(*engine_, {&one, 1}, {&drafts, 1});
+      vs->DetachPrefix();
+      EXPECT_TRUE(results[0].ok()) << results[0].status();
+      const VerifyOutcome& o = *results[0];
+      std::string rows;
+      if (refresh) rows = std::move(vs->EncodeRows(o.refresh_first, o.refresh_count)).value();
+      auto c = ds->Commit(o.tokens, rows);
+      EXPECT_TRUE(c.ok()) << c.status();
+      r.survived += c->surviving_drafts;
+      r.accepted += o.accepted;
+      ++r.rounds;
+      for (int32_t t : o.tokens) {
+        if (static_cast<int>(r.tokens.size()) < n) r.tokens.push_back(t);
+      }
+    }
+    return r;
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Engine> engine_;
+};
+
+SessionSampling Greedy() { return {}; }
+SessionSampling Seeded(uint64_t seed) {
+  SessionSampling s;
+  s.mode = SamplingMode::kSeeded;
+  s.params.temperature = 0.8f;
+  s.params.top_k = 20;
+  s.params.top_p = 0.95f;
+  s.params.seed = seed;
+  return s;
+}
+
+TEST_F(RemoteSessionTest, ExactDrafterAcceptsEverythingAndContinues) {
+  const auto prompt = Prompt(40, 1);
+  const int n = 30;
+  const RunResult r = Run(prompt, 32, n, {}, 4, 8, true, Greedy());
+  EXPECT_EQ(r.tokens, Full(prompt, n, Greedy()));
+  // An exact drafter agrees with every verify: each round accepts all drafts,
+  // and the continuation drafted past the window survives.
+  EXPECT_GE(r.accepted + r.rounds, n);
+  EXPECT_GT(r.survived, 0);
+  EXPECT_LE(r.rounds, (n + 4) / 5 + 1);
+}
+
+struct Case {
+  const char* compressor;
+  double ratio;
+  int bits;
+};
+
+TEST_F(RemoteSessionTest, EqualsFullDecodingForEveryConfiguration) {
+  const std::vector<Case> cases = {{"streamingllm", 0.25, 0}, {"snapkv", 0.3, 0},
+                                   {"h2o", 0.5, 0},           {"kivi", 0, 2},
+                                   {"int8", 0, 8},            {"snapkv+kivi", 0.5, 4}};
+  int combos = 0;
+  for (const Case& c : cases) {
+    CompressorOptions co;
+    co.name = c.compressor;
+    co.ratio = c.ratio;
+    co.bits = c.bits;
+    co.window = 8;
+    co.residual = 8;
+    co.quant_group = 8;
+    for (int32_t prefix_len : {0, 16, 48}) {
+      for (int x : {1, 3, 8}) {
+        const bool refresh = (x + prefix_len) % 2 == 0;
+        const int lookahead = x + (prefix_len == 16 ? 4 : 0);
+        for (const SessionSampling& s : {Greedy(), Seeded(5 + x)}) {
+          const auto prompt = Prompt(prefix_len + 7, 100 + prefix_len + x);
+          const int n = 24;
+          const RunResult r = Run(prompt, prefix_len, n, co, x, lookahead, refresh, s);
+          ASSERT_EQ(r.tokens, Full(prompt, n, s))
+              << c.compressor << " L=" << prefix_len << " x=" << x << " refresh=" << refresh
+              << " seeded=" << (s.mode == SamplingMode::kSeeded);
+          ++combos;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(combos, 6 * 3 * 3 * 2);
+}
+
+TEST_F(RemoteSessionTest, SharedPrefixBatchIsBitIdenticalToSeparatePasses) {
+  // Three requests over one stored prefix, different suffixes and drafts:
+  // one pass with the shared prefix vs each alone with its own copy.
+  const auto base = Prompt(48, 7);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    auto p = base;
+    for (int j = 0; j <= i; ++j) p.push_back(5 + i * 3 + j);
+    prompts.push_back(p);
+  }
+  const std::vector<std::vector<int32_t>> drafts = {{4, 9}, {}, {7, 7, 7, 7}};
+  auto shared = Prefill(base, 32);
+  std::vector<std::unique_ptr<VerifySession>> together, alone;
+  for (const auto& p : prompts) {
+    together.push_back(std::move(VerifySession::Create(config(), p, 32, {})).value());
+    alone.push_back(std::move(VerifySession::Create(config(), p, 32, {})).value());
+    ASSERT_TRUE(together.back()->AttachPrefix(shared).ok());
+    ASSERT_TRUE(alone.back()->AttachPrefix(Prefill(base, 32)).ok());
+  }
+  std::vector<VerifySession*> ptrs;
+  for (auto& s : together) ptrs.push_back(s.get());
+  const auto batched = RunVerifyPass(*engine_, ptrs, drafts);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    VerifySession* one = alone[i].get();
+    const auto single = RunVerifyPass(*engine_, {&one, 1}, {&drafts[i], 1});
+    ASSERT_TRUE(batched[i].ok() && single[0].ok());
+    EXPECT_EQ(batched[i]->tokens, single[0]->tokens);
+    const std::string a = std::move(together[i]->EncodeRows(32, together[i]->committed() - 32)).value();
+    const std::string b = std::move(alone[i]->EncodeRows(32, alone[i]->committed() - 32)).value();
+    EXPECT_EQ(a, b) << "exact K/V differs for request " << i;
+  }
+}
+
+TEST_F(RemoteSessionTest, RejectsBadInput) {
+  const auto prompt = Prompt(20, 3);
+  EXPECT_EQ(VerifySession::Create(config(), {}, 0, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(VerifySession::Create(config(), prompt, 20, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // no suffix token left
+  auto bad = prompt;
+  bad[3] = 999;
+  EXPECT_EQ(VerifySession::Create(config(), bad, 0, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  VerifySessionOptions rej;
+  rej.sampling.mode = SamplingMode::kRejection;
+  EXPECT_EQ(VerifySession::Create(config(), prompt, 0, rej).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto vs = std::move(VerifySession::Create(config(), prompt, 16, {})).value();
+  const std::vector<int32_t> d = {4};
+  EXPECT_EQ(vs->BeginPass(d).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(vs->AttachPrefix(Prefill(prompt, 8)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(vs->AttachPrefix(Prefill(prompt, 16)).ok());
+  const std::vector<int32_t> bad_draft = {-1};
+  EXPECT_EQ(vs->BeginPass(bad_draft).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> too_long(200, 4);
+  EXPECT_EQ(vs->BeginPass(too_long).status().code(), absl::StatusCode::kOutOfRange);
+
+  DraftSessionOptions dopt;
+  auto ds = std::move(DraftSession::Create(config(), prompt, DrafterKv(prompt, 16, {}), 16, dopt))
+                .value();
+  EXPECT_EQ(ds->Commit({}, "").status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> t = {4, 5};
+  EXPECT_EQ(ds->Commit(t, "garbage").status().code(), absl::StatusCode::kDataLoss);
+  // Rows of positions that are not verified.
+  auto other = std::move(VerifySession::Create(config(), Prompt(40, 9), 16, {})).value();
+  ASSERT_TRUE(other->AttachPrefix(Prefill(Prompt(40, 9), 16)).ok());
+  VerifySession* o = other.get();
+  const std::vector<int32_t> none;
+  ASSERT_TRUE(RunVerifyPass(*engine_, {&o, 1}, {&none, 1})[0].ok());
+  const std::string rows = std::move(other->EncodeRows(16, 24)).value();
+  EXPECT_EQ(ds->Commit(t, rows).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DraftSession::Create(config(), prompt, DrafterKv(prompt, 8, {}), 16, dopt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace vc::cluster
