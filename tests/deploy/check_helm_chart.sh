@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# helm lint --strict and helm template of helm/vericache with one values file
+# (or the defaults), then every rendered object validated offline
+# (validate_manifests.mjs), and NOTES.txt rendered (helm template skips it).
+# usage: check_helm_chart.sh REPO_ROOT [VALUES_FILE]   exit 0 pass, 1 fail, 77 skipped
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+repo="${1:?usage: check_helm_chart.sh REPO_ROOT [VALUES_FILE]}"
+values="${2:-}"
+helm="$VC_TOOLS_DIR/bin/helm"
+[[ -x "$helm" ]] || skip "$helm not found; run deploy/scripts/install_tools.sh"
+command -v node >/dev/null || die "node not found"
+chart="$repo/helm/vericache"
+vargs=()
+[[ -n "$values" ]] && vargs=(-f "$values")
+
+"$helm" lint --strict "$chart" "${vargs[@]}" || die "helm lint ${values:-(default values)}"
+"$helm" template vc "$chart" --namespace vericache "${vargs[@]}" >"$VC_TMP/rendered.yaml" ||
+  die "helm template ${values:-(default values)}"
+node "$repo/tests/deploy/validate_manifests.mjs" --tools "$VC_TOOLS_DIR" "$VC_TMP/rendered.yaml" ||
+  die "rendered manifests are invalid"
+
+# NOTES.txt: render it through a copy of the chart where it is a normal
+# template inside a ConfigMap.
+cp -r "$chart" "$VC_TMP/chart"
+cp "$chart/templates/NOTES.txt" "$VC_TMP/chart/notes.txt"
+cat >"$VC_TMP/chart/templates/zz-notes-check.yaml" <<'T'
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes-check
+data:
+  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}
+T
+"$helm" template vc "$VC_TMP/chart" --namespace vericache "${vargs[@]}" \
+  --show-only templates/zz-notes-check.yaml >"$VC_TMP/notes.yaml" || die "NOTES.txt does not render"
+grep -q "no value" "$VC_TMP/notes.yaml" && die "NOTES.txt renders '<no value>': $(grep -o '.\{40\}no value.\{10\}' "$VC_TMP/notes.yaml")"
+echo "check_helm_chart: ${values:-default values}: PASS"
