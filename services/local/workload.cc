@@ -1,0 +1,103 @@
+#include "services/local/workload.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "common/rpc/rpc.h"
+
+namespace vc::local {
+
+namespace pb = ::vericache::v1;
+using Clock = std::chrono::steady_clock;
+
+WorkloadSummary RunWorkload(const std::string& coordinator,
+                            const std::vector<pb::GenerateRequest>& requests, int concurrency,
+                            std::vector<WorkloadResult>* results, std::chrono::seconds timeout) {
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
+  results->assign(requests.size(), WorkloadResult{});
+  std::atomic<size_t> next{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < std::max(1, concurrency); ++c) {
+    threads.emplace_back([&] {
+      for (size_t i = next.fetch_add(1); i < requests.size(); i = next.fetch_add(1)) {
+        WorkloadResult& r = (*results)[i];
+        auto ctx = rpc::ContextWithTimeout(timeout);
+        const auto start = Clock::now();
+        auto reader = stub->Generate(ctx.get(), requests[i]);
+        pb::GenerateResponse msg;
+        bool first = true;
+        while (reader->Read(&msg)) {
+          if (first && msg.tokens_size() > 0) {
+            r.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+            first = false;
+          }
+          if (msg.has_round() && msg.round().prefix_shared()) ++r.shared_rounds;
+          if (msg.final()) {
+            const pb::GenerateTotals& t = msg.totals();
+            r.tokens.assign(t.tokens().begin(), t.tokens().end());
+            r.ttft_ms = t.ttft_ms();
+            r.verify_rounds = t.verify_rounds();
+            r.drafted = t.drafted_tokens();
+            r.accepted = t.accepted_drafts();
+            r.fallbacks = t.fallbacks();
+          }
+        }
+        const grpc::Status s = reader->Finish();
+        r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (!s.ok()) r.error = s.error_message().empty() ? "error" : s.error_message();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  WorkloadSummary sum;
+  sum.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> ttfts;
+  int64_t drafted = 0, accepted = 0;
+  for (const WorkloadResult& r : *results) {
+    if (!r.error.empty()) {
+      ++sum.errors;
+      if (sum.first_error.empty()) sum.first_error = r.error;
+      continue;
+    }
+    ++sum.ok;
+    sum.tokens += static_cast<int64_t>(r.tokens.size());
+    ttfts.push_back(r.ttft_ms);
+    drafted += r.drafted;
+    accepted += r.accepted;
+    sum.verify_rounds += r.verify_rounds;
+    sum.shared_rounds += r.shared_rounds;
+  }
+  if (!ttfts.empty()) {
+    std::sort(ttfts.begin(), ttfts.end());
+    double total = 0;
+    for (double t : ttfts) total += t;
+    sum.mean_ttft_ms = total / static_cast<double>(ttfts.size());
+    sum.p50_ttft_ms = ttfts[ttfts.size() / 2];
+    sum.p90_ttft_ms = ttfts[std::min(ttfts.size() - 1, ttfts.size() * 9 / 10)];
+  }
+  sum.tokens_per_s = sum.wall_seconds > 0 ? static_cast<double>(sum.tokens) / sum.wall_seconds : 0;
+  sum.acceptance_rate = drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0;
+  sum.tokens_per_round = sum.verify_rounds > 0
+                             ? static_cast<double>(sum.tokens) / static_cast<double>(sum.verify_rounds)
+                             : 0;
+  return sum;
+}
+
+std::string RegisterPrefix(const std::string& coordinator, const std::vector<int32_t>& tokens,
+                           std::string* error) {
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
+  pb::RegisterPrefixRequest req;
+  for (int32_t t : tokens) req.add_tokens(t);
+  pb::RegisterPrefixResponse resp;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(120));
+  const grpc::Status s = stub->RegisterPrefix(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    *error = s.error_message();
+    return "";
+  }
+  return resp.prefix_id();
+}
+
+}  // namespace vc::local

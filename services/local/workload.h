@@ -1,0 +1,56 @@
+// Drives a running cluster's coordinator with a set of Generate requests,
+// a bounded number in flight, and collects per-request results (tokens,
+// TTFT, rounds, acceptance). Shared by `vericache demo`, the cluster
+// benchmark and tests.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vericache/v1/coordinator.grpc.pb.h"
+
+namespace vc::local {
+
+struct WorkloadResult {
+  std::vector<int32_t> tokens;
+  double seconds = 0;     // client-side, Generate to its end
+  double ttft_ms = 0;     // coordinator-side (to the first verified token)
+  double client_ttft_ms = 0;
+  int64_t verify_rounds = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  int64_t fallbacks = 0;
+  int64_t shared_rounds = 0;  // rounds whose prefix load was shared
+  std::string error;          // empty on success
+};
+
+struct WorkloadSummary {
+  double wall_seconds = 0;
+  int64_t tokens = 0;
+  int ok = 0;
+  int errors = 0;
+  double tokens_per_s = 0;
+  double mean_ttft_ms = 0;
+  double p50_ttft_ms = 0;
+  double p90_ttft_ms = 0;
+  double acceptance_rate = 0;     // accepted / drafted
+  double tokens_per_round = 0;    // vericache: tokens / verify rounds
+  int64_t verify_rounds = 0;
+  int64_t shared_rounds = 0;
+  std::string first_error;
+};
+
+// Runs every request (at most `concurrency` at once) against `coordinator`
+// and fills `results` (same order). Each call has `timeout`.
+WorkloadSummary RunWorkload(const std::string& coordinator,
+                            const std::vector<vericache::v1::GenerateRequest>& requests,
+                            int concurrency, std::vector<WorkloadResult>* results,
+                            std::chrono::seconds timeout = std::chrono::seconds(300));
+
+// Registers a prefix; returns its id (or the error).
+std::string RegisterPrefix(const std::string& coordinator, const std::vector<int32_t>& tokens,
+                           std::string* error);
+
+}  // namespace vc::local
