@@ -83,7 +83,7 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   Options opts;
-  vc::FlagSet flags(kName, "VeriCache KV chunk store daemon (gRPC control plane).");
+  vc::FlagSet flags(kName, "VeriCache KV chunk store daemon: RocksDB + DRAM tiers, gRPC control plane, TCP/UCX data plane.");
   flags.Add("--listen", &opts.listen, "HOST:PORT", "gRPC address (port 0 picks a free one)");
   flags.Add("--data-dir", &opts.data_dir, "DIR", "RocksDB directory (required)");
   flags.Add("--disk-budget-bytes", &opts.disk_budget_bytes, "N", "bytes of values kept on disk");

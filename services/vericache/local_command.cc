@@ -43,7 +43,7 @@ int RunLocal(int argc, char** argv) {
   flags.Add("--ingest-variants", &o.ingest_variants, "LIST", "compressed variants made at ingest");
   flags.Add("--draft-len", &o.draft_len, "N", "default draft length x");
   flags.AddBool("--prefix-aware", &o.prefix_aware,
-                "prefix-aware verification (default on; --prefix-aware=false to disable)");
+                "prefix-aware verification (--prefix-aware=false disables)");
   flags.Add("--continuation-tokens", &o.continuation_tokens, "N",
             "drafter's speculative continuation (0 off)");
   flags.Add("--lossless-check-fraction", &o.lossless_check_fraction, "X",

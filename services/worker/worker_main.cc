@@ -66,8 +66,8 @@ int RunWorkerMain(Role role, int argc, char** argv) {
             "release sessions untouched this long (their coordinator is gone)");
   if (verifier) {
     flags.AddBool("--prefix-aware", &f.prefix_aware,
-                  "verify requests that share a stored prefix with one load (default on; "
-                  "--prefix-aware=false to disable)");
+                  "verify requests that share a stored prefix with one load "
+                  "(--prefix-aware=false disables)");
     flags.Add("--batch-gather-ms", &f.batch_gather_ms, "X",
               "wait this long for more due verifies before a pass");
   } else {
