@@ -389,15 +389,19 @@ absl::Status SpeculativeRequest::AfterFullStep(std::span<const float> last_row) 
   return absl::OkStatus();
 }
 
-void SpeculativeRequest::UpdateDraftLength(int accepted) {
-  if (!options_.draft.adaptive) return;
-  const int x = stats_.draft_lengths.back();
-  accept_ewma_ = accept_ewma_ < 0 ? accepted : 0.7 * accept_ewma_ + 0.3 * accepted;
+int NextDraftLength(int x, int accepted, double* accept_ewma, int min_len, int max_len) {
+  *accept_ewma = *accept_ewma < 0 ? accepted : 0.7 * *accept_ewma + 0.3 * accepted;
   // Grow fast while every draft is accepted; otherwise aim a little past the
   // typical accepted run so that a longer run is not cut short.
   const int target = accepted == x ? 2 * std::max(1, x)
-                                   : static_cast<int>(std::lround(accept_ewma_ * 1.5)) + 1;
-  x_ = std::clamp(target, options_.draft.min_draft_len, options_.draft.max_draft_len);
+                                   : static_cast<int>(std::lround(*accept_ewma * 1.5)) + 1;
+  return std::clamp(target, min_len, max_len);
+}
+
+void SpeculativeRequest::UpdateDraftLength(int accepted) {
+  if (!options_.draft.adaptive) return;
+  x_ = NextDraftLength(stats_.draft_lengths.back(), accepted, &accept_ewma_,
+                       options_.draft.min_draft_len, options_.draft.max_draft_len);
 }
 
 bool SpeculativeRequest::ShouldFallBack() const {

@@ -173,6 +173,12 @@ class SpeculativeRequest {
   int64_t full_kv_read_mark_ = 0;
 };
 
+// Adaptive draft length: the x of the next round after a round of `x` drafts
+// that accepted `accepted`. `accept_ewma` (< 0 before the first round) keeps
+// the running mean of accepted drafts. Shared by SpeculativeRequest and the
+// cluster coordinator.
+int NextDraftLength(int x, int accepted, double* accept_ewma, int min_len, int max_len);
+
 struct BatchResult {
   int64_t forward_calls = 0;
   double seconds = 0;

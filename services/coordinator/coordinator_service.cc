@@ -9,6 +9,7 @@
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "common/sampling/sampler.h"
+#include "common/speculative/draft_verify.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
 
@@ -106,6 +107,8 @@ struct CoordinatorService::Plan {
   ingest::VariantSpec variant;
   std::string variant_key;              // raw
   int x = 8;
+  double accept_ewma = -1;
+  bool adaptive = false;
   // Placement and sessions.
   Worker* verifier = nullptr;
   Worker* drafter = nullptr;
@@ -511,6 +514,8 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     return absl::InvalidArgumentError(absl::StrCat("draft_len must be >= 0, got ", req.draft_len()));
   }
   plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
+  // A request that names its x keeps it; the coordinator's default adapts.
+  plan.adaptive = req.draft_len() == 0 && options_.max_draft_len > options_.draft_len;
   // The compressed variant the drafter uses.
   if (!req.compressor().empty()) {
     if (req.ratio() < 0 || req.ratio() > 1) {
@@ -872,6 +877,9 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
         break;
       }
       plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
+    }
+    if (plan.adaptive && take > 0) {
+      plan.x = NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1, options_.max_draft_len);
     }
     // Acceptance collapse: decoding on the verifier alone is faster.
     if (take >= 2) {

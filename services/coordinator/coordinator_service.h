@@ -60,6 +60,9 @@ struct CoordinatorOptions {
   int chunk_tokens = 64;
   std::string ingest_variants = "snapkv:0.25";
   int draft_len = 8;
+  // Adaptive x per request (NextDraftLength) within [1, max_draft_len];
+  // max_draft_len <= draft_len keeps x fixed.
+  int max_draft_len = 32;
   bool kv_refresh = true;
   // Fallback to full-KV decoding when the mean accepted drafts per round of
   // the last fallback_window rounds is below fallback_min_accepted.

@@ -61,7 +61,10 @@ int main(int argc, char** argv) {
   flags.Add("--chunk-tokens", &o.chunk_tokens, "N", "tokens per stored KV chunk");
   flags.Add("--ingest-variants", &o.ingest_variants, "LIST",
             "compressed variants made at ingest, e.g. snapkv:0.25,kivi:4 (the first is the default)");
-  flags.Add("--draft-len", &o.draft_len, "N", "default draft length x");
+  flags.Add("--draft-len", &o.draft_len, "N", "default draft length x (the first x when adaptive)");
+  flags.Add("--max-draft-len", &o.max_draft_len, "N",
+            "adapt x per request up to N from its acceptance (<= --draft-len: fixed x); a "
+            "request that sets its draft_len keeps it");
   flags.AddBool("--no-kv-refresh", &no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
   flags.Add("--fallback-window", &o.fallback_window, "N",
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   if (rpc_timeout_ms < 1 || startup_timeout_ms < 1) {
     return vc::daemon::BadFlags(kName, "timeouts must be >= 1 ms");
   }
+  if (o.draft_len < 1) return vc::daemon::BadFlags(kName, "--draft-len must be >= 1");
   if (o.fallback_window < 1) return vc::daemon::BadFlags(kName, "--fallback-window must be >= 1");
   if (o.fast_link_bytes_per_second < 0 || o.slow_link_bytes_per_second < 0) {
     return vc::daemon::BadFlags(kName, "link bandwidths must be >= 0");
