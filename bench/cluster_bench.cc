@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
   double slow_to_fast = 1.2 / 40.0;
   std::string compressor = "int8";
   bool synthetic = false;
+  bool no_pin = false;
   vc::FlagSet flags("vc_cluster_bench",
                     "The four daemons on loopback with paced links: TTFT and throughput of the\n"
                     "modes, staggered vs lock-step, prefix-aware on/off, 1 vs 2 drafters.");
@@ -123,6 +125,9 @@ int main(int argc, char** argv) {
   flags.AddBool("--synthetic", &synthetic,
                 "use a ~51M-parameter random llama2.c model (decode step of milliseconds) instead "
                 "of the test model, so RPC overheads are small next to decoding as on a GPU");
+  flags.AddBool("--no-pin", &no_pin,
+                "do not pin the pools to cores (default: verifiers on CPU 0, drafters on CPU 1, "
+                "so the remote pool is extra capacity as on separate machines)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "vc_cluster_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -182,6 +187,10 @@ int main(int argc, char** argv) {
   const double kv_full = static_cast<double>(prefix_tokens) * config.kv_bytes_per_token();
   const double slow_bw = kv_full / (load_over_draft * draft_len * step_seconds);
   const double fast_bw = slow_bw / slow_to_fast;
+  std::printf("vc_cluster_bench: pools %s\n",
+              !no_pin && std::thread::hardware_concurrency() >= 2
+                  ? "pinned (verifiers on CPU 0, drafters on CPU 1)"
+                  : "unpinned (sharing every core)");
   std::printf("vc_cluster_bench: %s, prefix %d tokens (%.0f kB full KV), decode step %.3f ms,\n"
               "  x=%d: slow link %.1f MB/s, fast link %.1f MB/s (slow:fast = %.4f;\n"
               "  full-KV load over the slow link = %.1f x the time of x decode steps)\n",
@@ -211,6 +220,11 @@ int main(int argc, char** argv) {
     o.prefix_aware = sc.prefix_aware;
     o.drafters = sc.drafters;
     o.verifiers = sc.verifiers;
+    const bool pin = !no_pin && std::thread::hardware_concurrency() >= 2;
+    if (pin) {
+      o.cpus["verifier"] = {0};
+      o.cpus["drafter"] = {1};
+    }
     auto cluster = vc::local::LocalCluster::Start(o);
     if (!cluster.ok()) {
       std::fprintf(stderr, "vc_cluster_bench: %s\n", cluster.status().ToString().c_str());

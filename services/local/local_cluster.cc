@@ -1,6 +1,7 @@
 #include "services/local/local_cluster.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -83,7 +84,8 @@ std::string DefaultModelPath() {
   return "";
 }
 
-absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std::string& binary,
+absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std::string& role,
+                                             const std::string& binary,
                                              const std::vector<std::string>& args) {
   const std::string path = (fs::path(bin_dir_) / binary).string();
   if (access(path.c_str(), X_OK) != 0) {
@@ -105,6 +107,13 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  bool pin = false;
+  if (auto it = options_.cpus.find(role); it != options_.cpus.end() && !it->second.empty()) {
+    for (int cpu : it->second) CPU_SET(cpu, &cpu_set);
+    pin = true;
+  }
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -117,6 +126,7 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (pin) sched_setaffinity(0, sizeof(cpu_set), &cpu_set);
     execv(path.c_str(), argv.data());
     _exit(127);
   }
@@ -195,7 +205,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--fast-link-latency-ms=", o.fast_link_latency_ms),
       absl::StrCat("--slow-link-latency-ms=", o.slow_link_latency_ms),
       absl::StrCat("--link-slot-seconds=", o.slot_ms > 0 ? o.slot_ms / 1000.0 : 0.01)};
-  absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "vc-kvstore", cluster->kvstore_args_);
+  absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", cluster->kvstore_args_);
   if (!store.ok()) return fail(store.status());
   // Restart on the same ports (fault tests): pin the ports it picked.
   cluster->kvstore_args_[0] = "--listen=" + store->address;
@@ -204,7 +214,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   for (int i = 0; i < o.verifiers; ++i) {
     const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
     absl::StatusOr<Endpoint> ep = cluster->Spawn(
-        name, "vc-verifier",
+        name, "verifier", "vc-verifier",
         {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
          "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
          absl::StrCat("--threads=", o.worker_threads),
@@ -215,7 +225,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   for (int i = 0; i < o.drafters; ++i) {
     const std::string name = i == 0 ? "drafter" : absl::StrCat("drafter-", i);
     absl::StatusOr<Endpoint> ep = cluster->Spawn(
-        name, "vc-drafter",
+        name, "drafter", "vc-drafter",
         {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
          "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
          absl::StrCat("--threads=", o.worker_threads),
@@ -238,7 +248,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--lossless-check-fraction=", o.lossless_check_fraction),
       absl::StrCat("--max-active-requests=", o.max_active_requests)};
   if (o.lock_step) coord_args.push_back("--lock-step");
-  absl::StatusOr<Endpoint> coord = cluster->Spawn("coordinator", "vc-coordinator", coord_args);
+  absl::StatusOr<Endpoint> coord = cluster->Spawn("coordinator", "coordinator", "vc-coordinator", coord_args);
   if (!coord.ok()) return fail(coord.status());
   return cluster;
 }
@@ -319,7 +329,7 @@ absl::Status LocalCluster::RestartKvStore() {
       if (it->pid > 0) return absl::FailedPreconditionError("the store is still running");
       endpoints_.erase(it);
       // Same ports: the workers know the addresses from the first start.
-      absl::StatusOr<Endpoint> ep = Spawn("kvstore", "vc-kvstore", kvstore_args_);
+      absl::StatusOr<Endpoint> ep = Spawn("kvstore", "kvstore", "vc-kvstore", kvstore_args_);
       if (!ep.ok()) return ep.status();
       return absl::OkStatus();
     }

@@ -43,6 +43,10 @@ struct LocalClusterOptions {
   int max_active_requests = 64;
   // Extra flags per daemon ("vc-coordinator" -> {"--flag=value", ...}).
   std::map<std::string, std::vector<std::string>> extra_flags;
+  // CPU affinity per role ("kvstore", "verifier", "drafter", "coordinator"):
+  // the children of that role run on these CPUs only. Lets one machine stand
+  // in for separate local and remote pools (each pool its own cores).
+  std::map<std::string, std::vector<int>> cpus;
   // Children's stderr goes here (one file per daemon) if set; else inherited.
   std::string log_dir;
   std::chrono::seconds start_timeout{60};
@@ -79,8 +83,8 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
-  absl::StatusOr<Endpoint> Spawn(const std::string& name, const std::string& binary,
-                                 const std::vector<std::string>& args);
+  absl::StatusOr<Endpoint> Spawn(const std::string& name, const std::string& role,
+                                 const std::string& binary, const std::vector<std::string>& args);
 
   LocalClusterOptions options_;
   std::string bin_dir_;

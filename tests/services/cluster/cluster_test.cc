@@ -263,6 +263,65 @@ TEST_F(ClusterTest, RejectsBadRequestsWithPreciseErrors) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
 
+// Sessions held by the workers, from ClusterStatus.
+int WorkerSessions(pb::Coordinator::Stub* stub) {
+  pb::ClusterStatusRequest req;
+  pb::ClusterStatusResponse resp;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+  if (!stub->ClusterStatus(ctx.get(), req, &resp).ok()) return -1;
+  int sessions = 0;
+  for (const auto& w : resp.workers()) sessions += w.sessions();
+  return sessions;
+}
+
+TEST_F(ClusterTest, CancelAndClientDisconnectFreeEveryWorkersSessions) {
+  StartCluster();
+  Spec s;
+  s.prompt = Text(80, 11);
+  s.max_new = 400;
+  s.compressor = "int8";
+  s.draft_len = 2;
+  // Cancel by id while the request streams.
+  pb::GenerateRequest req = ToRequest(s);
+  req.set_request_id("cancel-me");
+  const Outcome out = Generate(req, [&] {
+    pb::CancelRequest c;
+    c.set_request_id("cancel-me");
+    pb::CancelResponse cr;
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+    ASSERT_TRUE(stub_->Cancel(ctx.get(), c, &cr).ok());
+    EXPECT_TRUE(cr.existed());
+  });
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::CANCELLED) << out.status.error_message();
+  {
+    pb::GetRequestRequest g;
+    g.set_request_id("cancel-me");
+    pb::RequestStatus st;
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+    ASSERT_TRUE(stub_->GetRequest(ctx.get(), g, &st).ok());
+    EXPECT_EQ(st.state(), "cancelled");
+  }
+  // The client goes away mid-stream (its context is cancelled).
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub_->Generate(&ctx, ToRequest(s));
+    pb::GenerateResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    ctx.TryCancel();
+    while (reader->Read(&msg)) {
+    }
+    (void)reader->Finish();
+  }
+  // Both requests' sessions are released on the verifier and the drafter.
+  int sessions = -1;
+  for (int i = 0; i < 200 && sessions != 0; ++i) {
+    sessions = WorkerSessions(stub_.get());
+    if (sessions != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(sessions, 0);
+}
+
 TEST_F(ClusterTest, KilledDrafterFallsBackWithCorrectTokens) {
   StartCluster();
   Spec s;
