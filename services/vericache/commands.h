@@ -14,6 +14,12 @@ inline constexpr int kExitBadInput = 2;
 
 int RunGenerate(int argc, char** argv);
 int RunCompressors(int argc, char** argv);
+int RunClient(int argc, char** argv);
+int RunIngest(int argc, char** argv);
+int RunLocal(int argc, char** argv);
+int RunDemo(int argc, char** argv);
+int RunModel(int argc, char** argv);
+int RunSimulate(int argc, char** argv);
 
 // One line "vericache <command>: <msg>" on stderr; returns kExitBadInput.
 int BadInput(const std::string& command, const std::string& msg);

@@ -1,5 +1,6 @@
-// `vericache`: the command-line front end (generate; more subcommands as the
-// system grows). Exit codes: 0 ok, 1 runtime failure, 2 bad input.
+// `vericache`: the command-line front end (generate, the local cluster, the
+// cluster client, models and simulation). Exit codes: 0 ok, 1 runtime
+// failure, 2 bad input.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,6 +17,12 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate     generate tokens: full KV, lossless VeriCache, or the lossy baseline\n"
     "  compressors  list the KV compressors and their parameters\n"
+    "  model        closed-form throughput models: long-context, remote-prefix, profiles\n"
+    "  simulate     discrete-event simulation of a deployment under the ring scheduler\n"
+    "  local        start the four daemons on loopback (a local cluster)\n"
+    "  demo         local cluster + shared prefixes + a demo workload, with a report\n"
+    "  client       talk to a cluster: client generate | client status\n"
+    "  ingest       register a prefix with a cluster (store its full and compressed KV)\n"
     "\n"
     "Run 'vericache <command> --help' for the flags of a command.\n";
 
@@ -29,6 +36,12 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "generate") return vc::cli::RunGenerate(argc, argv);
   if (command == "compressors") return vc::cli::RunCompressors(argc, argv);
+  if (command == "model") return vc::cli::RunModel(argc, argv);
+  if (command == "simulate") return vc::cli::RunSimulate(argc, argv);
+  if (command == "local") return vc::cli::RunLocal(argc, argv);
+  if (command == "demo") return vc::cli::RunDemo(argc, argv);
+  if (command == "client") return vc::cli::RunClient(argc, argv);
+  if (command == "ingest") return vc::cli::RunIngest(argc, argv);
   std::fprintf(stderr, "vericache: unknown command '%s' (see vericache --help)\n", command.c_str());
   return 2;
 }
