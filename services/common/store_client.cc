@@ -123,6 +123,35 @@ absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::s
   return absl::OkStatus();
 }
 
+absl::Status StoreClient::Apply(KeyAction action, const std::string& key) {
+  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  grpc::Status s;
+  switch (action) {
+    case KeyAction::kDelete: {
+      pb::DeleteRequest req;
+      req.set_key(key);
+      pb::DeleteResponse resp;
+      s = stub_->Delete(ctx.get(), req, &resp);
+      return rpc::FromGrpcStatus(s, "vc-kvstore Delete");
+    }
+    case KeyAction::kPin: {
+      pb::PinRequest req;
+      req.set_key(key);
+      pb::PinResponse resp;
+      s = stub_->Pin(ctx.get(), req, &resp);
+      return rpc::FromGrpcStatus(s, "vc-kvstore Pin");
+    }
+    case KeyAction::kUnpin: {
+      pb::UnpinRequest req;
+      req.set_key(key);
+      pb::UnpinResponse resp;
+      s = stub_->Unpin(ctx.get(), req, &resp);
+      return rpc::FromGrpcStatus(s, "vc-kvstore Unpin");
+    }
+  }
+  return absl::InvalidArgumentError("unknown key action");
+}
+
 transport::ClientStats StoreClient::data_stats() const {
   return data_ ? data_->stats() : transport::ClientStats{};
 }

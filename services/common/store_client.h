@@ -47,6 +47,10 @@ class StoreClient {
   // none (aborted on any error). Entries are staged one message each.
   absl::Status PutAll(const std::vector<std::pair<std::string, std::string>>& entries);
 
+  // Per-key maintenance (control plane): Delete, Pin, Unpin.
+  enum class KeyAction { kDelete, kPin, kUnpin };
+  absl::Status Apply(KeyAction action, const std::string& key);
+
   transport::ClientStats data_stats() const;
   const std::string& data_address() const { return data_address_; }
 

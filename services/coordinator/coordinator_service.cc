@@ -417,7 +417,7 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   if (req.deadline_ms() > 0) {
     r.deadline = std::min(r.deadline, Clock::now() + std::chrono::milliseconds(req.deadline_ms()));
   }
-  VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r));
+  VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req));
   VC_RETURN_IF_ERROR(Admit(r));
   absl::Status status = EnsureStored(plan, r);
   if (status.ok()) status = Run(plan, r, sink);
@@ -446,29 +446,33 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std::string& id) {
+  std::string raw;
+  const bool hex = std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  });
+  if (id.size() == 64 && hex) raw = absl::HexStringToBytes(id);
+  if (raw.size() != 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix_id '", id, "' is not a 64-digit hex prefix id"));
+  }
+  absl::StatusOr<std::string> manifest = store_->Get(raw);
+  if (!manifest.ok()) {
+    if (manifest.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(
+          absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
+    }
+    return manifest.status();
+  }
+  return DecodeTokens(*manifest);
+}
+
 absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
-    const pb::GenerateRequest& req, Request& r) {
+    const pb::GenerateRequest& req) {
   Plan plan;
   plan.req = req;
   if (!req.prefix_id().empty()) {
-    std::string raw;
-    const bool hex = std::all_of(req.prefix_id().begin(), req.prefix_id().end(), [](char c) {
-      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-    });
-    if (req.prefix_id().size() == 64 && hex) raw = absl::HexStringToBytes(req.prefix_id());
-    if (raw.size() != 32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix_id '", req.prefix_id(), "' is not a 64-digit hex prefix id"));
-    }
-    absl::StatusOr<std::string> manifest = store_->Get(raw);
-    if (!manifest.ok()) {
-      if (manifest.status().code() == absl::StatusCode::kNotFound) {
-        return absl::NotFoundError(absl::StrCat("prefix ", req.prefix_id(),
-                                                " is not registered (vericache ingest)"));
-      }
-      return manifest.status();
-    }
-    VC_ASSIGN_OR_RETURN(plan.prompt, DecodeTokens(*manifest));
+    VC_ASSIGN_OR_RETURN(plan.prompt, PrefixTokens(req.prefix_id()));
     if (!req.prompt_ids().empty()) {
       return absl::InvalidArgumentError("give prompt_ids or prefix_id (+ suffix_ids), not both");
     }
@@ -547,7 +551,6 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     plan.variant_key = vk.Raw();
   }
   plan.session = next_session_.fetch_add(1);
-  (void)r;
   return plan;
 }
 
@@ -1220,6 +1223,67 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* /*ctx*/,
   if (absl::Status st = store_->PutAll({{manifest.Raw(), EncodeTokens(tokens)}}); !st.ok()) {
     return rpc::ToGrpcStatus(st);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* /*ctx*/,
+                                              const pb::ManagePrefixRequest* req,
+                                              pb::ManagePrefixResponse* resp) {
+  daemon::StoreClient::KeyAction action;
+  switch (req->action()) {
+    case pb::ManagePrefixRequest::PIN:
+      action = daemon::StoreClient::KeyAction::kPin;
+      break;
+    case pb::ManagePrefixRequest::UNPIN:
+      action = daemon::StoreClient::KeyAction::kUnpin;
+      break;
+    case pb::ManagePrefixRequest::DELETE:
+      action = daemon::StoreClient::KeyAction::kDelete;
+      break;
+    default:
+      return rpc::ToGrpcStatus(absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE"));
+  }
+  absl::StatusOr<std::vector<int32_t>> tokens = PrefixTokens(req->prefix_id());
+  if (!tokens.ok()) return rpc::ToGrpcStatus(tokens.status());
+  const std::string variants_text =
+      req->variants().empty() ? options_.ingest_variants : req->variants();
+  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = ingest::ParseVariantList(variants_text);
+  if (!variants.ok()) return rpc::ToGrpcStatus(variants.status());
+  kvstore::ChunkKeyOptions ko;
+  ko.chunk_tokens = options_.chunk_tokens;
+  ko.tenant_salt = req->tenant_salt();
+  const int32_t whole =
+      static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;
+  absl::StatusOr<std::vector<kvstore::ChunkKey>> chunks =
+      kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(*tokens).first(whole));
+  if (!chunks.ok()) return rpc::ToGrpcStatus(chunks.status());
+  std::vector<std::string> keys;
+  for (const auto& k : *chunks) keys.push_back(k.Raw());
+  if (!chunks->empty()) {
+    for (const auto& v : *variants) {
+      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v);
+      if (vk.ok()) keys.push_back(vk->Raw());
+    }
+  }
+  // Only what is stored (variants may never have been made); the manifest
+  // goes last on delete so a half-done delete can be repeated.
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
+  if (!hits.ok()) return rpc::ToGrpcStatus(hits.status());
+  std::vector<std::string> present;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if ((*hits)[i]) present.push_back(keys[i]);
+  }
+  present.push_back(absl::HexStringToBytes(req->prefix_id()));  // the manifest
+  int32_t applied = 0;
+  for (const auto& key : present) {
+    const absl::Status s = store_->Apply(action, key);
+    if (!s.ok() && !(action == daemon::StoreClient::KeyAction::kDelete &&
+                     s.code() == absl::StatusCode::kNotFound)) {
+      return rpc::ToGrpcStatus(s);
+    }
+    ++applied;
+  }
+  resp->set_entries(applied);
   return grpc::Status::OK;
 }
 

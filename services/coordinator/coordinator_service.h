@@ -99,6 +99,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   grpc::Status RegisterPrefix(grpc::ServerContext* ctx,
                               const vericache::v1::RegisterPrefixRequest* req,
                               vericache::v1::RegisterPrefixResponse* resp) override;
+  grpc::Status ManagePrefix(grpc::ServerContext* ctx,
+                            const vericache::v1::ManagePrefixRequest* req,
+                            vericache::v1::ManagePrefixResponse* resp) override;
 
  private:
   struct Worker;
@@ -123,7 +126,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   absl::Status Admit(Request& r);
   void Leave(Request& r);
 
-  absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req, Request& r);
+  absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req);
+  // A registered prefix's token list from its manifest; NotFound if unknown.
+  absl::StatusOr<std::vector<int32_t>> PrefixTokens(const std::string& prefix_id);
   absl::Status EnsureStored(Plan& plan, Request& r);
   absl::Status Run(Plan& plan, Request& r,
                    Sink* writer);

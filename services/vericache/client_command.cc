@@ -272,6 +272,51 @@ int RunClient(int argc, char** argv) {
   return BadInput("client", "unknown subcommand '" + sub + "' (generate, status)");
 }
 
+int RunPrefix(int argc, char** argv) {
+  const std::string cmd = "prefix";
+  if (argc < 3 || std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
+    std::fputs("usage: vericache prefix pin|unpin|delete --prefix-id HEX [--coordinator HOST:PORT]\n"
+               "  [--variants LIST] [--tenant-salt TEXT]: pin, unpin or delete a registered prefix\n"
+               "  (its chunks, its stored variants and its manifest) in the cluster's store\n",
+               argc < 3 ? stderr : stdout);
+    return argc < 3 ? kExitBadInput : kExitOk;
+  }
+  const std::string sub = argv[2];
+  pb::ManagePrefixRequest req;
+  if (sub == "pin") {
+    req.set_action(pb::ManagePrefixRequest::PIN);
+  } else if (sub == "unpin") {
+    req.set_action(pb::ManagePrefixRequest::UNPIN);
+  } else if (sub == "delete") {
+    req.set_action(pb::ManagePrefixRequest::DELETE);
+  } else {
+    return BadInput(cmd, "unknown subcommand '" + sub + "' (pin, unpin, delete)");
+  }
+  std::string coordinator = "127.0.0.1:7430";
+  std::string prefix_id, variants, tenant_salt;
+  FlagSet flags("vericache prefix " + sub, "Pin, unpin or delete a registered prefix.");
+  flags.Add("--coordinator", &coordinator, "HOST:PORT", "vc-coordinator address");
+  flags.Add("--prefix-id", &prefix_id, "HEX", "the prefix (from vericache ingest; required)");
+  flags.Add("--variants", &variants, "LIST", "its compressed variants (default: the coordinator's)");
+  flags.Add("--tenant-salt", &tenant_salt, "TEXT", "tenant salt it was registered with");
+  if (absl::Status s = flags.Parse(argc, argv, 3); !s.ok()) return Fail(cmd, s);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (prefix_id.empty()) return BadInput(cmd, "--prefix-id is required");
+  req.set_prefix_id(prefix_id);
+  req.set_variants(variants);
+  req.set_tenant_salt(tenant_salt);
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
+  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(30000));
+  pb::ManagePrefixResponse resp;
+  const grpc::Status s = stub->ManagePrefix(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail(cmd, rpc::FromGrpcStatus(s, "coordinator " + coordinator));
+  std::printf("%s: %d store entries\n", sub.c_str(), resp.entries());
+  return kExitOk;
+}
+
 int RunIngest(int argc, char** argv) {
   const std::string cmd = "ingest";
   std::string coordinator = "127.0.0.1:7430";

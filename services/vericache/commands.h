@@ -16,6 +16,7 @@ int RunGenerate(int argc, char** argv);
 int RunCompressors(int argc, char** argv);
 int RunClient(int argc, char** argv);
 int RunIngest(int argc, char** argv);
+int RunPrefix(int argc, char** argv);
 int RunLocal(int argc, char** argv);
 int RunDemo(int argc, char** argv);
 int RunModel(int argc, char** argv);

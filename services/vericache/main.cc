@@ -23,6 +23,7 @@ constexpr char kUsage[] =
     "  demo         local cluster + shared prefixes + a demo workload, with a report\n"
     "  client       talk to a cluster: client generate | client status\n"
     "  ingest       register a prefix with a cluster (store its full and compressed KV)\n"
+    "  prefix       pin, unpin or delete a registered prefix\n"
     "\n"
     "Run 'vericache <command> --help' for the flags of a command.\n";
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "demo") return vc::cli::RunDemo(argc, argv);
   if (command == "client") return vc::cli::RunClient(argc, argv);
   if (command == "ingest") return vc::cli::RunIngest(argc, argv);
+  if (command == "prefix") return vc::cli::RunPrefix(argc, argv);
   std::fprintf(stderr, "vericache: unknown command '%s' (see vericache --help)\n", command.c_str());
   return 2;
 }

@@ -322,6 +322,35 @@ TEST_F(ClusterTest, CancelAndClientDisconnectFreeEveryWorkersSessions) {
   EXPECT_EQ(sessions, 0);
 }
 
+TEST_F(ClusterTest, PrefixPinUnpinDelete) {
+  StartCluster();
+  const std::vector<int32_t> prefix = Text(70, 12);
+  const std::string id = Register(prefix);
+  auto manage = [&](pb::ManagePrefixRequest::Action action, int* entries) {
+    pb::ManagePrefixRequest req;
+    req.set_prefix_id(id);
+    req.set_action(action);
+    pb::ManagePrefixResponse resp;
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+    const grpc::Status s = stub_->ManagePrefix(ctx.get(), req, &resp);
+    if (entries) *entries = resp.entries();
+    return s;
+  };
+  int entries = 0;
+  ASSERT_TRUE(manage(pb::ManagePrefixRequest::PIN, &entries).ok());
+  // 2 chunks of 32, the 3 default variants, the manifest.
+  EXPECT_EQ(entries, 2 + 3 + 1);
+  const grpc::Status pinned = manage(pb::ManagePrefixRequest::DELETE, nullptr);
+  EXPECT_EQ(pinned.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << pinned.error_message();
+  ASSERT_TRUE(manage(pb::ManagePrefixRequest::UNPIN, nullptr).ok());
+  ASSERT_TRUE(manage(pb::ManagePrefixRequest::DELETE, &entries).ok());
+  Spec s;
+  s.prefix_id = id;
+  s.suffix = {9};
+  s.max_new = 4;
+  EXPECT_EQ(Generate(ToRequest(s)).status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(ClusterTest, KilledDrafterFallsBackWithCorrectTokens) {
   StartCluster();
   Spec s;
