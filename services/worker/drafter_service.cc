@@ -16,9 +16,13 @@ namespace vc::worker {
 namespace pb = ::vericache::v1;
 using Clock = std::chrono::steady_clock;
 
+struct DrafterService::SharedVariant {
+  std::shared_ptr<const CompressedPrefix> prefix;
+  KvArena::Reservation charge;  // its bytes, charged once for all sessions
+};
+
 struct DrafterService::Session {
   std::unique_ptr<cluster::DraftSession> ds;
-  KvArena::Reservation prefix_charge;  // the compressed prefix it holds
   int window = 8;                      // x asked by the coordinator
   Clock::time_point last_used;
   bool busy = false;  // in a draft step
@@ -171,34 +175,63 @@ void DrafterService::RunOpen(OpenJob& job) {
       kv = std::make_unique<cluster::PrefixTailKv>(config_, nullptr, 0, 0, &arena_);
       job.resp->set_achieved_ratio(1.0);
     } else if (req.full_prefix()) {
-      // full_remote: the full chunks over the slow link.
-      VC_ASSIGN_OR_RETURN(std::vector<std::string> chunks, store_->Fetch(prefix.chunk_keys));
-      int64_t bytes = 0;
-      for (const auto& c : chunks) bytes += static_cast<int64_t>(c.size());
-      PagedKvCache::Options o;
-      o.arena = &arena_;
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> full,
-                          ingest::LoadFullPrefix(config_, chunks, o));
+      // full_remote: the full chunks over the slow link, fetched once while
+      // any session of this drafter uses them.
+      const std::string cache_key = prefix.chunk_keys.back();
+      std::shared_ptr<const PagedKvCache> full;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        full = full_cache_[cache_key].lock();
+      }
+      if (full == nullptr) {
+        VC_ASSIGN_OR_RETURN(std::vector<std::string> chunks, store_->Fetch(prefix.chunk_keys));
+        int64_t bytes = 0;
+        for (const auto& c : chunks) bytes += static_cast<int64_t>(c.size());
+        PagedKvCache::Options o;
+        o.arena = &arena_;
+        VC_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> loaded,
+                            ingest::LoadFullPrefix(config_, chunks, o));
+        full = std::move(loaded);
+        job.resp->set_prefix_bytes(bytes);
+        fetch_bytes_->Inc(static_cast<double>(bytes));
+        std::lock_guard<std::mutex> lock(mu_);
+        full_cache_[cache_key] = full;
+      }
       kv = std::make_unique<cluster::PrefixTailKv>(config_, std::move(full), prefix.tokens, 0,
                                                    &arena_);
-      job.resp->set_prefix_bytes(bytes);
       job.resp->set_achieved_ratio(1.0);
       job.resp->set_compressor("full");
-      fetch_bytes_->Inc(static_cast<double>(bytes));
     } else {
-      VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs, store_->Fetch({req.variant_key()}));
-      VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> compressed,
-                          kvstore::DecodeCompressedPrefix(config_, blobs[0]));
-      if (compressed->prefix_len() != prefix.tokens) {
-        return absl::DataLossError(absl::StrCat("stored variant covers ", compressed->prefix_len(),
-                                                " tokens, the prefix has ", prefix.tokens));
+      // The compressed variant over the slow link, fetched once while any
+      // session of this drafter uses it (requests over one prefix share it).
+      std::shared_ptr<const SharedVariant> variant;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        variant = variant_cache_[req.variant_key()].lock();
       }
-      VC_ASSIGN_OR_RETURN(session->prefix_charge, arena_.Reserve(compressed->bytes()));
-      job.resp->set_prefix_bytes(static_cast<int64_t>(blobs[0].size()));
-      job.resp->set_achieved_ratio(compressed->ratio());
-      job.resp->set_compressor(compressed->description());
-      fetch_bytes_->Inc(static_cast<double>(blobs[0].size()));
-      kv = std::make_unique<CompressedSequenceKv>(config_, std::move(compressed), 0, &arena_);
+      if (variant == nullptr) {
+        VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs, store_->Fetch({req.variant_key()}));
+        VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> compressed,
+                            kvstore::DecodeCompressedPrefix(config_, blobs[0]));
+        if (compressed->prefix_len() != prefix.tokens) {
+          return absl::DataLossError(absl::StrCat("stored variant covers ",
+                                                  compressed->prefix_len(),
+                                                  " tokens, the prefix has ", prefix.tokens));
+        }
+        auto holder = std::make_shared<SharedVariant>();
+        VC_ASSIGN_OR_RETURN(holder->charge, arena_.Reserve(compressed->bytes()));
+        holder->prefix = std::move(compressed);
+        job.resp->set_prefix_bytes(static_cast<int64_t>(blobs[0].size()));
+        fetch_bytes_->Inc(static_cast<double>(blobs[0].size()));
+        variant = holder;
+        std::lock_guard<std::mutex> lock(mu_);
+        variant_cache_[req.variant_key()] = variant;
+      }
+      job.resp->set_achieved_ratio(variant->prefix->ratio());
+      job.resp->set_compressor(variant->prefix->description());
+      // Aliasing: the view keeps the holder (and its arena charge) alive.
+      std::shared_ptr<const CompressedPrefix> view(variant, variant->prefix.get());
+      kv = std::make_unique<CompressedSequenceKv>(config_, std::move(view), 0, &arena_);
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     job.resp->set_fetch_seconds(secs);
@@ -429,6 +462,12 @@ void DrafterService::BatchLoop() {
 }
 
 void DrafterService::ReapIdleSessions() {
+  for (auto it = variant_cache_.begin(); it != variant_cache_.end();) {
+    it = it->second.expired() ? variant_cache_.erase(it) : std::next(it);
+  }
+  for (auto it = full_cache_.begin(); it != full_cache_.end();) {
+    it = it->second.expired() ? full_cache_.erase(it) : std::next(it);
+  }
   const auto now = Clock::now();
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (!it->second->busy && now - it->second->last_used > options_.session_idle) {

@@ -2,8 +2,8 @@
 // of the draft/verify protocol (DESIGN.md sections 3 and 7).
 //
 // Open fetches the request's compressed prefix variant (or, for the
-// full_remote baseline, its full chunks) over the slow link and starts a
-// DraftSession. One batch thread drafts for every session that is below its
+// full_remote baseline, its full chunks) over the slow link, once per prefix
+// while any session uses it, and starts a DraftSession. One batch thread drafts for every session that is below its
 // lookahead in a single Forward call per step (continuous batching), so
 // drafts are ready before the coordinator asks for them, and it keeps
 // drafting past the window being verified (speculative continuation, up to
@@ -69,6 +69,7 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
 
  private:
   struct Session;
+  struct SharedVariant;
   struct Waiter;
   struct OpenJob;
 
@@ -93,6 +94,10 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   bool stopping_ = false;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
   std::vector<Waiter> waiters_;
+  // Prefixes fetched for live sessions, by variant key / last chunk key:
+  // requests over one prefix share one fetch and one copy.
+  std::map<std::string, std::weak_ptr<const SharedVariant>> variant_cache_;
+  std::map<std::string, std::weak_ptr<const PagedKvCache>> full_cache_;
   std::deque<OpenJob> open_queue_;
   std::thread batcher_;
   std::thread opener_;
