@@ -59,7 +59,8 @@ DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
   kv_device_gauge_ = m.kv_device;
   forward_seconds_ = m.forward_seconds;
   fetch_seconds_ = m.fetch_seconds;
-  fetch_bytes_ = m.fetch_bytes;
+  fetch_bytes_full_ = m.fetch_bytes_full;
+  fetch_bytes_compressed_ = m.fetch_bytes_compressed;
   prefix_loads_ = m.prefix_loads;
   continuation_hits_ = &daemon::MustCounter(registry, "vericache_drafter_continuation_drafts_total",
                                             "Drafts made during a verify that survived it "
@@ -193,7 +194,7 @@ void DrafterService::RunOpen(OpenJob& job) {
                             ingest::LoadFullPrefix(config_, chunks, o));
         full = std::move(loaded);
         job.resp->set_prefix_bytes(bytes);
-        fetch_bytes_->Inc(static_cast<double>(bytes));
+        fetch_bytes_full_->Inc(static_cast<double>(bytes));
         std::lock_guard<std::mutex> lock(mu_);
         full_cache_[cache_key] = full;
       }
@@ -222,7 +223,7 @@ void DrafterService::RunOpen(OpenJob& job) {
         VC_ASSIGN_OR_RETURN(holder->charge, arena_.Reserve(compressed->bytes()));
         holder->prefix = std::move(compressed);
         job.resp->set_prefix_bytes(static_cast<int64_t>(blobs[0].size()));
-        fetch_bytes_->Inc(static_cast<double>(blobs[0].size()));
+        fetch_bytes_compressed_->Inc(static_cast<double>(blobs[0].size()));
         variant = holder;
         std::lock_guard<std::mutex> lock(mu_);
         variant_cache_[req.variant_key()] = variant;

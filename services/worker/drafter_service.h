@@ -107,7 +107,8 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   metrics::Gauge* kv_device_gauge_;
   metrics::Histogram* forward_seconds_;
   metrics::Histogram* fetch_seconds_;
-  metrics::Counter* fetch_bytes_;
+  metrics::Counter* fetch_bytes_full_;
+  metrics::Counter* fetch_bytes_compressed_;
   metrics::Counter* prefix_loads_;
   metrics::Counter* continuation_hits_;
   metrics::Counter* rolled_back_;

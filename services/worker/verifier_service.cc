@@ -65,7 +65,7 @@ VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_i
   kv_transient_gauge_ = m.kv_transient;
   forward_seconds_ = m.forward_seconds;
   fetch_seconds_ = m.fetch_seconds;
-  fetch_bytes_ = m.fetch_bytes;
+  fetch_bytes_ = m.fetch_bytes_full;
   prefix_loads_ = m.prefix_loads;
   batch_requests_ = &daemon::MustHistogram(registry, "vericache_verify_batch_requests",
                                            "Requests verified together in one pass.", {},

@@ -106,9 +106,12 @@ WorkerMetrics RegisterWorkerMetrics(metrics::Registry* registry, const std::stri
                                            "Seconds per KV fetch from the store.", {"role"},
                                            daemon::SecondsBuckets())
                          ->Labels({role});
-  m.fetch_bytes = &daemon::MustCounter(registry, "vericache_worker_fetch_bytes_total",
-                                       "KV bytes fetched from the store.", {"role"})
-                       ->Labels({role});
+  auto* fetched = daemon::MustCounter(registry, "vericache_worker_fetch_bytes_total",
+                                      "KV bytes fetched from the store, by variant (full chunks "
+                                      "or compressed variants).",
+                                      {"role", "variant"});
+  m.fetch_bytes_full = &fetched->Labels({role, "full"});
+  m.fetch_bytes_compressed = &fetched->Labels({role, "compressed"});
   m.prefix_loads = &daemon::MustCounter(registry, "vericache_prefix_loads_total",
                                         "Prefix KV loads from the store.", {"role"})
                         ->Labels({role});

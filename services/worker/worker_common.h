@@ -43,7 +43,8 @@ struct WorkerMetrics {
   metrics::Gauge* kv_transient;
   metrics::Histogram* forward_seconds;
   metrics::Histogram* fetch_seconds;
-  metrics::Counter* fetch_bytes;
+  metrics::Counter* fetch_bytes_full;        // full chunks
+  metrics::Counter* fetch_bytes_compressed;  // compressed variants
   metrics::Counter* prefix_loads;
 };
 WorkerMetrics RegisterWorkerMetrics(metrics::Registry* registry, const std::string& role);
