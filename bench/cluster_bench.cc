@@ -175,14 +175,16 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int32_t>> prefix_list;
   double step_seconds = 0;
   for (int p = 0; p < prefixes; ++p) {
-    std::vector<int32_t> seed = {1, 300 + 17 * p};
-    vc::DecodeOptions d;
-    d.max_new_tokens = prefix_tokens - 2;
-    d.ignore_eos = true;
-    auto r = std::move(vc::DecodeFull(*engine, seed, d)).value();
-    seed.insert(seed.end(), r.tokens.begin(), r.tokens.end());
+    // The first prefix's generation times the decode step (one token per
+    // step, one thread: the workers' engine settings).
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int32_t> seed =
+        std::move(vc::local::ModelTextPrompt(*engine, p, prefix_tokens)).value();
+    if (p == 0) {
+      step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                     static_cast<double>(prefix_tokens - 2);
+    }
     prefix_list.push_back(seed);
-    if (p == 0) step_seconds = r.decode_seconds / static_cast<double>(r.tokens.size() - 1);
   }
   const double kv_full = static_cast<double>(prefix_tokens) * config.kv_bytes_per_token();
   const double slow_bw = kv_full / (load_over_draft * draft_len * step_seconds);

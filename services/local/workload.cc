@@ -4,6 +4,7 @@
 #include <atomic>
 #include <thread>
 
+#include "common/decode/full_decode.h"
 #include "common/rpc/rpc.h"
 
 namespace vc::local {
@@ -83,6 +84,18 @@ WorkloadSummary RunWorkload(const std::string& coordinator,
                              ? static_cast<double>(sum.tokens) / static_cast<double>(sum.verify_rounds)
                              : 0;
   return sum;
+}
+
+absl::StatusOr<std::vector<int32_t>> ModelTextPrompt(Engine& engine, int index, int tokens) {
+  std::vector<int32_t> prompt = {1, 300 + 17 * index};
+  if (tokens <= 2) return prompt;
+  DecodeOptions d;
+  d.max_new_tokens = tokens - 2;
+  d.ignore_eos = true;
+  absl::StatusOr<DecodeResult> r = DecodeFull(engine, prompt, d);
+  if (!r.ok()) return r.status();
+  prompt.insert(prompt.end(), r->tokens.begin(), r->tokens.end());
+  return prompt;
 }
 
 std::string RegisterPrefix(const std::string& coordinator, const std::vector<int32_t>& tokens,

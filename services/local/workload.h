@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 
 namespace vc::local {
@@ -48,6 +50,11 @@ WorkloadSummary RunWorkload(const std::string& coordinator,
                             const std::vector<vericache::v1::GenerateRequest>& requests,
                             int concurrency, std::vector<WorkloadResult>* results,
                             std::chrono::seconds timeout = std::chrono::seconds(300));
+
+// A prompt of `tokens` tokens the model finds likely (like a shared system
+// prompt or document): BOS, a seed token picked by `index`, then the model's
+// own greedy continuation.
+absl::StatusOr<std::vector<int32_t>> ModelTextPrompt(Engine& engine, int index, int tokens);
 
 // Registers a prefix; returns its id (or the error).
 std::string RegisterPrefix(const std::string& coordinator, const std::vector<int32_t>& tokens,

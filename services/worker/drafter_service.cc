@@ -96,17 +96,13 @@ void DrafterService::Shutdown() {
 grpc::ServerUnaryReactor* DrafterService::Info(grpc::CallbackServerContext* ctx,
                                                const pb::WorkerInfoRequest* /*req*/,
                                                pb::WorkerInfoResponse* resp) {
-  FillWorkerInfo("drafter", config_, model_id_, options_.numerics_version, options_.data_plane,
-                 resp);
+  int32_t sessions = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    resp->set_sessions(static_cast<int32_t>(sessions_.size()));
+    sessions = static_cast<int32_t>(sessions_.size());
   }
-  resp->set_kv_bytes(arena_.in_use());
-  const transport::ClientStats ds = store_->data_stats();
-  resp->set_data_plane_bytes(ds.bytes);
-  resp->set_data_plane_transport_bytes(ds.transport_bytes);
-  resp->set_data_plane_fetches(ds.fetches);
+  FillWorkerInfo("drafter", config_, model_id_, options_.numerics_version, options_.data_plane,
+                 sessions, arena_.in_use(), store_->data_stats(), resp);
   return Finish(ctx, absl::OkStatus());
 }
 

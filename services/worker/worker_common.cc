@@ -75,7 +75,8 @@ absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const pb::SamplingCon
 
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,
                     const kvstore::ModelId& model_id, uint32_t numerics_version,
-                    const std::string& data_plane, pb::WorkerInfoResponse* out) {
+                    const std::string& data_plane, int32_t sessions, int64_t kv_bytes,
+                    const transport::ClientStats& data, pb::WorkerInfoResponse* out) {
   out->set_role(role);
   out->set_model_id(model_id.Raw());
   out->set_vocab_size(config.vocab_size);
@@ -85,6 +86,11 @@ void FillWorkerInfo(const std::string& role, const ModelConfig& config,
   out->set_eos_id(config.eos_id);
   out->set_numerics_version(numerics_version);
   out->set_data_plane(data_plane);
+  out->set_sessions(sessions);
+  out->set_kv_bytes(kv_bytes);
+  out->set_data_plane_bytes(data.bytes);
+  out->set_data_plane_transport_bytes(data.transport_bytes);
+  out->set_data_plane_fetches(data.fetches);
 }
 
 WorkerMetrics RegisterWorkerMetrics(metrics::Registry* registry, const std::string& role) {

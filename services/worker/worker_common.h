@@ -10,6 +10,7 @@
 #include "common/cluster/remote_session.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
+#include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "vericache/v1/worker.pb.h"
 
@@ -32,9 +33,11 @@ absl::StatusOr<PrefixRequest> ValidatePrefix(const vericache::v1::PrefixRef& pre
 // Greedy or seeded; InvalidArgument for rejection or bad parameters.
 absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const vericache::v1::SamplingConfig& s);
 
+// The Info answer: identity, model facts, load, and the data plane's counters.
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,
                     const kvstore::ModelId& model_id, uint32_t numerics_version,
-                    const std::string& data_plane, vericache::v1::WorkerInfoResponse* out);
+                    const std::string& data_plane, int32_t sessions, int64_t kv_bytes,
+                    const transport::ClientStats& data, vericache::v1::WorkerInfoResponse* out);
 
 // The vericache_worker_* families, children for `role`.
 struct WorkerMetrics {
