@@ -4,6 +4,7 @@
 // every output against single-process full-KV decoding, and prints a short
 // report (tokens/s, TTFT, acceptance, identical-to-full-KV).
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -77,7 +78,8 @@ int RunDemo(int argc, char** argv) {
             "pace store->drafter (0: unpaced)");
   flags.Add("--fast-link-bytes-per-second", &o.fast_link_bytes_per_second, "N",
             "pace store->verifier (0: unpaced)");
-  flags.Add("--log-dir", &o.log_dir, "DIR", "daemon logs (default: none)");
+  flags.Add("--log-dir", &o.log_dir, "DIR",
+            "daemon logs (default: a new /tmp/vericache-demo-logs-PID directory)");
   flags.AddBool("--json", &json, "print the report as one JSON object");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
@@ -103,8 +105,9 @@ int RunDemo(int argc, char** argv) {
   auto engine = Engine::Create(**model, eo);
   if (!engine.ok()) return Fail(cmd, engine.status());
 
-  std::fprintf(stderr, "[1/4] starting the local cluster (%d verifier, %d drafter)...\n",
-               o.verifiers, o.drafters);
+  if (o.log_dir.empty()) o.log_dir = "/tmp/vericache-demo-logs-" + std::to_string(getpid());
+  std::fprintf(stderr, "[1/4] starting the local cluster (%d verifier, %d drafter; daemon logs in %s)...\n",
+               o.verifiers, o.drafters, o.log_dir.c_str());
   auto cluster = local::LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cmd, cluster.status());
   const std::string coordinator = (*cluster)->coordinator();
