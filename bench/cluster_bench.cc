@@ -232,6 +232,11 @@ int main(int argc, char** argv) {
     o.prefix_aware = sc.prefix_aware;
     o.drafters = sc.drafters;
     o.verifiers = sc.verifiers;
+    // Opens fetch whole prefixes over the slow link (seconds at these
+    // rates, queued behind each other): deadlines sized for that.
+    o.extra_flags["vc-coordinator"] = {"--rpc-timeout-ms=300000"};
+    o.extra_flags["vc-drafter"] = {"--rpc-timeout-ms=300000"};
+    o.extra_flags["vc-verifier"] = {"--rpc-timeout-ms=300000"};
     const bool pin = !no_pin && std::thread::hardware_concurrency() >= 2;
     if (pin) {
       o.cpus["verifier"] = {0};
@@ -327,9 +332,16 @@ int main(int argc, char** argv) {
           << step_seconds * 1e3 << "\n";
     }
   }
-  bool all_identical = true;
-  for (const Row& r : rows) all_identical = all_identical && r.identical == requests;
-  std::printf("%s\n", all_identical ? "all outputs identical to full-KV decoding"
-                                    : "MISMATCH: some outputs differ from full-KV decoding");
-  return all_identical ? 0 : 1;
+  int errors = 0, mismatches = 0;
+  for (const Row& r : rows) {
+    errors += r.sum.errors;
+    mismatches += requests - r.sum.errors - r.identical;
+  }
+  if (errors == 0 && mismatches == 0) {
+    std::printf("all outputs identical to full-KV decoding\n");
+  } else {
+    std::printf("%d requests failed (see the rows above); %d completed outputs differ from "
+                "full-KV decoding\n", errors, mismatches);
+  }
+  return errors == 0 && mismatches == 0 ? 0 : 1;
 }
