@@ -53,15 +53,8 @@ DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
       model_id_(model_id),
       store_(store),
       options_(options),
-      arena_("drafter", options.arena_bytes) {
-  WorkerMetrics m = RegisterWorkerMetrics(registry, "drafter");
-  sessions_gauge_ = m.sessions;
-  kv_device_gauge_ = m.kv_device;
-  forward_seconds_ = m.forward_seconds;
-  fetch_seconds_ = m.fetch_seconds;
-  fetch_bytes_full_ = m.fetch_bytes_full;
-  fetch_bytes_compressed_ = m.fetch_bytes_compressed;
-  prefix_loads_ = m.prefix_loads;
+      arena_("drafter", options.arena_bytes),
+      metrics_(RegisterWorkerMetrics(registry, "drafter")) {
   continuation_hits_ = &daemon::MustCounter(registry, "vericache_drafter_continuation_drafts_total",
                                             "Drafts made during a verify that survived it "
                                             "(speculative continuation).")
@@ -190,7 +183,7 @@ void DrafterService::RunOpen(OpenJob& job) {
                             ingest::LoadFullPrefix(config_, chunks, o));
         full = std::move(loaded);
         job.resp->set_prefix_bytes(bytes);
-        fetch_bytes_full_->Inc(static_cast<double>(bytes));
+        metrics_.fetch_bytes_full->Inc(static_cast<double>(bytes));
         std::lock_guard<std::mutex> lock(mu_);
         full_cache_[cache_key] = full;
       }
@@ -219,7 +212,7 @@ void DrafterService::RunOpen(OpenJob& job) {
         VC_ASSIGN_OR_RETURN(holder->charge, arena_.Reserve(compressed->bytes()));
         holder->prefix = std::move(compressed);
         job.resp->set_prefix_bytes(static_cast<int64_t>(blobs[0].size()));
-        fetch_bytes_compressed_->Inc(static_cast<double>(blobs[0].size()));
+        metrics_.fetch_bytes_compressed->Inc(static_cast<double>(blobs[0].size()));
         variant = holder;
         std::lock_guard<std::mutex> lock(mu_);
         variant_cache_[req.variant_key()] = variant;
@@ -233,8 +226,8 @@ void DrafterService::RunOpen(OpenJob& job) {
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     job.resp->set_fetch_seconds(secs);
     if (prefix.tokens > 0) {
-      fetch_seconds_->Observe(secs);
-      prefix_loads_->Inc();
+      metrics_.fetch_seconds->Observe(secs);
+      metrics_.prefix_loads->Inc();
     }
     cluster::DraftSessionOptions dopt;
     dopt.sampling = sampling;
@@ -437,7 +430,7 @@ void DrafterService::BatchLoop() {
       }
     }
     const double step = std::chrono::duration<double>(Clock::now() - t0).count();
-    forward_seconds_->Observe(step);
+    metrics_.forward_seconds->Observe(step);
     lock.lock();
     step_seconds_ewma_ = step_seconds_ewma_ == 0 ? step : 0.9 * step_seconds_ewma_ + 0.1 * step;
     for (size_t i = 0; i < stepping.size(); ++i) {
@@ -477,8 +470,8 @@ void DrafterService::ReapIdleSessions() {
 }
 
 void DrafterService::UpdateGauges() {
-  sessions_gauge_->Set(static_cast<double>(sessions_.size()));
-  kv_device_gauge_->Set(static_cast<double>(arena_.in_use()));
+  metrics_.sessions->Set(static_cast<double>(sessions_.size()));
+  metrics_.kv_device->Set(static_cast<double>(arena_.in_use()));
 }
 
 }  // namespace vc::worker

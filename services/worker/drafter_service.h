@@ -27,6 +27,7 @@
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
+#include "services/worker/worker_common.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
 namespace vc::worker {
@@ -103,13 +104,7 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   std::thread opener_;
   double step_seconds_ewma_ = 0;  // guarded by mu_
 
-  metrics::Gauge* sessions_gauge_;
-  metrics::Gauge* kv_device_gauge_;
-  metrics::Histogram* forward_seconds_;
-  metrics::Histogram* fetch_seconds_;
-  metrics::Counter* fetch_bytes_full_;
-  metrics::Counter* fetch_bytes_compressed_;
-  metrics::Counter* prefix_loads_;
+  WorkerMetrics metrics_;  // the vericache_worker_* children of this role
   metrics::Counter* continuation_hits_;
   metrics::Counter* rolled_back_;
 };

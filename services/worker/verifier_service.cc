@@ -58,15 +58,8 @@ VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_i
       model_id_(model_id),
       store_(store),
       options_(options),
-      arena_("verifier", options.arena_bytes) {
-  WorkerMetrics m = RegisterWorkerMetrics(registry, "verifier");
-  sessions_gauge_ = m.sessions;
-  kv_device_gauge_ = m.kv_device;
-  kv_transient_gauge_ = m.kv_transient;
-  forward_seconds_ = m.forward_seconds;
-  fetch_seconds_ = m.fetch_seconds;
-  fetch_bytes_ = m.fetch_bytes_full;
-  prefix_loads_ = m.prefix_loads;
+      arena_("verifier", options.arena_bytes),
+      metrics_(RegisterWorkerMetrics(registry, "verifier")) {
   batch_requests_ = &daemon::MustHistogram(registry, "vericache_verify_batch_requests",
                                            "Requests verified together in one pass.", {},
                                            {1, 2, 4, 8, 16, 32, 64})
@@ -318,9 +311,9 @@ void VerifierService::LoaderLoop() {
     } else {
       kv = chunks.status();
     }
-    fetch_seconds_->Observe(secs);
-    fetch_bytes_->Inc(static_cast<double>(bytes));
-    prefix_loads_->Inc();
+    metrics_.fetch_seconds->Observe(secs);
+    metrics_.fetch_bytes_full->Inc(static_cast<double>(bytes));
+    metrics_.prefix_loads->Inc();
     lock.lock();
     if (kv.ok()) {
       p->kv = std::shared_ptr<const PagedKvCache>(std::move(*kv));
@@ -466,7 +459,7 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
   const auto t0 = Clock::now();
   auto results = cluster::RunVerifyPass(*engine_, run, drafts);
   const double forward = std::chrono::duration<double>(Clock::now() - t0).count();
-  forward_seconds_->Observe(forward);
+  metrics_.forward_seconds->Observe(forward);
   batch_requests_->Observe(static_cast<double>(run.size()));
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -566,13 +559,13 @@ void VerifierService::ReapIdleSessions() {
 }
 
 void VerifierService::UpdateGauges() {
-  sessions_gauge_->Set(static_cast<double>(sessions_.size()));
+  metrics_.sessions->Set(static_cast<double>(sessions_.size()));
   int64_t transient = 0;
   for (const auto& [key, p] : prefixes_) {
     if (p->kv) transient += p->kv->bytes();
   }
-  kv_transient_gauge_->Set(static_cast<double>(transient));
-  kv_device_gauge_->Set(static_cast<double>(arena_.in_use() - transient));
+  metrics_.kv_transient->Set(static_cast<double>(transient));
+  metrics_.kv_device->Set(static_cast<double>(arena_.in_use() - transient));
 }
 
 }  // namespace vc::worker

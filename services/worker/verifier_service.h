@@ -31,6 +31,7 @@
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
+#include "services/worker/worker_common.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
 namespace vc::worker {
@@ -115,14 +116,8 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   std::vector<std::thread> loaders_;
   std::thread batcher_;
 
-  metrics::Gauge* sessions_gauge_;
-  metrics::Gauge* kv_device_gauge_;
-  metrics::Gauge* kv_transient_gauge_;
-  metrics::Histogram* forward_seconds_;
-  metrics::Histogram* fetch_seconds_;
-  metrics::Counter* fetch_bytes_;
+  WorkerMetrics metrics_;  // the vericache_worker_* children of this role
   metrics::Histogram* batch_requests_;
-  metrics::Counter* prefix_loads_;
   metrics::Counter* prefix_shared_;
 };
 
