@@ -1,6 +1,7 @@
 #include "common/cluster/remote_session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,35 @@ absl::Status CheckIds(const ModelConfig& config, std::span<const int32_t> ids, c
       return absl::InvalidArgumentError(absl::StrCat(what, " token ", i, " has id ", ids[i],
                                                      ", outside the vocabulary [0, ",
                                                      config.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rejection sampling judges draft d by p(d) / q(d): q must be a distribution
+// over the vocabulary that could have produced d.
+absl::Status CheckDraftProbs(const ModelConfig& config, std::span<const int32_t> drafts,
+                             std::span<const std::vector<double>> probs) {
+  if (probs.size() != drafts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rejection sampling needs one draft distribution per draft: ",
+                                                   drafts.size(), " drafts, ", probs.size(),
+                                                   " distributions"));
+  }
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (static_cast<int64_t>(probs[i].size()) != config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("draft distribution ", i, " has ",
+                                                     probs[i].size(), " entries, expected ",
+                                                     config.vocab_size));
+    }
+    for (double q : probs[i]) {
+      if (!std::isfinite(q) || q < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("draft distribution ", i, " has a negative or non-finite entry"));
+      }
+    }
+    if (!(probs[i][static_cast<size_t>(drafts[i])] > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "draft ", i, " (token ", drafts[i], ") has probability 0 in its own distribution"));
     }
   }
   return absl::OkStatus();
@@ -73,11 +103,13 @@ void PrefixTailKv::MixValues(const kernels::KernelBackend& backend, int layer, i
 // ----------------------------------------------------------- SessionSampling
 
 absl::Status SessionSampling::Validate() const {
-  if (mode == SamplingMode::kRejection) {
-    return absl::InvalidArgumentError(
-        "rejection sampling is not served by the cluster; use greedy or seeded sampling");
+  if (mode == SamplingMode::kGreedy) return absl::OkStatus();
+  VC_RETURN_IF_ERROR(params.Validate());
+  if (params.temperature <= 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        mode == SamplingMode::kSeeded ? "seeded" : "rejection",
+        " sampling needs a temperature > 0"));
   }
-  if (mode == SamplingMode::kSeeded) return params.Validate();
   return absl::OkStatus();
 }
 
@@ -127,12 +159,27 @@ absl::Status VerifySession::AttachPrefix(std::shared_ptr<const PagedKvCache> pre
   return absl::OkStatus();
 }
 
-absl::StatusOr<SequenceInput> VerifySession::BeginPass(std::span<const int32_t> drafts) {
+absl::StatusOr<SequenceInput> VerifySession::BeginPass(
+    std::span<const int32_t> drafts, std::span<const std::vector<double>> draft_probs) {
   if (in_pass_) return absl::FailedPreconditionError("a verify pass is already in flight");
   if (!kv_.has_prefix()) {
     return absl::FailedPreconditionError("the prefix KV is not loaded for this verify");
   }
   VC_RETURN_IF_ERROR(CheckIds(config_, drafts, "draft"));
+  if (options_.sampling.mode == SamplingMode::kRejection) {
+    VC_RETURN_IF_ERROR(CheckDraftProbs(config_, drafts, draft_probs));
+    // The acceptance rule compares p(d) with q(d) as probabilities; a draw
+    // by Gumbel-max does not depend on the scale of q, so normalising here
+    // judges the draft by the distribution it was really drawn from.
+    pass_probs_.assign(draft_probs.begin(), draft_probs.end());
+    for (std::vector<double>& q : pass_probs_) {
+      double sum = 0;
+      for (double v : q) sum += v;
+      for (double& v : q) v /= sum;
+    }
+  } else if (!draft_probs.empty()) {
+    return absl::InvalidArgumentError("draft distributions are only for rejection sampling");
+  }
   const int64_t end = int64_t{committed()} + static_cast<int64_t>(unverified_.size()) +
                       static_cast<int64_t>(drafts.size());
   if (end > config_.max_seq_len) {
@@ -168,9 +215,25 @@ absl::StatusOr<VerifyOutcome> VerifySession::FinishPass(std::span<const float> r
   const int32_t base = kv_.next_position() - static_cast<int32_t>(pass_input_.size());
   VerifyOutcome out;
   int32_t next = -1;
+  const bool rejection = options_.sampling.mode == SamplingMode::kRejection;
   for (int32_t r = 0; r <= k; ++r) {
-    const int32_t t = options_.sampling.Choose(rows.subspan(int64_t{r} * vocab, vocab),
-                                               int64_t{base} + u + r);
+    const std::span<const float> row = rows.subspan(int64_t{r} * vocab, vocab);
+    const int64_t position = int64_t{base} + u + r;
+    if (rejection && r < k) {
+      bool kept = false;
+      const int32_t t = JudgeRejectionDraft(row, pass_probs_[static_cast<size_t>(r)],
+                                            pass_input_[u + r], options_.sampling.params,
+                                            position, &kept);
+      if (kept) {
+        out.tokens.push_back(t);
+        ++out.accepted;
+        continue;
+      }
+      next = t;
+      break;
+    }
+    // The bonus token (and greedy/seeded choices) come from the target alone.
+    const int32_t t = options_.sampling.Choose(row, position);
     if (r < k && t == pass_input_[u + r]) {
       out.tokens.push_back(t);
       ++out.accepted;
@@ -186,6 +249,7 @@ absl::StatusOr<VerifyOutcome> VerifySession::FinishPass(std::span<const float> r
   out.refresh_first = base;
   out.refresh_count = keep - base;
   unverified_.assign(1, next);
+  pass_probs_.clear();
   return out;
 }
 
@@ -195,13 +259,22 @@ absl::StatusOr<std::string> VerifySession::EncodeRows(int32_t first, int32_t cou
 
 std::vector<absl::StatusOr<VerifyOutcome>> RunVerifyPass(
     Engine& engine, std::span<VerifySession* const> sessions,
-    std::span<const std::vector<int32_t>> drafts) {
+    std::span<const std::vector<int32_t>> drafts,
+    std::span<const std::vector<std::vector<double>>> draft_probs) {
   std::vector<absl::StatusOr<VerifyOutcome>> results(sessions.size(),
                                                      absl::InternalError("not run"));
+  if (!draft_probs.empty() && draft_probs.size() != sessions.size()) {
+    for (auto& r : results) {
+      r = absl::InvalidArgumentError("draft distributions must be given for every session or none");
+    }
+    return results;
+  }
   std::vector<SequenceInput> batch;
   std::vector<size_t> member;  // batch entry -> session index
   for (size_t i = 0; i < sessions.size(); ++i) {
-    absl::StatusOr<SequenceInput> in = sessions[i]->BeginPass(drafts[i]);
+    absl::StatusOr<SequenceInput> in =
+        draft_probs.empty() ? sessions[i]->BeginPass(drafts[i])
+                            : sessions[i]->BeginPass(drafts[i], draft_probs[i]);
     if (!in.ok()) {
       results[i] = in.status();
       continue;
@@ -301,7 +374,13 @@ absl::Status DraftSession::FinishStep(std::span<const float> last_row) {
   if (static_cast<int64_t>(last_row.size()) != config_.vocab_size) {
     return absl::InternalError("draft step returned a wrong number of logits");
   }
-  seq_.push_back(options_.sampling.Choose(last_row, known_end()));
+  if (options_.sampling.mode == SamplingMode::kRejection) {
+    std::vector<double> q;
+    seq_.push_back(DrawRejectionDraft(last_row, options_.sampling.params, known_end(), &q));
+    draft_probs_.push_back(std::move(q));
+  } else {
+    seq_.push_back(options_.sampling.Choose(last_row, known_end()));
+  }
   return absl::OkStatus();
 }
 
@@ -327,7 +406,11 @@ absl::StatusOr<CommitOutcome> DraftSession::Commit(std::span<const int32_t> toke
   CommitOutcome out;
   if (agree == tokens.size()) {
     out.surviving_drafts = static_cast<int32_t>(d.size() - agree);
+    // The committed drafts' distributions are no longer needed.
+    const size_t drop = std::min(agree, draft_probs_.size());
+    draft_probs_.erase(draft_probs_.begin(), draft_probs_.begin() + static_cast<std::ptrdiff_t>(drop));
   } else {
+    draft_probs_.clear();
     out.rolled_back = static_cast<int32_t>(d.size() - agree);
     // K/V rows depend on every token at or before their position: keep only
     // the positions whose tokens all agree with the verified sequence.

@@ -28,6 +28,12 @@
 //
 // Token choice is SampleToken/Argmax at the token's absolute position, as in
 // full-KV decoding, so greedy and seeded sampling are bit-identical to it.
+// Rejection sampling (distribution-identical, not bit-identical): the
+// drafter draws each draft from its own filtered distribution q and keeps q
+// with the draft; the verifier receives q with the drafts and accepts d with
+// probability min(1, p(d) / q(d)), else draws from the residual (p - q)+.
+// Both use the position-keyed streams of DrawRejectionDraft /
+// JudgeRejectionDraft, so the split makes the decisions one process would.
 #pragma once
 
 #include <cstdint>
@@ -82,10 +88,13 @@ class PrefixTailKv final : public SequenceKv {
 };
 
 struct SessionSampling {
-  SamplingMode mode = SamplingMode::kGreedy;  // kRejection is not supported here
+  SamplingMode mode = SamplingMode::kGreedy;
   SamplingParams params;
+  // InvalidArgument for bad parameters, or seeded/rejection without a
+  // temperature > 0.
   absl::Status Validate() const;
-  // The token full-KV decoding picks from `logits` at absolute `position`.
+  // The token full-KV decoding picks from `logits` at absolute `position`
+  // (rejection sampling's full-KV form is plain seeded sampling).
   int32_t Choose(std::span<const float> logits, int64_t position) const;
 };
 
@@ -118,10 +127,15 @@ class VerifySession {
   bool has_prefix() const { return kv_.has_prefix(); }
 
   // The pass input for [U, drafts] (drafts may be empty: one full-KV decode
-  // step). FailedPrecondition without an attached prefix or with a pass in
-  // flight; InvalidArgument for ids outside the vocabulary; OutOfRange past
-  // the context. The returned input points into the session.
-  absl::StatusOr<SequenceInput> BeginPass(std::span<const int32_t> drafts);
+  // step). Rejection sampling needs `draft_probs`: the distribution each
+  // draft was drawn from (vocab_size entries each, normalised here).
+  // FailedPrecondition
+  // without an attached prefix or with a pass in flight; InvalidArgument for
+  // ids outside the vocabulary or missing/malformed distributions (negative,
+  // not finite, or zero at the draft); OutOfRange past the context. The
+  // returned input points into the session.
+  absl::StatusOr<SequenceInput> BeginPass(std::span<const int32_t> drafts,
+                                          std::span<const std::vector<double>> draft_probs = {});
   // Consumes the pass's logit rows (|drafts| + 1 rows, in order).
   absl::StatusOr<VerifyOutcome> FinishPass(std::span<const float> rows);
   // Rolls back a pass whose Forward failed.
@@ -148,15 +162,19 @@ class VerifySession {
   PrefixTailKv kv_;
   std::vector<int32_t> unverified_;  // U: tokens at [committed, ...) not yet run
   std::vector<int32_t> pass_input_;  // [U, drafts] of the pass in flight
+  std::vector<std::vector<double>> pass_probs_;  // rejection sampling: q of each draft
   bool in_pass_ = false;
 };
 
 // Runs one verify pass for several sessions in a single Forward call (their
 // prefixes must be attached). Results are per session, in order; a session
-// whose input is invalid fails alone, the others still run.
+// whose input is invalid fails alone, the others still run. `draft_probs`
+// is empty, or holds each session's draft distributions (rejection
+// sampling; an empty entry for a session that does not use it).
 std::vector<absl::StatusOr<VerifyOutcome>> RunVerifyPass(
     Engine& engine, std::span<VerifySession* const> sessions,
-    std::span<const std::vector<int32_t>> drafts);
+    std::span<const std::vector<int32_t>> drafts,
+    std::span<const std::vector<std::vector<double>>> draft_probs = {});
 
 // ----------------------------------------------------------------- drafter
 
@@ -194,6 +212,9 @@ class DraftSession {
 
   // Drafts after the verified sequence, and the position of the first.
   std::span<const int32_t> drafts() const;
+  // Rejection sampling: the distribution each of drafts() was drawn from
+  // (same order and count); empty in the other modes.
+  std::span<const std::vector<double>> draft_probs() const { return draft_probs_; }
   int32_t verified_end() const { return verified_end_; }
   void set_lookahead(int lookahead) { options_.lookahead = lookahead; }
   int lookahead() const { return options_.lookahead; }
@@ -221,6 +242,7 @@ class DraftSession {
   DraftSessionOptions options_;
   // Tokens at positions [L, ...): prompt suffix, verified output, then drafts.
   std::vector<int32_t> seq_;
+  std::vector<std::vector<double>> draft_probs_;  // rejection sampling, parallel to drafts()
   int32_t verified_end_;  // absolute position one past the verified tokens
   std::vector<int32_t> step_input_;
   bool in_step_ = false;

@@ -151,4 +151,26 @@ int32_t SpeculativeAccept(std::span<const double> p, std::span<const double> q, 
                   : SampleFromDistribution(p, residual_seed, position);
 }
 
+namespace {
+// Independent noise streams for rejection sampling (seeded sampling uses the
+// seed itself, so a drafter and a verifier draw identically there).
+constexpr uint64_t kDraftStream = 0xD1B54A32D192ED03ull;
+constexpr uint64_t kAcceptStream = 0x8CB92BA72F3D8DD7ull;
+constexpr uint64_t kResidualStream = 0xABC98388FB8FAC03ull;
+}  // namespace
+
+int32_t DrawRejectionDraft(std::span<const float> draft_logits, const SamplingParams& params,
+                           int64_t position, std::vector<double>* q) {
+  *q = FilteredDistribution(draft_logits, params);
+  return SampleFromDistribution(*q, params.seed ^ kDraftStream, position);
+}
+
+int32_t JudgeRejectionDraft(std::span<const float> target_logits, std::span<const double> q,
+                            int32_t d, const SamplingParams& params, int64_t position,
+                            bool* accepted) {
+  const std::vector<double> p = FilteredDistribution(target_logits, params);
+  const double u = KeyedUniform(params.seed ^ kAcceptStream, position);
+  return SpeculativeAccept(p, q, d, u, params.seed ^ kResidualStream, position, accepted);
+}
+
 }  // namespace vc

@@ -58,6 +58,25 @@ double KeyedUniform(uint64_t seed, int64_t position);
 int32_t SpeculativeAccept(std::span<const double> p, std::span<const double> q, int32_t d,
                           double u, uint64_t residual_seed, int64_t position, bool* accepted);
 
+// Speculative (rejection) sampling as both sides of a draft/verify split run
+// it. Each side keys its randomness by the absolute position and one of three
+// independent streams derived from params.seed (draft draw, accept uniform,
+// residual draw), so a drafter and a verifier in different processes make
+// the same decisions as one process would.
+//
+// The drafter's side: draws a draft from the filtered distribution q of its
+// own logits at `position` and returns it; *q receives the distribution (the
+// verifier needs it to judge the draft).
+int32_t DrawRejectionDraft(std::span<const float> draft_logits, const SamplingParams& params,
+                           int64_t position, std::vector<double>* q);
+// The verifier's side: judges draft `d` (drawn from `q`) against the target
+// logits at `position`. Returns d with *accepted = true, or a replacement
+// drawn from the residual with *accepted = false; distributed exactly as the
+// target's filtered distribution.
+int32_t JudgeRejectionDraft(std::span<const float> target_logits, std::span<const double> q,
+                            int32_t d, const SamplingParams& params, int64_t position,
+                            bool* accepted);
+
 // The noise itself, exposed for tests: a standard Gumbel variate that is a
 // pure function of its arguments.
 double GumbelNoise(uint64_t seed, int64_t position, int32_t token);

@@ -405,7 +405,10 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
       finished_order_.pop_front();
     }
   }
-  if (s.ok() && r->mode == pb::MODE_VERICACHE && options_.lossless_check_fraction > 0) {
+  // Rejection sampling is distribution-identical, not token-identical, to
+  // full-KV decoding: there is nothing to compare token by token.
+  if (s.ok() && r->mode == pb::MODE_VERICACHE && options_.lossless_check_fraction > 0 &&
+      req->sampling().mode() != pb::SamplingConfig::REJECTION) {
     ShadowCheck(*req, output);
   }
   return rpc::ToGrpcStatus(s);
@@ -499,11 +502,8 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
         "prompt (", plan.prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
         ") exceeds the model's context of ", context_, " tokens"));
   }
-  if (req.sampling().mode() == pb::SamplingConfig::REJECTION) {
-    return absl::InvalidArgumentError(
-        "rejection sampling is not served by the cluster; use greedy or seeded sampling");
-  }
-  if (req.sampling().mode() == pb::SamplingConfig::SEEDED) {
+  if (req.sampling().mode() == pb::SamplingConfig::SEEDED ||
+      req.sampling().mode() == pb::SamplingConfig::REJECTION) {
     SamplingParams sp;
     sp.temperature = req.sampling().temperature();
     sp.top_k = req.sampling().top_k();
@@ -511,7 +511,9 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     sp.seed = req.sampling().seed();
     VC_RETURN_IF_ERROR(sp.Validate());
     if (sp.temperature <= 0.0f) {
-      return absl::InvalidArgumentError("seeded sampling needs a temperature > 0");
+      return absl::InvalidArgumentError(absl::StrCat(
+          req.sampling().mode() == pb::SamplingConfig::SEEDED ? "seeded" : "rejection",
+          " sampling needs a temperature > 0"));
     }
   }
   if (req.draft_len() < 0) {
@@ -812,6 +814,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     }
     // Take the drafts (they have been drafting since the last commit).
     std::vector<int32_t> drafts;
+    google::protobuf::RepeatedPtrField<pb::DraftDistribution> draft_probs;  // rejection sampling
     if (take > 0) {
       pb::DraftRequest req;
       req.set_session_id(plan.session);
@@ -829,11 +832,13 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
         break;
       }
       drafts.assign(resp.drafts().begin(), resp.drafts().end());
+      draft_probs.Swap(resp.mutable_draft_probs());
       Calibrate(resp.step_seconds());
     }
     pb::VerifyRequest vreq;
     vreq.set_session_id(plan.session);
     for (int32_t t : drafts) vreq.add_drafts(t);
+    vreq.mutable_draft_probs()->Swap(&draft_probs);
     pb::VerifyResponse vresp;
     const auto t0 = Clock::now();
     grpc::Status vs;
@@ -968,6 +973,12 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
     for (int32_t t : plan.prompt) req.add_prompt(t);
     *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
     *req.mutable_sampling() = plan.req.sampling();
+    // Without a verifier nothing is judged: rejection sampling is plain
+    // seeded sampling here, as in full-KV decoding (so full_remote equals
+    // full_local token for token).
+    if (req.sampling().mode() == pb::SamplingConfig::REJECTION) {
+      req.mutable_sampling()->set_mode(pb::SamplingConfig::SEEDED);
+    }
     if (full) {
       req.set_full_prefix(true);
     } else {

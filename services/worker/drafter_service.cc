@@ -312,6 +312,10 @@ void DrafterService::ServeWaiters() {
     if (static_cast<int>(drafts.size()) >= w.min_tokens || (!can_draft_more && !drafts.empty())) {
       const int n = std::min<int>(w.max_tokens, static_cast<int>(drafts.size()));
       for (int i = 0; i < n; ++i) w.resp->add_drafts(drafts[i]);
+      const auto probs = s.ds->draft_probs();
+      for (int i = 0; i < n && i < static_cast<int>(probs.size()); ++i) {
+        ToDraftDistribution(probs[i], w.resp->add_draft_probs());
+      }
       w.resp->set_first_position(s.ds->verified_end());
       w.resp->set_ready(static_cast<int32_t>(drafts.size()));
       w.resp->set_step_seconds(step_seconds_ewma_);

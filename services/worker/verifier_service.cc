@@ -44,6 +44,7 @@ struct VerifierService::Job {
   grpc::ServerUnaryReactor* reactor = nullptr;
   uint64_t session_id = 0;
   std::vector<int32_t> drafts;
+  std::vector<std::vector<double>> draft_probs;  // rejection sampling: q of each draft
   pb::VerifyResponse* verify_resp = nullptr;
   const pb::IngestRequest* ingest_req = nullptr;
   pb::IngestResponse* ingest_resp = nullptr;
@@ -170,6 +171,11 @@ grpc::ServerUnaryReactor* VerifierService::Verify(grpc::CallbackServerContext* c
   job.ctx = ctx;
   job.session_id = req->session_id();
   job.drafts.assign(req->drafts().begin(), req->drafts().end());
+  for (const pb::DraftDistribution& d : req->draft_probs()) {
+    absl::StatusOr<std::vector<double>> q = FromDraftDistribution(d, engine_->config().vocab_size);
+    if (!q.ok()) return Finish(ctx, q.status());
+    job.draft_probs.push_back(*std::move(q));
+  }
   job.verify_resp = resp;
   job.enqueued = Clock::now();
   grpc::ServerUnaryReactor* reactor = nullptr;
@@ -438,6 +444,7 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
   }
   std::vector<cluster::VerifySession*> run;
   std::vector<std::vector<int32_t>> drafts;
+  std::vector<std::vector<std::vector<double>>> draft_probs;
   std::vector<size_t> run_index;
   std::vector<absl::Status> errors(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -454,10 +461,11 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
     }
     run.push_back(sessions[i]->vs.get());
     drafts.push_back(jobs[i].drafts);
+    draft_probs.push_back(jobs[i].draft_probs);
     run_index.push_back(i);
   }
   const auto t0 = Clock::now();
-  auto results = cluster::RunVerifyPass(*engine_, run, drafts);
+  auto results = cluster::RunVerifyPass(*engine_, run, drafts, draft_probs);
   const double forward = std::chrono::duration<double>(Clock::now() - t0).count();
   metrics_.forward_seconds->Observe(forward);
   batch_requests_->Observe(static_cast<double>(run.size()));

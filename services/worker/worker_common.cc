@@ -66,11 +66,38 @@ absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const pb::SamplingCon
   out.params.top_k = s.top_k();
   out.params.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
   out.params.seed = s.seed();
-  if (out.mode == SamplingMode::kSeeded && out.params.temperature <= 0.0f) {
-    return absl::InvalidArgumentError("seeded sampling needs a temperature > 0");
-  }
   if (absl::Status st = out.Validate(); !st.ok()) return st;
   return out;
+}
+
+void ToDraftDistribution(const std::vector<double>& q, pb::DraftDistribution* out) {
+  for (size_t t = 0; t < q.size(); ++t) {
+    if (q[t] == 0) continue;
+    out->add_tokens(static_cast<int32_t>(t));
+    out->add_probs(q[t]);
+  }
+}
+
+absl::StatusOr<std::vector<double>> FromDraftDistribution(const pb::DraftDistribution& d,
+                                                          int32_t vocab_size) {
+  if (d.tokens_size() != d.probs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("draft distribution has ", d.tokens_size(),
+                                                   " tokens but ", d.probs_size(),
+                                                   " probabilities"));
+  }
+  std::vector<double> q(static_cast<size_t>(vocab_size), 0.0);
+  int32_t previous = -1;
+  for (int i = 0; i < d.tokens_size(); ++i) {
+    const int32_t t = d.tokens(i);
+    if (t <= previous || t >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "draft distribution token ", t, " is out of order or outside the vocabulary [0, ",
+          vocab_size, ")"));
+    }
+    q[static_cast<size_t>(t)] = d.probs(i);
+    previous = t;
+  }
+  return q;
 }
 
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,

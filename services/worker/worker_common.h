@@ -30,8 +30,16 @@ absl::StatusOr<PrefixRequest> ValidatePrefix(const vericache::v1::PrefixRef& pre
                                              const std::vector<int32_t>& prompt,
                                              const ModelConfig& config);
 
-// Greedy or seeded; InvalidArgument for rejection or bad parameters.
+// Greedy, seeded or rejection; InvalidArgument for bad parameters.
 absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const vericache::v1::SamplingConfig& s);
+
+// A draft distribution on the wire keeps only its non-zero entries (top-k /
+// top-p leave few); FromDraftDistribution rebuilds the dense vector of
+// `vocab_size` entries, InvalidArgument for ids outside the vocabulary,
+// unsorted or repeated ids, or mismatched lengths.
+void ToDraftDistribution(const std::vector<double>& q, vericache::v1::DraftDistribution* out);
+absl::StatusOr<std::vector<double>> FromDraftDistribution(
+    const vericache::v1::DraftDistribution& d, int32_t vocab_size);
 
 // The Info answer: identity, model facts, load, and the data plane's counters.
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,

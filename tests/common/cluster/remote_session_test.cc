@@ -3,9 +3,13 @@
 // exactly the tokens of plain full-KV decoding, for every prefix length,
 // compressor, draft length, lookahead (speculative continuation), KV refresh
 // setting and sampling mode; prefix sharing across a batch must not change a
-// bit; bad input is rejected.
+// bit; rejection sampling reproduces the full-KV distribution; bad input is
+// rejected.
 #include "common/cluster/remote_session.h"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <random>
 
 #include "common/compress/attention_stats.h"
@@ -13,11 +17,12 @@
 #include "common/decode/full_decode.h"
 #include "common/kv/compressed_kv.h"
 #include "gtest/gtest.h"
+#include "tests/common/sampling/chi_square.h"
 
 namespace vc::cluster {
 namespace {
 
-ModelConfig SmallConfig() {
+ModelConfig SmallConfig(int vocab = 48) {
   ModelConfig c;
   c.dim = 32;
   c.hidden_dim = 48;
@@ -25,7 +30,7 @@ ModelConfig SmallConfig() {
   c.n_heads = 4;
   c.n_kv_heads = 2;
   c.head_dim = 8;
-  c.vocab_size = 48;
+  c.vocab_size = vocab;
   c.max_seq_len = 128;
   c.bos_id = 1;
   c.eos_id = 2;
@@ -34,8 +39,9 @@ ModelConfig SmallConfig() {
 
 class RemoteSessionTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    model_ = std::move(Model::CreateRandom(SmallConfig(), 11)).value();
+  void SetUp() override { UseModel(SmallConfig(), 11); }
+  void UseModel(const ModelConfig& c, uint64_t seed) {
+    model_ = std::move(Model::CreateRandom(c, seed)).value();
     EngineOptions eo;
     eo.backend.threads = 1;
     engine_ = std::move(Engine::Create(*model_, eo)).value();
@@ -95,6 +101,7 @@ class RemoteSessionTest : public ::testing::Test {
     int64_t rounds = 0;
     int64_t accepted = 0;
     int64_t survived = 0;
+    int64_t rejected = 0;  // drafts the verifier did not accept
   };
 
   // The coordinator's loop for one request, in process.
@@ -123,9 +130,12 @@ class RemoteSessionTest : public ::testing::Test {
       const int remaining = n - static_cast<int>(r.tokens.size());
       const int take = std::min<int>({x, static_cast<int>(ds->drafts().size()), remaining - 1});
       std::vector<int32_t> drafts(ds->drafts().begin(), ds->drafts().begin() + take);
+      // Rejection sampling: the distributions travel with the drafts.
+      const std::vector<std::vector<double>> probs(
+          ds->draft_probs().begin(), ds->draft_probs().begin() + (ds->draft_probs().empty() ? 0 : take));
       EXPECT_TRUE(vs->AttachPrefix(verifier_prefix).ok());
       VerifySession* one = vs.get();
-      auto results = RunVerifyPass(*engine_, {&one, 1}, {&drafts, 1});
+      auto results = RunVerifyPass(*engine_, {&one, 1}, {&drafts, 1}, {&probs, 1});
       vs->DetachPrefix();
       EXPECT_TRUE(results[0].ok()) << results[0].status();
       const VerifyOutcome& o = *results[0];
@@ -135,6 +145,7 @@ class RemoteSessionTest : public ::testing::Test {
       EXPECT_TRUE(c.ok()) << c.status();
       r.survived += c->surviving_drafts;
       r.accepted += o.accepted;
+      r.rejected += take - o.accepted;
       ++r.rounds;
       for (int32_t t : o.tokens) {
         if (static_cast<int>(r.tokens.size()) < n) r.tokens.push_back(t);
@@ -252,9 +263,34 @@ TEST_F(RemoteSessionTest, RejectsBadInput) {
   EXPECT_EQ(VerifySession::Create(config(), bad, 0, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   VerifySessionOptions rej;
-  rej.sampling.mode = SamplingMode::kRejection;
+  rej.sampling.mode = SamplingMode::kRejection;  // without a temperature
   EXPECT_EQ(VerifySession::Create(config(), prompt, 0, rej).status().code(),
             absl::StatusCode::kInvalidArgument);
+  {
+    // Rejection sampling needs one valid distribution per draft.
+    rej.sampling.params.temperature = 1.0f;
+    auto rs = std::move(VerifySession::Create(config(), prompt, 16, rej)).value();
+    ASSERT_TRUE(rs->AttachPrefix(Prefill(prompt, 16)).ok());
+    const std::vector<int32_t> two = {4, 5};
+    const std::vector<double> uniform(config().vocab_size, 1.0);
+    std::vector<double> zero_at_draft = uniform;
+    zero_at_draft[5] = 0;
+    std::vector<double> negative = uniform;
+    negative[7] = -0.5;
+    const std::vector<std::vector<double>> one_only = {uniform};
+    const std::vector<std::vector<double>> zero = {uniform, zero_at_draft};
+    const std::vector<std::vector<double>> neg = {uniform, negative};
+    const std::vector<std::vector<double>> short_q = {uniform, std::vector<double>(3, 1.0)};
+    for (const auto& probs : {one_only, zero, neg, short_q}) {
+      EXPECT_EQ(rs->BeginPass(two, probs).status().code(), absl::StatusCode::kInvalidArgument);
+    }
+    const std::vector<std::vector<double>> good = {uniform, uniform};
+    EXPECT_TRUE(rs->BeginPass(two, good).ok());
+    rs->AbortPass();
+    // Distributions are refused outside rejection sampling.
+    EXPECT_EQ(VerifySession::Create(config(), prompt, 16, {}).value()->BeginPass(two, good).status().code(),
+              absl::StatusCode::kFailedPrecondition);  // no prefix attached: checked first
+  }
 
   auto vs = std::move(VerifySession::Create(config(), prompt, 16, {})).value();
   const std::vector<int32_t> d = {4};
@@ -282,6 +318,113 @@ TEST_F(RemoteSessionTest, RejectsBadInput) {
   EXPECT_EQ(ds->Commit(t, rows).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DraftSession::Create(config(), prompt, DrafterKv(prompt, 8, {}), 16, dopt).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RemoteSessionTest, RejectionSamplingMatchesFullDistribution) {
+  // A 6-token vocabulary makes the exact distribution of (t2, t3) cheap to
+  // enumerate; a hot temperature makes the compressed drafter disagree often
+  // enough that the accept/residual path is exercised.
+  const int vocab = 6;
+  UseModel(SmallConfig(vocab), 21);
+  std::mt19937_64 rng(4);
+  std::vector<int32_t> prompt = {1};
+  while (prompt.size() < 24) prompt.push_back(static_cast<int32_t>(rng() % vocab));
+  SessionSampling sampling;
+  sampling.mode = SamplingMode::kRejection;
+  sampling.params.temperature = 6.0f;
+
+  auto next_dist = [&](const std::vector<int32_t>& seq) {
+    PagedKvCache kv(config());
+    std::vector<float> logits;
+    SequenceInput in{&kv, seq, static_cast<int64_t>(seq.size()) - 1};
+    EXPECT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
+    return FilteredDistribution(logits, sampling.params);
+  };
+  std::map<std::pair<int, int>, double> exact;
+  const auto p1 = next_dist(prompt);
+  for (int t1 = 0; t1 < vocab; ++t1) {
+    auto s1 = prompt;
+    s1.push_back(t1);
+    const auto p2 = next_dist(s1);
+    for (int t2 = 0; t2 < vocab; ++t2) {
+      auto s2 = s1;
+      s2.push_back(t2);
+      const auto p3 = next_dist(s2);
+      for (int t3 = 0; t3 < vocab; ++t3) exact[{t2, t3}] += p1[t1] * p2[t2] * p3[t3];
+    }
+  }
+  CompressorOptions co;
+  co.name = "streamingllm";
+  co.ratio = 0.25;
+  co.sink_tokens = 2;
+  co.window = 4;
+  const int n = 3000;
+  std::map<std::pair<int, int>, int> counts;
+  int64_t rejected = 0;
+  for (int s = 0; s < n; ++s) {
+    sampling.params.seed = 1000 + s;
+    // Stored prefix of 16 tokens, x = 2 with one draft of continuation.
+    const RunResult r = Run(prompt, 16, 3, co, 2, 3, true, sampling);
+    ASSERT_EQ(r.tokens.size(), 3u);
+    ++counts[{r.tokens[1], r.tokens[2]}];
+    rejected += r.rejected;
+  }
+  const testing::ChiSquare chi = testing::PooledChiSquare(exact, counts, n);
+  std::printf("split rejection sampling: chi2 %.1f, dof %d, limit %.1f, drafts rejected %lld\n",
+              chi.statistic, chi.dof, chi.limit, static_cast<long long>(rejected));
+  EXPECT_GT(rejected, n / 200) << "the drafter must disagree sometimes for this test to mean much";
+  EXPECT_LT(chi.statistic, chi.limit);
+}
+
+TEST_F(RemoteSessionTest, VerifierJudgesAnyDraftDistributionExactly) {
+  // The split drafter above rarely disagrees (random models attend weakly).
+  // Here the drafts come from a distribution far from the target's (most
+  // mass on the tokens p likes least), so many are rejected: the token the verifier emits at the
+  // draft's position must still follow p exactly.
+  const int vocab = 6;
+  UseModel(SmallConfig(vocab), 21);
+  std::vector<int32_t> prompt = {1, 3, 4, 0, 5, 2, 2, 3};
+  SessionSampling sampling;
+  sampling.mode = SamplingMode::kRejection;
+  sampling.params.temperature = 6.0f;
+  PagedKvCache kv(config());
+  std::vector<float> logits;
+  SequenceInput in{&kv, prompt, static_cast<int64_t>(prompt.size()) - 1};
+  ASSERT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
+  const std::vector<double> p = FilteredDistribution(logits, sampling.params);
+  // Skewed towards the ids p likes least.
+  std::vector<double> q(vocab);
+  std::vector<int> order(vocab);
+  for (int t = 0; t < vocab; ++t) order[t] = t;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] < p[b]; });
+  for (int i = 0; i < vocab; ++i) q[order[i]] = std::pow(0.4, i);
+  std::discrete_distribution<int32_t> draw_q(q.begin(), q.end());
+  std::mt19937_64 rng(8);
+  const int n = 3000;
+  std::map<int, double> exact;
+  for (int t = 0; t < vocab; ++t) exact[t] = p[t];
+  std::map<int, int> counts;
+  int rejected = 0;
+  const auto prefix = Prefill(prompt, 0);
+  for (int s = 0; s < n; ++s) {
+    VerifySessionOptions vo;
+    vo.sampling = sampling;
+    vo.sampling.params.seed = 7000 + s;
+    auto vs = std::move(VerifySession::Create(config(), prompt, 0, vo)).value();
+    ASSERT_TRUE(vs->AttachPrefix(prefix).ok());
+    const std::vector<int32_t> drafts = {draw_q(rng)};
+    const std::vector<std::vector<double>> probs = {q};
+    VerifySession* one = vs.get();
+    const auto out = RunVerifyPass(*engine_, {&one, 1}, {&drafts, 1}, {&probs, 1});
+    ASSERT_TRUE(out[0].ok()) << out[0].status();
+    ++counts[out[0]->tokens[0]];
+    rejected += out[0]->accepted == 0;
+  }
+  const testing::ChiSquare chi = testing::PooledChiSquare(exact, counts, n);
+  std::printf("verifier judge: chi2 %.1f, dof %d, limit %.1f, drafts rejected %d of %d\n",
+              chi.statistic, chi.dof, chi.limit, rejected, n);
+  EXPECT_GT(rejected, n / 10);
+  EXPECT_LT(chi.statistic, chi.limit);
 }
 
 }  // namespace
