@@ -112,18 +112,54 @@ const Booking* RingScheduler::Find(int64_t id) const {
   return it == bookings_.end() ? nullptr : &it->second;
 }
 
-bool RingScheduler::Fits(const AdmitRequest& r, int64_t d, int s, const std::vector<double>& shares,
-                         bool check_link) const {
+bool RingScheduler::PackReload(int link, int64_t d, double transfer_seconds,
+                               std::vector<double>* shares) const {
   const double t = options_.slot_seconds;
-  if (check_link) {
-    for (int i = 0; i < s; ++i) {
-      if (LinkBooked(r.link, d - s + i) + shares[i] > t * (1 + kSlack)) return false;
+  // Walk back from the verify slot taking each slot's free time until the
+  // transfer is covered: the reload streams without a pause and ends as the
+  // verify slot begins (just in time), and its first slot may be one that
+  // another reload already partly uses. A slot with no free time before the
+  // transfer is covered means it would have to pause: it does not fit here.
+  // Reloads never start in the current slot.
+  std::vector<double> backwards;
+  double remaining = transfer_seconds;
+  for (int64_t slot = d - 1; remaining > t * kSlack; --slot) {
+    if (slot <= now_) return false;
+    const double take = std::min(std::max(0.0, t - LinkBooked(link, slot)), remaining);
+    if (take <= t * kSlack) return false;
+    backwards.push_back(take);
+    remaining -= take;
+  }
+  shares->assign(backwards.rbegin(), backwards.rend());
+  return true;
+}
+
+bool RingScheduler::Fits(const AdmitRequest& r, int64_t d, bool check_link, Booking* b) const {
+  const double t = options_.slot_seconds;
+  const double l = b->transfer_seconds;
+  b->issue_offset_seconds = 0;
+  if (check_link && l > 0 && options_.pack_reloads) {
+    if (!PackReload(r.link, d, l, &b->slot_seconds)) return false;
+    b->issue_offset_seconds = std::max(0.0, t - b->slot_seconds[0]);
+    b->reload_slots = static_cast<int>(b->slot_seconds.size());
+  } else {
+    // Whole slots, then the remainder (an unlimited link books one slot of
+    // nothing).
+    const int s = ReloadSlots(r.full_kv_bytes, r.link);
+    b->slot_seconds.assign(static_cast<size_t>(s), t);
+    b->slot_seconds[static_cast<size_t>(s - 1)] = std::max(0.0, l - (s - 1) * t);
+    b->reload_slots = s;
+    if (check_link) {
+      for (int i = 0; i < s; ++i) {
+        if (LinkBooked(r.link, d - s + i) + b->slot_seconds[i] > t * (1 + kSlack)) return false;
+      }
     }
   }
   const int64_t cap = options_.gpus[r.gpu].transient_capacity_bytes;
-  for (int64_t slot = d - s; slot <= d; ++slot) {
+  for (int64_t slot = d - b->reload_slots; slot <= d; ++slot) {
     if (MemoryBooked(r.gpu, slot) + r.full_kv_bytes > cap) return false;
   }
+  b->verify_slot = d;
   return true;
 }
 
@@ -168,22 +204,18 @@ absl::StatusOr<Admission> RingScheduler::Admit(const AdmitRequest& r) {
                      options_.gpus[r.gpu].transient_capacity_bytes, " bytes"));
   }
 
-  const double t = options_.slot_seconds;
+  // S on an empty link: the fewest reload slots any placement can have.
   const int s = ReloadSlots(r.full_kv_bytes, r.link);
   const double l = link.bytes_per_second > 0
                        ? static_cast<double>(r.full_kv_bytes) / link.bytes_per_second
                        : 0.0;
-  std::vector<double> shares(s, t);
-  shares[s - 1] = std::max(0.0, l - (s - 1) * t);
 
   Booking b;
   b.id = r.id;
   b.link = r.link;
   b.gpu = r.gpu;
   b.full_kv_bytes = r.full_kv_bytes;
-  b.reload_slots = s;
   b.transfer_seconds = l;
-  b.slot_seconds = shares;
   b.lock_step = options_.lock_step;
 
   const int64_t w = options_.window_slots;
@@ -194,7 +226,7 @@ absl::StatusOr<Admission> RingScheduler::Admit(const AdmitRequest& r) {
   const auto search_up = [&](int64_t from, bool check_link) {
     const int64_t tracked_end = now_ + static_cast<int64_t>(mem_[r.gpu].size());
     int64_t d = from;
-    while (!Fits(r, d, s, shares, check_link) && d <= tracked_end + s + 1) ++d;
+    while (!Fits(r, d, check_link, &b) && d <= tracked_end + s + 1) ++d;
     return d;
   };
 
@@ -204,7 +236,7 @@ absl::StatusOr<Admission> RingScheduler::Admit(const AdmitRequest& r) {
       // Open a new round at the target (within the window when possible).
       lock_step_slot_ = now_ + std::clamp<int64_t>(r.target_offset, lo, std::max(lo, hi));
     }
-    b.verify_slot = search_up(lock_step_slot_, /*check_link=*/false);
+    search_up(lock_step_slot_, /*check_link=*/false);
     b.beyond_window = b.verify_slot - now_ > hi;
     if (b.beyond_window) ++stats_.beyond_window;
     Book(b);
@@ -216,7 +248,7 @@ absl::StatusOr<Admission> RingScheduler::Admit(const AdmitRequest& r) {
   if (lo > hi) {
     // A reload too long for the window (or a caller that cannot verify
     // within it): book it at the first slot where it fits, however far.
-    b.verify_slot = search_up(now_ + lo, /*check_link=*/true);
+    search_up(now_ + lo, /*check_link=*/true);
     b.beyond_window = true;
     ++stats_.beyond_window;
     Book(b);
@@ -228,8 +260,7 @@ absl::StatusOr<Admission> RingScheduler::Admit(const AdmitRequest& r) {
   for (int64_t k = 0; anchor + k <= hi || anchor - k >= lo; ++k) {
     // x, then x+1 before x-1, x+2 before x-2, ...; the anchor once.
     for (const int64_t off : {anchor + k, anchor - k}) {
-      if (off >= lo && off <= hi && Fits(r, now_ + off, s, shares, /*check_link=*/true)) {
-        b.verify_slot = now_ + off;
+      if (off >= lo && off <= hi && Fits(r, now_ + off, /*check_link=*/true, &b)) {
         Book(b);
         a.queued = false;
         a.booking = b;

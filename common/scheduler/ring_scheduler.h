@@ -13,7 +13,8 @@
 //    (at most that GPU's transient capacity).
 //
 // A booking for request r, whose full KV takes l = bytes / BW seconds to
-// move, has S = max(1, ceil(l / slot_seconds)) reload slots. Slot convention
+// move, has S = max(1, ceil(l / slot_seconds)) reload slots on an empty link
+// (one more when packed behind another reload, see below). Slot convention
 // (one slot = one iteration of the GPU that verifies):
 //
 //     reload slots:  [d - S, d - 1]   the link streams r's full KV; each slot is
@@ -28,6 +29,19 @@
 // in; its d is our d - 1. Ours adds the verify slot to the memory span because
 // the copy is still resident while the verify pass runs, and the next reload
 // may already be streaming then.)
+//
+// Packing (pack_reloads, the default): a reload may also use the leftover of
+// slots another reload partly books. It is placed just in time: walking back
+// from slot d - 1 it takes each slot's free time until its transfer is
+// covered, so it streams without a pause and ends as slot d begins; its first
+// slot holds the remainder, and the caller issues it that far into the slot
+// (Booking::issue_offset_seconds). A slot with no free time before the
+// transfer is covered rejects that d (a pause would hold memory for nothing).
+// Without packing the span is whole slots, S of them, the remainder in the
+// last one, and every booked slot must have that share free; reloads shorter
+// than a slot then leave the rest of their slot unused (31 ms reloads in
+// 48 ms slots cap the link at 65%). Packing fills the link at the price of a
+// memory span up to one slot longer.
 //
 // Admit() tries verify slots at the caller's target offset x, then x+1, x-1,
 // x+2, x-2, ... (later first on ties: an earlier verify cuts a draft short),
@@ -83,6 +97,9 @@ struct RingSchedulerOptions {
   double slot_seconds = 0.05;  // duration of one slot (calibrated by the caller)
   int window_slots = 64;       // W >= 3
   bool lock_step = false;
+  // Let reloads use the leftover of partly booked slots (see above). Ignored
+  // in lock-step mode, which does not check the link.
+  bool pack_reloads = true;
   std::vector<RingLink> links = {RingLink{}};
   std::vector<RingGpu> gpus;
 
@@ -112,8 +129,12 @@ struct Booking {
   bool beyond_window = false;        // a long reload booked past the window
   bool lock_step = false;
 
-  // The slot at whose start the reload is issued: d - S.
+  // The slot in which the reload is issued: d - S.
   int64_t first_slot() const { return verify_slot - reload_slots; }
+  // How far into first_slot() to issue it: a packed reload's first slot
+  // holds only its remainder, which streams at the end of the slot. 0 for an
+  // unpacked reload (issued at the slot's start).
+  double issue_offset_seconds = 0;
 };
 
 struct Admission {
@@ -188,9 +209,14 @@ class RingScheduler {
 
  private:
   explicit RingScheduler(const RingSchedulerOptions& options);
-  // Whether a reload of (bytes, seconds per slot) with verify slot `d` fits.
-  bool Fits(const AdmitRequest& r, int64_t d, int s, const std::vector<double>& shares,
-            bool check_link) const;
+  // Whether r's reload fits with verify slot `d`; if so, sets b's
+  // verify_slot, reload_slots and slot_seconds (b->transfer_seconds is read).
+  bool Fits(const AdmitRequest& r, int64_t d, bool check_link, Booking* b) const;
+  // Packs a transfer of `transfer_seconds` into the free time of slots
+  // (now, d) on `link`: the latest start whose free time covers it, then
+  // streaming in each slot's free time from there. False if it cannot end
+  // before slot d.
+  bool PackReload(int link, int64_t d, double transfer_seconds, std::vector<double>* shares) const;
   void Book(const Booking& b);
   void EnsureTracked(int64_t slot);
   double& LinkAt(int link, int64_t slot);

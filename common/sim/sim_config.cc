@@ -383,11 +383,12 @@ absl::StatusOr<SimConfig> ParseSimConfig(const std::string& json_text,
   }
   if (j.contains("scheduler")) {
     const json& sc = j.at("scheduler");
-    VC_RETURN_IF_ERROR(KnownKeys(sc, "scheduler", {"slot_ms", "window_slots"}));
+    VC_RETURN_IF_ERROR(KnownKeys(sc, "scheduler", {"slot_ms", "window_slots", "pack_reloads"}));
     double slot_ms = c.slot_seconds * 1e3;
     VC_RETURN_IF_ERROR(GetNumber(sc, "scheduler", "slot_ms", &slot_ms));
     c.slot_seconds = slot_ms / 1e3;
     VC_RETURN_IF_ERROR(GetInt(sc, "scheduler", "window_slots", &c.window_slots));
+    VC_RETURN_IF_ERROR(GetBool(sc, "scheduler", "pack_reloads", &c.pack_reloads));
   }
   VC_RETURN_IF_ERROR(GetInt(j, "", "seed", &c.seed));
   VC_RETURN_IF_ERROR(GetNumber(j, "", "max_sim_seconds", &c.max_sim_seconds));

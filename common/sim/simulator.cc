@@ -318,6 +318,7 @@ absl::Status Simulation::Setup() {
   RingSchedulerOptions so;
   so.lock_step = lock_step();
   so.window_slots = c_.window_slots;
+  so.pack_reloads = c_.pack_reloads;
   so.links.clear();
   if (!remote()) {
     for (int g = 0; g < c_.gpus; ++g) {

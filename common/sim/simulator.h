@@ -143,11 +143,11 @@ struct SimConfig {
 
   // Scheduler.
   // 0 = automatic: the booked link's reload time cut into whole slots no
-  // longer than the estimated drafting iteration (the ring does not pack a
-  // second reload into a slot's leftover, so this wastes no link time for
-  // reloads of the mean size).
+  // longer than the estimated drafting iteration (so even without packing no
+  // link time is wasted for reloads of the mean size).
   double slot_seconds = 0;
   int window_slots = 64;
+  bool pack_reloads = true;  // RingSchedulerOptions::pack_reloads
 
   uint64_t seed = 1;
   double max_sim_seconds = 1e7;  // guard against a configuration that never finishes

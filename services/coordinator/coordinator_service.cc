@@ -214,6 +214,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   ro.slot_seconds = options.slot_seconds;
   ro.window_slots = options.window_slots;
   ro.lock_step = options.lock_step;
+  ro.pack_reloads = options.pack_reloads;
   // The store's NIC is one shared link per class (DESIGN.md section 6):
   // link 0 = fast (store->verifiers), link 1 = slow (store->drafters).
   ro.links = {RingLink{"fast", options.fast_link_bytes_per_second, RingLink::Sharing::kShared, -1},
@@ -757,6 +758,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
     // Book the verify: the reload on the fast link and the verifier's memory.
     int64_t first_slot = clock_->now();
+    double issue_offset = 0;  // seconds into first_slot (a packed reload)
     int64_t verify_slot = first_slot;
     const int64_t booking_id = static_cast<int64_t>(plan.session);
     bool booked = false;
@@ -778,6 +780,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
           VC_ASSIGN_OR_RETURN(Admission adm, clock_->Admit(ar));
           if (!adm.queued) {
             first_slot = adm.booking.first_slot();
+            issue_offset = adm.booking.issue_offset_seconds;
             verify_slot = adm.booking.verify_slot;
             booked = true;
             clock_->NoteShared(plan.prefix_key, v.index, adm.booking);
@@ -791,9 +794,9 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
       }
     }
     absl::Status round_status = [&]() -> absl::Status {
-      // The reload starts at its slot.
+      // The reload starts at its slot (just in time within it when packed).
       if (prefix_bytes > 0) {
-        if (!clock_->WaitForSlot(first_slot, r.deadline)) {
+        if (!clock_->WaitForSlot(first_slot, issue_offset, r.deadline)) {
           return absl::DeadlineExceededError("request deadline passed");
         }
         pb::LoadRequest req;

@@ -54,6 +54,8 @@ struct CoordinatorOptions {
   bool auto_slot = false;
   int window_slots = 64;
   bool lock_step = false;
+  // Reloads may use the leftover of partly booked slots (RingSchedulerOptions).
+  bool pack_reloads = true;
   double fast_link_bytes_per_second = 0;  // 0: unlimited
   double slow_link_bytes_per_second = 0;
   int64_t verifier_memory_bytes = int64_t{1} << 30;

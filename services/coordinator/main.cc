@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
   flags.Add("--window-slots", &o.window_slots, "N", "scheduler lookahead W in slots (>= 3)");
   flags.AddBool("--lock-step", &o.lock_step,
                 "ablation: every request verifies in the same slot (links may be oversubscribed)");
+  bool no_packing = false;
+  flags.AddBool("--no-reload-packing", &no_packing,
+                "ablation: a reload books only whole free slots (the paper's model) instead of "
+                "also using the leftover of partly booked ones");
   flags.Add("--fast-link-bytes-per-second", &o.fast_link_bytes_per_second, "N",
             "store->verifier bandwidth the scheduler books (0: unlimited)");
   flags.Add("--slow-link-bytes-per-second", &o.slow_link_bytes_per_second, "N",
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   if (o.verifier_memory_bytes < 1) {
     return vc::daemon::BadFlags(kName, "--verifier-memory-bytes must be >= 1");
   }
+  o.pack_reloads = !no_packing;
   if (absl::Status s = vc::daemon::ValidateServerOptions(server); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));
   }

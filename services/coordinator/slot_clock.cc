@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<SlotClock>> SlotClock::Create(const RingScheduler
 SlotClock::SlotClock(RingScheduler scheduler)
     : scheduler_(std::move(scheduler)),
       slot_seconds_(scheduler_.slot_seconds()),
+      slot_start_(std::chrono::steady_clock::now()),
       lock_step_(scheduler_.lock_step()) {}
 
 SlotClock::~SlotClock() { Stop(); }
@@ -32,6 +33,7 @@ void SlotClock::Run() {
   // timeline restarts from the last boundary).
   auto boundary = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
+  slot_start_ = boundary;
   while (!stopping_) {
     const auto slot = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(slot_seconds_));
@@ -40,6 +42,7 @@ void SlotClock::Run() {
     const int64_t due = (std::chrono::steady_clock::now() - boundary) / slot;
     if (due > 0) {
       boundary += slot * due;
+      slot_start_ = boundary;
       scheduler_.Advance(due);
       for (auto it = shared_.begin(); it != shared_.end();) {
         it = it->second.verify_slot < scheduler_.now() ? shared_.erase(it) : std::next(it);
@@ -64,6 +67,22 @@ bool SlotClock::WaitForSlot(int64_t slot, std::chrono::steady_clock::time_point 
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_until(lock, deadline, [&] { return stopping_ || scheduler_.now() >= slot; }) &&
          !stopping_;
+}
+
+bool SlotClock::WaitForSlot(int64_t slot, double offset_seconds,
+                            std::chrono::steady_clock::time_point deadline) {
+  if (!WaitForSlot(slot, deadline)) return false;
+  if (!(offset_seconds > 0)) return true;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (scheduler_.now() > slot) return !stopping_;
+  const auto issue_at =
+      slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(offset_seconds));
+  // A slot that ends early (the clock advanced) ends the wait too.
+  cv_.wait_until(lock, std::min(deadline, issue_at),
+                 [&] { return stopping_ || scheduler_.now() > slot; });
+  if (stopping_) return false;
+  return issue_at <= deadline || scheduler_.now() > slot;
 }
 
 double SlotClock::slot_seconds() const {

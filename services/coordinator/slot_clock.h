@@ -29,8 +29,11 @@ class SlotClock {
   absl::Status Release(int64_t id);
 
   // Waits until the current slot is >= `slot`; false if `deadline` passed or
-  // the clock stopped first.
+  // the clock stopped first. With `offset_seconds`, waits until that far into
+  // `slot` (returns at once if `slot` has already ended).
   bool WaitForSlot(int64_t slot, std::chrono::steady_clock::time_point deadline);
+  bool WaitForSlot(int64_t slot, double offset_seconds,
+                   std::chrono::steady_clock::time_point deadline);
 
   int64_t now() const;
   double slot_seconds() const;
@@ -64,6 +67,7 @@ class SlotClock {
   std::condition_variable cv_;
   RingScheduler scheduler_;
   double slot_seconds_;
+  std::chrono::steady_clock::time_point slot_start_;  // when the current slot began
   const bool lock_step_;
   bool stopping_ = false;
   std::map<std::pair<std::string, int>, Shared> shared_;

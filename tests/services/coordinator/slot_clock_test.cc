@@ -1,0 +1,87 @@
+// The coordinator's wall-clock driver of the ring scheduler: slots advance on
+// their own, waits end at their slot (or offset into it), at the deadline, or
+// on Stop; bookings pass through to the policy; prefix joins expire with
+// their verify slot. Margins are generous: the suite runs on a loaded 2-core
+// machine, so only orderings are asserted, never durations.
+#include "services/coordinator/slot_clock.h"
+
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace vc::coordinator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+RingSchedulerOptions Options(double slot_seconds) {
+  RingSchedulerOptions o;
+  o.slot_seconds = slot_seconds;
+  o.window_slots = 16;
+  o.links = {RingLink{.name = "fast", .bytes_per_second = 1000.0}};
+  o.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1 << 20}};
+  return o;
+}
+
+TEST(SlotClockTest, SlotsAdvanceAndWaitsEndAtTheirSlot) {
+  auto clock = std::move(SlotClock::Create(Options(0.005))).value();
+  const int64_t start = clock->now();
+  ASSERT_TRUE(clock->WaitForSlot(start + 3, Clock::now() + std::chrono::seconds(30)));
+  EXPECT_GE(clock->now(), start + 3);
+  // A slot already passed: no wait, with or without an offset.
+  EXPECT_TRUE(clock->WaitForSlot(start, Clock::now() + std::chrono::seconds(30)));
+  EXPECT_TRUE(clock->WaitForSlot(start, 0.004, Clock::now() + std::chrono::seconds(30)));
+}
+
+TEST(SlotClockTest, OffsetWaitEndsInsideTheSlotOrFailsAtTheDeadline) {
+  // Long slots: the offset wait ends within the target slot.
+  auto clock = std::move(SlotClock::Create(Options(10.0))).value();
+  const int64_t now = clock->now();
+  ASSERT_TRUE(clock->WaitForSlot(now, 0.01, Clock::now() + std::chrono::seconds(30)));
+  EXPECT_EQ(clock->now(), now) << "the wait must not run into the next slot";
+  // An offset past the deadline: false, without waiting for the offset.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(20);
+  EXPECT_FALSE(clock->WaitForSlot(now, 9.9, deadline));
+  EXPECT_GE(Clock::now(), deadline);
+  EXPECT_EQ(clock->now(), now) << "returned at the deadline, not at the offset";
+}
+
+TEST(SlotClockTest, StopEndsEveryWait) {
+  auto clock = std::move(SlotClock::Create(Options(5.0))).value();
+  bool far = true, offset = true;
+  std::thread a([&] { far = clock->WaitForSlot(clock->now() + 100, Clock::now() + std::chrono::hours(1)); });
+  std::thread b([&] { offset = clock->WaitForSlot(clock->now(), 4.0, Clock::now() + std::chrono::hours(1)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  clock->Stop();
+  a.join();
+  b.join();
+  EXPECT_FALSE(far);
+  EXPECT_FALSE(offset);
+}
+
+TEST(SlotClockTest, BookingsPackAndSharedPrefixesExpire) {
+  // Slots long enough that the clock does not move during the test.
+  auto clock = std::move(SlotClock::Create(Options(30.0))).value();
+  const int64_t now = clock->now();
+  // 10 s at 1000 B/s in 30 s slots: a third of a slot, issued 20 s in.
+  auto a = clock->Admit({.id = 1, .full_kv_bytes = 10000, .target_offset = 4});
+  ASSERT_TRUE(a.ok() && !a->queued);
+  EXPECT_EQ(a->booking.verify_slot, now + 4);
+  EXPECT_NEAR(a->booking.issue_offset_seconds, 20.0, 1e-9);
+  // A second one packs into the same slot's leftover.
+  auto b = clock->Admit({.id = 2, .full_kv_bytes = 10000, .target_offset = 4});
+  ASSERT_TRUE(b.ok() && !b->queued);
+  EXPECT_EQ(b->booking.first_slot(), a->booking.first_slot());
+  clock->NoteShared("prefix", 0, a->booking);
+  SlotClock::Shared shared;
+  EXPECT_TRUE(clock->FindShared("prefix", 0, now + 10, &shared));
+  EXPECT_EQ(shared.verify_slot, now + 4);
+  EXPECT_FALSE(clock->FindShared("prefix", 0, now + 3, &shared)) << "verify later than allowed";
+  EXPECT_FALSE(clock->FindShared("prefix", 1, now + 10, &shared)) << "another verifier";
+  EXPECT_TRUE(clock->Release(1).ok());
+  EXPECT_EQ(clock->Release(1).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace vc::coordinator
