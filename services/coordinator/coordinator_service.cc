@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
@@ -137,6 +138,7 @@ struct CoordinatorService::Metrics {
   metrics::Gauge* active;
   metrics::GaugeFamily* link_occupancy;
   metrics::GaugeFamily* memory_booked;
+  metrics::GaugeFamily* memory_resident;
   metrics::Counter* scheduler_queued;
   metrics::CounterFamily* lossless_check;
 };
@@ -181,6 +183,11 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
   m.memory_booked = daemon::MustGauge(registry, "vericache_scheduler_memory_booked_bytes",
                                       "Transient full KV booked on a verifier in the current slot.",
                                       {"verifier"});
+  m.memory_resident = daemon::MustGauge(
+      registry, "vericache_scheduler_memory_resident_bytes",
+      "Full KV held resident on a verifier by sessions decoding there alone (full_local, "
+      "fallback); the scheduler books reloads only into the rest.",
+      {"verifier"});
   m.scheduler_queued = &daemon::MustCounter(registry, "vericache_scheduler_queued_total",
                                             "Admit attempts the ring scheduler answered queued.")
                             ->Get();
@@ -924,6 +931,15 @@ absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
                                                  Sink* writer,
                                                  bool already_open) {
   Worker& v = *plan.verifier;
+  // The prefix stays loaded for the whole session: keep that memory out of
+  // what the scheduler books reloads into, until the session ends.
+  const int64_t resident_bytes = int64_t{plan.prefix_tokens} * kv_bytes_per_token_;
+  clock_->HoldResident(plan.prefix_key, v.index, resident_bytes);
+  absl::Cleanup release_resident = [&] {
+    clock_->ReleaseResident(plan.prefix_key, v.index);
+    UpdateSchedulerGauges();
+  };
+  UpdateSchedulerGauges();
   if (!already_open) {
     pb::VerifierOpenRequest req;
     req.set_session_id(plan.session);
@@ -1051,6 +1067,8 @@ void CoordinatorService::UpdateSchedulerGauges() {
   const std::vector<int64_t> mem = clock_->MemoryBooked();
   for (size_t g = 0; g < mem.size() && g < verifiers_.size(); ++g) {
     metrics_->memory_booked->Labels({verifiers_[g]->address}).Set(static_cast<double>(mem[g]));
+    metrics_->memory_resident->Labels({verifiers_[g]->address})
+        .Set(static_cast<double>(clock_->ResidentBytes(static_cast<int>(g))));
   }
 }
 

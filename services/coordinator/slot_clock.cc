@@ -1,5 +1,7 @@
 #include "services/coordinator/slot_clock.h"
 
+#include <algorithm>
+
 namespace vc::coordinator {
 
 absl::StatusOr<std::unique_ptr<SlotClock>> SlotClock::Create(const RingSchedulerOptions& options) {
@@ -14,7 +16,12 @@ SlotClock::SlotClock(RingScheduler scheduler)
     : scheduler_(std::move(scheduler)),
       slot_seconds_(scheduler_.slot_seconds()),
       slot_start_(std::chrono::steady_clock::now()),
-      lock_step_(scheduler_.lock_step()) {}
+      lock_step_(scheduler_.lock_step()),
+      resident_bytes_(scheduler_.options().gpus.size(), 0) {
+  for (const RingGpu& g : scheduler_.options().gpus) {
+    base_capacity_.push_back(g.transient_capacity_bytes);
+  }
+}
 
 SlotClock::~SlotClock() { Stop(); }
 
@@ -55,7 +62,44 @@ void SlotClock::Run() {
 
 absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (r.gpu >= 0 && r.gpu < static_cast<int>(base_capacity_.size()) &&
+      r.full_kv_bytes <= base_capacity_[r.gpu] &&
+      r.full_kv_bytes > scheduler_.options().gpus[r.gpu].transient_capacity_bytes) {
+    return Admission{};  // queued until resident prefixes leave room
+  }
   return scheduler_.Admit(r);
+}
+
+void SlotClock::ApplyCapacity(int gpu) {
+  const int64_t left = std::max<int64_t>(0, base_capacity_[gpu] - resident_bytes_[gpu]);
+  (void)scheduler_.SetMemoryCapacity(gpu, left);  // gpu is valid: checked by the callers
+}
+
+void SlotClock::HoldResident(const std::string& prefix_key, int gpu, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (gpu < 0 || gpu >= static_cast<int>(base_capacity_.size()) || bytes <= 0) return;
+  Resident& r = resident_[{prefix_key, gpu}];
+  if (r.holders++ == 0) {
+    r.bytes = bytes;
+    resident_bytes_[gpu] += bytes;
+    ApplyCapacity(gpu);
+  }
+}
+
+void SlotClock::ReleaseResident(const std::string& prefix_key, int gpu) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = resident_.find({prefix_key, gpu});
+  if (it == resident_.end()) return;
+  if (--it->second.holders == 0) {
+    resident_bytes_[gpu] -= it->second.bytes;
+    resident_.erase(it);
+    ApplyCapacity(gpu);
+  }
+}
+
+int64_t SlotClock::ResidentBytes(int gpu) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gpu >= 0 && gpu < static_cast<int>(resident_bytes_.size()) ? resident_bytes_[gpu] : 0;
 }
 
 absl::Status SlotClock::Release(int64_t id) {

@@ -24,8 +24,20 @@ class SlotClock {
   static absl::StatusOr<std::unique_ptr<SlotClock>> Create(const RingSchedulerOptions& options);
   ~SlotClock();
 
-  // Books `r` (RingScheduler::Admit semantics) or answers queued.
+  // Books `r` (RingScheduler::Admit semantics) or answers queued; a request
+  // that fits the verifier's configured memory but not what resident
+  // prefixes leave of it is queued too (it fits once they are released).
   absl::StatusOr<Admission> Admit(const AdmitRequest& r);
+
+  // Resident full KV: a session decoding on the verifier alone (full_local,
+  // fallback) keeps its prefix loaded for its whole life, outside any
+  // booking. While held it lowers that verifier's memory ring capacity, so
+  // reloads are never booked into memory it occupies. Keyed by prefix: the
+  // verifier keeps one copy per prefix, however many sessions use it.
+  void HoldResident(const std::string& prefix_key, int gpu, int64_t bytes);
+  void ReleaseResident(const std::string& prefix_key, int gpu);
+  // Bytes held resident on `gpu`.
+  int64_t ResidentBytes(int gpu) const;
   absl::Status Release(int64_t id);
 
   // Waits until the current slot is >= `slot`; false if `deadline` passed or
@@ -71,6 +83,14 @@ class SlotClock {
   const bool lock_step_;
   bool stopping_ = false;
   std::map<std::pair<std::string, int>, Shared> shared_;
+  struct Resident {
+    int64_t bytes = 0;
+    int holders = 0;
+  };
+  std::map<std::pair<std::string, int>, Resident> resident_;
+  std::vector<int64_t> resident_bytes_;  // per GPU
+  std::vector<int64_t> base_capacity_;   // per GPU, as configured
+  void ApplyCapacity(int gpu);  // with mu_ held
   std::thread thread_;
 };
 

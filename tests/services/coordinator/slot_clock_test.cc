@@ -83,5 +83,38 @@ TEST(SlotClockTest, BookingsPackAndSharedPrefixesExpire) {
   EXPECT_EQ(clock->Release(1).code(), absl::StatusCode::kNotFound);
 }
 
+TEST(SlotClockTest, ResidentPrefixesTakeMemoryFromTheRing) {
+  RingSchedulerOptions o = Options(30.0);
+  o.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1000},
+            RingGpu{.name = "v1", .transient_capacity_bytes = 1000}};
+  auto clock = std::move(SlotClock::Create(o)).value();
+  // Two sessions decoding on v0 alone over one prefix hold one copy.
+  clock->HoldResident("p", 0, 600);
+  clock->HoldResident("p", 0, 600);
+  EXPECT_EQ(clock->ResidentBytes(0), 600);
+  EXPECT_EQ(clock->ResidentBytes(1), 0);
+  // 500 bytes fit the verifier but not what the resident copy leaves: queued,
+  // not refused (it fits once the copy goes).
+  auto a = clock->Admit({.id = 1, .full_kv_bytes = 500, .target_offset = 3, .gpu = 0});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->queued);
+  auto other = clock->Admit({.id = 2, .full_kv_bytes = 500, .target_offset = 3, .gpu = 1});
+  ASSERT_TRUE(other.ok() && !other->queued) << "another verifier is unaffected";
+  auto small = clock->Admit({.id = 3, .full_kv_bytes = 400, .target_offset = 3, .gpu = 0});
+  ASSERT_TRUE(small.ok() && !small->queued);
+  // More than the verifier could ever hold is still an error.
+  EXPECT_EQ(clock->Admit({.id = 4, .full_kv_bytes = 1001, .gpu = 0}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  clock->ReleaseResident("p", 0);
+  EXPECT_EQ(clock->ResidentBytes(0), 600) << "one holder left";
+  clock->ReleaseResident("p", 0);
+  EXPECT_EQ(clock->ResidentBytes(0), 0);
+  ASSERT_TRUE(clock->Release(3).ok());
+  a = clock->Admit({.id = 1, .full_kv_bytes = 500, .target_offset = 3, .gpu = 0});
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->queued);
+  clock->ReleaseResident("unknown", 0);  // harmless
+}
+
 }  // namespace
 }  // namespace vc::coordinator
