@@ -1,6 +1,7 @@
 // The compressor registry: pure token droppers, pure quantisers and every
 // "<dropper>+<quantiser>" composite, all one class (StagedCompressor) made of
 // an optional dropping stage and an optional quantisation stage.
+#include <algorithm>
 #include <charconv>
 #include <memory>
 #include <string>
@@ -45,6 +46,12 @@ CompressorInfo CompositeInfo(const std::string& dropper, const std::string& quan
   info.needs_attention_stats = d.needs_attention_stats;
   info.params = d.params;
   info.params.insert(info.params.end(), q.params.begin(), q.params.end());
+  // Drop's update, then the quantiser's: with an online dropper every
+  // settled token is folded (its eviction needs it); otherwise the
+  // quantiser's group sets the pace and the dropper keeps every new token.
+  info.online = d.online != OnlinePolicy::Kind::kNone ? d.online : q.online;
+  info.online_rule = absl::StrCat(dropper, " then ", quantizer, ". ", dropper, ": ",
+                                  d.online_rule, ". ", quantizer, ": ", q.online_rule);
   return info;
 }
 
@@ -94,6 +101,30 @@ class StagedCompressor final : public Compressor {
         quantizer_ != nullptr ? quantizer_->ValueSpec(config) : RowCodecSpec::F32();
     return CompressedPrefix::Build(config, full, prefix_len, kept, key_spec, value_spec,
                                    description_);
+  }
+
+  absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Update(
+      const ModelConfig& config, const CompressedPrefix& current, const PagedKvCache& tail,
+      int32_t fold_upto, const DecodeAttentionStats* decode_stats) const override {
+    if (online_policy().kind == OnlinePolicy::Kind::kNone) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          info_.name, " has no online rule (", info_.online_rule, "); nothing to update"));
+    }
+    return UpdateStaged(info_.name, dropper_.get(), quantizer_.get(), config, current, tail,
+                        fold_upto, decode_stats);
+  }
+
+  OnlinePolicy online_policy() const override {
+    OnlinePolicy p;
+    if (dropper_ != nullptr && dropper_->has_online_rule()) {
+      p.kind = OnlinePolicy::Kind::kEveryToken;
+      p.interval = 1;
+      p.needs_decode_stats = dropper_->online_needs_stats();
+    } else if (quantizer_ != nullptr) {
+      p.kind = OnlinePolicy::Kind::kPerGroup;
+      p.interval = std::max<int32_t>(1, quantizer_->online_interval());
+    }
+    return p;
   }
 
  private:

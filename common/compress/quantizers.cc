@@ -31,10 +31,18 @@ class Kivi final : public Quantizer {
   std::string Describe() const override {
     return absl::StrCat("kivi(bits=", bits_, ",group=", group_, ",residual=", residual_, ")");
   }
+  // KIVI's sliding residual: once `residual + group` rows are f32, the oldest
+  // group is quantised; folding a group at a time does exactly that.
+  int32_t online_interval() const override { return group_; }
 
  private:
   int bits_, group_, residual_;
 };
+
+// Online, INT8 tokens stay exact in the drafter's tail for at most this many
+// settled tokens, then are quantised per token (a small window, so the tail
+// stays short but a fold does not run every round).
+constexpr int32_t kInt8OnlineWindow = 16;
 
 // INT8: every row quantised symmetrically with one scale (absmax / 127).
 class Int8 final : public Quantizer {
@@ -42,6 +50,7 @@ class Int8 final : public Quantizer {
   RowCodecSpec KeySpec(const ModelConfig& /*config*/) const override { return Spec(); }
   RowCodecSpec ValueSpec(const ModelConfig& /*config*/) const override { return Spec(); }
   std::string Describe() const override { return "int8(per_token_symmetric)"; }
+  int32_t online_interval() const override { return kInt8OnlineWindow; }
 
  private:
   static RowCodecSpec Spec() { return {RowCodecSpec::Kind::kPerTokenSymmetric, 8, 0, 0}; }
@@ -62,6 +71,17 @@ CompressorInfo QuantizerInfo(const std::string& name) {
   info.name = name;
   info.family = "quantization";
   info.takes_bits = true;
+  info.online = OnlinePolicy::Kind::kPerGroup;
+  if (name == "kivi") {
+    info.online_rule =
+        "per group: the f32 residual window slides; once --residual + --quant-group tokens are "
+        "f32, the oldest --quant-group are quantised (keys per channel within the group, values "
+        "per token); codes already quantised never change";
+  } else if (name == "int8") {
+    info.online_rule = absl::StrCat(
+        "per group: a generated token stays f32 in the drafter's tail until ", kInt8OnlineWindow,
+        " settled tokens have collected, then they are quantised per token");
+  }
   if (name == "kivi") {
     info.description =
         "KIVI: asymmetric quantisation, keys per channel over --quant-group tokens, values per "

@@ -5,6 +5,7 @@
 // GQA group's query heads into its KV head. Ties always go to the more recent
 // position, so a selection never depends on sort internals.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -46,6 +47,40 @@ std::vector<double> HeadScores(int32_t n, Getter get) {
   std::vector<double> s(std::max(n, 0));
   for (int32_t j = 0; j < n; ++j) s[j] = get(j);
   return s;
+}
+
+// The `k` candidates in [begin, end) with the highest score (ties: the more
+// recent position), in increasing order.
+template <typename Score>
+std::vector<int32_t> TopKOf(const std::vector<int32_t>& candidates, size_t begin, size_t end,
+                            int32_t k, Score score) {
+  std::vector<std::pair<double, int32_t>> ranked;
+  ranked.reserve(end - begin);
+  for (size_t i = begin; i < end; ++i) ranked.emplace_back(score(candidates[i]), candidates[i]);
+  const size_t take = std::min(ranked.size(), static_cast<size_t>(std::max(k, 0)));
+  std::partial_sort(ranked.begin(), ranked.begin() + take, ranked.end(),
+                    [](const auto& a, const auto& b) {
+                      return a.first != b.first ? a.first > b.first : a.second > b.second;
+                    });
+  std::vector<int32_t> out(take);
+  for (size_t i = 0; i < take; ++i) out[i] = ranked[i].second;
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status CheckDecodeStats(const std::string& label, const DecodeAttentionStats* stats,
+                              int32_t total_len) {
+  if (stats == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": the online rule ranks tokens by decode-time attention; pass the drafter's "
+               "DecodeAttentionStats"));
+  }
+  if (stats->max_len() < total_len) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": decode statistics cover ",
+                                                   stats->max_len(), " positions, fold needs ",
+                                                   total_len));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckStats(const std::string& label, const AttentionStats& stats, int32_t prefix_len) {
@@ -97,6 +132,30 @@ class StreamingLlm final : public RatioDropper {
     return absl::StrCat("streamingllm(ratio=", FormatDouble(ratio_), ",sink_tokens=", sinks_, ")");
   }
 
+  // Online: the same rule at the new length. The budget grows more slowly
+  // than the sequence, so the candidates always hold the window, and while
+  // the budget covers the sinks the result equals Select at total_len (a
+  // sink evicted by a budget below the sink count does not come back).
+  bool has_online_rule() const override { return true; }
+  absl::StatusOr<std::vector<int32_t>> SelectOnline(
+      const ModelConfig& config, int /*layer*/, int /*kv_head*/,
+      const std::vector<int32_t>& candidates, int32_t total_len,
+      const DecodeAttentionStats* /*stats*/) const override {
+    const size_t k = static_cast<size_t>(TokenBudget(config, total_len, ratio_));
+    if (candidates.size() <= k) return candidates;
+    const size_t sinks = std::min<size_t>(k, static_cast<size_t>(sinks_));
+    std::vector<int32_t> kept;
+    size_t i = 0;
+    for (; i < candidates.size() && candidates[i] < sinks_ && kept.size() < sinks; ++i) {
+      kept.push_back(candidates[i]);
+    }
+    // The most recent non-sink candidates fill the rest of the budget.
+    size_t first_recent = candidates.size() - (k - kept.size());
+    first_recent = std::max(first_recent, i);
+    kept.insert(kept.end(), candidates.begin() + first_recent, candidates.end());
+    return kept;
+  }
+
  private:
   int sinks_;
 };
@@ -131,6 +190,26 @@ class H2o final : public RatioDropper {
   }
   std::string Describe() const override {
     return absl::StrCat("h2o(ratio=", FormatDouble(ratio_), ",heavy_share=0.5)");
+  }
+
+  // Online: the budget of the new length, half (rounded up) to the most
+  // recent candidates, half to the heavy hitters among the older ones by
+  // attention accumulated over the prompt and every drafter query so far.
+  bool has_online_rule() const override { return true; }
+  bool online_needs_stats() const override { return true; }
+  absl::StatusOr<std::vector<int32_t>> SelectOnline(
+      const ModelConfig& config, int layer, int kv_head, const std::vector<int32_t>& candidates,
+      int32_t total_len, const DecodeAttentionStats* stats) const override {
+    VC_RETURN_IF_ERROR(CheckDecodeStats(label_, stats, total_len));
+    const int32_t k = TokenBudget(config, total_len, ratio_);
+    if (candidates.size() <= static_cast<size_t>(k)) return candidates;
+    const int32_t heavy = k / 2, recent = k - heavy;
+    const size_t split = candidates.size() - static_cast<size_t>(recent);
+    std::vector<int32_t> kept = TopKOf(candidates, 0, split, heavy, [&](int32_t pos) {
+      return stats->accumulated(layer, kv_head, pos);
+    });
+    kept.insert(kept.end(), candidates.begin() + split, candidates.end());
+    return kept;
   }
 };
 
@@ -240,6 +319,25 @@ class Tova final : public RatioDropper {
   std::string Describe() const override {
     return absl::StrCat("tova(ratio=", FormatDouble(ratio_), ")");
   }
+
+  // Online: the budget of the new length goes to the candidates the most
+  // recent drafter query attended to most. Candidates after that query's
+  // position (tokens it could not see, e.g. a bonus token the verifier
+  // refreshed) rank first, as the newest tokens would in TOVA's own loop.
+  bool has_online_rule() const override { return true; }
+  bool online_needs_stats() const override { return true; }
+  absl::StatusOr<std::vector<int32_t>> SelectOnline(
+      const ModelConfig& config, int layer, int kv_head, const std::vector<int32_t>& candidates,
+      int32_t total_len, const DecodeAttentionStats* stats) const override {
+    VC_RETURN_IF_ERROR(CheckDecodeStats(label_, stats, total_len));
+    const int32_t k = TokenBudget(config, total_len, ratio_);
+    if (candidates.size() <= static_cast<size_t>(k)) return candidates;
+    const int32_t last_query = stats->last_query_pos();
+    return TopKOf(candidates, 0, candidates.size(), k, [&](int32_t pos) {
+      return pos > last_query ? std::numeric_limits<double>::infinity()
+                              : stats->last(layer, kv_head, pos);
+    });
+  }
 };
 
 absl::Status CheckPositive(const std::string& label, const char* flag, int value, int min) {
@@ -275,6 +373,26 @@ CompressorInfo DropperInfo(const std::string& name) {
   info.takes_ratio = true;
   info.needs_attention_stats = name != "streamingllm";
   info.params.push_back(RatioParam());
+  info.online = name == "streamingllm" || name == "h2o" || name == "tova"
+                    ? OnlinePolicy::Kind::kEveryToken
+                    : OnlinePolicy::Kind::kNone;
+  if (name == "streamingllm") {
+    info.online_rule =
+        "every settled token: keep the sinks and the most recent tokens, the budget of --ratio "
+        "at the current length (the oldest non-sink tokens leave)";
+  } else if (name == "h2o") {
+    info.online_rule =
+        "every settled token: the budget of --ratio at the current length, half to the most "
+        "recent tokens, half to the heavy hitters by attention accumulated over the prompt and "
+        "the drafter's decode queries";
+  } else if (name == "tova") {
+    info.online_rule =
+        "every settled token: the budget of --ratio at the current length goes to the tokens "
+        "the drafter's latest query attended to most";
+  } else {
+    info.online_rule =
+        "none: the published rule compresses once after prefill; generated tokens stay exact";
+  }
   if (name == "streamingllm") {
     info.description =
         "StreamingLLM: keeps the first --sink-tokens positions (attention sinks) and the most "

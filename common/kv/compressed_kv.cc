@@ -129,14 +129,73 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::FromPa
 CompressedSequenceKv::CompressedSequenceKv(const ModelConfig& config,
                                            std::shared_ptr<const CompressedPrefix> prefix,
                                            int32_t max_tokens, KvArena* arena)
-    : head_dim_(config.head_dim),
+    : config_(config),
+      head_dim_(config.head_dim),
+      capacity_end_(max_tokens > 0 ? max_tokens : config.max_seq_len),
+      arena_(arena),
       prefix_(std::move(prefix)),
-      tail_(config, PagedKvCache::Options{
-                        .block_tokens = 16,
-                        .max_tokens = (max_tokens > 0 ? max_tokens : config.max_seq_len) -
-                                      prefix_->prefix_len(),
-                        .first_position = prefix_->prefix_len(),
-                        .arena = arena}) {}
+      tail_(std::make_unique<PagedKvCache>(
+          config, TailOptions(capacity_end_, prefix_->prefix_len(), arena))),
+      settled_(prefix_->prefix_len()) {}
+
+absl::Status CompressedSequenceKv::Settle(int32_t length) {
+  if (length < prefix_->prefix_len() || length > next_position()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("settled length ", length, " outside [", prefix_->prefix_len(), ", ",
+                     next_position(), "] (compressed prefix length, next position)"));
+  }
+  settled_ = length;
+  return absl::OkStatus();
+}
+
+absl::Status CompressedSequenceKv::CheckFold(int32_t fold_upto) const {
+  if (fold_upto < prefix_->prefix_len()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fold_upto ", fold_upto, " is below the compressed prefix length ",
+                     prefix_->prefix_len(), "; folding only moves forward"));
+  }
+  if (fold_upto > settled_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fold_upto ", fold_upto, " is beyond the settled length ", settled_,
+        ": only accepted tokens whose K/V is final (refreshed with the verifier's exact rows) "
+        "may be folded into the compressed prefix; later rows may still be rolled back or "
+        "overwritten"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompressedSequenceKv::Rebase(std::shared_ptr<const CompressedPrefix> next) {
+  if (next == nullptr) return absl::InvalidArgumentError("Rebase: no prefix");
+  if (next->n_layers() != config_.n_layers ||
+      static_cast<int>(next->layer(0).heads.size()) != config_.n_kv_heads) {
+    return absl::InvalidArgumentError("Rebase: the new prefix has another model's shape");
+  }
+  const int32_t from = next->prefix_len();
+  VC_RETURN_IF_ERROR(CheckFold(from));
+  if (from == prefix_->prefix_len()) {
+    prefix_ = std::move(next);
+    return absl::OkStatus();
+  }
+  // Rows [from, next_position()) move to a tail that starts at `from`.
+  const int32_t end = next_position();
+  const int hd = config_.head_dim, heads = config_.n_kv_heads;
+  auto fresh =
+      std::make_unique<PagedKvCache>(config_, TailOptions(capacity_end_, from, arena_));
+  VC_RETURN_IF_ERROR(fresh->Append(end - from));
+  std::vector<float> k(static_cast<size_t>(heads) * hd), v(k.size());
+  for (int32_t pos = from; pos < end; ++pos) {
+    for (int l = 0; l < config_.n_layers; ++l) {
+      for (int h = 0; h < heads; ++h) {
+        std::copy_n(tail_->KeyAt(l, h, pos), hd, &k[h * hd]);
+        std::copy_n(tail_->ValueAt(l, h, pos), hd, &v[h * hd]);
+      }
+      fresh->Write(l, pos, k.data(), v.data());
+    }
+  }
+  tail_ = std::move(fresh);
+  prefix_ = std::move(next);
+  return absl::OkStatus();
+}
 
 // Stored order: the prefix's kept keys (by position), then the tail.
 SequenceKv::KeyRange CompressedSequenceKv::Keys(int layer, int kv_head, int32_t min_pos,
@@ -145,7 +204,7 @@ SequenceKv::KeyRange CompressedSequenceKv::Keys(int layer, int kv_head, int32_t 
   const int64_t kept = static_cast<int64_t>(pos.size());
   const int64_t p0 = std::lower_bound(pos.begin(), pos.end(), min_pos) - pos.begin();
   const int64_t p1 = std::upper_bound(pos.begin(), pos.end(), max_pos) - pos.begin();
-  const KeyRange tail = tail_.Keys(layer, kv_head, min_pos, max_pos);
+  const KeyRange tail = tail_->Keys(layer, kv_head, min_pos, max_pos);
   if (tail.count == 0) return {p0, std::max<int64_t>(0, p1 - p0)};
   if (p1 - p0 <= 0) return {kept + tail.first, tail.count};
   // Sorted overall, so the visible keys are contiguous across the seam.
@@ -192,7 +251,7 @@ void CompressedSequenceKv::Scores(const kernels::KernelBackend& backend, int lay
                  backend.AttentionScores(q, rows, n, head_dim_, scale, scores + j);
                });
   if (in_prefix < range.count) {
-    tail_.Scores(backend, layer, kv_head,
+    tail_->Scores(backend, layer, kv_head,
                  {range.first + in_prefix - kept, range.count - in_prefix}, q, scale,
                  scores + in_prefix);
   }
@@ -208,7 +267,7 @@ void CompressedSequenceKv::MixValues(const kernels::KernelBackend& backend, int 
                  backend.AccumulateValues(p + j, rows, n, head_dim_, out);
                });
   if (in_prefix < range.count) {
-    tail_.MixValues(backend, layer, kv_head,
+    tail_->MixValues(backend, layer, kv_head,
                     {range.first + in_prefix - kept, range.count - in_prefix}, p + in_prefix, out);
   }
 }

@@ -10,8 +10,18 @@
 // full-precision tail for the tokens after it (drafted tokens, and accepted
 // tokens whose exact K/V the verifier refreshed). Attention reads the prefix
 // rows directly from their stored format, a row at a time.
+//
+// Online compression (a compressor's Update, common/compress/compressor.h)
+// folds the oldest tail rows into a new, larger prefix and Rebase swaps it
+// in. Only settled rows may be folded: positions the protocol has accepted
+// and whose K/V will never be written again (with KV refresh: after the
+// verifier's exact rows were copied in). Rejected drafts are rolled back by
+// Truncate and accepted rows are overwritten by the refresh, and neither is
+// possible once a row lives in the immutable prefix. The protocol reports
+// the settled length with Settle; Truncate lowers it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -82,11 +92,14 @@ class CompressedSequenceKv final : public SequenceKv {
   CompressedSequenceKv(const ModelConfig& config, std::shared_ptr<const CompressedPrefix> prefix,
                        int32_t max_tokens = 0, KvArena* arena = nullptr);
 
-  int32_t next_position() const override { return tail_.next_position(); }
-  absl::Status Append(int32_t count) override { return tail_.Append(count); }
-  void Truncate(int32_t length) override { tail_.Truncate(length); }
+  int32_t next_position() const override { return tail_->next_position(); }
+  absl::Status Append(int32_t count) override { return tail_->Append(count); }
+  void Truncate(int32_t length) override {
+    tail_->Truncate(length);
+    settled_ = std::min(settled_, tail_->next_position());
+  }
   void Write(int layer, int32_t pos, const float* k, const float* v) override {
-    tail_.Write(layer, pos, k, v);
+    tail_->Write(layer, pos, k, v);
   }
   KeyRange Keys(int layer, int kv_head, int32_t min_pos, int32_t max_pos) const override;
   void Scores(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
@@ -96,15 +109,43 @@ class CompressedSequenceKv final : public SequenceKv {
 
   const CompressedPrefix& prefix() const { return *prefix_; }
   // The exact tail (positions >= prefix_len).
-  PagedKvCache& tail() { return tail_; }
-  const PagedKvCache& tail() const { return tail_; }
-  // Bytes held: the shared prefix plus this sequence's tail.
-  int64_t bytes() const { return prefix_->bytes() + tail_.bytes(); }
+  // Rebase replaces the tail object: do not keep references across it.
+  PagedKvCache& tail() { return *tail_; }
+  const PagedKvCache& tail() const { return *tail_; }
+  // Bytes held: the prefix plus this sequence's tail.
+  int64_t bytes() const { return prefix_->bytes() + tail_->bytes(); }
+
+  // Positions [0, settled_length()) are settled (see the top comment); starts
+  // at the prefix length. Settle: InvalidArgument unless
+  // prefix_len <= length <= next_position(). Lowering it is allowed.
+  int32_t settled_length() const { return settled_; }
+  absl::Status Settle(int32_t length);
+  // OK if a new prefix covering [0, fold_upto) may replace the current one:
+  // InvalidArgument if fold_upto is below the current prefix length,
+  // FailedPrecondition if it reaches past the settled length.
+  absl::Status CheckFold(int32_t fold_upto) const;
+  // Swaps in `next` (a prefix of the same model covering [0, L), built from
+  // this view's prefix and settled tail rows, CheckFold(L) OK) and drops the
+  // tail rows below L: the tail is rebuilt from L with the same capacity end
+  // and arena, so its bytes charged to the arena shrink. On error nothing
+  // changes (the new tail's blocks are charged before the old are freed).
+  absl::Status Rebase(std::shared_ptr<const CompressedPrefix> next);
 
  private:
+  static PagedKvCache::Options TailOptions(int32_t capacity_end, int32_t first, KvArena* arena) {
+    return {.block_tokens = 16,
+            .max_tokens = capacity_end - first,
+            .first_position = first,
+            .arena = arena};
+  }
+
+  ModelConfig config_;
   int head_dim_;
+  int32_t capacity_end_;  // one past the last position the view may hold
+  KvArena* arena_;
   std::shared_ptr<const CompressedPrefix> prefix_;
-  PagedKvCache tail_;
+  std::unique_ptr<PagedKvCache> tail_;
+  int32_t settled_;
 };
 
 }  // namespace vc

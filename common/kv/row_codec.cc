@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -139,76 +141,15 @@ void PutHeader(std::string* out, const RowCodecSpec& spec, int64_t n, int dim) {
 class QuantRowStore final : public RowStore {
  public:
   QuantRowStore(const RowCodecSpec& spec, const float* rows, int64_t n, int dim)
-      : spec_(spec), n_(n), dim_(dim), codes_(spec.bits, 0) {
-    const int group = spec.group > 0 ? spec.group : (spec.kind == Kind::kPerChannelAsymmetric ? 1 : dim);
-    group_ = group;
-    int64_t quantisable = std::max<int64_t>(0, n - spec.residual);
-    if (spec.kind == Kind::kPerChannelAsymmetric) quantisable -= quantisable % group;
-    n_quant_ = quantisable;
-    codes_ = PackedCodes(spec.bits, n_quant_ * dim);
-    const uint32_t max_code = (1u << spec.bits) - 1u;
-    if (spec.kind == Kind::kPerChannelAsymmetric) {
-      // One (scale, zero) per channel per group of `group` rows.
-      const int64_t groups = n_quant_ / group;
-      scale_.resize(groups * dim);
-      zero_.resize(groups * dim);
-      for (int64_t g = 0; g < groups; ++g) {
-        for (int c = 0; c < dim; ++c) {
-          float lo = rows[g * group * dim + c], hi = lo;
-          for (int r = 0; r < group; ++r) {
-            const float x = rows[(g * group + r) * dim + c];
-            lo = std::min(lo, x);
-            hi = std::max(hi, x);
-          }
-          const float scale = (hi - lo) / static_cast<float>(max_code);
-          scale_[g * dim + c] = scale;
-          zero_[g * dim + c] = lo;
-          for (int r = 0; r < group; ++r) {
-            const int64_t row = g * group + r;
-            codes_.Set(row * dim + c, Encode(rows[row * dim + c], scale, lo, max_code));
-          }
-        }
-      }
-    } else {
-      const int64_t groups_per_row = (dim + group - 1) / group;
-      scale_.resize(n_quant_ * groups_per_row);
-      if (spec.kind == Kind::kPerTokenAsymmetric) zero_.resize(n_quant_ * groups_per_row);
-      for (int64_t row = 0; row < n_quant_; ++row) {
-        for (int64_t g = 0; g < groups_per_row; ++g) {
-          const int c0 = static_cast<int>(g * group), c1 = std::min(dim, c0 + group);
-          const float* x = rows + row * dim;
-          if (spec.kind == Kind::kPerTokenSymmetric) {
-            // Symmetric: codes in [-(2^(b-1)-1), 2^(b-1)-1], stored offset.
-            const int half = (1 << (spec.bits - 1)) - 1;
-            float amax = 0.0f;
-            for (int c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[c]));
-            const float scale = amax / static_cast<float>(half);
-            scale_[row * groups_per_row + g] = scale;
-            for (int c = c0; c < c1; ++c) {
-              // A non-finite input (inf/nan scale or element) maps to code 0:
-              // converting a NaN to int is undefined behaviour.
-              const float r = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
-              const float q = std::isnan(r) ? 0.0f : r;
-              const int code = static_cast<int>(std::clamp(q, -static_cast<float>(half),
-                                                           static_cast<float>(half)));
-              codes_.Set(row * dim + c, static_cast<uint32_t>(code + half));
-            }
-          } else {
-            float lo = x[c0], hi = x[c0];
-            for (int c = c0; c < c1; ++c) {
-              lo = std::min(lo, x[c]);
-              hi = std::max(hi, x[c]);
-            }
-            const float scale = (hi - lo) / static_cast<float>(max_code);
-            scale_[row * groups_per_row + g] = scale;
-            zero_[row * groups_per_row + g] = lo;
-            for (int c = c0; c < c1; ++c) codes_.Set(row * dim + c, Encode(x[c], scale, lo, max_code));
-          }
-        }
-      }
-    }
+      : QuantRowStore(spec, n, dim, LayoutOf(spec, n, dim).n_quant) {
+    QuantiseInto(rows, 0, n_quant_);
     residual_.assign(rows + n_quant_ * dim, rows + n * dim);
   }
+
+  // RowStore::Rebuild for a quantised spec (see row_codec.h).
+  static std::unique_ptr<RowStore> Rebuild(const RowStore& src, std::span<const int64_t> keep,
+                                           const float* new_rows, int64_t m,
+                                           const RowCodecSpec& spec);
 
   int64_t rows() const override { return n_; }
   int dim() const override { return dim_; }
@@ -268,6 +209,90 @@ class QuantRowStore final : public RowStore {
   }
 
  private:
+  // Sized for n rows of which the first n_quant are quantised (codes, scales
+  // and zero points zeroed; residual rows not yet set).
+  QuantRowStore(const RowCodecSpec& spec, int64_t n, int dim, int64_t n_quant)
+      : spec_(spec), n_(n), dim_(dim), n_quant_(n_quant), codes_(spec.bits, n_quant * dim) {
+    group_ = spec.group > 0 ? spec.group : (spec.kind == Kind::kPerChannelAsymmetric ? 1 : dim);
+    if (spec.kind == Kind::kPerChannelAsymmetric) {
+      scale_.resize((n_quant_ / group_) * dim);
+      zero_.resize(scale_.size());
+    } else {
+      const int64_t groups_per_row = (dim + group_ - 1) / group_;
+      scale_.resize(n_quant_ * groups_per_row);
+      if (spec.kind == Kind::kPerTokenAsymmetric) zero_.resize(scale_.size());
+    }
+  }
+
+  // Quantises `count` rows (row-major, dim_ floats each) into stored rows
+  // [row0, row0 + count). Per-channel: row0 and count are multiples of the
+  // token group. Every group / row is quantised on its own, so encoding a
+  // store in pieces gives the same codes as encoding it at once.
+  void QuantiseInto(const float* rows, int64_t row0, int64_t count) {
+    const RowCodecSpec& spec = spec_;
+    const int dim = dim_, group = group_;
+    const uint32_t max_code = (1u << spec.bits) - 1u;
+    if (spec.kind == Kind::kPerChannelAsymmetric) {
+      // One (scale, zero) per channel per group of `group` rows.
+      const int64_t groups = count / group, g0 = row0 / group;
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int c = 0; c < dim; ++c) {
+          float lo = rows[g * group * dim + c], hi = lo;
+          for (int r = 0; r < group; ++r) {
+            const float x = rows[(g * group + r) * dim + c];
+            lo = std::min(lo, x);
+            hi = std::max(hi, x);
+          }
+          const float scale = (hi - lo) / static_cast<float>(max_code);
+          scale_[(g0 + g) * dim + c] = scale;
+          zero_[(g0 + g) * dim + c] = lo;
+          for (int r = 0; r < group; ++r) {
+            const int64_t row = g * group + r;
+            codes_.Set((row0 + row) * dim + c, Encode(rows[row * dim + c], scale, lo, max_code));
+          }
+        }
+      }
+      return;
+    }
+    const int64_t groups_per_row = (dim + group - 1) / group;
+    for (int64_t row = 0; row < count; ++row) {
+      const int64_t out_row = row0 + row;
+      for (int64_t g = 0; g < groups_per_row; ++g) {
+        const int c0 = static_cast<int>(g * group), c1 = std::min(dim, c0 + group);
+        const float* x = rows + row * dim;
+        if (spec.kind == Kind::kPerTokenSymmetric) {
+          // Symmetric: codes in [-(2^(b-1)-1), 2^(b-1)-1], stored offset.
+          const int half = (1 << (spec.bits - 1)) - 1;
+          float amax = 0.0f;
+          for (int c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[c]));
+          const float scale = amax / static_cast<float>(half);
+          scale_[out_row * groups_per_row + g] = scale;
+          for (int c = c0; c < c1; ++c) {
+            // A non-finite input (inf/nan scale or element) maps to code 0:
+            // converting a NaN to int is undefined behaviour.
+            const float r = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
+            const float q = std::isnan(r) ? 0.0f : r;
+            const int code = static_cast<int>(std::clamp(q, -static_cast<float>(half),
+                                                         static_cast<float>(half)));
+            codes_.Set(out_row * dim + c, static_cast<uint32_t>(code + half));
+          }
+        } else {
+          float lo = x[c0], hi = x[c0];
+          for (int c = c0; c < c1; ++c) {
+            lo = std::min(lo, x[c]);
+            hi = std::max(hi, x[c]);
+          }
+          const float scale = (hi - lo) / static_cast<float>(max_code);
+          scale_[out_row * groups_per_row + g] = scale;
+          zero_[out_row * groups_per_row + g] = lo;
+          for (int c = c0; c < c1; ++c) {
+            codes_.Set(out_row * dim + c, Encode(x[c], scale, lo, max_code));
+          }
+        }
+      }
+    }
+  }
+
   static uint32_t Encode(float x, float scale, float zero, uint32_t max_code) {
     if (!(scale > 0.0f)) return 0;
     const float q = std::nearbyint((x - zero) / scale);
@@ -307,6 +332,70 @@ class F32RowStore final : public RowStore {
   int dim_;
   std::vector<float> data_;
 };
+
+std::unique_ptr<RowStore> QuantRowStore::Rebuild(const RowStore& src,
+                                                 std::span<const int64_t> keep,
+                                                 const float* new_rows, int64_t m,
+                                                 const RowCodecSpec& spec) {
+  const int dim = src.dim();
+  const int group =
+      spec.group > 0 ? spec.group : (spec.kind == Kind::kPerChannelAsymmetric ? 1 : dim);
+  const auto* q = dynamic_cast<const QuantRowStore*>(&src);
+  const bool same_format = q != nullptr && q->spec_.kind == spec.kind &&
+                           q->spec_.bits == spec.bits && q->group_ == group;
+  const int64_t kept = static_cast<int64_t>(keep.size());
+  // Rows whose codes carry over unchanged: every kept quantised row of a
+  // per-token format; for per-channel keys only whole token groups from row 0
+  // that lost no row (a group's scale covers all of its rows).
+  int64_t preserved = 0;
+  if (same_format) {
+    if (spec.kind == Kind::kPerChannelAsymmetric) {
+      while (preserved + group <= q->n_quant_ && preserved + group <= kept &&
+             keep[preserved + group - 1] == preserved + group - 1) {
+        preserved += group;
+      }
+    } else {
+      while (preserved < kept && keep[preserved] < q->n_quant_) ++preserved;
+    }
+  }
+  // Everything else is re-encoded: the kept rows after the preserved ones
+  // (decoded: exact for f32 rows) and the new rows.
+  const int64_t pool_n = kept - preserved + m;
+  std::vector<float> pool(static_cast<size_t>(pool_n) * dim);
+  for (int64_t i = preserved; i < kept; ++i) src.Decode(keep[i], &pool[(i - preserved) * dim]);
+  if (m > 0) std::copy_n(new_rows, m * dim, &pool[(kept - preserved) * dim]);
+  const int64_t n = preserved + pool_n;
+  int64_t n_quant = std::max<int64_t>(0, n - spec.residual);
+  if (spec.kind == Kind::kPerChannelAsymmetric) n_quant -= n_quant % group;
+  n_quant = std::max(n_quant, preserved);  // quantised rows are never un-quantised
+  // The stored spec must reproduce the layout (LayoutOf): keep the method's
+  // residual when it does, so that an append-only rebuild is byte-identical
+  // to encoding all rows at once; otherwise record the actual f32 count.
+  RowCodecSpec stored = spec;
+  if (LayoutOf(spec, n, dim).n_quant != n_quant) stored.residual = static_cast<int>(n - n_quant);
+  std::unique_ptr<QuantRowStore> out(new QuantRowStore(stored, n, dim, n_quant));
+  if (preserved > 0) {
+    if (spec.kind == Kind::kPerChannelAsymmetric) {
+      for (int64_t i = 0; i < preserved * dim; ++i) out->codes_.Set(i, q->codes_.Get(i));
+      const int64_t params = (preserved / group) * dim;
+      std::copy_n(q->scale_.begin(), params, out->scale_.begin());
+      std::copy_n(q->zero_.begin(), params, out->zero_.begin());
+    } else {
+      const int64_t gpr = (dim + group - 1) / group;
+      for (int64_t r = 0; r < preserved; ++r) {
+        const int64_t from = keep[r];
+        for (int c = 0; c < dim; ++c) out->codes_.Set(r * dim + c, q->codes_.Get(from * dim + c));
+        std::copy_n(q->scale_.begin() + from * gpr, gpr, out->scale_.begin() + r * gpr);
+        if (!q->zero_.empty()) {
+          std::copy_n(q->zero_.begin() + from * gpr, gpr, out->zero_.begin() + r * gpr);
+        }
+      }
+    }
+  }
+  out->QuantiseInto(pool.data(), preserved, n_quant - preserved);
+  out->residual_.assign(pool.begin() + (n_quant - preserved) * dim, pool.end());
+  return out;
+}
 
 }  // namespace
 
@@ -348,6 +437,31 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Encode(const RowCodecSpec& s
     return std::unique_ptr<RowStore>(std::make_unique<F32RowStore>(rows, n, dim));
   }
   return std::unique_ptr<RowStore>(std::make_unique<QuantRowStore>(spec, rows, n, dim));
+}
+
+absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Rebuild(const RowStore& src,
+                                                            std::span<const int64_t> keep,
+                                                            const float* new_rows, int64_t m,
+                                                            const RowCodecSpec& spec) {
+  const int dim = src.dim();
+  if (absl::Status s = spec.Validate(dim); !s.ok()) return s;
+  if (m < 0 || (m > 0 && new_rows == nullptr)) {
+    return absl::InvalidArgumentError("RowStore::Rebuild: bad new rows");
+  }
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (keep[i] < 0 || keep[i] >= src.rows() || (i > 0 && keep[i] <= keep[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RowStore::Rebuild: kept rows must be increasing and inside [0, ", src.rows(), ")"));
+    }
+  }
+  if (spec.kind == RowCodecSpec::Kind::kF32) {
+    const int64_t n = static_cast<int64_t>(keep.size()) + m;
+    std::vector<float> data(static_cast<size_t>(n) * dim);
+    for (size_t i = 0; i < keep.size(); ++i) src.Decode(keep[i], &data[i * dim]);
+    if (m > 0) std::copy_n(new_rows, m * dim, &data[keep.size() * dim]);
+    return std::unique_ptr<RowStore>(std::make_unique<F32RowStore>(n, dim, std::move(data)));
+  }
+  return QuantRowStore::Rebuild(src, keep, new_rows, m, spec);
 }
 
 absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view bytes,

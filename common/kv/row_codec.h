@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,23 @@ class RowStore {
   virtual const float* RowIfF32(int64_t i) const = 0;
   // Exact bytes held: codes, scales and zero points (not container slack).
   virtual int64_t bytes() const = 0;
+
+  // Online re-encoding (compressors' Update, common/compress/compressor.h):
+  // a store of rows keep[0..) of `src` (strictly increasing indices) followed
+  // by `m` new f32 rows, in `spec`'s format with spec.residual trailing rows
+  // left f32 where possible. Rows already quantised in `src` keep their
+  // codes, scales and zero points bit-for-bit whenever the format allows it:
+  // every kept row of a per-token format, and for per-channel keys each whole
+  // token group from row 0 up to the first group that lost a row (a group
+  // shares its scales, so a group that lost a row is re-formed from its
+  // survivors' decoded values). Quantised rows are never turned back into
+  // f32, so fewer than spec.residual rows may stay f32 after heavy dropping.
+  // Keeping every row and appending m rows gives exactly the store that
+  // Encode(spec, all rows) builds. InvalidArgument for bad indices or spec.
+  static absl::StatusOr<std::unique_ptr<RowStore>> Rebuild(const RowStore& src,
+                                                          std::span<const int64_t> keep,
+                                                          const float* new_rows, int64_t m,
+                                                          const RowCodecSpec& spec);
 
   // Serialisation (for storing compressed variants, common/kvstore/
   // variant_codec.h). Appends the store exactly as held: its spec, shape,

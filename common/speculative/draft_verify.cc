@@ -98,9 +98,18 @@ absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
     return absl::InvalidArgumentError(
         "staged verify needs --mode vericache with fallback disabled");
   }
+  if (options.online_update && options.mode == DecodeMode::kFull) {
+    return absl::InvalidArgumentError(
+        "online update compresses the drafter's KV: it needs mode vericache or lossy");
+  }
   if (options.mode != DecodeMode::kFull) {
     VC_RETURN_IF_ERROR(options.draft.Validate());
     VC_ASSIGN_OR_RETURN(compressor, CreateCompressor(options.compressor));
+    if (options.online_update && compressor->online_policy().kind == OnlinePolicy::Kind::kNone) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "online update: ", compressor->info().name,
+          " has no online rule (its published rule compresses once after prefill)"));
+    }
   }
   return std::unique_ptr<SpeculativeRequest>(
       new SpeculativeRequest(engine, std::move(prompt), options, std::move(compressor)));
@@ -147,14 +156,25 @@ SequenceInput SpeculativeRequest::NextInput() {
               stats_observer_.get()};
     case Phase::kDraft:
       full_kv_read_mark_ = full_kv_->bytes_read();
-      return {draft_kv_.get(), draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1};
+      if (decode_stats_ != nullptr) {
+        decode_stats_->BeginPass(draft_kv_->next_position() +
+                                 static_cast<int32_t>(draft_feed_.size()) - 1);
+      }
+      return {draft_kv_.get(), draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1,
+              decode_stats_.get()};
     case Phase::kVerify:
       VC_CHECK(!awaiting_verify_kv(), "staged verify without StageVerifyKv");
       return {verify_kv_ ? verify_kv_.get() : full_kv_.get(), verify_input_, 0};
     case Phase::kFullDecode: {
-      SequenceKv* kv = options_.mode == DecodeMode::kLossy ? static_cast<SequenceKv*>(draft_kv_.get())
-                                                           : full_kv_.get();
-      return {kv, draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1};
+      if (options_.mode == DecodeMode::kLossy) {
+        if (decode_stats_ != nullptr) {
+          decode_stats_->BeginPass(draft_kv_->next_position() +
+                                   static_cast<int32_t>(draft_feed_.size()) - 1);
+        }
+        return {draft_kv_.get(), draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1,
+                decode_stats_.get()};
+      }
+      return {full_kv_.get(), draft_feed_, static_cast<int64_t>(draft_feed_.size()) - 1};
     }
     case Phase::kDone:
       break;
@@ -168,6 +188,7 @@ absl::Status SpeculativeRequest::OnLogits(std::span<const float> rows) {
       return AfterPrefill(rows);
     case Phase::kDraft:
       stats_.drafter_full_kv_bytes_read += full_kv_->bytes_read() - full_kv_read_mark_;
+      NoteDrafterBytes();
       return AfterDraftStep(rows);
     case Phase::kVerify:
       return AfterVerify(rows);
@@ -207,9 +228,8 @@ bool SpeculativeRequest::Emit(std::span<const int32_t> tokens) {
     stats_.full_kv_bytes =
         static_cast<int64_t>(prompt_.size() + output_.size()) * config_.kv_bytes_per_token();
     ReleaseFullKv();
-    draft_kv_.reset();
+    DropDraftKv();
     verify_kv_.reset();
-    prefix_reservation_ = KvArena::Reservation();
     return true;
   }
   return false;
@@ -234,6 +254,18 @@ absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
     }
     draft_kv_ = std::make_unique<CompressedSequenceKv>(config_, std::move(prefix), 0,
                                                        options_.draft_kv_arena);
+    stats_.online_update = options_.online_update;
+    if (options_.online_update) {
+      online_ = compressor_->online_policy();
+      if (online_.needs_decode_stats) {
+        // Seeded with the prefill's sums, so online eviction continues the
+        // ranking the offline selection started.
+        decode_stats_ = std::make_unique<DecodeAttentionStats>(config_, config_.max_seq_len,
+                                                               stats_observer_.get());
+        decode_stats_->SetView(draft_kv_.get());
+      }
+    }
+    NoteDrafterBytes();
     stats_observer_.reset();
     if (options_.mode == DecodeMode::kLossy) {
       // The lossy baseline never needs the full KV again.
@@ -360,6 +392,14 @@ absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
   }
   draft_feed_.push_back(next);
   verify_kv_.reset();
+  // Rows at keep_until and beyond were rejected drafts: their attention sums
+  // restart. Settled rows: with refresh every accepted row now holds the
+  // verifier's exact K/V; without, the drafter's own rows below its end are
+  // final (the accepted tokens after it are fed again next round).
+  if (decode_stats_ != nullptr) decode_stats_->DiscardFrom(keep_until);
+  VC_RETURN_IF_ERROR(
+      draft_kv_->Settle(options_.draft.kv_refresh ? keep_until : std::min(drafter_end, keep_until)));
+  NoteDrafterBytes();
 
   std::vector<int32_t> emitted(drafts_.begin(), drafts_.begin() + accepted);
   emitted.push_back(next);
@@ -368,14 +408,39 @@ absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
   UpdateDraftLength(accepted);
   if (ShouldFallBack()) {
     ++stats_.fallbacks;
-    draft_kv_.reset();  // full-KV decoding from here on
-    prefix_reservation_ = KvArena::Reservation();
+    DropDraftKv();  // full-KV decoding from here on
     draft_feed_ = {pending_};
     phase_ = Phase::kFullDecode;
     return absl::OkStatus();
   }
+  VC_RETURN_IF_ERROR(MaybeFold());
   StartRound();
   return absl::OkStatus();
+}
+
+absl::Status SpeculativeRequest::MaybeFold() {
+  if (!options_.online_update || draft_kv_ == nullptr || !ShouldFold(online_, *draft_kv_)) {
+    return absl::OkStatus();
+  }
+  VC_RETURN_IF_ERROR(FoldIntoView(*compressor_, config_, draft_kv_->settled_length(),
+                                  decode_stats_.get(), draft_kv_.get(), options_.draft_kv_arena,
+                                  &prefix_reservation_));
+  ++stats_.online_folds;
+  NoteDrafterBytes();
+  return absl::OkStatus();
+}
+
+void SpeculativeRequest::NoteDrafterBytes() {
+  if (draft_kv_ == nullptr) return;
+  stats_.drafter_kv_bytes_final = draft_kv_->bytes();
+  stats_.drafter_kv_bytes_peak = std::max(stats_.drafter_kv_bytes_peak, draft_kv_->bytes());
+}
+
+void SpeculativeRequest::DropDraftKv() {
+  NoteDrafterBytes();
+  decode_stats_.reset();  // it points at the view
+  draft_kv_.reset();
+  prefix_reservation_ = KvArena::Reservation();
 }
 
 absl::Status SpeculativeRequest::AfterFullStep(std::span<const float> last_row) {
@@ -383,10 +448,16 @@ absl::Status SpeculativeRequest::AfterFullStep(std::span<const float> last_row) 
                              ? static_cast<const SequenceKv&>(*draft_kv_)
                              : static_cast<const SequenceKv&>(*full_kv_);
   const int32_t token = Choose(last_row, kv.next_position(), 0);
+  if (options_.mode == DecodeMode::kLossy && draft_kv_ != nullptr) {
+    // Lossy: nothing is verified or rolled back, so every row the pass wrote
+    // is final.
+    VC_RETURN_IF_ERROR(draft_kv_->Settle(draft_kv_->next_position()));
+    NoteDrafterBytes();
+  }
   if (Emit({&token, 1})) return absl::OkStatus();
   pending_ = token;
   draft_feed_ = {token};
-  return absl::OkStatus();
+  return MaybeFold();
 }
 
 int NextDraftLength(int x, int accepted, double* accept_ewma, int min_len, int max_len) {

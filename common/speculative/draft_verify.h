@@ -10,7 +10,10 @@
 // choice (or the bonus token if all x matched) becomes the new p. The
 // verifier keeps the exact K/V of the accepted tokens; the drafter rolls back
 // its rejected suffix and, with KV refresh, overwrites its K/V of accepted
-// tokens with the verifier's exact rows.
+// tokens with the verifier's exact rows. With online update the drafter
+// then folds settled tokens (accepted, and refreshed when refresh is on)
+// into its compressed prefix by the compressor's online rule; rows still
+// open to rollback or refresh never are.
 //
 // Output equals full-KV decoding exactly for greedy and seeded sampling
 // (same logits, same keyed noise at the same positions), and is
@@ -73,6 +76,13 @@ struct RequestOptions {
   bool staged_verify = false;
   KvArena* full_kv_arena = nullptr;   // where full KV is charged (host tier, or device when not staged)
   KvArena* draft_kv_arena = nullptr;  // where the compressed view is charged (device)
+  // Online compression of the drafter's view (vericache and lossy; the
+  // compressor must have an online rule): after each verify round (each step
+  // in lossy mode) settled tokens are folded into the compressed prefix as
+  // the compressor's online_policy() says, so the view stays near the
+  // method's budget instead of keeping every generated token exact. Default
+  // off: the drafter's tail of generated tokens stays exact and grows.
+  bool online_update = false;
 };
 
 struct RequestStats {
@@ -88,6 +98,13 @@ struct RequestStats {
   double compression_ratio = 1.0;   // achieved c of the prompt KV
   std::string compressor;           // Describe() of the compressor used
   double prefill_seconds = 0;
+  // The drafter's view (compressed prefix + exact tail, bytes as
+  // CompressedSequenceKv::bytes()), sampled after every pass and fold: its
+  // high-water mark and its size when the request finished (or fell back).
+  bool online_update = false;
+  int64_t online_folds = 0;           // Compressor::Update calls applied
+  int64_t drafter_kv_bytes_peak = 0;
+  int64_t drafter_kv_bytes_final = 0;
 };
 
 // One request's state. Not thread-safe; a batcher drives many of these.
@@ -148,6 +165,11 @@ class SpeculativeRequest {
   int32_t Choose(std::span<const float> logits, int64_t position, uint64_t stream) const;
   void UpdateDraftLength(int accepted);
   bool ShouldFallBack() const;
+  // Online update: folds settled tokens into the drafter's view when the
+  // compressor's policy says so.
+  absl::Status MaybeFold();
+  void NoteDrafterBytes();
+  void DropDraftKv();
 
   const ModelConfig& config_;
   const int vocab_;
@@ -160,6 +182,8 @@ class SpeculativeRequest {
   std::unique_ptr<PagedKvCache> verify_kv_;  // staged arena copy for one verify
   KvArena::Reservation prefix_reservation_;   // compressed prefix charged to draft_kv_arena
   std::unique_ptr<AttentionStats> stats_observer_;
+  OnlinePolicy online_;                                  // with options_.online_update
+  std::unique_ptr<DecodeAttentionStats> decode_stats_;  // online H2O/TOVA
   std::vector<int32_t> output_;
   bool stopped_at_eos_ = false;
   int32_t pending_ = -1;               // p

@@ -31,6 +31,8 @@ int RunCompressors(int argc, char** argv) {
                      {"takes_ratio", c.takes_ratio},
                      {"takes_bits", c.takes_bits},
                      {"needs_attention_stats", c.needs_attention_stats},
+                     {"online", OnlinePolicyKindName(c.online)},
+                     {"online_rule", c.online_rule},
                      {"params", params}});
     }
     std::cout << out.dump(2) << std::endl;
@@ -42,6 +44,7 @@ int RunCompressors(int argc, char** argv) {
       std::printf("    %-16s %s (default: %s)\n", p.name.c_str(), p.description.c_str(),
                   p.default_value.c_str());
     }
+    std::printf("    %-16s %s\n", "online update:", c.online_rule.c_str());
   }
   return kExitOk;
 }

@@ -37,6 +37,7 @@ struct GenerateFlags {
   std::string draft_len = "8";
   int max_draft_len = 64;
   bool no_kv_refresh = false;
+  bool online_update = false;
   int threads = 0;
   std::string simd = "auto";
   std::string backend = "cpu";
@@ -86,7 +87,8 @@ absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const
     return absl::InvalidArgumentError("--sampling " + sampling + " needs --temperature > 0");
   }
   if (o.mode == DecodeMode::kFull) {
-    for (const char* flag : {"--compressor", "--ratio", "--bits", "--draft-len", "--no-kv-refresh"}) {
+    for (const char* flag :
+         {"--compressor", "--ratio", "--bits", "--draft-len", "--no-kv-refresh", "--online-update"}) {
       if (flags.was_set(flag)) {
         return absl::InvalidArgumentError(std::string(flag) +
                                           " applies to --mode vericache or lossy, not full");
@@ -115,6 +117,7 @@ absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const
   o.draft.max_draft_len = f.max_draft_len;
   o.draft.kv_refresh = !f.no_kv_refresh;
   if (absl::Status s = o.draft.Validate(); !s.ok()) return s;
+  o.online_update = f.online_update;
   return o;
 }
 
@@ -143,6 +146,10 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--max-draft-len", &f.max_draft_len, "N", "upper bound for --draft-len auto");
   flags.AddBool("--no-kv-refresh", &f.no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
+  flags.AddBool("--online-update", &f.online_update,
+                "vericache/lossy: fold accepted tokens into the drafter's compressed KV by the "
+                "compressor's online rule (see 'vericache compressors'), so its view stays near "
+                "the budget instead of keeping every generated token exact");
   flags.Add("--window", &f.compressor_defaults.window, "N", "SnapKV/PyramidKV observation window");
   flags.Add("--sink-tokens", &f.compressor_defaults.sink_tokens, "N", "StreamingLLM attention sinks");
   flags.Add("--quant-group", &f.compressor_defaults.quant_group, "N", "KIVI group size");
@@ -172,8 +179,13 @@ int RunGenerate(int argc, char** argv) {
   if (!request_options.ok()) return Fail("generate", request_options.status());
   if (request_options->mode != DecodeMode::kFull) {
     // Validate the compressor before the (possibly large) model loads.
-    if (auto c = CreateCompressor(request_options->compressor); !c.ok()) {
-      return Fail("generate", c.status());
+    auto c = CreateCompressor(request_options->compressor);
+    if (!c.ok()) return Fail("generate", c.status());
+    if (request_options->online_update &&
+        (*c)->online_policy().kind == OnlinePolicy::Kind::kNone) {
+      return BadInput("generate", "--online-update: " + (*c)->info().name +
+                                      " has no online rule (it compresses once after prefill); "
+                                      "see 'vericache compressors'");
     }
   }
 
@@ -258,6 +270,10 @@ int RunGenerate(int argc, char** argv) {
       j["compression_ratio"] = st.compression_ratio;
       j["kv_bytes"] = {{"full", static_cast<int64_t>(prompt.size()) * config.kv_bytes_per_token()},
                        {"compressed", st.compressed_kv_bytes}};
+      j["online_update"] = st.online_update;
+      j["online_folds"] = st.online_folds;
+      j["drafter_kv_bytes_peak"] = st.drafter_kv_bytes_peak;
+      j["drafter_kv_bytes_final"] = st.drafter_kv_bytes_final;
     }
     if (request_options->mode == DecodeMode::kLossy) j["lossy"] = true;
     if (speculative) {
@@ -283,6 +299,12 @@ int RunGenerate(int argc, char** argv) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "; %s c=%.4f", st.compressor.c_str(), st.compression_ratio);
       extra += buf;
+      if (st.online_update) {
+        std::snprintf(buf, sizeof buf, ", online update (%lld folds, drafter KV peak %lld bytes)",
+                      static_cast<long long>(st.online_folds),
+                      static_cast<long long>(st.drafter_kv_bytes_peak));
+        extra += buf;
+      }
     }
     if (speculative) {
       char buf[256];

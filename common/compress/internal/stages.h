@@ -26,6 +26,20 @@ class Dropper {
                                                const AttentionStats& stats) const = 0;
   // Name and effective parameters, e.g. "snapkv(ratio=0.25,window=16,pool_kernel=7)".
   virtual std::string Describe() const = 0;
+
+  // The online rule. SelectOnline returns the positions to keep among
+  // `candidates` (increasing: the current prefix's kept positions of this
+  // head, then every position from its end up to total_len) for a sequence
+  // of total_len tokens; the same count for every head of a layer. Methods
+  // without an online rule keep every candidate (generated tokens exact).
+  virtual bool has_online_rule() const { return false; }
+  virtual bool online_needs_stats() const { return false; }
+  virtual absl::StatusOr<std::vector<int32_t>> SelectOnline(
+      const ModelConfig& /*config*/, int /*layer*/, int /*kv_head*/,
+      const std::vector<int32_t>& candidates, int32_t /*total_len*/,
+      const DecodeAttentionStats* /*stats*/) const {
+    return candidates;
+  }
 };
 
 class Quantizer {
@@ -34,6 +48,9 @@ class Quantizer {
   virtual RowCodecSpec KeySpec(const ModelConfig& config) const = 0;
   virtual RowCodecSpec ValueSpec(const ModelConfig& config) const = 0;
   virtual std::string Describe() const = 0;
+  // Online: settled tokens to collect outside the prefix before a fold (the
+  // formats' residual windows keep the newest rows f32 in any case).
+  virtual int32_t online_interval() const = 0;
 };
 
 // Registry names of the stages, in listing order.
@@ -53,6 +70,14 @@ absl::StatusOr<std::unique_ptr<Dropper>> MakeDropper(const std::string& name,
 absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const std::string& name,
                                                          const CompressorOptions& options,
                                                          const std::string& label);
+
+// Compressor::Update for a staged compressor (either stage may be null, not
+// both): the dropper's online rule picks the kept positions, then the rows
+// are re-encoded in the quantiser's formats (RowStore::Rebuild).
+absl::StatusOr<std::shared_ptr<const CompressedPrefix>> UpdateStaged(
+    const std::string& label, const Dropper* dropper, const Quantizer* quantizer,
+    const ModelConfig& config, const CompressedPrefix& current, const PagedKvCache& tail,
+    int32_t fold_upto, const DecodeAttentionStats* stats);
 
 // Shortest text that reads back as the same double ("0.25", "0.1"), so
 // Describe() strings are stable and distinguish every distinct ratio.

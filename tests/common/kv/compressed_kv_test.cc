@@ -1,5 +1,6 @@
 #include "common/kv/compressed_kv.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "common/engine/kv_cache.h"
+#include "common/kv/kv_arena.h"
 #include "common/kv/row_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -252,6 +254,60 @@ TEST_F(CompressedKvTest, TailCapacityFollowsMaxTokens) {
   EXPECT_TRUE(kv.Append(4).ok());
   EXPECT_EQ(kv.Append(1).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(kv.next_position(), kPrefix + 4);
+}
+
+// Online compression's swap: a prefix over [0, kPrefix + 4) built from the
+// same rows replaces the old one; the tail keeps only the rows after it, the
+// view reads exactly the new prefix then the remaining tail, and the arena
+// is charged for the smaller tail.
+TEST_F(CompressedKvTest, RebaseDropsFoldedTailRowsAndKeepsTheRest) {
+  auto prefix = MustBuild(SomeKept(), RowCodecSpec::F32(), RowCodecSpec::F32());
+  ASSERT_NE(prefix, nullptr);
+  KvArena arena("device", 0);
+  CompressedSequenceKv kv(config_, prefix, 0, &arena);
+  ASSERT_TRUE(kv.Append(kTail + 14).ok());  // 20 rows: two 16-token blocks
+  FillRandom(config_, kv, kPrefix, kTail + 14, 5);
+  EXPECT_EQ(kv.settled_length(), kPrefix);
+  // The longer full sequence, for building the next prefix.
+  const int32_t fold = kPrefix + 17;
+  PagedKvCache longer(config_);
+  ASSERT_TRUE(longer.Append(fold).ok());
+  std::vector<float> k(config_.kv_dim()), v(config_.kv_dim());
+  for (int l = 0; l < config_.n_layers; ++l) {
+    for (int32_t p = 0; p < fold; ++p) {
+      for (int h = 0; h < config_.n_kv_heads; ++h) {
+        const PagedKvCache& src = p < kPrefix ? *full_ : kv.tail();
+        std::copy_n(src.KeyAt(l, h, p), config_.head_dim, &k[h * config_.head_dim]);
+        std::copy_n(src.ValueAt(l, h, p), config_.head_dim, &v[h * config_.head_dim]);
+      }
+      longer.Write(l, p, k.data(), v.data());
+    }
+  }
+  Kept kept = SomeKept();
+  for (auto& layer : kept) {
+    for (auto& head : layer) head.push_back(fold - 1);
+  }
+  auto next = CompressedPrefix::Build(config_, longer, fold, kept, RowCodecSpec::F32(),
+                                      RowCodecSpec::F32(), "next");
+  ASSERT_TRUE(next.ok()) << next.status();
+  // Not settled yet: refused, nothing changes.
+  absl::Status s = kv.Rebase(*next);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("beyond the settled length 20"));
+  EXPECT_EQ(kv.prefix().prefix_len(), kPrefix);
+  ASSERT_TRUE(kv.Settle(fold + 1).ok());
+  const float last_key = kv.tail().KeyAt(1, 1, kPrefix + 19)[3];
+  const int64_t in_use_before = arena.in_use();
+  ASSERT_TRUE(kv.Rebase(*next).ok());
+  EXPECT_EQ(kv.prefix().prefix_len(), fold);
+  EXPECT_EQ(kv.tail().first_position(), fold);
+  EXPECT_EQ(kv.next_position(), kPrefix + 20);
+  EXPECT_EQ(kv.tail().KeyAt(1, 1, kPrefix + 19)[3], last_key);
+  EXPECT_EQ(kv.bytes(), (*next)->bytes() + 3 * config_.kv_bytes_per_token());
+  EXPECT_LT(arena.in_use(), in_use_before);  // one block instead of two
+  CheckAgainstBruteForce(config_, kv, *backend_);
+  // Folding backwards is refused.
+  EXPECT_EQ(kv.CheckFold(fold - 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CompressedKvTest, BuildRejectsBadInput) {

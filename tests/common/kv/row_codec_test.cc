@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -309,6 +310,107 @@ TEST(RowCodecTest, DebugStrings) {
             "int8-per-token(group=0,residual=0)");
   EXPECT_EQ((RowCodecSpec{Kind::kPerChannelAsymmetric, 2, 32, 16}.DebugString()),
             "uint2-per-channel(group=32,residual=16)");
+}
+
+}  // namespace
+}  // namespace vc
+
+namespace vc {
+namespace {
+
+std::string SerializedStore(const RowStore& s) {
+  std::string out;
+  s.AppendSerialized(&out);
+  return out;
+}
+
+std::vector<int64_t> AllRows(int64_t n) {
+  std::vector<int64_t> keep(n);
+  for (int64_t i = 0; i < n; ++i) keep[i] = i;
+  return keep;
+}
+
+// Appending rows (keeping every old one) gives exactly the store that encodes
+// all rows at once: quantised rows keep their codes and the f32 window slides.
+TEST(RowStoreRebuildTest, AppendOnlyEqualsEncodingEverything) {
+  const int dim = 8;
+  const std::vector<float> rows = RandomRows(40, dim, 11);
+  std::vector<RowCodecSpec> specs = {RowCodecSpec::F32()};
+  for (const int bits : {2, 4, 8}) {
+    for (const int residual : {0, 3, 9}) {
+      specs.push_back({Kind::kPerTokenSymmetric, bits, 4, residual});
+      specs.push_back({Kind::kPerTokenAsymmetric, bits, 0, residual});
+      specs.push_back({Kind::kPerChannelAsymmetric, bits, 4, residual});
+      specs.push_back({Kind::kPerChannelAsymmetric, bits, 7, residual});
+    }
+  }
+  for (const RowCodecSpec& spec : specs) {
+    for (const auto& [n0, n] : std::vector<std::pair<int, int>>{{0, 5}, {5, 6}, {7, 19}, {13, 40}}) {
+      SCOPED_TRACE(spec.DebugString() + " " + std::to_string(n0) + " -> " + std::to_string(n));
+      auto base = RowStore::Encode(spec, rows.data(), n0, dim);
+      ASSERT_TRUE(base.ok());
+      auto grown = RowStore::Rebuild(**base, AllRows(n0), &rows[n0 * dim], n - n0, spec);
+      ASSERT_TRUE(grown.ok()) << grown.status();
+      auto direct = RowStore::Encode(spec, rows.data(), n, dim);
+      ASSERT_TRUE(direct.ok());
+      EXPECT_EQ(SerializedStore(**grown), SerializedStore(**direct));
+      EXPECT_EQ((*grown)->bytes(), (*direct)->bytes());
+    }
+  }
+}
+
+TEST(RowStoreRebuildTest, DroppedRowsKeepTheSurvivorsCodes) {
+  const int dim = 4;
+  const std::vector<float> rows = RandomRows(12, dim, 3);
+  const std::vector<float> more = RandomRows(2, dim, 4);
+  const std::vector<int64_t> keep = {0, 2, 3, 7, 8, 11};
+  // Per token: every kept quantised row decodes as before, wherever it moves.
+  const RowCodecSpec per_token{Kind::kPerTokenAsymmetric, 2, 0, 3};
+  auto src = MustEncode(per_token, rows, dim);  // rows 0-8 quantised, 9-11 f32
+  auto out = RowStore::Rebuild(*src, keep, more.data(), 2, per_token);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ((*out)->rows(), 8);
+  for (size_t i = 0; i < keep.size(); ++i) EXPECT_EQ(Row(**out, i), Row(*src, keep[i])) << i;
+  // 8 rows, residual 3: the 5 kept quantised rows, then row 11 and the two
+  // new rows as the f32 window.
+  EXPECT_EQ((*out)->RowIfF32(4), nullptr);
+  EXPECT_NE((*out)->RowIfF32(5), nullptr);
+  EXPECT_THAT(Row(**out, 5), ElementsAreArray(&rows[11 * dim], dim));
+  EXPECT_THAT(Row(**out, 7), ElementsAreArray(&more[dim], dim));
+  // Quantised rows never turn back into f32: 5 rows with a window of 3 keep
+  // all 5 quantised.
+  const std::vector<int64_t> quantised_only = {0, 2, 3, 7, 8};
+  auto shrunk = RowStore::Rebuild(*src, quantised_only, nullptr, 0, per_token);
+  ASSERT_TRUE(shrunk.ok());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ((*shrunk)->RowIfF32(i), nullptr) << i;
+  // A rebuilt store is a regular store: it serialises and reads back.
+  const std::string bytes = SerializedStore(**shrunk);
+  size_t offset = 0;
+  auto back = RowStore::Deserialize(bytes, &offset);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(offset, bytes.size());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(Row(**back, i), Row(**shrunk, i));
+  // Per channel: group 0 (rows 0-3) lost row 1, so it is re-formed from the
+  // decoded survivors; no kept group comes before it to carry over.
+  const RowCodecSpec per_channel{Kind::kPerChannelAsymmetric, 4, 4, 0};
+  auto keys = MustEncode(per_channel, rows, dim);
+  auto regrouped = RowStore::Rebuild(*keys, keep, more.data(), 2, per_channel);
+  ASSERT_TRUE(regrouped.ok());
+  EXPECT_EQ((*regrouped)->rows(), 8);
+  EXPECT_EQ((*regrouped)->RowIfF32(7), nullptr);  // 8 rows = 2 whole groups
+  // Keeping group 0 whole carries its codes over bit for bit.
+  const std::vector<int64_t> keep_group = {0, 1, 2, 3, 5, 9};
+  auto carried = RowStore::Rebuild(*keys, keep_group, nullptr, 0, per_channel);
+  ASSERT_TRUE(carried.ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(Row(**carried, i), Row(*keys, i));
+  EXPECT_NE((*carried)->RowIfF32(4), nullptr);  // 2 rows: short of a group
+  // Bad indices.
+  const std::vector<int64_t> unsorted = {3, 2};
+  EXPECT_EQ(RowStore::Rebuild(*keys, unsorted, nullptr, 0, per_channel).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> outside = {12};
+  EXPECT_EQ(RowStore::Rebuild(*keys, outside, nullptr, 0, per_channel).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

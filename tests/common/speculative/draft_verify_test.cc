@@ -8,6 +8,9 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/decode/full_decode.h"
 #include "gtest/gtest.h"
@@ -256,6 +259,156 @@ TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
   // tests/common/sampling (SpeculativeAccept).
   EXPECT_GT(rejected, n / 200) << "the drafter must disagree sometimes for this test to mean much";
   EXPECT_LT(chi2, limit);
+}
+
+}  // namespace
+}  // namespace vc
+
+namespace vc {
+namespace {
+
+// ---------------------------------------------------------------- online update
+
+RequestOptions Online(const std::string& compressor, double ratio, int bits, int x, int64_t n) {
+  RequestOptions ro = VeriCache(compressor, ratio, bits, x, n);
+  ro.online_update = true;
+  ro.compressor.quant_group = 8;  // small groups so that KIVI folds often here
+  ro.compressor.residual = 8;
+  ro.draft.fallback_min_accepted = -1;
+  return ro;
+}
+
+TEST(OnlineUpdateTest, ExactForEveryOnlineMethodWithAndWithoutRefresh) {
+  Fixture f = Make(SmallConfig(), 21);
+  const auto prompt = RandomPrompt(24, 64, 5);
+  const int64_t n = 70;
+  const auto expected = FullTokens(*f.engine, prompt, n);
+  std::vector<RequestOptions> variants;
+  for (const auto& [name, ratio, bits] :
+       std::vector<std::tuple<std::string, double, int>>{{"streamingllm", 0.3, 0},
+                                                         {"h2o", 0.3, 0},
+                                                         {"tova", 0.3, 0},
+                                                         {"kivi", 0, 2},
+                                                         {"int8", 0, 8},
+                                                         {"streamingllm+kivi", 0.5, 4},
+                                                         {"h2o+int8", 0.4, 8},
+                                                         {"snapkv+kivi", 0.5, 2}}) {
+    for (const int x : {1, 5}) {
+      for (const bool refresh : {true, false}) {
+        RequestOptions ro = Online(name, ratio, bits, x, n);
+        ro.draft.kv_refresh = refresh;
+        variants.push_back(ro);
+      }
+    }
+  }
+  std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+  for (const auto& ro : variants) reqs.push_back(MakeRequest(*f.engine, prompt, ro));
+  ASSERT_TRUE(RunBatch(*f.engine, reqs).ok());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const RequestOptions& ro = variants[i];
+    SCOPED_TRACE(ro.compressor.name + " x=" + std::to_string(ro.draft.draft_len) +
+                 " refresh=" + std::to_string(ro.draft.kv_refresh));
+    EXPECT_EQ(reqs[i]->output(), expected);
+    const RequestStats& st = reqs[i]->stats();
+    EXPECT_TRUE(st.online_update);
+    EXPECT_GT(st.online_folds, 0);
+    EXPECT_EQ(st.drafter_full_kv_bytes_read, 0);
+    EXPECT_EQ(st.fallbacks, 0);
+  }
+}
+
+TEST(OnlineUpdateTest, AnExactViewStillAcceptsEveryDraftAfterFolds) {
+  // Ratio 1 keeps every token f32, so folding must leave the drafter's view
+  // exact: a fold that loses, reorders or misplaces a row shows up as a
+  // rejected draft.
+  Fixture f = Make(SmallConfig(), 11);
+  const auto prompt = RandomPrompt(20, 64, 2);
+  for (const bool refresh : {true, false}) {
+    RequestOptions ro = Online("streamingllm", 1.0, 0, 6, 60);
+    ro.draft.kv_refresh = refresh;
+    std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+    reqs.push_back(MakeRequest(*f.engine, prompt, ro));
+    ASSERT_TRUE(RunBatch(*f.engine, reqs).ok());
+    const RequestStats& st = reqs[0]->stats();
+    EXPECT_GT(st.online_folds, 5);
+    for (size_t i = 0; i < st.accept_lengths.size(); ++i) {
+      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i]) << "round " << i << " refresh " << refresh;
+    }
+    EXPECT_EQ(reqs[0]->output(), FullTokens(*f.engine, prompt, 60));
+  }
+}
+
+TEST(OnlineUpdateTest, DrafterViewStaysNearTheBudgetWhileWithoutItTheTailGrows) {
+  const ModelConfig c = SmallConfig();
+  Fixture f = Make(c, 3);
+  const auto prompt = RandomPrompt(16, 64, 9);
+  const int64_t n = 78;  // to the end of the context
+  const int x = 4;
+  const int64_t per_token = c.kv_bytes_per_token();
+  const double total = static_cast<double>(prompt.size() + n) * per_token;
+  struct Case {
+    std::string name;
+    double ratio;
+    int bits;
+    double bound_ratio;   // the method's bytes over full f32 bytes, at most
+    int64_t slack_tokens; // f32 rows it may hold besides: window + tail
+  };
+  // StreamingLLM: the ratio of the current length, plus the drafts of one
+  // round in the tail. KIVI-2 (head_dim 8, groups of 8): 10 of 32 bytes per
+  // row, plus residual + group f32 rows, plus the tail.
+  for (const Case& cs : {Case{"streamingllm", 0.25, 0, 0.25, x + 1},
+                         Case{"kivi", 0, 2, 10.0 / 32, 8 + 8 + 8 + x + 1}}) {
+    SCOPED_TRACE(cs.name);
+    KvArena arena("device", 0);
+    RequestOptions on = Online(cs.name, cs.ratio, cs.bits, x, n);
+    on.draft_kv_arena = &arena;
+    RequestOptions off = on;
+    off.online_update = false;
+    std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+    reqs.push_back(MakeRequest(*f.engine, prompt, on));
+    reqs.push_back(MakeRequest(*f.engine, prompt, off));
+    ASSERT_TRUE(RunBatch(*f.engine, reqs).ok());
+    EXPECT_EQ(reqs[0]->output(), reqs[1]->output());
+    const RequestStats& with = reqs[0]->stats();
+    const RequestStats& without = reqs[1]->stats();
+    EXPECT_LE(with.drafter_kv_bytes_peak,
+              static_cast<int64_t>(cs.bound_ratio * total) + cs.slack_tokens * per_token);
+    // Without online update every generated token stays f32 in the tail.
+    EXPECT_FALSE(without.online_update);
+    EXPECT_EQ(without.online_folds, 0);
+    EXPECT_GE(without.drafter_kv_bytes_final, without.compressed_kv_bytes + (n - 1) * per_token);
+    EXPECT_LT(2 * with.drafter_kv_bytes_peak, without.drafter_kv_bytes_peak);
+    EXPECT_EQ(arena.in_use(), 0);  // everything returned at the end
+  }
+}
+
+TEST(OnlineUpdateTest, LossyModeFoldsToo) {
+  Fixture f = Make(SmallConfig(), 5);
+  const auto prompt = RandomPrompt(16, 64, 4);
+  RequestOptions ro = Online("h2o", 0.25, 0, 4, 60);
+  ro.mode = DecodeMode::kLossy;
+  std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+  reqs.push_back(MakeRequest(*f.engine, prompt, ro));
+  ASSERT_TRUE(RunBatch(*f.engine, reqs).ok());
+  EXPECT_EQ(reqs[0]->output().size(), 60u);
+  EXPECT_GT(reqs[0]->stats().online_folds, 50);
+  EXPECT_LE(reqs[0]->stats().drafter_kv_bytes_peak,
+            static_cast<int64_t>(0.25 * 76 * SmallConfig().kv_bytes_per_token()) +
+                2 * SmallConfig().kv_bytes_per_token());
+}
+
+TEST(OnlineUpdateTest, RejectsMethodsWithoutAnOnlineRuleAndFullMode) {
+  Fixture f = Make(SmallConfig(), 7);
+  const auto prompt = RandomPrompt(10, 64, 1);
+  auto r = SpeculativeRequest::Create(*f.engine, prompt, Online("snapkv", 0.5, 0, 4, 10));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("snapkv has no online rule"), std::string::npos)
+      << r.status();
+  RequestOptions full = Online("kivi", 0, 2, 4, 10);
+  full.mode = DecodeMode::kFull;
+  r = SpeculativeRequest::Create(*f.engine, prompt, full);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("vericache or lossy"), std::string::npos);
 }
 
 }  // namespace

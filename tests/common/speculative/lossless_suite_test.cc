@@ -82,7 +82,9 @@ void PrintTo(const CompressorCase& c, std::ostream* os) { *os << CaseName(c); }
 
 class LosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
 
-void RunModel(const ModelCase& mc, const CompressorCase& cc) {
+// online_update: the drafter folds settled tokens into its compressed view
+// by the method's online rule (a smaller grid of draft lengths then).
+void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update = false) {
   const std::string path = ModelPath(mc.file);
   if (path.empty() || !std::ifstream(path).good()) GTEST_SKIP() << "model not found: " << mc.file;
   auto model = Model::Load(path);
@@ -111,7 +113,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
       if (sm == SamplingMode::kSeeded) o.sampling = seeded;
       auto ref = DecodeFull(**engine, prompt, o);
       ASSERT_TRUE(ref.ok()) << ref.status();
-      for (int x : {1, 4, 16, 32, 0}) jobs.push_back({prompt, sm, x, ref->tokens});
+      const std::vector<int> lengths =
+          online_update ? std::vector<int>{1, 8, 0} : std::vector<int>{1, 4, 16, 32, 0};
+      for (int x : lengths) jobs.push_back({prompt, sm, x, ref->tokens});
     }
   }
   std::vector<std::unique_ptr<SpeculativeRequest>> requests;
@@ -130,6 +134,7 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
     ro.draft.fallback_min_accepted = -1;
     ro.draft.adaptive = job.draft_len == 0;
     ro.draft.draft_len = job.draft_len == 0 ? 8 : job.draft_len;
+    ro.online_update = online_update;
     auto r = SpeculativeRequest::Create(**engine, job.prompt, ro);
     ASSERT_TRUE(r.ok()) << r.status();
     requests.push_back(std::move(r).value());
@@ -147,6 +152,15 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
     EXPECT_EQ(r.stats().drafter_full_kv_bytes_read, 0) << where;
     EXPECT_EQ(r.stats().fallbacks, 0) << where;
     EXPECT_GT(r.stats().verify_rounds, 0) << where;
+    // A fold comes after a verify round once `interval` settled tokens are
+    // outside the prefix; a round yields at most max_draft_len + 1 tokens,
+    // so a request this long must have folded (a short one may finish first).
+    if (online_update &&
+        static_cast<int64_t>(jobs[i].expected.size()) >=
+            (*CreateCompressor(r.options().compressor))->online_policy().interval +
+                r.options().draft.max_draft_len + 1) {
+      EXPECT_GT(r.stats().online_folds, 0) << where;
+    }
     // KIVI keeps its residual window in full precision, so very short prompts
     // may not compress at all; long ones must.
     EXPECT_LE(r.stats().compression_ratio, 1.0) << where;
@@ -157,8 +171,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc) {
     accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
                                 int64_t{0});
   }
-  std::printf("[ %s | %s ] %zu requests, %lld rounds, mean accepted drafts/round %.2f\n", mc.file,
-              CaseName(cc).c_str(), jobs.size(), static_cast<long long>(rounds),
+  std::printf("[ %s | %s%s ] %zu requests, %lld rounds, mean accepted drafts/round %.2f\n",
+              mc.file, CaseName(cc).c_str(), online_update ? " online" : "", jobs.size(),
+              static_cast<long long>(rounds),
               rounds ? static_cast<double>(accepted) / rounds : 0.0);
 }
 
@@ -166,6 +181,30 @@ TEST_P(LosslessSuite, Stories260K) { RunModel({"stories260K.bin", {16, 200, 400}
 TEST_P(LosslessSuite, Aidreams260K) { RunModel({"aidreams260K.bin", {16, 48, 80, 100}}, GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(AllCompressors, LosslessSuite, ::testing::ValuesIn(AllCompressorCases()),
+                         [](const auto& info) { return CaseName(info.param); });
+
+// Online update (Compressor::Update folding settled tokens into the
+// drafter's view) must stay lossless for every method that has an online
+// rule: recency, KIVI's sliding residual, INT8's window, H2O/TOVA eviction
+// by decode-time attention, and composites. Fewer prompts and draft lengths
+// than above keep it short.
+class OnlineLosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
+
+std::vector<CompressorCase> OnlineCompressorCases() {
+  return {{"streamingllm", 0.25, 0}, {"h2o", 0.25, 0},   {"tova", 0.25, 0},
+          {"kivi", 0, 2},            {"kivi", 0, 4},     {"int8", 0, 8},
+          {"streamingllm+kivi", 0.5, 4}, {"h2o+int8", 0.5, 8}, {"snapkv+kivi", 0.25, 2}};
+}
+
+TEST_P(OnlineLosslessSuite, Stories260K) {
+  RunModel({"stories260K.bin", {16, 200}}, GetParam(), /*online_update=*/true);
+}
+TEST_P(OnlineLosslessSuite, Aidreams260K) {
+  RunModel({"aidreams260K.bin", {16, 80}}, GetParam(), /*online_update=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(OnlineCompressors, OnlineLosslessSuite,
+                         ::testing::ValuesIn(OnlineCompressorCases()),
                          [](const auto& info) { return CaseName(info.param); });
 
 // The acceptance bands of ../shared/models/README.md (greedy, KV refresh on).

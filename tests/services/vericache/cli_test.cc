@@ -178,6 +178,29 @@ TEST_F(CliTest, VeriCacheModeIsLosslessAndReportsItsWork) {
   EXPECT_NE(lossy["tokens"], full["tokens"]);  // this model is fragile: 10% KV drifts at once
 }
 
+TEST_F(CliTest, OnlineUpdateStaysLosslessAndBoundsTheDrafterView) {
+  const std::string base = "generate --model " + stories_ +
+                           " --prompt-ids \"$(yes '1 306 461 260' | head -n 10 | tr '\\n' ' ')\""
+                           " --max-new-tokens 200 --ignore-eos --json";
+  auto full = nlohmann::json::parse(RunCli(base).out);
+  const std::string vc = base + " --mode vericache --compressor streamingllm --ratio 0.25";
+  RunResult off = RunCli(vc);
+  RunResult on = RunCli(vc + " --online-update");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  auto j_off = nlohmann::json::parse(off.out);
+  auto j_on = nlohmann::json::parse(on.out);
+  EXPECT_EQ(j_on["tokens"], full["tokens"]);
+  EXPECT_EQ(j_on["online_update"], true);
+  EXPECT_EQ(j_off["online_update"], false);
+  EXPECT_GT(j_on["online_folds"].get<int64_t>(), 0);
+  EXPECT_LT(2 * j_on["drafter_kv_bytes_peak"].get<int64_t>(),
+            j_off["drafter_kv_bytes_peak"].get<int64_t>());
+  RunResult lossy = RunCli(base + " --mode lossy --compressor kivi --bits 4 --online-update");
+  ASSERT_EQ(lossy.exit_code, 0) << lossy.err;
+  EXPECT_EQ(nlohmann::json::parse(lossy.out)["online_update"], true);
+}
+
 TEST_F(CliTest, BadVeriCacheCombinationsExitTwo) {
   const std::string base = "generate --model " + stories_ + " --prompt-ids '1 2 3' --max-new-tokens 5";
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -192,6 +215,8 @@ TEST_F(CliTest, BadVeriCacheCombinationsExitTwo) {
       {" --compressor int8", "--mode"},
       {" --sampling seeded", "--temperature"},
       {" --sampling magic --temperature 1", "unknown sampling"},
+      {" --mode vericache --compressor snapkv --ratio 0.5 --online-update", "no online rule"},
+      {" --online-update", "--online-update applies to --mode vericache or lossy"},
   };
   for (const auto& [extra, needle] : cases) {
     RunResult r = RunCli(base + extra);
@@ -211,9 +236,23 @@ TEST_F(CliTest, CompressorsListsEveryMethod) {
                         "snapkv+kivi"}) {
     EXPECT_TRUE(names.count(n)) << n;
   }
+  for (const auto& c : j) {
+    const std::string name = c["name"].get<std::string>();
+    EXPECT_FALSE(c["online_rule"].get<std::string>().empty()) << name;
+    const std::string online = c["online"].get<std::string>();
+    if (name == "snapkv" || name == "pyramidkv") {
+      EXPECT_EQ(online, "none") << name;
+    } else if (name == "streamingllm" || name == "h2o" || name == "tova" ||
+               name.starts_with("h2o+")) {
+      EXPECT_EQ(online, "every-token") << name;
+    } else if (name == "kivi" || name == "int8" || name.starts_with("snapkv+")) {
+      EXPECT_EQ(online, "per-group") << name;
+    }
+  }
   RunResult table = RunCli("compressors");
   EXPECT_EQ(table.exit_code, 0);
   EXPECT_NE(table.out.find("--ratio"), std::string::npos);
+  EXPECT_NE(table.out.find("online update:"), std::string::npos);
 }
 
 TEST_F(CliTest, HelpDescribesEveryFlag) {
@@ -225,7 +264,8 @@ TEST_F(CliTest, HelpDescribesEveryFlag) {
   for (const char* flag : {"--model", "--prompt-ids", "--prompt", "--tokenizer", "--max-new-tokens",
                            "--ignore-eos", "--temperature", "--top-k", "--top-p", "--seed",
                            "--threads", "--simd", "--json", "--mode", "--compressor", "--ratio",
-                           "--bits", "--draft-len", "--sampling", "--no-kv-refresh"}) {
+                           "--bits", "--draft-len", "--sampling", "--no-kv-refresh",
+                           "--online-update"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
