@@ -60,6 +60,12 @@ absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
     return absl::InvalidArgumentError("max_keys_per_fetch must be >= 1");
   }
   if (o.max_key_bytes < 1) return absl::InvalidArgumentError("max_key_bytes must be >= 1");
+  if (o.max_entries_per_stage < 1) {
+    return absl::InvalidArgumentError("max_entries_per_stage must be >= 1");
+  }
+  if (o.max_stage_body_bytes < 0) {
+    return absl::InvalidArgumentError("max_stage_body_bytes must be >= 0");
+  }
   if (o.max_response_bytes < 0) {
     return absl::InvalidArgumentError("max_response_bytes must be >= 0");
   }
@@ -86,14 +92,15 @@ DataPlaneServer::~DataPlaneServer() = default;
 DataPlaneClient::~DataPlaneClient() = default;
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Create(
-    const DataPlaneServerOptions& options, BlobLookup lookup) {
+    const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager) {
   auto backend = FindBackend(options.kind);
   if (!backend.ok()) return backend.status();
   if (absl::Status s = CheckServerOptions(options); !s.ok()) return s;
   if (!lookup) return absl::InvalidArgumentError("data plane server needs a lookup function");
   auto listener = (*backend)->listen(options);
   if (!listener.ok()) return listener.status();
-  return internal::StartStreamServer(options, std::move(lookup), std::move(*listener));
+  return internal::StartStreamServer(options, std::move(lookup), std::move(stager),
+                                     std::move(*listener));
 }
 
 absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(

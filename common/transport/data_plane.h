@@ -1,27 +1,36 @@
-// The KV data plane: moves chunk bytes from vc-kvstore to the workers that
-// fetch them (DESIGN.md section 7). The store runs a DataPlaneServer over its
-// Get; verifiers and drafters hold a DataPlaneClient and Fetch keys by value.
+// The KV data plane: moves chunk bytes between vc-kvstore and the workers
+// (DESIGN.md section 7). The store runs a DataPlaneServer over its Get (and
+// its two-phase put's Stage); verifiers and drafters hold a DataPlaneClient,
+// Fetch keys by value, and Stage the chunks of a put they ingest. gRPC keeps
+// the control part of a put (BeginPut returns the put id, CommitPut/AbortPut
+// by id); only the bytes travel here.
 //
 // Two backends behind one interface, chosen by name ("kind"):
 //   "tcp"  plain sockets with a small length-prefixed framing (the default).
 //   "ucx"  UCX (UCP stream API over a sockaddr listener/endpoints, one worker
 //          with a progress thread, peer error handling so a dead peer fails
-//          in-flight fetches instead of hanging).
-// Both speak the same framing (magic, version, request = link class + keys,
-// response = status + value bytes) and share the server-side pacing.
+//          in-flight fetches and stages instead of hanging).
+// Both speak the same framing (internal/wire.h: magic, version, fetch
+// request = link class + keys, stage request = link class + put id +
+// entries, response = status + value bytes) and share the server-side pacing.
 //
-// Link pacing: the server sends every response through a token bucket per
-// link class (store->verifier = fast, store->drafter = slow). The bucket sits
-// on the sender, so it models the store's shared NIC per link class: all
-// fetches on one link class share its bandwidth. Bytes are counted per time
-// slot ("what the link carried in slot k"), the same slots the scheduler
-// books, so a test or a dashboard can hold the two side by side.
+// Link pacing: the server passes every byte of a link class through one token
+// bucket (store<->verifier = fast, store<->drafter = slow). Responses are
+// paced as they are sent; stage uploads as they are received (the server
+// takes a piece's tokens before it reads the piece), so one link's capacity
+// is shared by fetches and stages in both directions, and all of them show
+// up in the same counters. Bytes are counted per time slot ("what the link
+// carried in slot k"), the same slots the scheduler books, so a test or a
+// dashboard can hold the two side by side.
 //
 // UCX's own counters: Debian's UCX 1.13 is built without statistics
 // (`ucx_info -b` lists no ENABLE_STATS), so ClientStats::transport_bytes
 // counts the lengths UCX itself reports in its stream receive completions
-// (the `length` of ucp_stream_recv_nbx). For TCP it is the sum of what read()
-// returned. Both include the framing bytes, so they are >= the value bytes.
+// (the `length` of ucp_stream_recv_nbx), and transport_bytes_sent the lengths
+// of its completed stream sends (a send completes as a whole, so that is the
+// buffer handed to ucp_stream_send_nbx, counted only once UCX reports it
+// done). For TCP they are the sums of what recv() / send() returned. All
+// include the framing bytes, so they are >= the value bytes.
 #pragma once
 
 #include <chrono>
@@ -29,20 +38,22 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace vc::transport {
 
-// store->verifier (fast) and store->drafter (slow).
+// store<->verifier (fast) and store<->drafter (slow).
 enum class LinkClass { kFast, kSlow };
 const char* LinkClassName(LinkClass link);  // "fast" / "slow"
 
 struct LinkPacing {
   // Bandwidth of the link class in bytes per second; 0 = unpaced. Every
-  // fetch on the link class shares one bucket.
+  // fetch and stage on the link class shares one bucket.
   double bytes_per_second = 0;
   // One-way latency in seconds, added once per fetch response (before its
   // first byte leaves; it does not occupy the link). Default 0.
@@ -60,11 +71,15 @@ struct LinkSlotCounters {
 };
 
 struct LinkStats {
-  int64_t bytes_total = 0;  // every byte sent on the link (framing included)
-  int64_t fetches = 0;      // responses sent (errors included)
-  // Seconds the link spent sending. Paced: the transmission time the bucket
+  // Every byte the link carried, both ways (framing included): responses
+  // sent, and stage requests received from their header on.
+  int64_t bytes_total = 0;
+  int64_t bytes_received = 0;  // of bytes_total: the stage uploads
+  int64_t fetches = 0;         // fetch responses sent (errors included)
+  int64_t stages = 0;          // stage requests answered (errors included)
+  // Seconds the link was busy. Paced: the transmission time the bucket
   // charged (bytes / bytes_per_second). Unpaced: wall time during which at
-  // least one response on the link class was being written.
+  // least one exchange on the link class was in progress.
   double busy_seconds = 0;
   double capacity_bytes_per_second = 0;  // the configured pacing; 0 = unpaced
   LinkSlotCounters slots;
@@ -73,6 +88,14 @@ struct LinkStats {
 // What the server serves: the store's Get (NotFound for a missing key). Called
 // from the server's connection threads, concurrently.
 using BlobLookup = std::function<absl::StatusOr<std::string>(const std::string& key)>;
+
+// Where staged entries go: the store's Stage(put_id, key, value) of a
+// two-phase put. Called from the server's connection threads, concurrently,
+// once per entry as it arrives. An error fails the stage request with the
+// same code (the message names the key); the rest of its body is read and
+// dropped.
+using BlobStager =
+    std::function<absl::Status(uint64_t put_id, const std::string& key, std::string value)>;
 
 // The backends Create accepts, e.g. {"tcp", "ucx"}.
 std::vector<std::string> DataPlaneKinds();
@@ -86,26 +109,35 @@ struct DataPlaneServerOptions {
   int max_tracked_slots = 4096;  // counter history kept per link (oldest dropped)
   int max_connections = 256;     // open client connections; more are refused
   int max_keys_per_fetch = 1024;
-  int max_key_bytes = 1024;  // longest key accepted
+  int max_key_bytes = 1024;  // longest key accepted (fetch and stage)
+  // Entries in one stage request. Default 1024.
+  int max_entries_per_stage = 1024;
+  // Body bytes of one stage request (entries with their framing); checked
+  // from the header, before anything is allocated or staged: a larger stage
+  // fails with ResourceExhausted. Default 1 GiB.
+  int64_t max_stage_body_bytes = int64_t{1} << 30;
   // Sum of value bytes in one response; larger fetches fail with
   // ResourceExhausted before any value is sent. Default 1 GiB.
   int64_t max_response_bytes = int64_t{1} << 30;
-  // Size of one paced write: the granularity of the bucket and the slack in
-  // the per-slot bound. Default 64 KiB.
+  // Size of one paced write (or paced read of an upload): the granularity of
+  // the bucket and the slack in the per-slot bound. Default 64 KiB.
   int64_t write_piece_bytes = int64_t{64} << 10;
-  // A request must arrive whole within this many seconds of its first byte.
-  // A response is bounded by the deadline the client sends with its request
-  // (or by this, for a request without one). Default 30.
+  // A request must arrive whole within this many seconds of its first byte;
+  // a stage body, whose paced upload may take longer, must instead make
+  // progress (one piece) within it. A response, and a stage as a whole, is
+  // bounded by the deadline the client sends with its request (or by this,
+  // for a request without one). Default 30.
   double io_timeout_seconds = 30;
 };
 
 class DataPlaneServer {
  public:
-  // Starts serving `lookup` per `options`. InvalidArgument for bad options or
-  // an unknown kind (the message lists the kinds); Unavailable if the address
-  // cannot be bound or UCX cannot start.
+  // Starts serving `lookup` (fetches) and `stager` (stages) per `options`.
+  // Without a stager, stage requests fail with Unimplemented. InvalidArgument
+  // for bad options or an unknown kind (the message lists the kinds);
+  // Unavailable if the address cannot be bound or UCX cannot start.
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Create(
-      const DataPlaneServerOptions& options, BlobLookup lookup);
+      const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager = nullptr);
   // Stops serving, fails in-flight responses, closes peers, joins threads.
   virtual ~DataPlaneServer();
 
@@ -116,25 +148,32 @@ class DataPlaneServer {
 };
 
 struct DataPlaneClientOptions {
-  std::string kind = "tcp";           // must match the server's
-  std::string server_address;         // HOST:PORT of the server's data plane (required)
-  LinkClass link = LinkClass::kFast;  // link (and pacing bucket) of this client's fetches
+  std::string kind = "tcp";    // must match the server's
+  std::string server_address;  // HOST:PORT of the server's data plane (required)
+  LinkClass link =
+      LinkClass::kFast;  // link (and pacing bucket) of this client's fetches and stages
   // Sum of value bytes this client accepts in one response. Default 1 GiB.
   int64_t max_response_bytes = int64_t{1} << 30;
-  // Connections held at once (concurrent Fetch calls beyond wait for one,
-  // within their deadline). Default 8.
+  // Connections held at once (concurrent Fetch / Stage calls beyond wait for
+  // one, within their deadline). Default 8.
   int max_connections = 8;
 };
 
 struct ClientStats {
-  int64_t fetches = 0;  // successful fetches
-  int64_t bytes = 0;    // value bytes returned by successful fetches
+  int64_t fetches = 0;       // successful fetches
+  int64_t bytes = 0;         // value bytes returned by successful fetches
+  int64_t stages = 0;        // successful stages
+  int64_t staged_bytes = 0;  // value bytes sent by successful stages
   // Bytes the transport itself reported received (UCX: stream receive
-  // completion lengths; TCP: read() results), framing included.
+  // completion lengths; TCP: recv() results), framing included.
   int64_t transport_bytes = 0;
+  // Bytes the transport itself reported sent, requests of both kinds (UCX:
+  // lengths of completed stream sends; TCP: send() results), framing
+  // included; failed calls count what went out before they failed.
+  int64_t transport_bytes_sent = 0;
 };
 
-// Thread-safe: concurrent Fetch calls run on separate connections.
+// Thread-safe: concurrent Fetch / Stage calls run on separate connections.
 class DataPlaneClient {
  public:
   // InvalidArgument for bad options or an unknown kind; Unavailable if UCX
@@ -151,6 +190,16 @@ class DataPlaneClient {
   // next call reconnects). A far-future deadline is capped at 30 days.
   virtual absl::StatusOr<std::vector<std::string>> Fetch(
       const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline) = 0;
+  // Uploads `entries` (key, value) into the open put `put_id` on the server
+  // (the store's two-phase put; they stay invisible until the put commits).
+  // Errors as for Fetch, plus the stager's own (same code, the message
+  // naming the key), Unimplemented if the server takes no stages,
+  // ResourceExhausted / InvalidArgument if it refuses the request's size.
+  // After an error some entries may have been staged: abort the put.
+  // (A span, so a writer can send a large put in slices without copies.)
+  virtual absl::Status Stage(uint64_t put_id,
+                             absl::Span<const std::pair<std::string, std::string>> entries,
+                             std::chrono::steady_clock::time_point deadline) = 0;
   virtual ClientStats stats() const = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "services/common/store_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/rpc.h"
 
@@ -11,6 +12,9 @@ namespace pb = ::vericache::v1;
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
   if (options.control_address.empty()) {
     return absl::InvalidArgumentError("--kvstore is required (the vc-kvstore gRPC address)");
+  }
+  if (options.stage_batch_bytes < 1 || options.stage_batch_entries < 1) {
+    return absl::InvalidArgumentError("stage_batch_bytes and stage_batch_entries must be >= 1");
   }
   auto client = std::unique_ptr<StoreClient>(new StoreClient());
   client->options_ = options;
@@ -104,21 +108,49 @@ absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::s
     (void)stub_->AbortPut(ctx.get(), req, &resp);
     return error;
   };
-  for (const auto& [key, value] : entries) {
-    pb::StageChunkRequest req;
-    req.set_put_id(id);
-    req.set_key(key);
-    req.set_value(value);
-    pb::StageChunkResponse resp;
-    auto ctx = rpc::ContextWithTimeout(options_.timeout);
-    const grpc::Status s = stub_->StageChunk(ctx.get(), req, &resp);
-    if (!s.ok()) return abort(rpc::FromGrpcStatus(s, "vc-kvstore StageChunk"));
+  if (data_ != nullptr) {
+    // Consecutive slices of `entries` (no copies), each within the batch
+    // bounds, each its own stage call with its own deadline.
+    const absl::Span<const std::pair<std::string, std::string>> all(entries);
+    size_t begin_at = 0;
+    while (begin_at < all.size()) {
+      size_t end_at = begin_at;
+      int64_t bytes = 0;
+      while (end_at < all.size() &&
+             static_cast<int64_t>(end_at - begin_at) < options_.stage_batch_entries &&
+             (end_at == begin_at || bytes + static_cast<int64_t>(all[end_at].second.size()) <=
+                                        options_.stage_batch_bytes)) {
+        bytes += static_cast<int64_t>(all[end_at].second.size());
+        ++end_at;
+      }
+      const absl::Status s = data_->Stage(id, all.subspan(begin_at, end_at - begin_at),
+                                          std::chrono::steady_clock::now() + options_.timeout);
+      if (!s.ok()) {
+        return abort(absl::Status(s.code(), absl::StrCat("vc-kvstore data plane stage (",
+                                                         data_address_, "): ", s.message())));
+      }
+      begin_at = end_at;
+    }
+  } else {
+    // No data plane (the coordinator's small manifests): the control
+    // plane's StageChunk, one entry per message.
+    for (const auto& [key, value] : entries) {
+      pb::StageChunkRequest req;
+      req.set_put_id(id);
+      req.set_key(key);
+      req.set_value(value);
+      pb::StageChunkResponse resp;
+      auto ctx = rpc::ContextWithTimeout(options_.timeout);
+      const grpc::Status s = stub_->StageChunk(ctx.get(), req, &resp);
+      if (!s.ok()) return abort(rpc::FromGrpcStatus(s, "vc-kvstore StageChunk"));
+    }
   }
   pb::CommitPutRequest req;
   req.set_put_id(id);
   pb::CommitPutResponse resp;
   auto ctx = rpc::ContextWithTimeout(options_.timeout);
   const grpc::Status s = stub_->CommitPut(ctx.get(), req, &resp);
+  // A failed commit discards the put in the store.
   if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore CommitPut");
   return absl::OkStatus();
 }

@@ -1,10 +1,11 @@
 // A daemon's connection to vc-kvstore: the gRPC control plane (lookup,
-// two-phase put, get) and the data plane (TCP or UCX) that chunk bytes are
-// fetched over, on this worker's link class (fast for verifiers, slow for
-// drafters). Every call has a deadline.
+// two-phase put control, get) and the data plane (TCP or UCX) that chunk
+// bytes are fetched and uploaded over, on this worker's link class (fast for
+// verifiers, slow for drafters). Every call has a deadline.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,8 +26,15 @@ struct StoreClientOptions {
   std::string data_plane = "tcp";
   std::string data_address;
   transport::LinkClass link = transport::LinkClass::kFast;
+  // Deadline of each control RPC, fetch and stage call. Default 10 s.
   std::chrono::milliseconds timeout{10000};
   int max_message_bytes = 64 << 20;
+  // PutAll over the data plane sends a put in stage calls of at most this
+  // many value bytes and entries (one larger entry goes alone; the store's
+  // data plane bounds it). Defaults 64 MiB and 1024 (the store's default
+  // max_entries_per_stage).
+  int64_t stage_batch_bytes = int64_t{64} << 20;
+  int stage_batch_entries = 1024;
 };
 
 class StoreClient {
@@ -44,7 +52,10 @@ class StoreClient {
   // One value over the control plane (small entries such as manifests).
   absl::StatusOr<std::string> Get(const std::string& key);
   // Writes every entry in one two-phase put: all become visible at once or
-  // none (aborted on any error). Entries are staged one message each.
+  // none (aborted on any error). BeginPut and CommitPut/AbortPut go over
+  // gRPC; the entries' bytes go over the data plane in stage calls (batched
+  // by stage_batch_bytes / _entries), or, for a client without a data
+  // plane, in one StageChunk RPC each.
   absl::Status PutAll(const std::vector<std::pair<std::string, std::string>>& entries);
 
   // Per-key maintenance (control plane): Delete, Pin, Unpin.

@@ -70,13 +70,14 @@ KvStoreService::KvStoreService(KvStore* store, metrics::Registry* registry) : st
                      "register vericache_kvstore_evictions_total")
                     ->Get();
   link_bytes_ = Must(registry->AddCounter("vericache_link_bytes_total",
-                                          "Chunk bytes sent by the data plane, by link class.",
+                                          "Bytes the data plane carried (fetch responses and "
+                                          "stage uploads), by link class.",
                                           {"link"}),
                      "register vericache_link_bytes_total");
-  link_busy_ = Must(registry->AddCounter("vericache_link_busy_seconds_total",
-                                         "Seconds a link class was sending (utilisation = rate).",
-                                         {"link"}),
-                    "register vericache_link_busy_seconds_total");
+  link_busy_ =
+      Must(registry->AddCounter("vericache_link_busy_seconds_total",
+                                "Seconds a link class was busy (utilisation = rate).", {"link"}),
+           "register vericache_link_busy_seconds_total");
   link_capacity_ = Must(registry->AddGauge("vericache_link_capacity_bytes_per_second",
                                            "Paced bandwidth of a link class (0: unpaced).",
                                            {"link"}),
@@ -127,14 +128,34 @@ grpc::ServerUnaryReactor* KvStoreService::Handle(grpc::CallbackServerContext* ct
   } catch (const std::exception& e) {  // no exception crosses the service edge
     status = absl::InternalError(absl::StrCat(method, ": ", e.what()));
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  seconds_->Labels({method}).Observe(secs);
-  requests_->Labels({method, absl::StatusCodeToString(status.code())}).Inc();
+  Record(method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+         status);
   RefreshStoreMetrics();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+void KvStoreService::Record(const char* method, double seconds, const absl::Status& status) {
+  seconds_->Labels({method}).Observe(seconds);
+  requests_->Labels({method, absl::StatusCodeToString(status.code())}).Inc();
+}
+
+absl::Status KvStoreService::StageEntry(uint64_t put_id, const std::string& key,
+                                        std::string value) {
+  VC_RETURN_IF_ERROR(ValidateRawKey(key, "key"));
+  return store_->Stage(put_id, key, std::move(value));
+}
+
+absl::Status KvStoreService::StageFromDataPlane(uint64_t put_id, const std::string& key,
+                                                std::string value) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = StageEntry(put_id, key, std::move(value));
+  // The store's gauges are refreshed by the daemon's timer, not per entry: a
+  // stage carries up to max_entries_per_stage of them.
+  Record("DataPlaneStage",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), status);
+  return status;
 }
 
 grpc::ServerUnaryReactor* KvStoreService::Lookup(grpc::CallbackServerContext* ctx,
@@ -175,8 +196,7 @@ grpc::ServerUnaryReactor* KvStoreService::StageChunk(grpc::CallbackServerContext
                                                      const pb::StageChunkRequest* req,
                                                      pb::StageChunkResponse* /*resp*/) {
   return Handle(ctx, "StageChunk", [&]() -> absl::Status {
-    VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
-    return store_->Stage(req->put_id(), req->key(), req->value());
+    return StageEntry(req->put_id(), req->key(), req->value());
   });
 }
 
@@ -257,7 +277,9 @@ grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
         pb::LinkStat* out = resp->add_links();
         out->set_link(transport::LinkClassName(link));
         out->set_bytes_total(ls.bytes_total);
+        out->set_bytes_received(ls.bytes_received);
         out->set_fetches(ls.fetches);
+        out->set_stages(ls.stages);
         out->set_busy_seconds(ls.busy_seconds);
         out->set_capacity_bytes_per_second(ls.capacity_bytes_per_second);
         out->set_slot_seconds(ls.slots.slot_seconds);

@@ -1,6 +1,9 @@
 // gRPC control plane of vc-kvstore (vericache.v1.KvStore): validates every
 // request, forwards it to a vc::kvstore::KvStore, maps absl::Status onto
 // grpc::Status (same code, message kept) and records per-method metrics.
+// It also stages the entries that writers upload over the data plane
+// (StageFromDataPlane, the data plane server's stager), through the same
+// validation, store call and metrics as the StageChunk RPC.
 //
 // Uses the gRPC callback API. Handlers run the store call inline on gRPC's
 // callback threads (the store takes one mutex; RocksDB commits may fsync).
@@ -12,8 +15,8 @@
 
 #include "absl/status/status.h"
 #include "common/kvstore/kv_store.h"
-#include "common/transport/data_plane.h"
 #include "common/metrics/metrics.h"
+#include "common/transport/data_plane.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
 namespace vc::kvstore {
@@ -65,6 +68,12 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
                                  const vericache::v1::StatRequest* req,
                                  vericache::v1::StatResponse* resp) override;
 
+  // One entry of a two-phase put, uploaded over the data plane: validated
+  // and staged like a StageChunk RPC, and counted in the same request
+  // metrics under method "DataPlaneStage". Thread-safe (the data plane calls
+  // it from its connection threads).
+  absl::Status StageFromDataPlane(uint64_t put_id, const std::string& key, std::string value);
+
   // The data plane serving this store's chunk bytes: Stat advertises it and
   // reports its per-link counters. Must outlive the service.
   void AttachDataPlane(transport::DataPlaneServer* data_plane) { data_plane_ = data_plane; }
@@ -79,6 +88,10 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
   template <typename Body>
   grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* ctx, const char* method,
                                    Body&& body);
+  // Records one request of `method` that took `seconds` and ended in `status`.
+  void Record(const char* method, double seconds, const absl::Status& status);
+  // The staging path shared by StageChunk and StageFromDataPlane.
+  absl::Status StageEntry(uint64_t put_id, const std::string& key, std::string value);
 
   KvStore* store_;
   metrics::CounterFamily* requests_;

@@ -1,6 +1,8 @@
 // `vc-kvstore`: the KV chunk store daemon (DESIGN.md section 7): gRPC
 // control plane (vericache.v1.KvStore), a data plane (TCP or UCX) that
-// workers fetch chunk bytes over, paced per link class, grpc.health.v1, and
+// workers fetch chunk bytes over and upload the chunks of their puts over
+// (staged into the put named by the control plane's BeginPut), paced per
+// link class, grpc.health.v1, and
 // Prometheus /metrics. SIGTERM/SIGINT drain: health goes NOT_SERVING, the
 // server shuts down with a deadline, exit 0.
 // Exit codes: 0 ok, 1 runtime failure, 2 bad flags.
@@ -8,14 +10,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -98,9 +101,9 @@ int main(int argc, char** argv) {
   flags.Add("--data-listen", &opts.data_listen, "HOST:PORT",
             "data plane address (port 0 picks a free one)");
   flags.Add("--fast-link-bytes-per-second", &opts.fast_link_bytes_per_second, "N",
-            "pace the store->verifier link (0: unpaced)");
+            "pace the store<->verifier link, fetches and uploads (0: unpaced)");
   flags.Add("--slow-link-bytes-per-second", &opts.slow_link_bytes_per_second, "N",
-            "pace the store->drafter link (0: unpaced)");
+            "pace the store<->drafter link, fetches and uploads (0: unpaced)");
   flags.Add("--fast-link-latency-ms", &opts.fast_link_latency_ms, "X",
             "latency added to each store->verifier response");
   flags.Add("--slow-link-latency-ms", &opts.slow_link_latency_ms, "X",
@@ -193,8 +196,13 @@ int main(int argc, char** argv) {
   dp_opts.slow.latency_seconds = opts.slow_link_latency_ms / 1000.0;
   dp_opts.slot_seconds = opts.link_slot_seconds;
   vc::kvstore::KvStore* raw_store = store->get();
+  // Fetches read the store; uploads go through the service's staging path
+  // (the StageChunk RPC's validation and metrics).
   auto data_plane = vc::transport::DataPlaneServer::Create(
-      dp_opts, [raw_store](const std::string& key) { return raw_store->Get(key); });
+      dp_opts, [raw_store](const std::string& key) { return raw_store->Get(key); },
+      [&service](uint64_t put_id, const std::string& key, std::string value) {
+        return service.StageFromDataPlane(put_id, key, std::move(value));
+      });
   if (!data_plane.ok()) return Fail(data_plane.status().ToString());
   service.AttachDataPlane(data_plane->get());
 

@@ -61,11 +61,14 @@ LinkSlotCounters SlotCounters::Snapshot() const {
 LinkPacer::LinkPacer(const LinkPacing& pacing, TimePoint epoch, double slot_seconds, int max_slots)
     : pacing_(pacing), epoch_(epoch), next_free_(epoch), counters_(slot_seconds, max_slots) {}
 
-absl::Status LinkPacer::Acquire(int64_t bytes, TimePoint deadline, const StopSignal& stop) {
+absl::Status LinkPacer::Acquire(int64_t bytes, TimePoint deadline, const StopSignal& stop,
+                                Flow flow) {
+  const int64_t inbound = flow == Flow::kIn ? bytes : 0;
   if (!paced()) {
     std::lock_guard<std::mutex> lock(mu_);
     counters_.Add(std::chrono::duration<double>(Clock::now() - epoch_).count(), bytes);
     bytes_total_ += bytes;
+    bytes_received_ += inbound;
     return absl::OkStatus();
   }
   const double transmit_seconds = static_cast<double>(bytes) / pacing_.bytes_per_second;
@@ -77,8 +80,9 @@ absl::Status LinkPacer::Acquire(int64_t bytes, TimePoint deadline, const StopSig
                           std::chrono::duration<double>(transmit_seconds));
     if (release > deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("the paced ", pacing_.bytes_per_second,
-                       " B/s link cannot send the response before the client's deadline"));
+          absl::StrCat("the paced ", pacing_.bytes_per_second, " B/s link cannot ",
+                       flow == Flow::kIn ? "take the upload" : "send the response",
+                       " before the client's deadline"));
     }
     next_free_ = release;
   }
@@ -86,14 +90,16 @@ absl::Status LinkPacer::Acquire(int64_t bytes, TimePoint deadline, const StopSig
   std::lock_guard<std::mutex> lock(mu_);
   counters_.Add(std::chrono::duration<double>(release - epoch_).count(), bytes);
   bytes_total_ += bytes;
+  bytes_received_ += inbound;
   busy_seconds_ += transmit_seconds;
   return absl::OkStatus();
 }
 
-void LinkPacer::BeginResponse() {
+void LinkPacer::BeginResponse(Exchange kind) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++fetches_;  // counted before any byte goes out, so a client that has its
-               // response always finds it counted
+  // Counted before any byte of the answer goes out, so a client that has
+  // its answer always finds it counted.
+  ++(kind == Exchange::kFetch ? fetches_ : stages_);
   if (active_responses_++ == 0) busy_since_ = Clock::now();
 }
 
@@ -108,7 +114,9 @@ LinkStats LinkPacer::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   LinkStats s;
   s.bytes_total = bytes_total_;
+  s.bytes_received = bytes_received_;
   s.fetches = fetches_;
+  s.stages = stages_;
   s.busy_seconds = busy_seconds_;
   s.capacity_bytes_per_second = pacing_.bytes_per_second;
   s.slots = counters_.Snapshot();

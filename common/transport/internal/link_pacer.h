@@ -1,6 +1,9 @@
-// Pacing and byte accounting of one link class on the sending side (the
-// store). Shared by every backend: a response goes out as pieces, and each
-// piece first passes Acquire().
+// Pacing and byte accounting of one link class at the store. Shared by every
+// backend: a response goes out as pieces, and each piece first passes
+// Acquire(); an upload (stage request) is read in pieces, and each piece
+// passes Acquire() before it is read (receiver-side pacing). Both directions
+// share one bucket, so the link is modelled as one channel whose capacity
+// reads and writes split between them.
 //
 // The bucket is kept as "the time the link is next free": a piece of n bytes
 // is released at max(now, next_free) + n / bytes_per_second, i.e. at the
@@ -55,6 +58,11 @@ class SlotCounters {
   std::deque<int64_t> bytes_;
 };
 
+// Which way a piece crosses the link, seen from the store.
+enum class Flow { kOut, kIn };
+// What a bracketed exchange is, for the per-kind counts in LinkStats.
+enum class Exchange { kFetch, kStage };
+
 class LinkPacer {
  public:
   LinkPacer(const LinkPacing& pacing, TimePoint epoch, double slot_seconds, int max_slots);
@@ -64,11 +72,14 @@ class LinkPacer {
 
   // Waits until `bytes` may leave on this link and counts them. Unpaced:
   // returns at once. DeadlineExceeded if the release time is past
-  // `deadline` (nothing is counted), Cancelled if `stop` is raised.
-  absl::Status Acquire(int64_t bytes, TimePoint deadline, const StopSignal& stop);
+  // `deadline` (nothing is counted), Cancelled if `stop` is raised. Inbound
+  // bytes are also counted in LinkStats::bytes_received.
+  absl::Status Acquire(int64_t bytes, TimePoint deadline, const StopSignal& stop,
+                       Flow flow = Flow::kOut);
 
-  // Brackets one response, for the unpaced busy time and the fetch count.
-  void BeginResponse();
+  // Brackets one exchange, for the unpaced busy time and the fetch / stage
+  // counts.
+  void BeginResponse(Exchange kind = Exchange::kFetch);
   void EndResponse();
 
   LinkStats Stats() const;
@@ -80,7 +91,9 @@ class LinkPacer {
   TimePoint next_free_;
   SlotCounters counters_;
   int64_t bytes_total_ = 0;
+  int64_t bytes_received_ = 0;
   int64_t fetches_ = 0;
+  int64_t stages_ = 0;
   double busy_seconds_ = 0;
   int active_responses_ = 0;
   TimePoint busy_since_;

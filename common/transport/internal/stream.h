@@ -39,6 +39,24 @@ class ByteStream {
   virtual absl::Status Write(std::string data, TimePoint deadline) = 0;
   // Fails pending and later reads and writes with Unavailable.
   virtual void Close() = 0;
+
+  // Bytes the transport itself reported sent on this stream (TCP: send()
+  // results; UCX: lengths of completed stream sends).
+  int64_t bytes_sent() const { return sent_.load(); }
+  // Also advance `counter` for every byte sent from now on, live. Set it
+  // before the stream is used; it must outlive the stream.
+  void ShareSentCounter(std::atomic<int64_t>* counter) { shared_sent_ = counter; }
+
+ protected:
+  // Backends call this with the count their transport reported sent.
+  void CountSent(size_t n) {
+    sent_.fetch_add(static_cast<int64_t>(n));
+    if (shared_sent_ != nullptr) shared_sent_->fetch_add(static_cast<int64_t>(n));
+  }
+
+ private:
+  std::atomic<int64_t> sent_{0};
+  std::atomic<int64_t>* shared_sent_ = nullptr;
 };
 
 class Listener {

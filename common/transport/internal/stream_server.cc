@@ -14,7 +14,7 @@
 namespace vc::transport::internal {
 namespace {
 
-// Requests whose key count or body is over the limits are still read (and
+// Requests whose count or body is over the limits are still read (and
 // dropped) up to this size so the connection stays usable; past it the
 // connection is closed after the error response.
 constexpr uint64_t kMaxDrainBytes = uint64_t{64} << 20;
@@ -68,12 +68,75 @@ class PacedWriter {
   std::string buffer_;
 };
 
+// Reads a stage body of known length in pieces, taking each piece's tokens
+// from the link's bucket before reading it (receiver-side pacing: while the
+// server waits, the sender is held back by the transport's flow control, so
+// an upload takes at least its bytes over the link's bandwidth and shares
+// the bucket with the link's responses).
+class PacedReader {
+ public:
+  PacedReader(BufferedReader* reader, LinkPacer* pacer, int64_t piece_bytes, uint64_t body_bytes,
+              TimePoint deadline, double io_timeout_seconds, const StopSignal* stop)
+      : reader_(reader),
+        pacer_(pacer),
+        piece_(static_cast<uint64_t>(piece_bytes)),
+        left_(body_bytes),
+        deadline_(deadline),
+        io_timeout_seconds_(io_timeout_seconds),
+        stop_(stop) {}
+
+  uint64_t left() const { return left_; }  // body bytes not read yet
+
+  // Reads n <= left() bytes into dst (nullptr: reads and drops them). Each
+  // read must make progress within io_timeout (a stalled peer is dropped),
+  // and all of them finish by the stage's deadline.
+  absl::Status Read(char* dst, uint64_t n) {
+    while (n > 0) {
+      if (credit_ == 0) {
+        const uint64_t grant = std::min(piece_, left_);
+        if (absl::Status s =
+                pacer_->Acquire(static_cast<int64_t>(grant), deadline_, *stop_, Flow::kIn);
+            !s.ok()) {
+          return s;
+        }
+        credit_ = grant;
+      }
+      const uint64_t take = std::min(n, credit_);
+      const TimePoint stall = DeadlineAfter(io_timeout_seconds_);
+      if (absl::Status s = reader_->ReadExact(dst, take, std::min(deadline_, stall)); !s.ok()) {
+        // A stalled peer is not a deadline the client waits for: hang up
+        // now rather than hold the connection until its deadline.
+        if (absl::IsDeadlineExceeded(s) && stall < deadline_) {
+          return absl::UnavailableError("stage upload stalled past io_timeout");
+        }
+        return s;
+      }
+      if (dst != nullptr) dst += take;
+      credit_ -= take;
+      left_ -= take;
+      n -= take;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  BufferedReader* reader_;
+  LinkPacer* pacer_;
+  const uint64_t piece_;
+  uint64_t left_;
+  uint64_t credit_ = 0;  // bytes whose tokens were taken but not read yet
+  const TimePoint deadline_;
+  const double io_timeout_seconds_;
+  const StopSignal* stop_;
+};
+
 class StreamServer : public DataPlaneServer {
  public:
-  StreamServer(const DataPlaneServerOptions& options, BlobLookup lookup,
+  StreamServer(const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager,
                std::unique_ptr<Listener> listener)
       : options_(options),
         lookup_(std::move(lookup)),
+        stager_(std::move(stager)),
         listener_(std::move(listener)),
         epoch_(Clock::now()),
         fast_(options.fast, epoch_, options.slot_seconds, options.max_tracked_slots),
@@ -165,6 +228,7 @@ class StreamServer : public DataPlaneServer {
       (void)stream->Write(EncodeErrorResponse(header.status()), io_deadline);
       return false;
     }
+    if (header->type == kTypeStageRequest) return HandleStage(stream, reader, *header, io_deadline);
     const uint64_t body_limit =
         static_cast<uint64_t>(options_.max_keys_per_fetch) * (4 + options_.max_key_bytes);
     absl::Status refused;
@@ -207,6 +271,134 @@ class StreamServer : public DataPlaneServer {
     return sent.ok();
   }
 
+  // Piece size of paced transfers on `pacer`'s link (larger when unpaced:
+  // fewer transport operations, nothing to shape).
+  int64_t PieceBytes(const LinkPacer& pacer) const {
+    return pacer.paced() ? options_.write_piece_bytes
+                         : std::max(kUnpacedPieceBytes, options_.write_piece_bytes);
+  }
+
+  // One stage request and its answer; false if the connection must close.
+  bool HandleStage(ByteStream* stream, BufferedReader* reader, const RequestHeader& header,
+                   TimePoint io_deadline) {
+    // The client's deadline bounds the whole stage (a long paced upload may
+    // legitimately outlast io_timeout; each piece must still arrive within
+    // it).
+    const TimePoint deadline = header.timeout_ms > 0
+                                   ? Clock::now() + std::chrono::milliseconds(header.timeout_ms)
+                                   : io_deadline;
+    LinkPacer& pacer = Pacer(header.link);
+    pacer.BeginResponse(Exchange::kStage);
+    bool in_step = true;
+    absl::Status answer;
+    absl::Status io = ReceiveStage(reader, &pacer, header, deadline, &answer, &in_step);
+    if (io.ok()) {
+      PacedWriter writer(stream, &pacer, PieceBytes(pacer), deadline, &stop_);
+      if (answer.ok()) {
+        ResponseHeader rh;
+        rh.count = header.key_count;
+        io = writer.Append(EncodeResponseHeader(rh));
+      } else {
+        io = writer.Append(EncodeErrorResponse(answer));
+      }
+      if (io.ok()) io = writer.Flush();
+    }
+    pacer.EndResponse();
+    if (absl::IsDeadlineExceeded(io)) {
+      // As for fetches: the client gives up at its deadline and must see
+      // DeadlineExceeded then, not an early close.
+      stop_.SleepUntil(deadline + std::chrono::milliseconds(200));
+    }
+    return io.ok() && in_step;
+  }
+
+  // Reads a stage body, handing each entry to the stager as it lands. A
+  // refusal or the first failure goes to *answer, and the rest of the body
+  // is read and dropped (so the connection stays in step), except for a
+  // refused header whose body is over kMaxDrainBytes (*in_step = false: the
+  // answer is sent, then the connection closes). The returned Status is a
+  // transport failure or a deadline: no answer, close.
+  absl::Status ReceiveStage(BufferedReader* reader, LinkPacer* pacer, const RequestHeader& header,
+                            TimePoint deadline, absl::Status* answer, bool* in_step) {
+    // The header crossed the link too.
+    if (absl::Status s =
+            pacer->Acquire(static_cast<int64_t>(kRequestHeaderBytes), deadline, stop_, Flow::kIn);
+        !s.ok()) {
+      return s;
+    }
+    PacedReader body(reader, pacer, PieceBytes(*pacer), header.body_bytes, deadline,
+                     options_.io_timeout_seconds, &stop_);
+    // Refusals decided from the header alone, before anything is allocated.
+    if (!stager_) {
+      *answer = absl::UnimplementedError(
+          "this data plane server takes no stage requests (it has no stager); use the control "
+          "plane's StageChunk");
+    } else if (header.key_count > static_cast<uint32_t>(options_.max_entries_per_stage)) {
+      *answer = absl::InvalidArgumentError(absl::StrCat("stage of ", header.key_count,
+                                                        " entries exceeds max_entries_per_stage ",
+                                                        options_.max_entries_per_stage));
+    } else if (header.body_bytes > static_cast<uint64_t>(options_.max_stage_body_bytes)) {
+      *answer = absl::ResourceExhaustedError(
+          absl::StrCat("stage request body of ", header.body_bytes,
+                       " bytes exceeds max_stage_body_bytes ", options_.max_stage_body_bytes));
+    }
+    if (!answer->ok()) {
+      if (header.body_bytes > kMaxDrainBytes) {
+        *in_step = false;
+        return absl::OkStatus();
+      }
+      return body.Read(nullptr, body.left());
+    }
+
+    const uint32_t max_key = static_cast<uint32_t>(options_.max_key_bytes);
+    for (uint32_t i = 0; i < header.key_count; ++i) {
+      auto ends_inside = [&] {
+        return absl::InvalidArgumentError(absl::StrCat("stage request body ends inside entry ", i));
+      };
+      char len_bytes[8];
+      if (body.left() < 4) {
+        *answer = ends_inside();
+        break;
+      }
+      if (absl::Status s = body.Read(len_bytes, 4); !s.ok()) return s;
+      const uint32_t key_len = GetU32(len_bytes);
+      if (key_len > max_key) {
+        *answer = absl::InvalidArgumentError(absl::StrCat(
+            "stage entry ", i, " has a key of ", key_len, " bytes; the limit is ", max_key));
+        break;
+      }
+      if (body.left() < uint64_t{key_len} + 8) {
+        *answer = ends_inside();
+        break;
+      }
+      std::string key(key_len, '\0');
+      if (absl::Status s = body.Read(key.data(), key_len); !s.ok()) return s;
+      if (absl::Status s = body.Read(len_bytes, 8); !s.ok()) return s;
+      const uint64_t value_len = GetU64(len_bytes);
+      if (value_len > body.left()) {  // bounds the allocation by the checked body size
+        *answer = absl::InvalidArgumentError(absl::StrCat("stage entry ", i, " claims a value of ",
+                                                          value_len, " bytes; the body has ",
+                                                          body.left(), " left"));
+        break;
+      }
+      std::string value(value_len, '\0');
+      if (absl::Status s = body.Read(value.data(), value_len); !s.ok()) return s;
+      absl::Status staged = stager_(header.put_id, key, std::move(value));
+      if (!staged.ok()) {
+        *answer =
+            absl::Status(staged.code(), absl::StrCat("key ", KeyHex(key), ": ", staged.message()));
+        break;
+      }
+    }
+    if (answer->ok() && body.left() > 0) {
+      *answer = absl::InvalidArgumentError(
+          absl::StrCat("stage request body has ", body.left(), " bytes after its entries"));
+    }
+    // The body's size passed the limits: read the rest, keeping the
+    // connection in step so the client gets the answer.
+    return body.Read(nullptr, body.left());
+  }
+
   // Sends the response; an error means the connection must close.
   absl::Status Respond(ByteStream* stream, LinkPacer* pacer, const RequestHeader& header,
                        const std::string& body, TimePoint deadline) {
@@ -214,9 +406,7 @@ class StreamServer : public DataPlaneServer {
         DecodeRequestBody(body, header.key_count, static_cast<uint32_t>(options_.max_key_bytes));
     const int64_t max_bytes = std::min<uint64_t>(static_cast<uint64_t>(options_.max_response_bytes),
                                                  header.max_response_bytes);
-    const int64_t piece = pacer->paced() ? options_.write_piece_bytes
-                                         : std::max(kUnpacedPieceBytes, options_.write_piece_bytes);
-    PacedWriter writer(stream, pacer, piece, deadline, &stop_);
+    PacedWriter writer(stream, pacer, PieceBytes(*pacer), deadline, &stop_);
     auto fail = [&](const absl::Status& status) {
       if (absl::Status s = writer.Append(EncodeErrorResponse(status)); !s.ok()) return s;
       return writer.Flush();
@@ -259,6 +449,7 @@ class StreamServer : public DataPlaneServer {
 
   const DataPlaneServerOptions options_;
   const BlobLookup lookup_;
+  const BlobStager stager_;  // null: stage requests are refused
   std::unique_ptr<Listener> listener_;
   const TimePoint epoch_;
   LinkPacer fast_, slow_;
@@ -271,9 +462,10 @@ class StreamServer : public DataPlaneServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> StartStreamServer(
-    const DataPlaneServerOptions& options, BlobLookup lookup, std::unique_ptr<Listener> listener) {
+    const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager,
+    std::unique_ptr<Listener> listener) {
   return std::unique_ptr<DataPlaneServer>(
-      new StreamServer(options, std::move(lookup), std::move(listener)));
+      new StreamServer(options, std::move(lookup), std::move(stager), std::move(listener)));
 }
 
 }  // namespace vc::transport::internal

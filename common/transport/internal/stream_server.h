@@ -1,6 +1,7 @@
 // The data plane server over any backend's Listener: one accept thread, one
 // thread per connection (at most max_connections), the framing of wire.h,
-// and every response paced through its link class's LinkPacer.
+// every response paced through its link class's LinkPacer, and every stage
+// upload read through it.
 #pragma once
 
 #include <memory>
@@ -13,6 +14,7 @@
 namespace vc::transport::internal {
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> StartStreamServer(
-    const DataPlaneServerOptions& options, BlobLookup lookup, std::unique_ptr<Listener> listener);
+    const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager,
+    std::unique_ptr<Listener> listener);
 
 }  // namespace vc::transport::internal

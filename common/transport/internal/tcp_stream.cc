@@ -58,6 +58,7 @@ class TcpStream : public ByteStream {
       const ssize_t n = ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
       if (n > 0) {
         done += static_cast<size_t>(n);
+        CountSent(static_cast<size_t>(n));  // what the kernel took
         continue;
       }
       if (n < 0 && errno == EINTR) continue;

@@ -235,8 +235,9 @@ class UcxStream : public ByteStream {
       auto* holder = new std::shared_ptr<Op>(op);
       p.user_data = holder;
       ucs_status_ptr_t r = ucp_stream_send_nbx(ep_, op->buffer.data(), op->buffer.size(), &p);
-      if (r == nullptr) {
+      if (r == nullptr) {  // completed at once; no callback
         delete holder;
+        CountSent(op->buffer.size());
         return absl::OkStatus();
       }
       if (UCS_PTR_IS_ERR(r)) {
@@ -244,7 +245,10 @@ class UcxStream : public ByteStream {
         return UcxError("UCX stream send", UCS_PTR_STATUS(r));
       }
     }
-    return Wait(*op, deadline);
+    absl::Status done = Wait(*op, deadline);
+    // A stream send completes whole: UCX reported the buffer sent.
+    if (done.ok()) CountSent(op->buffer.size());
+    return done;
   }
 
   void Close() override {

@@ -18,13 +18,31 @@ void PutU32(std::string* out, uint32_t v) {
 uint16_t GetU16(const char* p) {
   return static_cast<uint16_t>(static_cast<uint8_t>(p[0]) | (static_cast<uint8_t>(p[1]) << 8));
 }
+
+// The 32-byte header of either request type.
+std::string EncodeHeader(uint16_t type, LinkClass link, uint32_t count, uint32_t body_bytes,
+                         uint32_t timeout_ms, uint64_t arg) {
+  std::string out;
+  out.reserve(kRequestHeaderBytes);
+  PutU32(&out, kMagic);
+  PutU16(&out, kVersion);
+  PutU16(&out, type);
+  out.push_back(static_cast<char>(link == LinkClass::kFast ? 0 : 1));
+  out.append(3, '\0');
+  PutU32(&out, count);
+  PutU32(&out, body_bytes);
+  PutU32(&out, timeout_ms);
+  PutU64(&out, arg);
+  return out;
+}
+
+}  // namespace
+
 uint32_t GetU32(const char* p) {
   uint32_t v = 0;
   for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
 }
-
-}  // namespace
 
 void PutU64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -51,17 +69,9 @@ absl::StatusOr<std::string> EncodeRequest(const std::vector<std::string>& keys, 
     return absl::InvalidArgumentError(
         absl::StrCat("fetch request body of ", body_bytes, " bytes does not fit the framing"));
   }
-  std::string out;
+  std::string out = EncodeHeader(kTypeFetchRequest, link, static_cast<uint32_t>(keys.size()),
+                                 static_cast<uint32_t>(body_bytes), timeout_ms, max_response_bytes);
   out.reserve(kRequestHeaderBytes + body_bytes);
-  PutU32(&out, kMagic);
-  PutU16(&out, kVersion);
-  PutU16(&out, kTypeFetchRequest);
-  out.push_back(static_cast<char>(link == LinkClass::kFast ? 0 : 1));
-  out.append(3, '\0');
-  PutU32(&out, static_cast<uint32_t>(keys.size()));
-  PutU32(&out, static_cast<uint32_t>(body_bytes));
-  PutU32(&out, timeout_ms);
-  PutU64(&out, max_response_bytes);
   for (const std::string& key : keys) {
     PutU32(&out, static_cast<uint32_t>(key.size()));
     out.append(key);
@@ -69,23 +79,60 @@ absl::StatusOr<std::string> EncodeRequest(const std::vector<std::string>& keys, 
   return out;
 }
 
+std::string EncodeStageHeader(uint64_t put_id, LinkClass link, uint32_t entry_count,
+                              uint32_t body_bytes, uint32_t timeout_ms) {
+  return EncodeHeader(kTypeStageRequest, link, entry_count, body_bytes, timeout_ms, put_id);
+}
+
+absl::StatusOr<uint32_t> StageBodyBytes(
+    absl::Span<const std::pair<std::string, std::string>> entries) {
+  constexpr uint64_t kU32Max = std::numeric_limits<uint32_t>::max();
+  if (entries.size() > kU32Max) return absl::InvalidArgumentError("too many entries for one stage");
+  uint64_t body_bytes = 0;
+  for (const auto& [key, value] : entries) {
+    if (key.size() > kU32Max)
+      return absl::InvalidArgumentError("stage key does not fit the framing");
+    body_bytes += kStageEntryFramingBytes + key.size() + value.size();
+  }
+  if (body_bytes > kU32Max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage request body of ", body_bytes, " bytes does not fit the framing"));
+  }
+  return static_cast<uint32_t>(body_bytes);
+}
+
+std::string EncodeStageEntryHead(const std::string& key, uint64_t value_bytes) {
+  std::string out;
+  out.reserve(kStageEntryFramingBytes + key.size());
+  PutU32(&out, static_cast<uint32_t>(key.size()));
+  out.append(key);
+  PutU64(&out, value_bytes);
+  return out;
+}
+
 absl::StatusOr<RequestHeader> DecodeRequestHeader(const char* bytes) {
-  if (GetU32(bytes) != kMagic) return absl::InvalidArgumentError("bad magic in fetch request");
+  if (GetU32(bytes) != kMagic) return absl::InvalidArgumentError("bad magic in data plane request");
   if (uint16_t v = GetU16(bytes + 4); v != kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported data plane protocol version ", v,
                                                    " (this server speaks ", kVersion, ")"));
   }
-  if (uint16_t t = GetU16(bytes + 6); t != kTypeFetchRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("unexpected message type ", t));
+  const uint16_t type = GetU16(bytes + 6);
+  if (type != kTypeFetchRequest && type != kTypeStageRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected message type ", type));
   }
   RequestHeader h;
+  h.type = type;
   const uint8_t link = static_cast<uint8_t>(bytes[8]);
   if (link > 1) return absl::InvalidArgumentError(absl::StrCat("unknown link class ", link));
   h.link = link == 0 ? LinkClass::kFast : LinkClass::kSlow;
   h.key_count = GetU32(bytes + 12);
   h.body_bytes = GetU32(bytes + 16);
   h.timeout_ms = GetU32(bytes + 20);
-  h.max_response_bytes = GetU64(bytes + 24);
+  if (type == kTypeFetchRequest) {
+    h.max_response_bytes = GetU64(bytes + 24);
+  } else {
+    h.put_id = GetU64(bytes + 24);
+  }
   return h;
 }
 

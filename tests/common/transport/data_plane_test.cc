@@ -62,14 +62,7 @@ class DataPlaneTest : public ::testing::TestWithParam<std::string> {
 
   // The per-slot bound of a paced link and the counters' sum.
   static void CheckSlots(const LinkStats& st, double bytes_per_second, int64_t piece) {
-    const int64_t bound =
-        static_cast<int64_t>(std::ceil(bytes_per_second * st.slots.slot_seconds)) + piece;
-    int64_t sum = 0;
-    for (size_t k = 0; k < st.slots.bytes_per_slot.size(); ++k) {
-      EXPECT_LE(st.slots.bytes_per_slot[k], bound) << "slot " << st.slots.first_slot + int64_t(k);
-      sum += st.slots.bytes_per_slot[k];
-    }
-    EXPECT_EQ(sum, st.bytes_total);
+    testing::ExpectSlotsWithinBound(st, bytes_per_second, piece);
   }
 
   std::shared_ptr<const Blobs> blobs_;

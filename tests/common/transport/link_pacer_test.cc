@@ -70,6 +70,24 @@ TEST(LinkPacerTest, UnpacedCountsWithoutWaiting) {
   EXPECT_EQ(sum, 1024);
 }
 
+TEST(LinkPacerTest, InboundBytesShareTheLinkAndAreCountedApart) {
+  StopSignal stop;
+  LinkPacer p(LinkPacing{1e9, 0}, Clock::now(), 0.05, 100);
+  p.BeginResponse(Exchange::kStage);
+  ASSERT_TRUE(p.Acquire(1000, TimePoint::max(), stop, Flow::kIn).ok());
+  ASSERT_TRUE(p.Acquire(24, TimePoint::max(), stop).ok());  // the answer goes out
+  p.EndResponse();
+  p.BeginResponse();
+  ASSERT_TRUE(p.Acquire(500, TimePoint::max(), stop).ok());
+  p.EndResponse();
+  const LinkStats st = p.Stats();
+  EXPECT_EQ(st.bytes_total, 1524);
+  EXPECT_EQ(st.bytes_received, 1000);
+  EXPECT_EQ(st.stages, 1);
+  EXPECT_EQ(st.fetches, 1);
+  EXPECT_NEAR(st.busy_seconds, 1524 / 1e9, 1e-12);
+}
+
 TEST(LinkPacerTest, PacedPiecesTakeAtLeastBytesOverBandwidthAndRespectTheSlotBound) {
   constexpr double kBandwidth = 2e6;
   constexpr int64_t kPiece = 20'000;

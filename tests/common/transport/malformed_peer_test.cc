@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <thread>
@@ -220,6 +221,66 @@ TEST_F(MalformedClientTest, StalledRequestIsDroppedAfterTheIoTimeout) {
   ::close(fd);
   EXPECT_TRUE(reply.empty());
   ExpectStillServing();
+}
+
+TEST(MalformedStageTest, ValueOverrunningTheBodyIsRefusedBeforeAllocating) {
+  // A stage whose entry claims a 1 TiB value inside a 20-byte body: refused
+  // with InvalidArgument, nothing staged, the connection kept in step.
+  std::atomic<int> staged{0};
+  auto server = DataPlaneServer::Create(
+      DataPlaneServerOptions(),
+      [](const std::string&) -> absl::StatusOr<std::string> { return std::string("v"); },
+      [&staged](uint64_t, const std::string&, std::string) {
+        staged.fetch_add(1);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string body = internal::EncodeStageEntryHead("key", uint64_t{1} << 40);
+  body.append(20 - body.size() + 3, 'x');
+  const std::string header =
+      internal::EncodeStageHeader(7, LinkClass::kFast, 1, static_cast<uint32_t>(body.size()), 0);
+  const int fd = Connect((*server)->address());
+  SendAll(fd, header + body);
+  char reply[internal::kResponseHeaderBytes];
+  ASSERT_EQ(::recv(fd, reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
+  auto h = internal::DecodeResponseHeader(reply);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  std::string message(h->message_bytes, '\0');
+  ASSERT_EQ(::recv(fd, message.data(), message.size(), MSG_WAITALL),
+            static_cast<ssize_t>(message.size()));
+  EXPECT_NE(message.find("claims a value"), std::string::npos) << message;
+  // Still in step: a fetch on the same connection is answered.
+  SendAll(fd, *internal::EncodeRequest({"k"}, LinkClass::kFast, 0, 1 << 20));
+  ASSERT_EQ(::recv(fd, reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
+  h = internal::DecodeResponseHeader(reply);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->code, 0u);
+  EXPECT_EQ(h->count, 1u);
+  ::close(fd);
+  EXPECT_EQ(staged.load(), 0);
+}
+
+TEST(MalformedStageTest, StalledUploadIsDroppedAfterTheIoTimeout) {
+  // A stage with a 10-minute deadline whose body stops after 10 bytes: the
+  // server hangs up once io_timeout passes without progress, not at the
+  // deadline, and keeps serving.
+  DataPlaneServerOptions o;
+  o.io_timeout_seconds = 0.3;
+  auto server = DataPlaneServer::Create(
+      o, [](const std::string&) -> absl::StatusOr<std::string> { return std::string("v"); },
+      [](uint64_t, const std::string&, std::string) { return absl::OkStatus(); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->address());
+  SendAll(fd, internal::EncodeStageHeader(1, LinkClass::kFast, 1, 1000, 600'000) +
+                  std::string(10, 'x'));
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_GT(::poll(&p, 1, 30'000), 0) << "the server held a stalled upload";
+  char c = 0;
+  EXPECT_LE(::recv(fd, &c, 1, 0), 0);  // closed, no answer
+  ::close(fd);
+  auto v = ClientFor((*server)->address())->Fetch({"k"}, In(30));
+  ASSERT_TRUE(v.ok()) << v.status();
 }
 
 TEST(ConnectionLimitTest, ConnectionsOverTheMaxAreRefused) {

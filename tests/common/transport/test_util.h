@@ -2,6 +2,8 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <random>
@@ -58,6 +60,19 @@ inline Clock::time_point In(double seconds) {
 
 inline double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A paced link's per-slot bound (bandwidth x slot + one piece) holds in
+// every slot, and the slots add up to the link's total.
+inline void ExpectSlotsWithinBound(const LinkStats& st, double bytes_per_second, int64_t piece) {
+  const int64_t bound =
+      static_cast<int64_t>(std::ceil(bytes_per_second * st.slots.slot_seconds)) + piece;
+  int64_t sum = 0;
+  for (size_t k = 0; k < st.slots.bytes_per_slot.size(); ++k) {
+    EXPECT_LE(st.slots.bytes_per_slot[k], bound) << "slot " << st.slots.first_slot + int64_t(k);
+    sum += st.slots.bytes_per_slot[k];
+  }
+  EXPECT_EQ(sum, st.bytes_total);
 }
 
 // Empty if UCX can make a context and worker here, else the reason.

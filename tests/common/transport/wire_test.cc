@@ -3,6 +3,7 @@
 #include "common/transport/internal/wire.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -122,6 +123,29 @@ TEST(WireTest, KeyHexNamesTheKey) {
   const std::string hex = KeyHex(long_key);
   EXPECT_EQ(hex.substr(0, 128), std::string(128, '1'));
   EXPECT_NE(hex.find("100 bytes"), std::string::npos);
+}
+
+TEST(WireTest, StageRequestLayoutIsAsDocumented) {
+  const std::vector<std::pair<std::string, std::string>> entries = {{"ab", "xyz"}, {"", ""}};
+  auto body_bytes = StageBodyBytes(entries);
+  ASSERT_TRUE(body_bytes.ok()) << body_bytes.status();
+  EXPECT_EQ(*body_bytes, (12u + 2 + 3) + 12u);
+  const std::string header =
+      EncodeStageHeader(0x1122334455667788ull, LinkClass::kFast, 2, *body_bytes, 99);
+  ASSERT_EQ(header.size(), kRequestHeaderBytes);
+  EXPECT_EQ(static_cast<uint8_t>(header[6]), 3);      // type = stage request
+  EXPECT_EQ(static_cast<uint8_t>(header[24]), 0x88);  // put id, low byte first
+  auto h = DecodeRequestHeader(header.data());
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->type, kTypeStageRequest);
+  EXPECT_EQ(h->link, LinkClass::kFast);
+  EXPECT_EQ(h->key_count, 2u);
+  EXPECT_EQ(h->body_bytes, *body_bytes);
+  EXPECT_EQ(h->timeout_ms, 99u);
+  EXPECT_EQ(h->put_id, 0x1122334455667788ull);
+  EXPECT_EQ(h->max_response_bytes, 0u);
+  // u32 key length + key + u64 value length; the value follows.
+  EXPECT_EQ(EncodeStageEntryHead("ab", 3), std::string("\x02\0\0\0ab\x03\0\0\0\0\0\0\0", 14));
 }
 
 TEST(WireTest, U64RoundTrip) {

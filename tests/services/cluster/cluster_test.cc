@@ -516,6 +516,77 @@ TEST_F(ClusterTest, UcxDataPlaneCarriesTheChunkBytes) {
     // UCX's own receive completions account for at least the chunk bytes.
     EXPECT_GE(info.data_plane_transport_bytes(), info.data_plane_bytes()) << role;
   }
+  // The ingest's chunk bytes were uploaded over the store's data plane too
+  // (stage requests on the verifier's fast link), not in gRPC messages.
+  ASSERT_TRUE(out.totals.ingested());
+  pb::StatResponse stat;
+  {
+    auto store =
+        pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+    ASSERT_TRUE(store->Stat(ctx.get(), pb::StatRequest(), &stat).ok());
+  }
+  int fast_links = 0;
+  for (const auto& l : stat.links()) {
+    if (l.link() != "fast") continue;
+    ++fast_links;
+    EXPECT_GT(l.stages(), 0);
+    EXPECT_GT(l.bytes_received(), 0);
+  }
+  EXPECT_EQ(fast_links, 1);
+}
+
+TEST_F(ClusterTest, RejectionSamplingIsServedInEveryMode) {
+  // Distribution identity is tested in tests/common/cluster (chi-square over
+  // the split sessions); here the daemons carry the draft distributions end
+  // to end. Plain full-KV decoding under rejection sampling is seeded
+  // sampling, so full_local and full_remote must equal the seeded reference
+  // exactly.
+  StartCluster();
+  const std::vector<int32_t> prompt = Text(72, 21);
+  const std::vector<std::tuple<pb::Mode, std::string, double, int>> runs = {
+      {pb::MODE_VERICACHE, "streamingllm", 0.5, 0}, {pb::MODE_VERICACHE, "kivi", 0, 2},
+      {pb::MODE_VERICACHE, "", 0, 0},               {pb::MODE_FULL_REMOTE, "", 0, 0},
+      {pb::MODE_FULL_LOCAL, "", 0, 0},              {pb::MODE_LOSSY_REMOTE, "int8", 0, 0}};
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& [mode, compressor, ratio, bits] : runs) {
+    Spec s;
+    s.prompt = prompt;
+    s.mode = mode;
+    s.compressor = compressor;
+    s.ratio = ratio;
+    s.bits = bits;
+    s.seeded = true;
+    s.seed = 77;
+    s.draft_len = 4;
+    s.max_new = 40;
+    pb::GenerateRequest req = ToRequest(s);
+    req.mutable_sampling()->set_mode(pb::SamplingConfig::REJECTION);
+    const Outcome out = Generate(req);
+    ASSERT_TRUE(out.status.ok()) << "mode " << mode << ": " << out.status.error_message();
+    ASSERT_EQ(static_cast<int64_t>(out.tokens.size()), s.max_new) << "mode " << mode;
+    EXPECT_EQ(out.tokens, out.streamed);
+    for (int32_t t : out.tokens) ASSERT_TRUE(t >= 0 && t < model_->config().vocab_size);
+    if (mode == pb::MODE_FULL_LOCAL || mode == pb::MODE_FULL_REMOTE) {
+      EXPECT_EQ(out.tokens, Reference(prompt, s)) << "mode " << mode;
+    }
+    if (mode == pb::MODE_VERICACHE) {
+      EXPECT_GT(out.totals.verify_rounds(), 0) << "mode " << mode;
+      drafted += out.totals.drafted_tokens();
+      accepted += out.totals.accepted_drafts();
+    }
+  }
+  // The drafts were judged, not waved through or all refused.
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(drafted, 0);
+
+  pb::GenerateRequest cold;
+  for (int32_t t : prompt) cold.add_prompt_ids(t);
+  cold.set_max_new_tokens(4);
+  cold.mutable_sampling()->set_mode(pb::SamplingConfig::REJECTION);  // no temperature
+  const grpc::Status s = Generate(cold).status;
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("temperature"), std::string::npos) << s.error_message();
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Runs the real `vc-kvstore` binary on loopback (ports picked by the kernel)
 // and drives it through generated gRPC stubs: two-phase put, lookup, get,
-// errors, health, /metrics, SIGTERM drain and restart on the same data dir.
+// errors, health, /metrics, SIGTERM drain and restart on the same data dir;
+// and through the daemons' StoreClient and a raw DataPlaneClient: puts whose
+// chunk bytes are staged over the data plane (TCP and UCX).
 // Every wait is bounded; TearDown kills a daemon that is still running.
 #include <fcntl.h>
 #include <poll.h>
@@ -19,10 +21,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/transport/data_plane.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "services/common/store_client.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
 namespace {
@@ -231,6 +235,60 @@ class KvStoreDaemonTest : public ::testing::Test {
     if (value != nullptr) *value = resp.value();
     return s;
   }
+
+  pb::StatResponse Stat() {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    pb::StatResponse stat;
+    EXPECT_TRUE(stub_->Stat(&ctx, pb::StatRequest(), &stat).ok());
+    return stat;
+  }
+
+  static const pb::LinkStat* FindLink(const pb::StatResponse& stat, const std::string& name) {
+    for (const auto& l : stat.links()) {
+      if (l.link() == name) return &l;
+    }
+    return nullptr;
+  }
+
+  uint64_t BeginPut() {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    pb::BeginPutResponse resp;
+    EXPECT_TRUE(stub_->BeginPut(&ctx, pb::BeginPutRequest(), &resp).ok());
+    return resp.put_id();
+  }
+
+  grpc::Status EndPut(uint64_t id, bool commit) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    if (commit) {
+      pb::CommitPutRequest req;
+      req.set_put_id(id);
+      pb::CommitPutResponse resp;
+      return stub_->CommitPut(&ctx, req, &resp);
+    }
+    pb::AbortPutRequest req;
+    req.set_put_id(id);
+    pb::AbortPutResponse resp;
+    return stub_->AbortPut(&ctx, req, &resp);
+  }
+
+  bool Visible(const std::string& key) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    pb::LookupRequest req;
+    req.add_keys(key);
+    pb::LookupResponse resp;
+    EXPECT_TRUE(stub_->Lookup(&ctx, req, &resp).ok());
+    const bool hit = resp.results_size() == 1 && resp.results(0).hit();
+    EXPECT_EQ(Get(key, nullptr).ok(), hit);
+    return hit;
+  }
+
+  // PutAll through a StoreClient (as the verifier's ingest does), then a
+  // raw stage into puts that are left open, committed and aborted.
+  void PutsOverTheDataPlane(const std::string& kind);
 
   std::string data_dir_;
   std::unique_ptr<Daemon> daemon_;
@@ -461,6 +519,124 @@ TEST_F(KvStoreDaemonTest, SigtermDrainsAndDataSurvivesRestart) {
   stub_.reset();
   channel_.reset();
   EXPECT_EQ(daemon_->SignalAndWait(SIGINT), 0);
+}
+
+void KvStoreDaemonTest::PutsOverTheDataPlane(const std::string& kind) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon({"--data-plane", kind}));
+  vc::daemon::StoreClientOptions so;
+  so.control_address = daemon_->grpc_addr();
+  so.data_plane = kind;
+  so.link = vc::transport::LinkClass::kFast;
+  so.stage_batch_bytes = 256 << 10;  // several stage calls for one put
+  auto client = vc::daemon::StoreClient::Create(so);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  std::vector<std::pair<std::string, std::string>> entries;
+  int64_t value_bytes = 0;
+  for (int i = 0; i < 6; ++i) {
+    std::string value(100'000 + i, static_cast<char>('0' + i));
+    value_bytes += static_cast<int64_t>(value.size());
+    entries.emplace_back(Key(static_cast<char>('a' + i)), std::move(value));
+  }
+  const absl::Status put = (*client)->PutAll(entries);
+  ASSERT_TRUE(put.ok()) << put;
+  const vc::transport::ClientStats cs = (*client)->data_stats();
+  EXPECT_EQ(cs.stages, 3);  // 600 kB in batches of <= 256 KiB
+  EXPECT_EQ(cs.staged_bytes, value_bytes);
+  EXPECT_GE(cs.transport_bytes_sent, value_bytes);
+  for (const auto& [key, value] : entries) {
+    std::string got;
+    ASSERT_TRUE(Get(key, &got).ok());
+    EXPECT_EQ(got, value);
+  }
+  // The bytes crossed the store's data plane, on the writer's link.
+  const pb::StatResponse stat = Stat();
+  EXPECT_EQ(stat.data_plane(), kind);
+  const pb::LinkStat* fast = FindLink(stat, "fast");
+  ASSERT_NE(fast, nullptr);
+  EXPECT_EQ(fast->stages(), 3);
+  EXPECT_GE(fast->bytes_received(), value_bytes);
+  EXPECT_GE(fast->bytes_total(), fast->bytes_received());
+  const pb::LinkStat* slow = FindLink(stat, "slow");
+  ASSERT_NE(slow, nullptr);
+  EXPECT_EQ(slow->bytes_received(), 0);
+
+  // A raw data plane client: staged entries stay invisible until CommitPut,
+  // and AbortPut discards them.
+  vc::transport::DataPlaneClientOptions dopts;
+  dopts.kind = kind;
+  dopts.server_address = stat.data_address();
+  auto dp = vc::transport::DataPlaneClient::Create(dopts);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  const auto in30 = [] { return Clock::now() + std::chrono::seconds(30); };
+  const std::string committed = Key('x'), aborted = Key('y');
+  const uint64_t id1 = BeginPut();
+  ASSERT_TRUE((*dp)->Stage(id1, {{committed, "later"}}, in30()).ok());
+  const uint64_t id2 = BeginPut();
+  ASSERT_TRUE((*dp)->Stage(id2, {{aborted, "never"}}, in30()).ok());
+  EXPECT_FALSE(Visible(committed)) << "a staged, uncommitted entry is visible";
+  EXPECT_FALSE(Visible(aborted));
+  EXPECT_EQ(Stat().open_puts(), 2);
+  ASSERT_TRUE(EndPut(id1, /*commit=*/true).ok());
+  EXPECT_TRUE(Visible(committed));
+  ASSERT_TRUE(EndPut(id2, /*commit=*/false).ok());
+  EXPECT_FALSE(Visible(aborted));
+  EXPECT_FALSE(EndPut(id2, /*commit=*/true).ok());  // gone with the abort
+
+  // The StageChunk RPC's validation and the store's errors, same codes.
+  const uint64_t id3 = BeginPut();
+  const absl::Status short_key = (*dp)->Stage(id3, {{"short", "v"}}, in30());
+  EXPECT_TRUE(absl::IsInvalidArgument(short_key)) << short_key;
+  EXPECT_NE(std::string(short_key.message()).find("32"), std::string::npos) << short_key;
+  const absl::Status no_put = (*dp)->Stage(987654321, {{Key('z'), "v"}}, in30());
+  EXPECT_TRUE(absl::IsNotFound(no_put)) << no_put;
+  EXPECT_NE(std::string(no_put.message()).find("no open put"), std::string::npos) << no_put;
+  ASSERT_TRUE(EndPut(id3, /*commit=*/false).ok());
+
+  // Counted in the request metrics like the RPC.
+  httplib::Client metrics(daemon_->metrics_host(), daemon_->metrics_port());
+  metrics.set_connection_timeout(5);
+  metrics.set_read_timeout(5);
+  auto res = metrics.Get("/metrics");
+  ASSERT_TRUE(res) << "scrape failed";
+  EXPECT_NE(
+      res->body.find("vericache_kvstore_requests_total{method=\"DataPlaneStage\",code=\"OK\"} 8"),
+      std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("vericache_kvstore_requests_total{method=\"DataPlaneStage\",code="
+                           "\"INVALID_ARGUMENT\"} 1"),
+            std::string::npos);
+}
+
+TEST_F(KvStoreDaemonTest, PutAllStagesOverTheTcpDataPlane) { PutsOverTheDataPlane("tcp"); }
+
+TEST_F(KvStoreDaemonTest, PutAllStagesOverTheUcxDataPlane) {
+  vc::transport::DataPlaneClientOptions probe;
+  probe.kind = "ucx";
+  probe.server_address = "127.0.0.1:1";
+  auto ucx = vc::transport::DataPlaneClient::Create(probe);
+  if (!ucx.ok()) GTEST_SKIP() << "UCX cannot create a context here: " << ucx.status();
+  PutsOverTheDataPlane("ucx");
+}
+
+TEST_F(KvStoreDaemonTest, PutAllWithoutADataPlaneUsesStageChunk) {
+  // The coordinator's client (no data plane): the gRPC fallback.
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  vc::daemon::StoreClientOptions so;
+  so.control_address = daemon_->grpc_addr();
+  so.data_plane = "";
+  auto client = vc::daemon::StoreClient::Create(so);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->PutAll({{Key('f'), "fallback"}}).ok());
+  std::string value;
+  ASSERT_TRUE(Get(Key('f'), &value).ok());
+  EXPECT_EQ(value, "fallback");
+  const pb::LinkStat* fast = FindLink(Stat(), "fast");
+  ASSERT_NE(fast, nullptr);
+  EXPECT_EQ(fast->stages(), 0);
+  // A failed stage aborts the put: nothing stays open.
+  EXPECT_TRUE(absl::IsInvalidArgument((*client)->PutAll({{"short", "v"}})));
+  EXPECT_EQ(Stat().open_puts(), 0);
 }
 
 TEST(KvStoreDaemonFlagsTest, BadFlagsExitTwoWithOneLine) {
