@@ -11,12 +11,6 @@
 namespace vc {
 namespace {
 
-// Independent noise streams for rejection sampling (the seeded mode uses
-// stream 0 on both sides so that drafter and verifier draw identically).
-constexpr uint64_t kDraftStream = 0xD1B54A32D192ED03ull;
-constexpr uint64_t kAcceptStream = 0x8CB92BA72F3D8DD7ull;
-constexpr uint64_t kResidualStream = 0xABC98388FB8FAC03ull;
-
 // Copies the K/V rows of positions [from, to) of every layer from `src` to
 // `dst` (both already hold those positions).
 void CopyRows(const PagedKvCache& src, SequenceKv* dst, int32_t from, int32_t to) {
@@ -303,8 +297,8 @@ absl::Status SpeculativeRequest::AfterDraftStep(std::span<const float> last_row)
   const int64_t pos = draft_kv_->next_position();
   int32_t d;
   if (options_.sampling_mode == SamplingMode::kRejection) {
-    std::vector<double> q = FilteredDistribution(last_row, options_.sampling);
-    d = SampleFromDistribution(q, options_.sampling.seed ^ kDraftStream, pos);
+    std::vector<double> q;
+    d = DrawRejectionDraft(last_row, options_.sampling, pos, &q);
     draft_probs_.push_back(std::move(q));
   } else {
     d = Choose(last_row, pos, 0);
@@ -332,13 +326,9 @@ absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
   if (options_.sampling_mode == SamplingMode::kRejection) {
     for (; accepted < x; ++accepted) {
       const int64_t pos = base + 1 + accepted;
-      const std::vector<double> p = FilteredDistribution(row(accepted), options_.sampling);
-      const std::vector<double>& q = draft_probs_[accepted];
-      const int32_t d = drafts_[accepted];
-      const double u = KeyedUniform(options_.sampling.seed ^ kAcceptStream, pos);
       bool kept = false;
-      const int32_t t = SpeculativeAccept(p, q, d, u, options_.sampling.seed ^ kResidualStream,
-                                          pos, &kept);
+      const int32_t t = JudgeRejectionDraft(row(accepted), draft_probs_[accepted],
+                                            drafts_[accepted], options_.sampling, pos, &kept);
       if (kept) continue;
       next = t;
       break;

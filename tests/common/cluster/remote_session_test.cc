@@ -340,19 +340,7 @@ TEST_F(RemoteSessionTest, RejectionSamplingMatchesFullDistribution) {
     EXPECT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
     return FilteredDistribution(logits, sampling.params);
   };
-  std::map<std::pair<int, int>, double> exact;
-  const auto p1 = next_dist(prompt);
-  for (int t1 = 0; t1 < vocab; ++t1) {
-    auto s1 = prompt;
-    s1.push_back(t1);
-    const auto p2 = next_dist(s1);
-    for (int t2 = 0; t2 < vocab; ++t2) {
-      auto s2 = s1;
-      s2.push_back(t2);
-      const auto p3 = next_dist(s2);
-      for (int t3 = 0; t3 < vocab; ++t3) exact[{t2, t3}] += p1[t1] * p2[t2] * p3[t3];
-    }
-  }
+  const auto exact = testing::ExactSecondAndThirdTokens(next_dist, prompt, vocab);
   CompressorOptions co;
   co.name = "streamingllm";
   co.ratio = 0.25;

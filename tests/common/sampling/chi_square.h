@@ -5,7 +5,11 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <utility>
+#include <vector>
 
 namespace vc::testing {
 
@@ -45,6 +49,29 @@ ChiSquare PooledChiSquare(const std::map<Cell, double>& probability,
   const double z = 3.09, k = out.dof;
   out.limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
   return out;
+}
+
+// The exact distribution of (t2, t3) when three tokens t1 t2 t3 are sampled
+// after `prompt`, marginalised over t1: what generating three tokens by
+// plain sampling from the full-KV model produces. `next` maps a sequence to
+// the distribution of its next token (vocab entries).
+inline std::map<std::pair<int, int>, double> ExactSecondAndThirdTokens(
+    const std::function<std::vector<double>(const std::vector<int32_t>&)>& next,
+    const std::vector<int32_t>& prompt, int vocab) {
+  std::map<std::pair<int, int>, double> exact;
+  const std::vector<double> p1 = next(prompt);
+  for (int t1 = 0; t1 < vocab; ++t1) {
+    std::vector<int32_t> s1 = prompt;
+    s1.push_back(t1);
+    const std::vector<double> p2 = next(s1);
+    for (int t2 = 0; t2 < vocab; ++t2) {
+      std::vector<int32_t> s2 = s1;
+      s2.push_back(t2);
+      const std::vector<double> p3 = next(s2);
+      for (int t3 = 0; t3 < vocab; ++t3) exact[{t2, t3}] += p1[t1] * p2[t2] * p3[t3];
+    }
+  }
+  return exact;
 }
 
 }  // namespace vc::testing

@@ -14,6 +14,7 @@
 
 #include "common/decode/full_decode.h"
 #include "gtest/gtest.h"
+#include "tests/common/sampling/chi_square.h"
 
 namespace vc {
 namespace {
@@ -200,20 +201,7 @@ TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
     EXPECT_TRUE(f.engine->Forward({&in, 1}, &logits).ok());
     return FilteredDistribution(logits, sp);
   };
-  // Exact P(t1, t2, t3) -> marginal over (t2, t3) conditioned on nothing.
-  std::map<std::pair<int, int>, double> exact;
-  const auto p1 = next_dist(prompt);
-  for (int t1 = 0; t1 < vocab; ++t1) {
-    auto s1 = prompt;
-    s1.push_back(t1);
-    const auto p2 = next_dist(s1);
-    for (int t2 = 0; t2 < vocab; ++t2) {
-      auto s2 = s1;
-      s2.push_back(t2);
-      const auto p3 = next_dist(s2);
-      for (int t3 = 0; t3 < vocab; ++t3) exact[{t2, t3}] += p1[t1] * p2[t2] * p3[t3];
-    }
-  }
+  const auto exact = testing::ExactSecondAndThirdTokens(next_dist, prompt, vocab);
   const int n = 4000;
   std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
   for (int s = 0; s < n; ++s) {
@@ -231,34 +219,14 @@ TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
     ++counts[{r->output()[1], r->output()[2]}];
     rejected += r->stats().wasted_drafts;
   }
-  // Pool cells with small expectation, then chi-square.
-  double chi2 = 0, pooled_e = 0, pooled_o = 0;
-  int dof = -1;
-  for (const auto& [cell, p] : exact) {
-    const double e = p * n;
-    const double o = counts[cell];
-    if (e < 5) {
-      pooled_e += e;
-      pooled_o += o;
-      continue;
-    }
-    chi2 += (o - e) * (o - e) / e;
-    ++dof;
-  }
-  if (pooled_e > 0) {
-    chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-    ++dof;
-  }
-  // Wilson-Hilferty approximation of the chi-square 99.9% quantile.
-  const double z = 3.09, k = dof;
-  const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
-  std::printf("rejection sampling: chi2 %.1f, dof %d, limit %.1f, drafts rejected %lld\n", chi2,
-              dof, limit, static_cast<long long>(rejected));
+  const testing::ChiSquare chi = testing::PooledChiSquare(exact, counts, n);
+  std::printf("rejection sampling: chi2 %.1f, dof %d, limit %.1f, drafts rejected %lld\n",
+              chi.statistic, chi.dof, chi.limit, static_cast<long long>(rejected));
   // Random models attend weakly, so the drafter rarely disagrees; the rule
   // itself is tested with strongly different p and q in
   // tests/common/sampling (SpeculativeAccept).
   EXPECT_GT(rejected, n / 200) << "the drafter must disagree sometimes for this test to mean much";
-  EXPECT_LT(chi2, limit);
+  EXPECT_LT(chi.statistic, chi.limit);
 }
 
 }  // namespace
