@@ -25,21 +25,8 @@ using testing::SecondsSince;
 
 using Blobs = std::map<std::string, std::string>;
 
-class DataPlaneTest : public ::testing::TestWithParam<std::string> {
+class DataPlaneTest : public testing::BackendTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "ucx") {
-      const std::string reason = testing::UcxUnavailableReason();
-      if (!reason.empty())
-        GTEST_SKIP() << "UCX cannot create a context on this machine: " << reason;
-    }
-  }
-
-  DataPlaneServerOptions ServerOptions() const {
-    DataPlaneServerOptions o;
-    o.kind = GetParam();
-    return o;
-  }
 
   void StartServer(const DataPlaneServerOptions& options, Blobs blobs) {
     blobs_ = std::make_shared<const Blobs>(std::move(blobs));

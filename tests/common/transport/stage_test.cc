@@ -52,21 +52,8 @@ int64_t ValueBytes(const Entries& entries) {
   return n;
 }
 
-class StageTest : public ::testing::TestWithParam<std::string> {
+class StageTest : public testing::BackendTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "ucx") {
-      const std::string reason = testing::UcxUnavailableReason();
-      if (!reason.empty())
-        GTEST_SKIP() << "UCX cannot create a context on this machine: " << reason;
-    }
-  }
-
-  DataPlaneServerOptions ServerOptions() const {
-    DataPlaneServerOptions o;
-    o.kind = GetParam();
-    return o;
-  }
 
   // A server whose lookup serves {"k": "v"} and whose stager fills staged_
   // (none with with_stager = false).

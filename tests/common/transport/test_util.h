@@ -84,4 +84,23 @@ inline std::string UcxUnavailableReason() {
   return c.ok() ? "" : c.status().ToString();
 }
 
+// A test run once per backend ("tcp", "ucx"); UCX runs skip where UCX
+// cannot create a context.
+class BackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "ucx") {
+      const std::string reason = UcxUnavailableReason();
+      if (!reason.empty())
+        GTEST_SKIP() << "UCX cannot create a context on this machine: " << reason;
+    }
+  }
+
+  DataPlaneServerOptions ServerOptions() const {
+    DataPlaneServerOptions o;
+    o.kind = GetParam();
+    return o;
+  }
+};
+
 }  // namespace vc::transport::testing
