@@ -231,7 +231,7 @@ void ForEachChunk(const RowStore& store, int64_t first, int64_t count, int head_
     } else {
       while (j + n < count && n < kDecodeRows && store.RowIfF32(first + j + n) == nullptr) ++n;
       buffer.resize(static_cast<size_t>(kDecodeRows) * head_dim);
-      for (int64_t r = 0; r < n; ++r) store.Decode(first + j + r, &buffer[r * head_dim]);
+      store.DecodeRows(first + j, n, buffer.data());
       fn(j, buffer.data(), n);
     }
     j += n;

@@ -28,6 +28,32 @@ class PackedCodes {
     const int64_t bit = i * bits_;
     return (bytes_[bit / 8] >> (bit % 8)) & ((1u << bits_) - 1u);
   }
+  // Codes [first, first + n) into out[n]. Bits are 2, 4 or 8, so no code
+  // straddles a byte: a run that starts on a byte boundary unpacks a byte at
+  // a time (the decode hot path); any other start goes code by code.
+  void Unpack(int64_t first, int64_t n, uint8_t* out) const {
+    const int64_t bit = first * bits_;
+    if (bit % 8 != 0) {
+      for (int64_t c = 0; c < n; ++c) out[c] = static_cast<uint8_t>(Get(first + c));
+      return;
+    }
+    const uint8_t* in = &bytes_[bit / 8];
+    if (bits_ == 8) {
+      std::memcpy(out, in, static_cast<size_t>(n));
+      return;
+    }
+    if (bits_ == 4) {
+      for (int64_t c = 0; c + 1 < n; c += 2) {
+        out[c] = in[c / 2] & 0xF;
+        out[c + 1] = in[c / 2] >> 4;
+      }
+      if (n % 2 != 0) out[n - 1] = in[(n - 1) / 2] & 0xF;
+      return;
+    }
+    for (int64_t c = 0; c < n; ++c) {  // 2 bits
+      out[c] = static_cast<uint8_t>((in[c / 4] >> ((c % 4) * 2)) & 0x3);
+    }
+  }
   int64_t bytes() const { return static_cast<int64_t>(bytes_.size()); }
   const std::vector<uint8_t>& raw() const { return bytes_; }
   // Codes as serialised (the packed bytes, unused high bits included).
@@ -154,26 +180,26 @@ class QuantRowStore final : public RowStore {
   int64_t rows() const override { return n_; }
   int dim() const override { return dim_; }
 
-  void Decode(int64_t i, float* out) const override {
-    if (i >= n_quant_) {
-      std::memcpy(out, &residual_[(i - n_quant_) * dim_], dim_ * sizeof(float));
-      return;
-    }
-    if (spec_.kind == Kind::kPerChannelAsymmetric) {
-      const int64_t g = i / group_;
-      for (int c = 0; c < dim_; ++c) {
-        out[c] = static_cast<float>(codes_.Get(i * dim_ + c)) * scale_[g * dim_ + c] + zero_[g * dim_ + c];
+  void Decode(int64_t i, float* out) const override { DecodeRows(i, 1, out); }
+
+  // Attention decodes every compressed row of every layer for every draft
+  // step, so this is the drafter's inner loop: the codes of a run of rows are
+  // unpacked at once, then each row is one tight loop per group. The
+  // arithmetic per element is that of the format (row_codec_test checks it
+  // bit for bit against a plain decoder of the stored form).
+  void DecodeRows(int64_t first, int64_t n, float* out) const override {
+    const int64_t quantised = std::clamp<int64_t>(n_quant_ - first, 0, n);
+    if (quantised > 0) {
+      thread_local std::vector<uint8_t> codes;
+      codes.resize(static_cast<size_t>(quantised * dim_));
+      codes_.Unpack(first * dim_, quantised * dim_, codes.data());
+      for (int64_t r = 0; r < quantised; ++r) {
+        DecodeQuantised(first + r, &codes[static_cast<size_t>(r * dim_)], out + r * dim_);
       }
-      return;
     }
-    const int64_t groups_per_row = (dim_ + group_ - 1) / group_;
-    const int half = (1 << (spec_.bits - 1)) - 1;
-    for (int c = 0; c < dim_; ++c) {
-      const int64_t g = i * groups_per_row + c / group_;
-      const uint32_t code = codes_.Get(i * dim_ + c);
-      out[c] = spec_.kind == Kind::kPerTokenSymmetric
-                   ? static_cast<float>(static_cast<int>(code) - half) * scale_[g]
-                   : static_cast<float>(code) * scale_[g] + zero_[g];
+    if (quantised < n) {
+      std::memcpy(out + quantised * dim_, &residual_[(first + quantised - n_quant_) * dim_],
+                  static_cast<size_t>((n - quantised) * dim_) * sizeof(float));
     }
   }
 
@@ -209,6 +235,32 @@ class QuantRowStore final : public RowStore {
   }
 
  private:
+  // Quantised row i from its unpacked codes.
+  void DecodeQuantised(int64_t i, const uint8_t* codes, float* out) const {
+    if (spec_.kind == Kind::kPerChannelAsymmetric) {
+      const float* scale = &scale_[(i / group_) * dim_];
+      const float* zero = &zero_[(i / group_) * dim_];
+      for (int c = 0; c < dim_; ++c) out[c] = static_cast<float>(codes[c]) * scale[c] + zero[c];
+      return;
+    }
+    const int64_t groups_per_row = (dim_ + group_ - 1) / group_;
+    const int half = (1 << (spec_.bits - 1)) - 1;
+    for (int64_t gi = 0; gi < groups_per_row; ++gi) {
+      const int64_t g = i * groups_per_row + gi;
+      const int begin = static_cast<int>(gi * group_);
+      const int end = std::min(dim_, begin + group_);
+      const float scale = scale_[g];
+      if (spec_.kind == Kind::kPerTokenSymmetric) {
+        for (int c = begin; c < end; ++c) {
+          out[c] = static_cast<float>(static_cast<int>(codes[c]) - half) * scale;
+        }
+      } else {
+        const float zero = zero_[g];
+        for (int c = begin; c < end; ++c) out[c] = static_cast<float>(codes[c]) * scale + zero;
+      }
+    }
+  }
+
   // Sized for n rows of which the first n_quant are quantised (codes, scales
   // and zero points zeroed; residual rows not yet set).
   QuantRowStore(const RowCodecSpec& spec, int64_t n, int dim, int64_t n_quant)
@@ -317,6 +369,9 @@ class F32RowStore final : public RowStore {
   int dim() const override { return dim_; }
   void Decode(int64_t i, float* out) const override {
     std::memcpy(out, &data_[i * dim_], dim_ * sizeof(float));
+  }
+  void DecodeRows(int64_t first, int64_t n, float* out) const override {
+    std::memcpy(out, &data_[first * dim_], static_cast<size_t>(n * dim_) * sizeof(float));
   }
   F32RowStore(int64_t n, int dim, std::vector<float> data)
       : n_(n), dim_(dim), data_(std::move(data)) {}

@@ -51,6 +51,9 @@ class RowStore {
   virtual int dim() const = 0;
   // Writes row i (dequantised) to out[dim]. Deterministic: plain f32 ops.
   virtual void Decode(int64_t i, float* out) const = 0;
+  // Rows [first, first + n) to out[n * dim], each exactly as Decode writes
+  // it (one call for a run of rows: attention's hot path).
+  virtual void DecodeRows(int64_t first, int64_t n, float* out) const = 0;
   // Row i in place if it is stored as f32, else null (fast path). Rows
   // stored as f32 are contiguous: RowIfF32(i + 1) == RowIfF32(i) + dim()
   // whenever both are non-null.
