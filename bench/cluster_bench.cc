@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
                     "The four daemons on loopback with paced links: TTFT and throughput of the\n"
                     "modes, staggered vs lock-step, prefix-aware on/off, 1 vs 2 drafters.");
   flags.Add("--model", &model, "PATH", "model (default: stories260K)");
-  flags.AddBool("--quick", &quick, "fewer requests (a smoke run)");
+  flags.AddBool("--quick", &quick,
+                "a smoke run: at most 8 requests of at most 32 new tokens per scenario");
   flags.Add("--csv", &csv, "PATH", "also write the rows as CSV");
   flags.Add("--prefixes", &prefixes, "N", "shared prefixes");
   flags.Add("--prefix-tokens", &prefix_tokens, "N", "tokens per prefix");
@@ -136,7 +137,10 @@ int main(int argc, char** argv) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
-  if (quick) requests = std::min(requests, 8);
+  if (quick) {
+    requests = std::min(requests, 8);
+    max_new = std::min(max_new, 32);
+  }
   std::string synthetic_path;
   if (synthetic) {
     synthetic_path = absl::StrCat("/tmp/vc_cluster_bench_synthetic_", getpid(), ".bin");
