@@ -317,6 +317,16 @@ DraftSession::DraftSession(const ModelConfig& config, std::vector<int32_t> promp
   if (options_.end_position <= 0 || options_.end_position > config.max_seq_len) {
     options_.end_position = config.max_seq_len;
   }
+  if (options_.online.compressor != nullptr) {
+    compressed_ = dynamic_cast<CompressedSequenceKv*>(kv_.get());
+    online_policy_ = options_.online.compressor->online_policy();
+    if (online_policy_.needs_decode_stats) {
+      // Keys never reach end_position: sized by it rather than the context.
+      decode_stats_ =
+          std::make_unique<DecodeAttentionStats>(config, options_.end_position, nullptr);
+      decode_stats_->SetView(compressed_);
+    }
+  }
 }
 
 absl::StatusOr<std::unique_ptr<DraftSession>> DraftSession::Create(
@@ -343,6 +353,27 @@ absl::StatusOr<std::unique_ptr<DraftSession>> DraftSession::Create(
   }
   VC_RETURN_IF_ERROR(CheckIds(config, prompt, "prompt"));
   VC_RETURN_IF_ERROR(options.sampling.Validate());
+  if (const Compressor* c = options.online.compressor.get(); c != nullptr) {
+    const auto* view = dynamic_cast<const CompressedSequenceKv*>(kv.get());
+    if (view == nullptr) {
+      return absl::InvalidArgumentError(
+          "online update folds into a compressed view, and this drafter's KV is not one "
+          "(full_remote, or a prompt without a stored prefix)");
+    }
+    if (c->online_policy().kind == OnlinePolicy::Kind::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("online update: ", c->info().name,
+                       " has no online rule (its published rule compresses once after prefill)"));
+    }
+    // The online rule must continue the method (and parameters) the stored
+    // variant was made with.
+    if (c->Describe() != view->prefix().description()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("online update: the compressor ", c->Describe(),
+                       " is not the one the drafter's compressed prefix was made with (",
+                       view->prefix().description(), ")"));
+    }
+  }
   return std::unique_ptr<DraftSession>(
       new DraftSession(config, std::move(prompt), std::move(kv), prefix_len, options));
 }
@@ -365,7 +396,18 @@ SequenceInput DraftSession::BeginStep() {
   in.kv = kv_.get();
   in.tokens = step_input_;
   in.first_logit = static_cast<int64_t>(step_input_.size()) - 1;
+  if (decode_stats_ != nullptr) {
+    decode_stats_->BeginPass(kv_->next_position() + static_cast<int32_t>(step_input_.size()) - 1);
+    in.observer = decode_stats_.get();
+  }
   return in;
+}
+
+int64_t DraftSession::kv_bytes() const {
+  if (compressed_ != nullptr) return compressed_->bytes();
+  if (const auto* c = dynamic_cast<const CompressedSequenceKv*>(kv_.get())) return c->bytes();
+  if (const auto* p = dynamic_cast<const PrefixTailKv*>(kv_.get())) return p->tail().bytes();
+  return 0;
 }
 
 absl::Status DraftSession::FinishStep(std::span<const float> last_row) {
@@ -415,15 +457,39 @@ absl::StatusOr<CommitOutcome> DraftSession::Commit(std::span<const int32_t> toke
     // K/V rows depend on every token at or before their position: keep only
     // the positions whose tokens all agree with the verified sequence.
     const int32_t keep_tokens_end = verified_end_ + static_cast<int32_t>(agree);
-    if (kv_->next_position() > keep_tokens_end) kv_->Truncate(keep_tokens_end);
+    if (kv_->next_position() > keep_tokens_end) {
+      kv_->Truncate(keep_tokens_end);
+      // The rolled-back keys' attention sums restart with their new rows.
+      if (decode_stats_ != nullptr) decode_stats_->DiscardFrom(keep_tokens_end);
+    }
     seq_.resize(static_cast<size_t>(keep_tokens_end - prefix_len_));
     seq_.insert(seq_.end(), tokens.begin() + static_cast<std::ptrdiff_t>(agree), tokens.end());
   }
   verified_end_ += static_cast<int32_t>(tokens.size());
+  // Settled rows: with refresh, the ones the verifier's exact rows replaced
+  // (the next refresh starts where this one ended); without, the drafter's
+  // own rows of verified tokens. -1: nothing new.
+  int32_t settle_to = -1;
   if (!refresh.empty()) {
-    VC_ASSIGN_OR_RETURN(out.refreshed_rows, ApplyRefresh(refresh));
+    int32_t first = 0;
+    VC_ASSIGN_OR_RETURN(out.refreshed_rows, ApplyRefresh(refresh, &first));
+    if (out.refreshed_rows > 0) settle_to = first + out.refreshed_rows;
+  } else {
+    settle_to = std::min(kv_->next_position(), verified_end_);
   }
+  if (compressed_ != nullptr && online_update()) VC_RETURN_IF_ERROR(SettleAndFold(settle_to, &out));
   return out;
+}
+
+absl::Status DraftSession::SettleAndFold(int32_t settle_to, CommitOutcome* out) {
+  if (settle_to > compressed_->settled_length()) VC_RETURN_IF_ERROR(compressed_->Settle(settle_to));
+  if (!ShouldFold(online_policy_, *compressed_)) return absl::OkStatus();
+  VC_RETURN_IF_ERROR(FoldIntoView(*options_.online.compressor, config_,
+                                  compressed_->settled_length(), decode_stats_.get(), compressed_,
+                                  options_.online.arena, &prefix_reservation_));
+  ++online_folds_;
+  out->folded = true;
+  return absl::OkStatus();
 }
 
 absl::Status DraftSession::CheckRefresh(const std::string& refresh, int32_t verified_end) const {
@@ -440,15 +506,24 @@ absl::Status DraftSession::CheckRefresh(const std::string& refresh, int32_t veri
         ") are not verified positions of this session (verified: [", prefix_len_, ", ",
         verified_end, "))"));
   }
+  if (compressed_ != nullptr && online_update() &&
+      h.first_position < compressed_->settled_length()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refresh rows start at ", h.first_position, ", below the drafter's settled length ",
+        compressed_->settled_length(),
+        " (rows there are final and may be folded into its compressed prefix): with online "
+        "update, send the refresh with every commit or with none"));
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> DraftSession::ApplyRefresh(const std::string& refresh) {
+absl::StatusOr<int32_t> DraftSession::ApplyRefresh(const std::string& refresh, int32_t* first_out) {
   VC_ASSIGN_OR_RETURN(const kvstore::ChunkHeader h, kvstore::VerifyChunk(refresh));
   const int kv_heads = config_.n_kv_heads;
   const int hd = config_.head_dim;
   const int32_t first = h.first_position;
   const int32_t count = static_cast<int32_t>(h.tokens);
+  *first_out = first;
   // Rows overwrite positions already in the KV and extend it when they start
   // at or before its end; rows past the end (a gap) are left to be drafted.
   if (first > kv_->next_position()) return 0;

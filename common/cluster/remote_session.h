@@ -26,6 +26,13 @@
 // window survives when every draft and the bonus matched), rolls back the
 // rest, and overwrites (or extends) its tail with the verifier's exact rows.
 //
+// Online update (DraftSessionOptions::online): the drafter folds settled
+// positions of its exact tail into its compressed prefix by the compressor's
+// online rule, after each Commit. Settled: with KV refresh, the rows the
+// verifier's exact K/V overwrote; without, the verified rows the drafter
+// computed itself (their tokens are all verified, so nothing rolls them
+// back). Drafts past the verified end are never settled.
+//
 // Token choice is SampleToken/Argmax at the token's absolute position, as in
 // full-KV decoding, so greedy and seeded sampling are bit-identical to it.
 // Rejection sampling (distribution-identical, not bit-identical): the
@@ -44,8 +51,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/compress/attention_stats.h"
+#include "common/compress/compressor.h"
 #include "common/engine/engine.h"
 #include "common/engine/kv_cache.h"
+#include "common/kv/compressed_kv.h"
 #include "common/kv/kv_arena.h"
 #include "common/sampling/sampler.h"
 #include "common/speculative/draft_verify.h"
@@ -178,23 +188,39 @@ std::vector<absl::StatusOr<VerifyOutcome>> RunVerifyPass(
 
 // ----------------------------------------------------------------- drafter
 
+// Online compressor update of the drafter's compressed view.
+struct DraftOnlineOptions {
+  // The compressor the view's prefix was made with (its Describe() must
+  // equal the prefix's description, so the online rule continues the same
+  // method and parameters); it must have an online rule. Null: off.
+  std::shared_ptr<const Compressor> compressor;
+  // Charged for the folded prefixes (the first prefix is charged by whoever
+  // made the view). Null: not accounted.
+  KvArena* arena = nullptr;
+};
+
 struct DraftSessionOptions {
   SessionSampling sampling;
   // Drafts never land at positions >= end_position (prompt + max new tokens);
   // 0: the context length.
   int32_t end_position = 0;
   int lookahead = 8;  // drafts kept ready beyond the verified sequence
+  DraftOnlineOptions online;
 };
 
 struct CommitOutcome {
   int32_t surviving_drafts = 0;  // drafts kept past the committed tokens
   int32_t rolled_back = 0;       // drafts thrown away
   int32_t refreshed_rows = 0;    // rows overwritten or appended from the refresh
+  bool folded = false;           // online update folded settled rows into the prefix
 };
 
 class DraftSession {
  public:
   // `kv` holds the prefix view [0, prefix_len) and nothing else yet.
+  // InvalidArgument also for online update on a view that is not a
+  // CompressedSequenceKv (full_remote, or no stored prefix), a compressor
+  // without an online rule, or one other than the view's.
   static absl::StatusOr<std::unique_ptr<DraftSession>> Create(const ModelConfig& config,
                                                               std::vector<int32_t> prompt,
                                                               std::unique_ptr<SequenceKv> kv,
@@ -222,18 +248,32 @@ class DraftSession {
   // Extends the verified sequence by `tokens` (the verifier's accepted drafts
   // and its correction/bonus token). `refresh` (may be empty) is the exact
   // K/V of consecutive verified positions in the chunk wire format.
+  // With online update, then settles and folds (see the top comment); a
+  // refresh reaching below the settled length is FailedPrecondition (send
+  // the refresh with every commit or with none). A failed fold (e.g. the
+  // arena is full) is returned after the tokens were committed: the view is
+  // unchanged and the session stays usable.
   absl::StatusOr<CommitOutcome> Commit(std::span<const int32_t> tokens, const std::string& refresh);
 
   int32_t prefix_len() const { return prefix_len_; }
   int32_t kv_next_position() const { return kv_->next_position(); }
   SequenceKv& kv() { return *kv_; }
+  // The compressed view (null for a PrefixTailKv).
+  const CompressedSequenceKv* compressed_view() const { return compressed_; }
+  // Bytes the drafter's KV holds for this session: the compressed prefix
+  // plus the exact tail, or the tail alone over a shared full prefix.
+  int64_t kv_bytes() const;
+  bool online_update() const { return options_.online.compressor != nullptr; }
+  int64_t online_folds() const { return online_folds_; }
 
  private:
   DraftSession(const ModelConfig& config, std::vector<int32_t> prompt,
                std::unique_ptr<SequenceKv> kv, int32_t prefix_len,
                const DraftSessionOptions& options);
   absl::Status CheckRefresh(const std::string& refresh, int32_t verified_end) const;
-  absl::StatusOr<int32_t> ApplyRefresh(const std::string& refresh);
+  // Rows written, and the first of them.
+  absl::StatusOr<int32_t> ApplyRefresh(const std::string& refresh, int32_t* first);
+  absl::Status SettleAndFold(int32_t settle_to, CommitOutcome* out);
   int32_t known_end() const { return prefix_len_ + static_cast<int32_t>(seq_.size()); }
 
   const ModelConfig& config_;
@@ -246,6 +286,16 @@ class DraftSession {
   int32_t verified_end_;  // absolute position one past the verified tokens
   std::vector<int32_t> step_input_;
   bool in_step_ = false;
+  // Online update.
+  CompressedSequenceKv* compressed_ = nullptr;  // kv_ when it is one
+  OnlinePolicy online_policy_;
+  // H2O/TOVA rank by the drafter's decode-time attention. There are no
+  // prefill statistics on a drafter (the variant was made at ingest), so the
+  // sums start empty: the first folds rank the prefix's kept tokens only by
+  // the attention the suffix and the drafts gave them.
+  std::unique_ptr<DecodeAttentionStats> decode_stats_;
+  KvArena::Reservation prefix_reservation_;  // folded prefixes' bytes
+  int64_t online_folds_ = 0;
 };
 
 }  // namespace vc::cluster

@@ -545,6 +545,24 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     }
     plan.variant = default_variants_.front();
   }
+  if (req.online_update()) {
+    // Checked before any session opens: the drafter would refuse it only
+    // after fetching its variant.
+    const pb::Mode mode = req.mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : req.mode();
+    if (mode != pb::MODE_VERICACHE && mode != pb::MODE_LOSSY_REMOTE) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "online_update folds tokens into the drafter's compressed KV: it needs mode vericache "
+          "or lossy_remote, not ",
+          ModeName(mode)));
+    }
+    VC_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, CreateCompressor(plan.variant.compressor));
+    if (c->online_policy().kind == OnlinePolicy::Kind::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("online_update: compressor ", c->info().name,
+                       " has no online rule (its published rule compresses once after prefill; "
+                       "'vericache compressors' lists the methods that have one)"));
+    }
+  }
   // The stored prefix and its keys.
   plan.prefix_tokens =
       ingest::StoredPrefixTokens(static_cast<int32_t>(plan.prompt.size()), options_.chunk_tokens);
@@ -709,6 +727,24 @@ pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys
   for (const auto& k : keys) ref.add_chunk_keys(k);
   return ref;
 }
+
+void NoteDrafterCommit(const pb::CommitResponse& resp, pb::GenerateTotals* totals) {
+  totals->set_online_folds(resp.online_folds());
+  totals->set_drafter_kv_peak_bytes(std::max(totals->drafter_kv_peak_bytes(), resp.kv_bytes()));
+}
+
+// `variant`: the compressor the request's variant was ingested with
+// (ParseVariantList's options: name, ratio, bits; default method parameters).
+void SetOnlineUpdate(const pb::GenerateRequest& gen, int32_t prefix_tokens,
+                     const CompressorOptions& variant, pb::DrafterOpenRequest* req) {
+  // A prompt without a whole stored chunk has no compressed view to fold
+  // into: its drafter keeps every token exact, as without online update.
+  if (!gen.online_update() || prefix_tokens == 0) return;
+  req->set_online_update(true);
+  req->set_compressor(variant.name);
+  req->set_ratio(variant.ratio);
+  req->set_bits(variant.bits);
+}
 }  // namespace
 
 absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
@@ -740,6 +776,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
     *req.mutable_sampling() = plan.req.sampling();
     req.set_variant_key(plan.variant_key);
+    SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
     req.set_lookahead(plan.x);
     req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()));
     pb::DrafterOpenResponse resp;
@@ -895,6 +932,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
         break;
       }
       plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
+      NoteDrafterCommit(resp, &plan.totals);
     }
     if (plan.adaptive && take > 0) {
       plan.x = NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1, options_.max_draft_len);
@@ -1002,6 +1040,7 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
       req.set_full_prefix(true);
     } else {
       req.set_variant_key(plan.variant_key);
+      SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
     }
     req.set_lookahead(options_.baseline_chunk);
     req.set_end_position(static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens()));
@@ -1039,6 +1078,7 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
       const grpc::Status s = d.drafter->Commit(ctx.get(), creq, &cresp);
       if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
     }
+    NoteDrafterCommit(cresp, &plan.totals);
     pb::RoundStats round;
     if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
   }
@@ -1105,6 +1145,7 @@ void CoordinatorService::ShadowCheck(const pb::GenerateRequest& req,
   }
   pb::GenerateRequest copy = req;
   copy.set_mode(pb::MODE_FULL_LOCAL);
+  copy.set_online_update(false);  // a drafter option: full_local refuses it
   copy.set_request_id("");
   std::thread([this, copy, tokens] {
     struct NullSink final : Sink {

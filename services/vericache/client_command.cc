@@ -65,6 +65,7 @@ struct ClientFlags {
   std::string request_id;
   bool json = false;
   bool stream = false;
+  bool online_update = false;
 };
 
 int RunClientGenerate(int argc, char** argv) {
@@ -87,6 +88,10 @@ int RunClientGenerate(int argc, char** argv) {
   flags.Add("--ratio", &f.ratio, "C", "token-dropping compression ratio c in (0, 1]");
   flags.Add("--bits", &f.bits, "B", "quantiser bits (2, 4 or 8)");
   flags.Add("--draft-len", &f.draft_len, "X", "drafts per verify round (0: the coordinator's)");
+  flags.AddBool("--online-update", &f.online_update,
+                "vericache/lossy_remote: fold accepted tokens into the drafter's compressed KV by "
+                "the compressor's online rule (see 'vericache compressors'), so its view stays "
+                "near the budget instead of keeping every generated token exact");
   flags.Add("--sampling", &f.sampling, "MODE",
             "greedy | seeded (default: greedy, or seeded with --temperature > 0)");
   flags.Add("--temperature", &f.temperature, "T", "sampling temperature");
@@ -131,6 +136,8 @@ int RunClientGenerate(int argc, char** argv) {
   req.set_ratio(f.ratio);
   req.set_bits(f.bits);
   req.set_draft_len(f.draft_len);
+  // The coordinator validates the mode and the compressor's online rule.
+  req.set_online_update(f.online_update);
   const std::string sampling =
       f.sampling.empty() ? (f.temperature > 0 ? "seeded" : "greedy") : f.sampling;
   if (sampling == "greedy") {
@@ -200,6 +207,11 @@ int RunClientGenerate(int argc, char** argv) {
     if (f.mode != "full_local") {
       j["compressor"] = totals.compressor();
       j["compression_ratio"] = totals.compression_ratio();
+    }
+    if (f.mode == "vericache" || f.mode == "lossy_remote") {
+      j["online_update"] = f.online_update;
+      j["online_folds"] = totals.online_folds();
+      j["drafter_kv_bytes_peak"] = totals.drafter_kv_peak_bytes();
     }
     if (f.mode == "lossy_remote") j["lossy"] = true;
     if (f.mode == "vericache") {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/compress/compressor.h"
 #include "common/ingest/prefix_ingest.h"
 #include "common/kv/compressed_kv.h"
 #include "common/kvstore/variant_codec.h"
@@ -62,6 +63,10 @@ DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
   rolled_back_ = &daemon::MustCounter(registry, "vericache_drafter_rolled_back_drafts_total",
                                       "Drafts thrown away after a verify.")
                       ->Get();
+  online_folds_ = &daemon::MustCounter(registry, "vericache_drafter_online_folds_total",
+                                       "Online compressor updates: settled tokens folded into "
+                                       "a session's compressed view.")
+                       ->Get();
   batcher_ = std::thread([this] { BatchLoop(); });
   opener_ = std::thread([this] { OpenLoop(); });
 }
@@ -110,6 +115,11 @@ grpc::ServerUnaryReactor* DrafterService::Open(grpc::CallbackServerContext* ctx,
     return Finish(ctx, absl::InvalidArgumentError(
                            "variant_key must be a 32-byte key (or set full_prefix)"));
   }
+  if (req->online_update() && (req->full_prefix() || req->prefix().prefix_tokens() == 0)) {
+    return Finish(ctx, absl::InvalidArgumentError(
+                           "online update folds into a compressed variant: it needs a stored "
+                           "prefix and a variant_key, not full_prefix"));
+  }
   OpenJob job{ctx, ctx->DefaultReactor(), req, resp};
   grpc::ServerUnaryReactor* reactor = job.reactor;
   {
@@ -148,6 +158,22 @@ void DrafterService::RunOpen(OpenJob& job) {
     std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
     VC_ASSIGN_OR_RETURN(PrefixRequest prefix, ValidatePrefix(req.prefix(), prompt, config_));
     VC_ASSIGN_OR_RETURN(cluster::SessionSampling sampling, ToSessionSampling(req.sampling()));
+    // Before the fetch: a bad compressor fails fast. The ingest made the
+    // variant from (name, ratio, bits) with default method parameters;
+    // DraftSession::Create checks the description against the variant's.
+    std::shared_ptr<const Compressor> online;
+    if (req.online_update()) {
+      CompressorOptions co;
+      co.name = req.compressor();
+      co.ratio = req.ratio();
+      co.bits = req.bits();
+      absl::StatusOr<std::unique_ptr<Compressor>> c = CreateCompressor(co);
+      if (!c.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("online update compressor: ", c.status().message()));
+      }
+      online = std::move(c).value();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (sessions_.count(req.session_id()) > 0) {
@@ -233,6 +259,8 @@ void DrafterService::RunOpen(OpenJob& job) {
     dopt.sampling = sampling;
     dopt.end_position = req.end_position();
     dopt.lookahead = req.lookahead() + options_.continuation_tokens;
+    dopt.online.compressor = std::move(online);
+    dopt.online.arena = &arena_;
     session->window = req.lookahead();
     VC_ASSIGN_OR_RETURN(session->ds, cluster::DraftSession::Create(config_, std::move(prompt),
                                                                    std::move(kv), prefix.tokens,
@@ -357,8 +385,14 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
   if (!out.ok()) return Finish(ctx, out.status());
   resp->set_surviving_drafts(out->surviving_drafts);
   resp->set_rolled_back(out->rolled_back);
+  resp->set_online_folds(s.ds->online_folds());
+  resp->set_kv_bytes(s.ds->kv_bytes());
   continuation_hits_->Inc(out->surviving_drafts);
   rolled_back_->Inc(out->rolled_back);
+  if (out->folded) {
+    online_folds_->Inc();
+    UpdateGauges();  // a fold changes the arena's bytes
+  }
   lock.unlock();
   work_cv_.notify_all();
   return Finish(ctx, absl::OkStatus());

@@ -3,13 +3,17 @@
 //
 // Open fetches the request's compressed prefix variant (or, for the
 // full_remote baseline, its full chunks) over the slow link, once per prefix
-// while any session uses it, and starts a DraftSession. One batch thread drafts for every session that is below its
-// lookahead in a single Forward call per step (continuous batching), so
-// drafts are ready before the coordinator asks for them, and it keeps
-// drafting past the window being verified (speculative continuation, up to
+// while any session uses it, and starts a DraftSession. One batch thread drafts for every session
+// that is below its lookahead in a single Forward call per step (continuous batching), so drafts
+// are ready before the coordinator asks for them, and it keeps drafting past the window being
+// verified (speculative continuation, up to
 // --continuation-tokens); Commit keeps what the verifier's tokens confirm and
 // rolls back the rest. Draft answers as soon as enough drafts exist, or when
-// no more can be drafted, within the call's deadline.
+// no more can be drafted, within the call's deadline. With online_update,
+// Commit also folds the session's settled tokens into its compressed view
+// (DraftSession's online update), so the view stays near the budget; the
+// folded prefix is the session's own (charged to the arena), while the
+// fetched variant stays shared by the sessions that have not folded yet.
 #pragma once
 
 #include <chrono>
@@ -107,6 +111,7 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   WorkerMetrics metrics_;  // the vericache_worker_* children of this role
   metrics::Counter* continuation_hits_;
   metrics::Counter* rolled_back_;
+  metrics::Counter* online_folds_;
 };
 
 }  // namespace vc::worker

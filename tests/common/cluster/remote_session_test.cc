@@ -2,13 +2,15 @@
 // driven round by round the way the coordinator drives them must produce
 // exactly the tokens of plain full-KV decoding, for every prefix length,
 // compressor, draft length, lookahead (speculative continuation), KV refresh
-// setting and sampling mode; prefix sharing across a batch must not change a
-// bit; rejection sampling reproduces the full-KV distribution; bad input is
-// rejected.
+// setting and sampling mode, with and without online compressor updates of
+// the drafter's view (which must also keep that view bounded); prefix
+// sharing across a batch must not change a bit; rejection sampling
+// reproduces the full-KV distribution; bad input is rejected.
 #include "common/cluster/remote_session.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 
@@ -102,12 +104,18 @@ class RemoteSessionTest : public ::testing::Test {
     int64_t accepted = 0;
     int64_t survived = 0;
     int64_t rejected = 0;  // drafts the verifier did not accept
+    // The drafter's KV (online update: its folds).
+    int64_t online_folds = 0;
+    int64_t kv_bytes_initial = 0;
+    int64_t kv_bytes_peak = 0;
+    int64_t kv_bytes_final = 0;
   };
 
-  // The coordinator's loop for one request, in process.
+  // The coordinator's loop for one request, in process. `online`: the
+  // drafter folds settled tokens by `compressor`'s online rule.
   RunResult Run(const std::vector<int32_t>& prompt, int32_t prefix_len, int n,
                 const CompressorOptions& compressor, int x, int lookahead, bool refresh,
-                const SessionSampling& sampling) {
+                const SessionSampling& sampling, bool online = false) {
     VerifySessionOptions vo;
     vo.sampling = sampling;
     auto vs = std::move(VerifySession::Create(config(), prompt, prefix_len, vo)).value();
@@ -115,17 +123,20 @@ class RemoteSessionTest : public ::testing::Test {
     dopt.sampling = sampling;
     dopt.lookahead = lookahead;
     dopt.end_position = static_cast<int32_t>(prompt.size()) + n;
+    if (online) dopt.online.compressor = std::move(CreateCompressor(compressor)).value();
     auto ds = std::move(DraftSession::Create(config(), prompt, DrafterKv(prompt, prefix_len, compressor),
                                              prefix_len, dopt))
                   .value();
     auto verifier_prefix = Prefill(prompt, prefix_len);
     RunResult r;
+    r.kv_bytes_initial = r.kv_bytes_peak = ds->kv_bytes();
     while (static_cast<int>(r.tokens.size()) < n) {
       while (ds->wants_step() && static_cast<int>(ds->drafts().size()) < lookahead) {
         SequenceInput in = ds->BeginStep();
         std::vector<float> logits;
         EXPECT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
         EXPECT_TRUE(ds->FinishStep(logits).ok());
+        r.kv_bytes_peak = std::max(r.kv_bytes_peak, ds->kv_bytes());
       }
       const int remaining = n - static_cast<int>(r.tokens.size());
       const int take = std::min<int>({x, static_cast<int>(ds->drafts().size()), remaining - 1});
@@ -143,6 +154,10 @@ class RemoteSessionTest : public ::testing::Test {
       if (refresh) rows = std::move(vs->EncodeRows(o.refresh_first, o.refresh_count)).value();
       auto c = ds->Commit(o.tokens, rows);
       EXPECT_TRUE(c.ok()) << c.status();
+      if (!c.ok()) return r;
+      r.kv_bytes_peak = std::max(r.kv_bytes_peak, ds->kv_bytes());
+      r.kv_bytes_final = ds->kv_bytes();
+      r.online_folds = ds->online_folds();
       r.survived += c->surviving_drafts;
       r.accepted += o.accepted;
       r.rejected += take - o.accepted;
@@ -217,6 +232,146 @@ TEST_F(RemoteSessionTest, EqualsFullDecodingForEveryConfiguration) {
     }
   }
   EXPECT_EQ(combos, 6 * 3 * 3 * 2);
+}
+
+// Every method with an online rule ('vericache compressors').
+std::vector<CompressorOptions> OnlineMethods() {
+  const std::vector<Case> cases = {{"streamingllm", 0.25, 0},
+                                   {"h2o", 0.5, 0},
+                                   {"tova", 0.4, 0},
+                                   {"kivi", 0, 2},
+                                   {"kivi", 0, 4},
+                                   {"int8", 0, 8},
+                                   {"snapkv+kivi", 0.5, 4},
+                                   {"h2o+int8", 0.5, 8}};
+  std::vector<CompressorOptions> out;
+  for (const Case& c : cases) {
+    CompressorOptions co;
+    co.name = c.compressor;
+    co.ratio = c.ratio;
+    co.bits = c.bits;
+    co.window = 8;
+    co.residual = 8;
+    co.quant_group = 8;
+    out.push_back(co);
+  }
+  return out;
+}
+
+std::string Name(const CompressorOptions& co) {
+  return co.name + ":" + std::to_string(co.ratio) + ":" + std::to_string(co.bits);
+}
+
+TEST_F(RemoteSessionTest, OnlineUpdateStillEqualsFullDecoding) {
+  int combos = 0;
+  for (const CompressorOptions& co : OnlineMethods()) {
+    int64_t folds = 0;
+    for (int32_t prefix_len : {16, 48}) {
+      for (int x : {1, 3, 8}) {
+        const bool refresh = (x + prefix_len / 16) % 2 == 0;
+        const int lookahead = x + (prefix_len == 16 ? 4 : 0);
+        for (const SessionSampling& s : {Greedy(), Seeded(7 + x)}) {
+          const auto prompt = Prompt(prefix_len + 5, 300 + prefix_len + x);
+          const int n = 40;
+          const RunResult r = Run(prompt, prefix_len, n, co, x, lookahead, refresh, s, true);
+          ASSERT_EQ(r.tokens, Full(prompt, n, s))
+              << Name(co) << " L=" << prefix_len << " x=" << x << " refresh=" << refresh
+              << " seeded=" << (s.mode == SamplingMode::kSeeded);
+          folds += r.online_folds;
+          ++combos;
+        }
+      }
+    }
+    EXPECT_GT(folds, 0) << Name(co) << " never folded";
+  }
+  EXPECT_EQ(combos, 8 * 2 * 3 * 2);
+}
+
+TEST_F(RemoteSessionTest, OnlineUpdateKeepsTheDrafterViewBounded) {
+  // 48 stored tokens, then 256 generated: without online update every
+  // generated token stays in the drafter's tail in f32.
+  ModelConfig c = SmallConfig();
+  c.max_seq_len = 320;
+  UseModel(c, 11);
+  const auto prompt = Prompt(49, 41);
+  const int n = 256;
+  const std::vector<int32_t> reference = Full(prompt, n, Greedy());
+  for (const CompressorOptions& co : OnlineMethods()) {
+    for (const bool refresh : {true, false}) {
+      const RunResult plain = Run(prompt, 48, n, co, 4, 8, refresh, Greedy(), false);
+      const RunResult online = Run(prompt, 48, n, co, 4, 8, refresh, Greedy(), true);
+      ASSERT_EQ(plain.tokens, reference) << Name(co);
+      ASSERT_EQ(online.tokens, reference) << Name(co);
+      EXPECT_EQ(plain.online_folds, 0);
+      EXPECT_GT(online.online_folds, 0) << Name(co);
+      const int64_t plain_growth = plain.kv_bytes_peak - plain.kv_bytes_initial;
+      const int64_t online_growth = online.kv_bytes_peak - online.kv_bytes_initial;
+      std::printf("online %-22s refresh=%d: %lld folds, drafter KV +%lld bytes (plain +%lld)\n",
+                  Name(co).c_str(), refresh, static_cast<long long>(online.online_folds),
+                  static_cast<long long>(online_growth), static_cast<long long>(plain_growth));
+      // The plain tail holds about one f32 row per generated token.
+      EXPECT_GE(plain_growth, int64_t{n} * config().kv_bytes_per_token()) << Name(co);
+      // Online, the view grows at the method's budget (INT8 on 8-dim heads
+      // keeps 0.375 of f32, the others less) plus a window of exact rows.
+      EXPECT_LT(online_growth * 10, plain_growth * 6)
+          << Name(co) << " refresh=" << refresh << ": plain +" << plain_growth << " online +"
+          << online_growth;
+    }
+  }
+}
+
+TEST_F(RemoteSessionTest, OnlineUpdateRejectsBadInput) {
+  const auto prompt = Prompt(24, 5);
+  CompressorOptions kivi;
+  kivi.name = "kivi";
+  kivi.bits = 4;
+  DraftSessionOptions dopt;
+  dopt.online.compressor = std::move(CreateCompressor(kivi)).value();
+  // A full (PrefixTailKv) view has nothing to fold into.
+  auto full = DraftSession::Create(config(), prompt, DrafterKv(prompt, 16, {}), 16, dopt);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(full.status().message().find("compressed view"), std::string::npos) << full.status();
+  // SnapKV compresses once after prefill: no online rule.
+  CompressorOptions snap;
+  snap.name = "snapkv";
+  snap.ratio = 0.5;
+  snap.window = 8;
+  DraftSessionOptions snap_opt;
+  snap_opt.online.compressor = std::move(CreateCompressor(snap)).value();
+  auto none = DraftSession::Create(config(), prompt, DrafterKv(prompt, 16, snap), 16, snap_opt);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("no online rule"), std::string::npos) << none.status();
+  // Not the compressor the view was made with.
+  CompressorOptions kivi2 = kivi;
+  kivi2.bits = 2;
+  auto other = DraftSession::Create(config(), prompt, DrafterKv(prompt, 16, kivi2), 16, dopt);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("kivi(bits=2"), std::string::npos) << other.status();
+
+  // A refresh after a commit without one reaches below the settled length.
+  dopt.lookahead = 4;
+  auto ds = std::move(DraftSession::Create(config(), prompt, DrafterKv(prompt, 16, kivi), 16, dopt))
+                .value();
+  while (ds->wants_step()) {
+    SequenceInput in = ds->BeginStep();
+    std::vector<float> logits;
+    ASSERT_TRUE(engine_->Forward({&in, 1}, &logits).ok());
+    ASSERT_TRUE(ds->FinishStep(logits).ok());
+  }
+  // The drafter's own tokens (as in lossy_remote): all final without refresh.
+  const std::vector<int32_t> three(ds->drafts().begin(), ds->drafts().begin() + 3);
+  ASSERT_TRUE(ds->Commit(three, "").ok());
+  EXPECT_EQ(ds->compressed_view()->settled_length(), 24 + 3);
+  auto vs = std::move(VerifySession::Create(config(), prompt, 16, {})).value();
+  ASSERT_TRUE(vs->AttachPrefix(Prefill(prompt, 16)).ok());
+  VerifySession* one = vs.get();
+  const std::vector<int32_t> none_drafted;
+  ASSERT_TRUE(RunVerifyPass(*engine_, {&one, 1}, {&none_drafted, 1})[0].ok());
+  const std::string rows = std::move(vs->EncodeRows(16, 8)).value();  // [16, 24)
+  const std::vector<int32_t> fourth(ds->drafts().begin(), ds->drafts().begin() + 1);
+  const auto mixed = ds->Commit(fourth, rows);
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition) << mixed.status();
+  EXPECT_NE(mixed.status().message().find("settled length"), std::string::npos);
 }
 
 TEST_F(RemoteSessionTest, SharedPrefixBatchIsBitIdenticalToSeparatePasses) {

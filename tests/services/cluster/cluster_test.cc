@@ -3,8 +3,9 @@
 // LocalCluster): many concurrent requests over distinct and shared stored
 // prefixes, several compressors, greedy and seeded sampling and every
 // request mode must produce exactly what single-process full-KV decoding
-// produces (lossy_remote excepted: it is the unverified baseline); bad input
-// gets a precise INVALID_ARGUMENT; a killed drafter falls back, a killed
+// produces (lossy_remote excepted: it is the unverified baseline), also with
+// the drafter's online compressor update; bad input gets a precise
+// INVALID_ARGUMENT; a killed drafter falls back, a killed
 // verifier fails the request cleanly, and a killed store keeps its committed
 // prefixes and loses its uncommitted put.
 #include <filesystem>
@@ -44,6 +45,7 @@ struct Spec {
   uint64_t seed = 0;
   int draft_len = 0;
   int64_t max_new = 48;
+  bool online_update = false;
 };
 
 struct Outcome {
@@ -101,6 +103,7 @@ class ClusterTest : public ::testing::Test {
     req.set_ratio(s.ratio);
     req.set_bits(s.bits);
     req.set_draft_len(s.draft_len);
+    req.set_online_update(s.online_update);
     if (s.seeded) {
       req.mutable_sampling()->set_mode(pb::SamplingConfig::SEEDED);
       req.mutable_sampling()->set_temperature(0.9f);
@@ -272,6 +275,69 @@ int WorkerSessions(pb::Coordinator::Stub* stub) {
   int sessions = 0;
   for (const auto& w : resp.workers()) sessions += w.sessions();
   return sessions;
+}
+
+TEST_F(ClusterTest, OnlineUpdateInTheDrafterEqualsFullKvDecoding) {
+  StartCluster();
+  // 80-token prompts: 64 stored tokens (two chunks), so the drafter folds
+  // into the fetched variant.
+  const std::vector<std::tuple<std::string, double, int>> compressors = {
+      {"kivi", 0, 4}, {"int8", 0, 0}, {"streamingllm", 0.5, 0}, {"h2o", 0.5, 0}};
+  std::vector<Spec> specs;
+  for (size_t i = 0; i < compressors.size() * 2; ++i) {
+    Spec s;
+    const auto& [name, ratio, bits] = compressors[i / 2];
+    s.prompt = Text(80, 400 + i);
+    s.compressor = name;
+    s.ratio = ratio;
+    s.bits = bits;
+    s.seeded = i % 2 == 1;
+    s.seed = 500 + i;
+    s.draft_len = 3 + static_cast<int>(i);
+    s.max_new = 48;
+    s.online_update = true;
+    specs.push_back(s);
+  }
+  Spec lossy = specs[0];
+  lossy.mode = pb::MODE_LOSSY_REMOTE;
+  specs.push_back(lossy);
+  std::vector<Outcome> out(specs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = Generate(ToRequest(specs[i])); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Spec& s = specs[i];
+    ASSERT_TRUE(out[i].status.ok()) << "request " << i << ": " << out[i].status.error_message();
+    ASSERT_EQ(static_cast<int64_t>(out[i].tokens.size()), s.max_new) << "request " << i;
+    EXPECT_EQ(out[i].tokens, out[i].streamed) << "request " << i;
+    EXPECT_GT(out[i].totals.online_folds(), 0) << "request " << i << " (" << s.compressor << ")";
+    EXPECT_GT(out[i].totals.drafter_kv_peak_bytes(), 0) << "request " << i;
+    if (s.mode == pb::MODE_LOSSY_REMOTE) continue;  // the unverified baseline
+    EXPECT_EQ(out[i].tokens, Reference(s.prompt, s))
+        << "request " << i << " compressor " << s.compressor << " seeded " << s.seeded;
+    EXPECT_GT(out[i].totals.verify_rounds(), 0) << "request " << i;
+  }
+
+  // Refused before any session opens, naming the problem.
+  Spec bad;
+  bad.prompt = Text(80, 450);
+  bad.max_new = 8;
+  bad.online_update = true;
+  bad.compressor = "snapkv";
+  bad.ratio = 0.3;
+  grpc::Status st = Generate(ToRequest(bad)).status;
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("snapkv has no online rule"), std::string::npos)
+      << st.error_message();
+  bad.compressor = "int8";
+  bad.ratio = 0;
+  bad.mode = pb::MODE_FULL_LOCAL;
+  st = Generate(ToRequest(bad)).status;
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("not full_local"), std::string::npos) << st.error_message();
+  EXPECT_EQ(WorkerSessions(stub_.get()), 0);
 }
 
 TEST_F(ClusterTest, CancelAndClientDisconnectFreeEveryWorkersSessions) {
