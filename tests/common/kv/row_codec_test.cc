@@ -185,7 +185,9 @@ std::vector<float> ReferenceDecode(const RowStore& store) {
   std::vector<float> out(static_cast<size_t>(n * dim));
   auto floats = [&](int64_t count) {
     std::vector<float> v(static_cast<size_t>(count));
-    std::memcpy(v.data(), bytes.data() + at, static_cast<size_t>(count) * sizeof(float));
+    if (count > 0) {  // an empty vector's data() may be null
+      std::memcpy(v.data(), bytes.data() + at, static_cast<size_t>(count) * sizeof(float));
+    }
     at += static_cast<size_t>(count) * sizeof(float);
     return v;
   };
