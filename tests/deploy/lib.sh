@@ -69,11 +69,13 @@ start_daemon() {
   [[ -n "$DAEMON_ADDR" && -n "$DAEMON_METRICS" ]] || die "cannot read the addresses in $name's line: $line"
 }
 
-# start_kvstore BIN: vc-kvstore on free ports (port 0) with a scratch data dir;
+# start_kvstore BIN: vc-kvstore on free ports (port 0, the data plane too, so
+# tests running side by side never collide) with a scratch data dir;
 # sets KVSTORE_PID, KVSTORE_ADDR, KVSTORE_METRICS.
 start_kvstore() {
   mkdir -p "$VC_TMP/kv"
-  start_daemon vc-kvstore "$1" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir "$VC_TMP/kv"
+  start_daemon vc-kvstore "$1" --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
+    --metrics-listen 127.0.0.1:0 --data-dir "$VC_TMP/kv"
   # shellcheck disable=SC2034  # read by the scripts that source this file
   KVSTORE_PID="$DAEMON_PID" KVSTORE_ADDR="$DAEMON_ADDR" KVSTORE_METRICS="$DAEMON_METRICS"
 }
