@@ -13,6 +13,7 @@
 #include "common/speculative/draft_verify.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
+#include "services/common/sampling_config.h"
 
 namespace vc::coordinator {
 
@@ -510,20 +511,8 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
         "prompt (", plan.prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
         ") exceeds the model's context of ", context_, " tokens"));
   }
-  if (req.sampling().mode() == pb::SamplingConfig::SEEDED ||
-      req.sampling().mode() == pb::SamplingConfig::REJECTION) {
-    SamplingParams sp;
-    sp.temperature = req.sampling().temperature();
-    sp.top_k = req.sampling().top_k();
-    sp.top_p = req.sampling().top_p() == 0.0f ? 1.0f : req.sampling().top_p();
-    sp.seed = req.sampling().seed();
-    VC_RETURN_IF_ERROR(sp.Validate());
-    if (sp.temperature <= 0.0f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          req.sampling().mode() == pb::SamplingConfig::SEEDED ? "seeded" : "rejection",
-          " sampling needs a temperature > 0"));
-    }
-  }
+  // The workers' own check, here before any session opens.
+  VC_RETURN_IF_ERROR(daemon::ToSessionSampling(req.sampling()).status());
   if (req.draft_len() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("draft_len must be >= 0, got ", req.draft_len()));
   }

@@ -10,6 +10,7 @@
 #include "common/kvstore/variant_codec.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
+#include "services/common/sampling_config.h"
 #include "services/worker/worker_common.h"
 
 namespace vc::worker {
@@ -157,7 +158,7 @@ void DrafterService::RunOpen(OpenJob& job) {
   absl::Status status = [&]() -> absl::Status {
     std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
     VC_ASSIGN_OR_RETURN(PrefixRequest prefix, ValidatePrefix(req.prefix(), prompt, config_));
-    VC_ASSIGN_OR_RETURN(cluster::SessionSampling sampling, ToSessionSampling(req.sampling()));
+    VC_ASSIGN_OR_RETURN(cluster::SessionSampling sampling, daemon::ToSessionSampling(req.sampling()));
     // Before the fetch: a bad compressor fails fast. The ingest made the
     // variant from (name, ratio, bits) with default method parameters;
     // DraftSession::Create checks the description against the variant's.

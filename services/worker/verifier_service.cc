@@ -7,6 +7,7 @@
 #include "common/ingest/prefix_ingest.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
+#include "services/common/sampling_config.h"
 #include "services/worker/worker_common.h"
 
 namespace vc::worker {
@@ -115,7 +116,7 @@ grpc::ServerUnaryReactor* VerifierService::Open(grpc::CallbackServerContext* ctx
   std::vector<int32_t> prompt(req->prompt().begin(), req->prompt().end());
   absl::StatusOr<PrefixRequest> prefix = ValidatePrefix(req->prefix(), prompt, config_);
   if (!prefix.ok()) return Finish(ctx, prefix.status());
-  absl::StatusOr<cluster::SessionSampling> sampling = ToSessionSampling(req->sampling());
+  absl::StatusOr<cluster::SessionSampling> sampling = daemon::ToSessionSampling(req->sampling());
   if (!sampling.ok()) return Finish(ctx, sampling.status());
   cluster::VerifySessionOptions vo;
   vo.sampling = *sampling;

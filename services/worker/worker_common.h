@@ -30,9 +30,6 @@ absl::StatusOr<PrefixRequest> ValidatePrefix(const vericache::v1::PrefixRef& pre
                                              const std::vector<int32_t>& prompt,
                                              const ModelConfig& config);
 
-// Greedy, seeded or rejection; InvalidArgument for bad parameters.
-absl::StatusOr<cluster::SessionSampling> ToSessionSampling(const vericache::v1::SamplingConfig& s);
-
 // A draft distribution on the wire keeps only its non-zero entries (top-k /
 // top-p leave few); FromDraftDistribution rebuilds the dense vector of
 // `vocab_size` entries, InvalidArgument for ids outside the vocabulary,
