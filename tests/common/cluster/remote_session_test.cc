@@ -202,19 +202,25 @@ struct Case {
   int bits;
 };
 
+// Small windows and groups, so that short prompts exercise every stage.
+CompressorOptions Options(const Case& c) {
+  CompressorOptions co;
+  co.name = c.compressor;
+  co.ratio = c.ratio;
+  co.bits = c.bits;
+  co.window = 8;
+  co.residual = 8;
+  co.quant_group = 8;
+  return co;
+}
+
 TEST_F(RemoteSessionTest, EqualsFullDecodingForEveryConfiguration) {
   const std::vector<Case> cases = {{"streamingllm", 0.25, 0}, {"snapkv", 0.3, 0},
                                    {"h2o", 0.5, 0},           {"kivi", 0, 2},
                                    {"int8", 0, 8},            {"snapkv+kivi", 0.5, 4}};
   int combos = 0;
   for (const Case& c : cases) {
-    CompressorOptions co;
-    co.name = c.compressor;
-    co.ratio = c.ratio;
-    co.bits = c.bits;
-    co.window = 8;
-    co.residual = 8;
-    co.quant_group = 8;
+    const CompressorOptions co = Options(c);
     for (int32_t prefix_len : {0, 16, 48}) {
       for (int x : {1, 3, 8}) {
         const bool refresh = (x + prefix_len) % 2 == 0;
@@ -245,16 +251,7 @@ std::vector<CompressorOptions> OnlineMethods() {
                                    {"snapkv+kivi", 0.5, 4},
                                    {"h2o+int8", 0.5, 8}};
   std::vector<CompressorOptions> out;
-  for (const Case& c : cases) {
-    CompressorOptions co;
-    co.name = c.compressor;
-    co.ratio = c.ratio;
-    co.bits = c.bits;
-    co.window = 8;
-    co.residual = 8;
-    co.quant_group = 8;
-    out.push_back(co);
-  }
+  for (const Case& c : cases) out.push_back(Options(c));
   return out;
 }
 
