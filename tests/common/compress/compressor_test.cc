@@ -17,6 +17,7 @@
 #include "common/kv/row_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/compress/tiny_model.h"
 
 namespace vc {
 namespace {
@@ -26,21 +27,8 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using Which = AttentionStats::Which;
 
-// Two layers, two KV heads (GQA: two query heads each), head_dim 4: a full
-// f32 token costs 2 layers x 2 heads x 2 rows x 16 bytes = 128 bytes, and a
-// kept token of one head 2 x 16 + 4 (index) = 36 bytes against 32 full.
-ModelConfig TinyConfig(int layers = 2) {
-  ModelConfig c;
-  c.dim = 16;
-  c.hidden_dim = 32;
-  c.n_layers = layers;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.vocab_size = 32;
-  c.max_seq_len = 128;
-  return c;
-}
+using testing::Row;
+using testing::TinyConfig;
 
 // Distinct, exactly representable rows: K = 100 l + 10 h + pos + c / 8,
 // V = -(K) - 0.5.
@@ -103,12 +91,6 @@ std::shared_ptr<const CompressedPrefix> MustCompress(const CompressorOptions& op
 
 std::vector<int32_t> Kept(const CompressedPrefix& p, int l, int h) {
   return p.layer(l).heads[h].positions;
-}
-
-std::vector<float> Row(const RowStore& store, int64_t i) {
-  std::vector<float> out(store.dim());
-  store.Decode(i, out.data());
-  return out;
 }
 
 // Every kept row of a pure dropper is the original f32 row of its position.

@@ -19,6 +19,7 @@
 #include "common/kv/row_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/compress/tiny_model.h"
 
 namespace vc {
 namespace {
@@ -28,21 +29,8 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using Which = AttentionStats::Which;
 
-// As in compressor_test: 2 layers, 2 KV heads, head_dim 4; a kept f32 token
-// of one head costs 36 bytes (2 rows + index) against 32 full, so a ratio of
-// 0.5 keeps 5 of 12 tokens and 7 of 16.
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.dim = 16;
-  c.hidden_dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.vocab_size = 32;
-  c.max_seq_len = 128;
-  return c;
-}
+using testing::Row;
+using testing::TinyConfig;
 
 // Distinct rows, irregular enough that quantisation is not exact.
 float KeyOf(int l, int h, int32_t pos, int c) {
@@ -101,12 +89,6 @@ std::unique_ptr<CompressedSequenceKv> View(const ModelConfig& c, const Compresso
   WriteRows(c, *view, n0, n);
   EXPECT_TRUE(view->Settle(n).ok());
   return view;
-}
-
-std::vector<float> Row(const RowStore& store, int64_t i) {
-  std::vector<float> out(store.dim());
-  store.Decode(i, out.data());
-  return out;
 }
 
 std::string Serialized(const RowStore& s) {
