@@ -167,13 +167,18 @@ TEST_F(KvStoreFaultTest, CrashLosesNothingSyncedEvenWithATornTail) {
       ASSERT_TRUE(store_->Put(Key(i), Value(i, version)).ok());
       committed_[i] = version;
       // Reads append unsynced bookkeeping to the log between synced commits.
-      ASSERT_TRUE(store_->Get(Key(i / 2)).ok());
+      auto touched = store_->Get(Key(i / 2));
+      ASSERT_TRUE(touched.ok()) << "seed " << seed << " key " << i / 2 << ": " << touched.status();
     }
     for (int i = 0; i < n; i += 7) {
       ASSERT_TRUE(store_->Delete(Key(i)).ok());
       committed_.erase(i);
     }
-    for (int i = 1; i < n; i += 3) ASSERT_TRUE(store_->Get(Key(i)).ok());  // an unsynced tail
+    for (int i = 1; i < n; i += 3) {  // an unsynced tail of access-order updates
+      if (committed_.count(i) > 0) {
+        ASSERT_TRUE(store_->Get(Key(i)).ok()) << i;
+      }
+    }
     const std::string crashed = (dir_ / absl::StrCat("crashed", seed)).string();
     const int64_t dropped = fs_->CopyAsCrashed(options_.path, crashed, /*torn=*/true, seed);
     ASSERT_GE(dropped, 0);

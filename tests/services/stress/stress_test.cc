@@ -204,7 +204,8 @@ TEST_F(StressTest, BadOptionsAreClearErrors) {
   auto r = RunStress(o);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   o = o_;
-  o.verify_only = true;  // no oracle yet
+  o.oracle_path = (dir_ / "never-created").string();
+  o.verify_only = true;  // no oracle to verify against
   EXPECT_EQ(RunStress(o).status().code(), absl::StatusCode::kNotFound);
 }
 
