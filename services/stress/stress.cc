@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -159,9 +160,28 @@ class Runner {
     const auto start = std::chrono::steady_clock::now();
     deadline_ = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(o_.duration_s));
+    // A progress line a second on stderr: a crash loop that kills this
+    // process still learns how many operations ran.
+    std::mutex progress_mu;
+    std::condition_variable progress_cv;
+    bool done = false;
+    std::thread progress([&] {
+      std::unique_lock<std::mutex> lock(progress_mu);
+      while (!progress_cv.wait_for(lock, std::chrono::seconds(1), [&] { return done; })) {
+        std::fprintf(stderr, "vc-stress: progress: %lld ops, %lld violations\n",
+                     static_cast<long long>(ops_issued_.load()),
+                     static_cast<long long>(violations_.load()));
+      }
+    });
     std::vector<std::thread> threads;
     for (int t = 0; t < o_.threads; ++t) threads.emplace_back([this, t] { Worker(t); });
     for (auto& th : threads) th.join();
+    {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      done = true;
+    }
+    progress_cv.notify_all();
+    progress.join();
     report_->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (int op = 0; op < kNumOps; ++op) {
       report_->ops[kOpNames[op]] = counts_[op];
@@ -180,6 +200,10 @@ class Runner {
     if (o_.ops > 0) quota = o_.ops / o_.threads + (t < o_.ops % o_.threads ? 1 : 0);
     for (int64_t i = 0; i < quota && !stop_; ++i) {
       if (std::chrono::steady_clock::now() >= deadline_) break;
+      const int64_t issued_before = local[kPut].issued + local[kPutAbort].issued +
+                                    local[kGet].issued + local[kFetch].issued +
+                                    local[kLookup].issued + local[kDelete].issued +
+                                    local[kPin].issued + local[kUnpin].issued;
       int pick = static_cast<int>(rng.Uniform(100));
       int op = 0;
       while (pick >= kOpWeights[op]) pick -= kOpWeights[op++];
@@ -193,6 +217,9 @@ class Runner {
         case kPin: DoPin(rng, pins, local[op]); break;
         case kUnpin: DoUnpin(rng, pins, local[op]); break;
       }
+      int64_t issued_after = 0;
+      for (const OpCounts& c : local) issued_after += c.issued;
+      ops_issued_ += issued_after - issued_before;
     }
     // Release this thread's pins so the final verify knows every pin.
     while (!pins.empty() && !stop_) DoUnpin(rng, pins, local[kUnpin]);
@@ -583,6 +610,7 @@ class Runner {
   }
 
   void Violation(const std::string& message) {
+    ++violations_;
     std::lock_guard<std::mutex> lock(mu_);
     ++report_->violations;
     if (static_cast<int>(report_->violation_messages.size()) < o_.max_reported_violations) {
@@ -668,6 +696,8 @@ class Runner {
   std::atomic<int64_t> unreachable_since_ms_{0};
   std::atomic<int64_t> observed_evicted_{0};
   std::atomic<int64_t> observed_expired_{0};
+  std::atomic<int64_t> ops_issued_{0};
+  std::atomic<int64_t> violations_{0};
   std::mutex mu_;  // guards report_ messages and counts_
   OpCounts counts_[kNumOps];
 };

@@ -153,6 +153,8 @@ for (( round = 1; round <= ROUNDS; round++ )); do
        fail "round $round: vc-stress exited $rc under load (kill at ${kill_s}s)" ;;
   esac
   ops=$(sed -n 's/.*run [0-9]*: \([0-9]*\) ops.*/\1/p' "$out" | tail -1)
+  # Killed before its summary: its last progress line (printed every second).
+  [[ -z "$ops" ]] && ops=$(sed -n 's/^vc-stress: progress: \([0-9]*\) ops.*/\1/p' "$LOGS/stress.$round.err" | tail -1)
   TOTAL_OPS=$(( TOTAL_OPS + ${ops:-0} ))
   [[ "$MODE" == remote ]] && start_store "$round"
   vout="$LOGS/verify.$round.out"

@@ -27,6 +27,7 @@ class StressTest : public ::testing::Test {
     static std::atomic<int> counter{0};
     dir_ = std::filesystem::path(::testing::TempDir()) /
            absl::StrCat("vc_stress_", getpid(), "_", counter++);
+    // Short runs: the whole file stays under ~20 s on a loaded 2-core machine.
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     o_.mode = "inproc";
@@ -124,6 +125,7 @@ TEST_F(StressTest, ShortRunUnderEvictionHasNoViolation) {
 
 TEST_F(StressTest, OtherBytesAreAViolation) {
   o_.disk_bytes = 64 << 20;  // nothing evicted: every committed key must be there
+  o_.duration_s = 1;
   MustRun(o_);
   const StressReport v = VerifyAfter([](kvstore::KvStore& s, uint32_t i, const KeyRecord& r,
                                         uint64_t ns) {
@@ -140,6 +142,7 @@ TEST_F(StressTest, OtherBytesAreAViolation) {
 
 TEST_F(StressTest, LostCommitIsAViolation) {
   o_.disk_bytes = 64 << 20;
+  o_.duration_s = 1;
   MustRun(o_);
   const StressReport v = VerifyAfter([](kvstore::KvStore& s, uint32_t i, const KeyRecord&,
                                         uint64_t ns) { ASSERT_TRUE(s.Delete(KeyBytes(ns, i)).ok()); });
@@ -150,6 +153,7 @@ TEST_F(StressTest, LostCommitIsAViolation) {
 
 TEST_F(StressTest, AnAbortedOrOverwrittenValueIsAViolation) {
   o_.disk_bytes = 64 << 20;
+  o_.duration_s = 1;
   MustRun(o_);
   const StressReport v = VerifyAfter([](kvstore::KvStore& s, uint32_t i, const KeyRecord& r,
                                         uint64_t ns) {
@@ -171,6 +175,7 @@ TEST_F(StressTest, TtlExpiryIsObservedWithoutViolation) {
 
 TEST_F(StressTest, UnsyncedCommitsPassTheirOwnChecks) {
   o_.sync_writes = false;
+  o_.duration_s = 1;
   MustRun(o_);
 }
 
