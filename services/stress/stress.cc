@@ -759,6 +759,7 @@ absl::StatusOr<StressReport> RunStress(const StressOptions& options) {
   eo.max_value_bytes = o.max_value_bytes;
   eo.sync = o.oracle_sync;
   eo.create = !o.verify_only;
+  eo.namespace_seed = o.seed;
   VC_ASSIGN_OR_RETURN(auto oracle, ExpectedState::Open(eo));
   std::unique_ptr<StressTarget> target;
   if (o.mode == "inproc") {

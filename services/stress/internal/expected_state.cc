@@ -346,9 +346,11 @@ absl::StatusOr<std::unique_ptr<ExpectedState>> ExpectedState::Open(
     h.format_version = kFormatVersion;
     h.num_keys = num_keys;
     // A namespace per oracle: two oracles never share keys in one store.
-    h.key_namespace = Mix(static_cast<uint64_t>(getpid()) ^
-                          static_cast<uint64_t>(st.st_ino) ^
-                          static_cast<uint64_t>(time(nullptr)) << 20);
+    h.key_namespace = options.namespace_seed != 0
+                          ? Mix(options.namespace_seed ^ 0x6e616d6573706163ULL)
+                          : Mix(static_cast<uint64_t>(getpid()) ^
+                                static_cast<uint64_t>(st.st_ino) ^
+                                static_cast<uint64_t>(time(nullptr)) << 20);
     h.min_value_bytes = options.min_value_bytes;
     h.max_value_bytes = options.max_value_bytes;
     h.checksum = HeaderChecksum(h);

@@ -113,6 +113,9 @@ struct ExpectedStateOptions {
   int64_t max_value_bytes = 16384;
   bool sync = true;              // msync touched pages before mutating calls
   bool create = true;            // false: the file must exist (--verify-only)
+  // A new file's key namespace is drawn from this (0: from the clock), so a
+  // seed replays the same keys and value sizes on a fresh store.
+  uint64_t namespace_seed = 0;
 };
 
 class ExpectedState {
