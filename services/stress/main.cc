@@ -56,7 +56,15 @@ int main(int argc, char** argv) {
   const absl::StatusOr<vc::stress::StressReport> report = vc::stress::RunStress(o);
   if (!report.ok()) {
     std::fprintf(stderr, "%s: %s\n", kName, report.status().ToString().c_str());
-    return report.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    const absl::StatusCode code = report.status().code();
+    if (code == absl::StatusCode::kInvalidArgument) return 2;
+    // The daemon was not there to connect to (a crash loop may have just
+    // killed it): the same exit as losing it mid-run.
+    if (o.mode == "remote" &&
+        (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded)) {
+      return 3;
+    }
+    return 1;
   }
   std::fputs(vc::stress::FormatReport(*report).c_str(), stdout);
   std::fflush(stdout);
