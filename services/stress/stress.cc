@@ -831,8 +831,9 @@ std::string FormatReport(const StressReport& r) {
   absl::StrAppend(
       &out,
       absl::StrFormat("vc-stress: %s run %d: %d ops in %.1f s (%.0f/s), %d keys verified (%d "
-                      "unreachable), %d resolved after a crash, %d evicted and %d expired entries observed, %d "
-                      "violations, %d unexpected errors, seed %d\n",
+                      "unreachable), %d resolved after a crash, entries found gone %d times "
+                      "where eviction and %d where expiry allowed it, %d violations, %d "
+                      "unexpected errors, seed %d\n",
                       verdict, r.run, r.total_ops, r.seconds,
                       r.seconds > 0 ? static_cast<double>(r.total_ops) / r.seconds : 0.0,
                       r.verified_keys, r.unverified_keys, r.resolved_keys, r.observed_evicted, r.observed_expired,

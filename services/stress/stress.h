@@ -63,8 +63,8 @@ struct StressReport {
   int64_t verified_keys = 0;             // keys read by the verify passes
   int64_t unverified_keys = 0;           // keys a verify pass could not read
   int64_t resolved_keys = 0;             // pending outcomes resolved by a verify pass
-  int64_t observed_evicted = 0;          // committed entries found evicted
-  int64_t observed_expired = 0;          // committed entries found expired
+  int64_t observed_evicted = 0;          // committed entries found gone where eviction allowed it
+  int64_t observed_expired = 0;          // ... where expiry allowed it (eviction may have too)
   int64_t violations = 0;
   std::vector<std::string> violation_messages;  // the first max_reported_violations
   int64_t unexpected_errors = 0;         // errors the store should not return (bugs)
