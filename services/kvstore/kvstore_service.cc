@@ -60,14 +60,11 @@ std::string OwnerFromPeer(const std::string& peer) {
 }
 
 std::string CallerOwner(const grpc::ServerContextBase& ctx) {
-  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth != nullptr && auth->IsPeerAuthenticated()) {
-    std::string id;
-    for (const grpc::string_ref& part : auth->GetPeerIdentity()) {
-      absl::StrAppend(&id, id.empty() ? "" : ",", std::string(part.data(), part.size()));
-    }
-    return absl::StrCat("id:", id);
-  }
+  // The data plane does not authenticate its peers yet, so its owner string
+  // is the peer's address; the control plane must give the same string for
+  // the same writer, or a put begun here could not be staged there. Once
+  // the data plane authenticates (PeerInfo::identity), both planes switch to
+  // the authenticated identity together (gRPC: ctx.auth_context()).
   return OwnerFromPeer(ctx.peer());
 }
 

@@ -31,12 +31,11 @@ absl::Status ValidateRawKey(const std::string& key, const std::string& what);
 // absl -> gRPC status with the same code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// The owner of what a gRPC caller opens (a two-phase put): its
-// authenticated identity when the channel authenticates it ("id:" + the
-// peer identity gRPC reports, e.g. a client certificate's common name),
-// else "addr:" + its IP address — the same string the data plane's
-// PeerInfo::Owner() gives for that caller, so one peer can begin a put over
-// gRPC and stage it over the data plane, and nobody else can. `peer` is
+// The owner of what a gRPC caller opens (a two-phase put): "addr:" + its IP
+// address — the same string the data plane's PeerInfo::Owner() gives for
+// that caller, so one peer can begin a put over gRPC and stage it over the
+// data plane, and nobody else can. (Both planes move to the authenticated
+// identity together once the data plane authenticates its peers.) `peer` is
 // grpc's ServerContext::peer() ("ipv4:1.2.3.4:5", "ipv6:[::1]:5").
 std::string OwnerFromPeer(const std::string& peer);
 std::string CallerOwner(const grpc::ServerContextBase& ctx);
