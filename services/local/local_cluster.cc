@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/base/status_macros.h"
+#include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
 
 namespace vc::local {
@@ -169,6 +171,30 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   return ep;
 }
 
+// A throwaway seal key pair for this cluster in `dir`: the private key
+// (PEM, mode 0600) for the workers that write KV, the trust file (its
+// public key) for the store and the readers.
+static absl::Status WriteSealKeyPair(const std::string& dir, std::string* key_path,
+                                     std::string* trust_path) {
+  VC_ASSIGN_OR_RETURN(auto signer, kvstore::SealSigner::Generate());
+  VC_ASSIGN_OR_RETURN(std::string pem, signer->PrivateKeyPem());
+  *key_path = (fs::path(dir) / "seal-key.pem").string();
+  *trust_path = (fs::path(dir) / "seal-trust.txt").string();
+  const int fd = ::open(key_path->c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", *key_path, ": ", std::strerror(errno)));
+  }
+  const bool written = ::write(fd, pem.data(), pem.size()) == static_cast<ssize_t>(pem.size());
+  ::close(fd);
+  std::ofstream trust(*trust_path, std::ios::trunc);
+  trust << "# vericache local: seal public key (key id " << signer->key_id() << ")\n"
+        << signer->PublicKeyHex() << "\n";
+  if (!written || !trust.good()) {
+    return absl::InternalError(absl::StrCat("cannot write the seal key pair in ", dir));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
   if (o.model.empty()) return absl::InvalidArgumentError("--model is required (no default model found)");
   if (o.verifiers < 1 || o.drafters < 1) {
@@ -205,6 +231,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--fast-link-latency-ms=", o.fast_link_latency_ms),
       absl::StrCat("--slow-link-latency-ms=", o.slow_link_latency_ms),
       absl::StrCat("--link-slot-seconds=", o.slot_ms > 0 ? o.slot_ms / 1000.0 : 0.01)};
+  std::vector<std::string> verifier_seal, drafter_seal;
+  if (o.seal_kv) {
+    std::string key_path, trust_path;
+    if (absl::Status s = WriteSealKeyPair(cluster->data_dir_, &key_path, &trust_path); !s.ok()) {
+      return fail(s);
+    }
+    cluster->kvstore_args_.push_back("--seal-trust=" + trust_path);
+    verifier_seal = {"--seal-key=" + key_path, "--seal-trust=" + trust_path};
+    drafter_seal = {"--seal-trust=" + trust_path};  // drafters only read KV
+  }
   absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", cluster->kvstore_args_);
   if (!store.ok()) return fail(store.status());
   // Restart on the same ports (fault tests): pin the ports it picked.
@@ -213,23 +249,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   std::vector<std::string> verifiers, drafters;
   for (int i = 0; i < o.verifiers; ++i) {
     const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
-    absl::StatusOr<Endpoint> ep = cluster->Spawn(
-        name, "verifier", "vc-verifier",
-        {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
-         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
-         absl::StrCat("--threads=", o.worker_threads),
-         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")});
+    std::vector<std::string> args = {
+        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+        absl::StrCat("--threads=", o.worker_threads),
+        absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")};
+    args.insert(args.end(), verifier_seal.begin(), verifier_seal.end());
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", args);
     if (!ep.ok()) return fail(ep.status());
     verifiers.push_back(ep->address);
   }
   for (int i = 0; i < o.drafters; ++i) {
     const std::string name = i == 0 ? "drafter" : absl::StrCat("drafter-", i);
-    absl::StatusOr<Endpoint> ep = cluster->Spawn(
-        name, "drafter", "vc-drafter",
-        {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
-         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
-         absl::StrCat("--threads=", o.worker_threads),
-         absl::StrCat("--continuation-tokens=", o.continuation_tokens)});
+    std::vector<std::string> args = {
+        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+        absl::StrCat("--threads=", o.worker_threads),
+        absl::StrCat("--continuation-tokens=", o.continuation_tokens)};
+    args.insert(args.end(), drafter_seal.begin(), drafter_seal.end());
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", args);
     if (!ep.ok()) return fail(ep.status());
     drafters.push_back(ep->address);
   }

@@ -41,6 +41,10 @@ struct LocalClusterOptions {
   int continuation_tokens = 8;
   double lossless_check_fraction = 0;
   int max_active_requests = 64;
+  // Seal KV entries (docs/security.md "Sealed KV"): a throwaway Ed25519 key
+  // pair is made in the data dir; the verifiers seal what they ingest, the
+  // store checks seals on commit and disk reads, workers before use.
+  bool seal_kv = true;
   // Extra flags per daemon ("vc-coordinator" -> {"--flag=value", ...}).
   std::map<std::string, std::vector<std::string>> extra_flags;
   // CPU affinity per role ("kvstore", "verifier", "drafter", "coordinator"):
