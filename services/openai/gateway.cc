@@ -540,7 +540,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   });
   // httplib's own refusals (404 for unknown paths, 400 for malformed
   // requests, 413) get an OpenAI error object too.
-  srv.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  srv.set_error_handler(httplib::Server::HandlerWithResponse(
+      [](const httplib::Request& req, httplib::Response& res) -> httplib::Server::HandlerResponse {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     const int status = res.status;
     const std::string type = status == 404 ? "not_found_error" : "invalid_request_error";
@@ -548,7 +549,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
                                           : absl::StrCat("bad request (HTTP ", status, ")");
     SendError(res, MakeError(status, type, msg));
     return httplib::Server::HandlerResponse::Handled;
-  });
+  }));
   srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     SendError(res, MakeError(500, "server_error", "internal error"));
   });

@@ -11,7 +11,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status Bad(std::string_view field, std::string_view what) {
+absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
 }
 

@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/metrics/internal/httplib_wrapper.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "services/openai/gateway.h"
 
 namespace vc::openai {

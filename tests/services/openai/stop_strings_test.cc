@@ -9,7 +9,7 @@ namespace vc::openai {
 namespace {
 
 // Feeds `pieces` one by one; returns every emitted piece (Finish last).
-std::vector<std::string> Run(StopStringFilter& f, const std::vector<std::string>& pieces) {
+std::vector<std::string> Feed(StopStringFilter& f, const std::vector<std::string>& pieces) {
   std::vector<std::string> out;
   for (const auto& p : pieces) out.push_back(f.Push(p));
   out.push_back(f.Finish());
@@ -18,7 +18,7 @@ std::vector<std::string> Run(StopStringFilter& f, const std::vector<std::string>
 
 TEST(StopStringFilterTest, NoStopsPassesEverythingThrough) {
   StopStringFilter f({});
-  EXPECT_EQ(Run(f, {"a", "bc", ""}), (std::vector<std::string>{"a", "bc", "", ""}));
+  EXPECT_EQ(Feed(f, {"a", "bc", ""}), (std::vector<std::string>{"a", "bc", "", ""}));
   EXPECT_FALSE(f.stopped());
 }
 
