@@ -10,6 +10,13 @@ namespace {
 
 namespace pb = ::vericache::v1;
 
+// The coordinator's own message, as is: it goes back to the HTTP caller,
+// who has no use for (and should not learn) the cluster's internal address.
+absl::Status FromCoordinator(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
+}
+
 std::unique_ptr<grpc::ClientContext> MakeContext(const CallOptions& o) {
   auto ctx = rpc::ContextWithTimeout(o.timeout);
   if (!o.authorization.empty()) ctx->AddMetadata("authorization", o.authorization);
@@ -19,38 +26,36 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const CallOptions& o) {
 class GrpcGenerateStream final : public GenerateStream {
  public:
   GrpcGenerateStream(pb::Coordinator::Stub* stub, const pb::GenerateRequest& req,
-                     const CallOptions& o, std::string address)
-      : ctx_(MakeContext(o)), reader_(stub->Generate(ctx_.get(), req)), address_(std::move(address)) {}
+                     const CallOptions& o)
+      : ctx_(MakeContext(o)), reader_(stub->Generate(ctx_.get(), req)) {}
 
   bool Read(pb::GenerateResponse* msg) override { return reader_->Read(msg); }
   absl::Status Finish() override {
-    return rpc::FromGrpcStatus(reader_->Finish(), "coordinator " + address_);
+    return FromCoordinator(reader_->Finish());
   }
   void Cancel() override { ctx_->TryCancel(); }
 
  private:
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::unique_ptr<grpc::ClientReader<pb::GenerateResponse>> reader_;
-  std::string address_;
 };
 
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   explicit GrpcCoordinatorClient(const GrpcCoordinatorClientOptions& o)
-      : address_(o.address),
-        channel_(rpc::MakeChannel(o.address, o.max_message_bytes)),
+      : channel_(rpc::MakeChannel(o.address, o.max_message_bytes)),
         stub_(pb::Coordinator::NewStub(channel_)) {}
 
   std::unique_ptr<GenerateStream> Generate(const pb::GenerateRequest& req,
                                            const CallOptions& o) override {
-    return std::make_unique<GrpcGenerateStream>(stub_.get(), req, o, address_);
+    return std::make_unique<GrpcGenerateStream>(stub_.get(), req, o);
   }
 
   absl::StatusOr<pb::ClusterStatusResponse> ClusterStatus(const CallOptions& o) override {
     auto ctx = MakeContext(o);
     pb::ClusterStatusResponse resp;
     const grpc::Status s = stub_->ClusterStatus(ctx.get(), pb::ClusterStatusRequest(), &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, "coordinator " + address_);
+    if (!s.ok()) return FromCoordinator(s);
     return resp;
   }
 
@@ -59,7 +64,6 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   }
 
  private:
-  std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
 };

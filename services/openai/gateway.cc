@@ -459,7 +459,11 @@ struct Gateway::Impl {
     }
     if (!read) return SendError(res, MakeError(400, "invalid_request_error", "the request body could not be read"));
     absl::Status s = Complete(body, endpoint, http, res);
-    if (!s.ok()) SendError(res, ErrorFromStatus(s, options.retry_after_s));
+    if (!s.ok()) {
+      SendError(res, ErrorFromStatus(s, options.retry_after_s));
+      // The operator sees server-side failures; client errors are the client's.
+      if (res.status >= 500) std::fprintf(stderr, "vc-openai: %s\n", s.ToString().c_str());
+    }
     requests->Labels({endpoint == Endpoint::kCompletions ? "completions" : "chat_completions",
                       std::to_string(res.status)})
         .Inc();
