@@ -167,6 +167,12 @@ struct Gateway::Impl {
     }
     const std::string key(absl::StripAsciiWhitespace(value.substr(7)));
     if (key.empty()) return absl::UnauthenticatedError("the Authorization header has an empty key");
+    // It becomes a gRPC metadata value: printable ASCII only.
+    for (char c : key) {
+      if (c < 0x21 || c > 0x7e) {
+        return absl::UnauthenticatedError("the API key has characters outside printable ASCII");
+      }
+    }
     return "Bearer " + key;
   }
 
