@@ -20,6 +20,7 @@
 #include "common/base/status_macros.h"
 #include "common/metrics/internal/httplib_wrapper.h"
 #include "services/common/daemon.h"
+#include "services/openai/internal/bounded_server.h"
 #include "services/openai/internal/bounded_task_queue.h"
 #include "services/openai/internal/connection_watch.h"
 #include "services/openai/openai_protocol.h"
@@ -93,7 +94,7 @@ struct Gateway::Impl {
   GatewayModel model;
   CoordinatorClient* client = nullptr;
   int64_t created = 0;
-  httplib::Server server;
+  std::unique_ptr<internal::BoundedServer> server_holder;
   std::thread thread;
   int port = 0;
   std::unique_ptr<internal::ConnectionWatcher> watcher;
@@ -284,8 +285,10 @@ struct Gateway::Impl {
       if (stopping) return absl::UnavailableError("vc-openai is shutting down");
       running.insert(call->stream.get());
     }
-    const int fd = internal::FindConnectionFd(http.local_addr, http.local_port, http.remote_addr,
-                                              http.remote_port);
+    int fd = internal::BoundedServer::CurrentSocket();
+    if (fd < 0) {
+      fd = internal::FindConnectionFd(http.local_addr, http.local_port, http.remote_addr, http.remote_port);
+    }
     if (fd >= 0) {
       GenerateStream* stream = call->stream.get();
       metrics::Counter* hung_up = &hangups->Get();
@@ -490,7 +493,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   }
   if (options.threads < 1 || options.max_queued_connections < 1 || options.max_body_bytes < 1 ||
       options.read_timeout_s < 1 || options.write_timeout_s < 1 || options.idle_timeout_s < 1 ||
-      options.request_timeout_s < 1 || options.keep_alive_max_requests < 1 || options.retry_after_s < 0) {
+      options.request_timeout_s < 1 || options.keep_alive_max_requests < 1 || options.retry_after_s < 0 ||
+      options.max_header_bytes < 1024) {
     return absl::InvalidArgumentError("vc-openai: thread, queue, size and timeout settings must be >= 1");
   }
   if (options.served_model_name.empty()) {
@@ -512,7 +516,9 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   impl->hangups = daemon::MustCounter(registry, "vc_openai_client_disconnects_total",
                                       "Requests cancelled because their client hung up.");
   Impl* self = impl.get();
-  httplib::Server& srv = impl->server;
+  impl->server_holder = std::make_unique<internal::BoundedServer>(
+      static_cast<size_t>(options.max_header_bytes), static_cast<size_t>(options.max_body_bytes));
+  httplib::Server& srv = *impl->server_holder;
   const size_t threads = static_cast<size_t>(options.threads);
   const size_t queued = static_cast<size_t>(options.max_queued_connections);
   srv.new_task_queue = [threads, queued] { return new internal::BoundedTaskQueue(threads, queued); };
@@ -530,6 +536,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   });
   // Before the body is read: refuse a declared length over the limit.
   srv.set_pre_routing_handler([self](const httplib::Request& req, httplib::Response& res) {
+    internal::BoundedServer::HeadDone();  // the body's budget from here on
     if (req.has_header("Content-Length")) {
       uint64_t len = 0;
       const bool parsed = absl::SimpleAtoi(req.get_header_value("Content-Length"), &len);
@@ -621,7 +628,7 @@ void Gateway::Stop() {
     impl_->stopping = true;
     for (GenerateStream* s : impl_->running) s->Cancel();
   }
-  impl_->server.stop();
+  impl_->server_holder->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 

@@ -7,8 +7,9 @@
 // caller's credentials; a client that hangs up cancels it.
 //
 // HTTP is cpp-httplib (Debian's libcpp-httplib) with bounded threads, a
-// bounded connection queue, a body-size limit (413), read/write/idle
-// timeouts; header lines are limited by the library (8 KiB each).
+// bounded connection queue, a body-size limit (413), a limit on the whole
+// request head (request line + headers; cpp-httplib itself bounds only each
+// line), read/write/idle timeouts.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,7 @@ struct GatewayOptions {
   int threads = 32;                 // requests handled at once (each holds one thread)
   int max_queued_connections = 64;  // accepted, waiting for a thread; beyond, accept waits
   int64_t max_body_bytes = int64_t{4} << 20;  // larger bodies get 413
+  int64_t max_header_bytes = 64 << 10;         // request line + headers; beyond, 400
   int read_timeout_s = 30;          // a client stalled while sending its request
   int write_timeout_s = 30;         // a client that stops reading its response
   int idle_timeout_s = 15;          // keep-alive connection with no request

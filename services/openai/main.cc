@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   flags.Add("--max-queued-connections", &o.max_queued_connections, "N",
             "accepted connections waiting for a thread (beyond: the listen backlog)");
   flags.Add("--max-body-bytes", &o.max_body_bytes, "N", "largest request body (larger: 413)");
+  flags.Add("--max-header-bytes", &o.max_header_bytes, "N",
+            "largest request head, request line + headers (larger: 400)");
   flags.Add("--read-timeout-s", &o.read_timeout_s, "N", "drop a client stalled while sending");
   flags.Add("--write-timeout-s", &o.write_timeout_s, "N",
             "drop (and cancel the request of) a client that stops reading");

@@ -394,6 +394,23 @@ TEST_F(GatewayTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(coordinator_.generates, 0);
 }
 
+TEST_F(GatewayTest, RequestHeadIsBounded) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // 2000 header lines of 100 bytes: each line is within httplib's own limit,
+  // the head (~200 KB) is over the gateway's 64 KiB.
+  httplib::Headers many;
+  for (int i = 0; i < 2000; ++i) many.emplace("X-Filler-" + std::to_string(i), std::string(100, 'v'));
+  auto res = client_->Get("/health", many);
+  if (res) {
+    EXPECT_EQ(res->status, 400);  // or the connection was closed: no result
+  }
+  // Normal requests still work, on a new connection.
+  httplib::Client fresh("127.0.0.1", gateway_->port());
+  res = fresh.Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
 TEST_F(GatewayTest, CoordinatorRefusalsMapToHttpStatuses) {
   ASSERT_NO_FATAL_FAILURE(Start());
   coordinator_.script.error = absl::ResourceExhaustedError("coordinator is full");

@@ -222,7 +222,6 @@ await check("a client that disconnects mid-stream frees its KV", async () => {
   assert.equal(state.active, 0, `coordinator requests still active: ${JSON.stringify(state)}`);
   assert.equal(state.sessions, 0, `worker sessions still open: ${JSON.stringify(state)}`);
   assert.ok(state.cancelled > cancelledBefore, `the request was cancelled, not finished: ${JSON.stringify(state)}`);
-  assert.ok((await metric(endpoints.openai_metrics, "vc_openai_client_disconnects_total")) >= 1);
 });
 
 await check("health", async () => {
