@@ -507,13 +507,13 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   impl->created = static_cast<int64_t>(std::time(nullptr));
   impl->watcher = std::make_unique<internal::ConnectionWatcher>(options.disconnect_poll_ms);
   metrics::Registry* registry = options.registry ? options.registry : &impl->own_registry;
-  impl->requests = daemon::MustCounter(registry, "vc_openai_requests_total",
+  impl->requests = daemon::MustCounter(registry, "vericache_openai_requests_total",
                                        "Completion requests answered, by endpoint and HTTP status "
                                        "(a stream counts its status when it starts).",
                                        {"endpoint", "code"});
-  impl->active = daemon::MustGauge(registry, "vc_openai_active_requests",
+  impl->active = daemon::MustGauge(registry, "vericache_openai_active_requests",
                                    "Coordinator calls the gateway is running.");
-  impl->hangups = daemon::MustCounter(registry, "vc_openai_client_disconnects_total",
+  impl->hangups = daemon::MustCounter(registry, "vericache_openai_client_disconnects_total",
                                       "Requests cancelled because their client hung up.");
   Impl* self = impl.get();
   impl->server_holder = std::make_unique<internal::BoundedServer>(

@@ -41,7 +41,7 @@ struct GatewayOptions {
   int request_timeout_s = 600;      // deadline of each coordinator call
   int retry_after_s = 1;            // Retry-After when the coordinator is full (429)
   int disconnect_poll_ms = 100;     // how often hung-up clients are looked for
-  // Where the gateway's metrics go (vc_openai_*); null: a private registry.
+  // Where the gateway's metrics go (vericache_openai_*); null: a private registry.
   metrics::Registry* registry = nullptr;
 };
 
