@@ -35,6 +35,8 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.IsCorruption()) return absl::DataLossError(msg);
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
   if (s.IsNotSupported()) return absl::UnimplementedError(msg);
+  // A full disk is not retryable the way a transient I/O error is.
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
   if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
   if (s.IsIOError()) return absl::UnavailableError(msg);
   return absl::InternalError(msg);
@@ -340,6 +342,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& opt
   db_options.create_if_missing = true;
   db_options.max_open_files = 256;  // bounded file handles
   db_options.keep_log_file_num = 4;
+  if (options.env != nullptr) db_options.env = options.env;
   rocksdb::DB* raw = nullptr;
   const rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
   impl->db.reset(raw);

@@ -23,6 +23,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+namespace rocksdb {
+class Env;
+}  // namespace rocksdb
+
 namespace vc::kvstore {
 
 struct KvStoreOptions {
@@ -56,6 +60,10 @@ struct KvStoreOptions {
   // held: keep them cheap. Null: not observed.
   std::function<void(double)> on_disk_read;
   std::function<void(double)> on_disk_write;
+  // Test seam: the RocksDB Env the database runs on (tests pass one whose
+  // file system injects write, sync and space errors and torn writes).
+  // Null: RocksDB's default. Not owned; must outlive the store.
+  rocksdb::Env* env = nullptr;
 };
 
 // Where a key was found.
