@@ -23,6 +23,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kFinishedHistory = 1024;
+// Bound on GenerateRequest.stop_token_ids (checked before anything is planned).
+constexpr int kMaxStopTokenIds = 64;
 
 const char* ModeName(pb::Mode mode) {
   switch (mode) {
@@ -511,6 +513,16 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
         "prompt (", plan.prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
         ") exceeds the model's context of ", context_, " tokens"));
   }
+  if (req.stop_token_ids_size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxStopTokenIds,
+                                                   " stop_token_ids, got ", req.stop_token_ids_size()));
+  }
+  for (int32_t id : req.stop_token_ids()) {
+    if (id < 0 || id >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has id ", id,
+                                                     ", outside the vocabulary [0, ", vocab_, ")"));
+    }
+  }
   // The workers' own check, here before any session opens.
   VC_RETURN_IF_ERROR(daemon::ToSessionSampling(req.sampling()).status());
   if (req.draft_len() < 0) {
@@ -662,7 +674,9 @@ bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>
   for (int32_t t : tokens) {
     plan.output.push_back(t);
     msg.add_tokens(t);
-    if (t == eos_id_ && !plan.req.ignore_eos()) {
+    if ((t == eos_id_ && !plan.req.ignore_eos()) ||
+        std::find(plan.req.stop_token_ids().begin(), plan.req.stop_token_ids().end(), t) !=
+            plan.req.stop_token_ids().end()) {
       plan.stopped_at_eos = true;
       done = true;
       break;
@@ -1215,6 +1229,7 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* /*ctx*/,
     resp->set_completed_requests(completed_);
   }
   resp->set_slot_seconds(clock_->slot_seconds());
+  resp->set_context_length(context_);
   resp->set_slot(clock_->now());
   resp->set_lock_step(clock_->lock_step());
   for (double o : clock_->LinkOccupancy()) resp->add_link_occupancy(o);

@@ -88,7 +88,8 @@ std::string DefaultModelPath() {
 
 absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std::string& role,
                                              const std::string& binary,
-                                             const std::vector<std::string>& args) {
+                                             const std::vector<std::string>& args,
+                                             bool grpc_health) {
   const std::string path = (fs::path(bin_dir_) / binary).string();
   if (access(path.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("daemon binary ", path, " not found (build it first)"));
@@ -154,6 +155,10 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   }).detach();
   if (ep.address.empty()) {
     return absl::InternalError(absl::StrCat(binary, " printed an unexpected line: ", *line));
+  }
+  if (!grpc_health) {
+    endpoints_.back() = ep;
+    return ep;
   }
   // Ready means healthy over gRPC, not just bound.
   auto channel = rpc::MakeChannel(ep.address, 4 << 20);
@@ -288,6 +293,15 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (o.lock_step) coord_args.push_back("--lock-step");
   absl::StatusOr<Endpoint> coord = cluster->Spawn("coordinator", "coordinator", "vc-coordinator", coord_args);
   if (!coord.ok()) return fail(coord.status());
+  if (o.openai) {
+    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--coordinator=" + coord->address,
+                                     "--model=" + o.model, "--metrics-listen=" + metrics};
+    if (!o.tokenizer.empty()) args.push_back("--tokenizer=" + o.tokenizer);
+    if (!o.chat_template.empty()) args.push_back("--chat-template=" + o.chat_template);
+    absl::StatusOr<Endpoint> gw = cluster->Spawn("openai", "openai", "vc-openai", args, /*grpc_health=*/false);
+    if (!gw.ok()) return fail(gw.status());
+    cluster->endpoints_.back().url = absl::StrCat("http://", gw->address, "/v1");
+  }
   return cluster;
 }
 
@@ -341,7 +355,7 @@ std::string LocalCluster::EndpointsJson() const {
     first = false;
   };
   for (const auto& ep : endpoints_) {
-    add(ep.name, ep.address);
+    add(ep.name, ep.url.empty() ? ep.address : ep.url);
     if (!ep.metrics.empty()) add(ep.name + "_metrics", ep.metrics);
   }
   out += "}";

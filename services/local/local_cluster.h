@@ -51,6 +51,12 @@ struct LocalClusterOptions {
   // the children of that role run on these CPUs only. Lets one machine stand
   // in for separate local and remote pools (each pool its own cores).
   std::map<std::string, std::vector<int>> cpus;
+  // vc-openai, the OpenAI HTTP gateway, in front of the coordinator (started
+  // last, stopped first). It needs the model's tokenizer: `tokenizer` or a
+  // checkpoint directory holding a tokenizer.json. Endpoint name "openai".
+  bool openai = false;
+  std::string tokenizer;      // --tokenizer of vc-openai ("" = the checkpoint's)
+  std::string chat_template;  // --chat-template FILE ("" = tokenizer_config.json's)
   // Children's stderr goes here (one file per daemon) if set; else inherited.
   std::string log_dir;
   std::chrono::seconds start_timeout{60};
@@ -61,6 +67,7 @@ struct Endpoint {
   std::string address;  // gRPC HOST:PORT
   std::string metrics;  // HOST:PORT of /metrics, "" if off
   std::string data;     // the store's data plane HOST:PORT
+  std::string url;      // HTTP endpoints (vc-openai): the API's base URL
   pid_t pid = -1;
 };
 
@@ -77,7 +84,8 @@ class LocalCluster {
   std::string coordinator() const;
   const std::string& data_dir() const { return data_dir_; }
   // The endpoints as one JSON object: {"coordinator": "127.0.0.1:PORT", ...,
-  // "coordinator_metrics": "127.0.0.1:PORT", ...}.
+  // "coordinator_metrics": "127.0.0.1:PORT", ..., "openai":
+  // "http://127.0.0.1:PORT/v1"}.
   std::string EndpointsJson() const;
 
   // Test seams for fault injection: kill -9 a daemon, and start the store
@@ -87,8 +95,11 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
+  // `grpc_health`: ready means grpc.health.v1 SERVING; vc-openai (HTTP) is
+  // ready once it printed its listening line (it binds before printing).
   absl::StatusOr<Endpoint> Spawn(const std::string& name, const std::string& role,
-                                 const std::string& binary, const std::vector<std::string>& args);
+                                 const std::string& binary, const std::vector<std::string>& args,
+                                 bool grpc_health = true);
 
   LocalClusterOptions options_;
   std::string bin_dir_;

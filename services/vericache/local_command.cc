@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -20,11 +21,21 @@ int RunLocal(int argc, char** argv) {
   o.model = local::DefaultModelPath();
   std::string endpoints_file;
   bool no_metrics = false;
+  bool no_openai = false;
   FlagSet flags("vericache local",
                 "Start vc-kvstore, vc-verifier, vc-drafter and vc-coordinator on loopback (free\n"
-                "ports, a temporary data dir), wait until all are healthy, print their endpoints,\n"
-                "and stop them all on Ctrl-C or SIGTERM.");
-  flags.Add("--model", &o.model, "PATH", "model file (default: the test model stories260K)");
+                "ports, a temporary data dir), and vc-openai (the OpenAI HTTP API) when the model\n"
+                "has a tokenizer; wait until all are healthy, print their endpoints, and stop them\n"
+                "all on Ctrl-C or SIGTERM.");
+  flags.Add("--model", &o.model, "PATH",
+            "llama2.c .bin or Hugging Face checkpoint directory (default: the test model "
+            "stories260K)");
+  flags.Add("--tokenizer", &o.tokenizer, "PATH",
+            "tokenizer for the OpenAI API (vc-openai): tokenizer.json or llama2.c tokenizer.bin "
+            "(default: the checkpoint directory's tokenizer.json)");
+  flags.Add("--chat-template", &o.chat_template, "FILE",
+            "Jinja chat template for /v1/chat/completions (default: tokenizer_config.json's)");
+  flags.AddBool("--no-openai", &no_openai, "do not start vc-openai (the OpenAI HTTP API)");
   flags.Add("--data-dir", &o.data_dir, "DIR", "store data dir (default: a temporary dir, removed on exit)");
   flags.Add("--verifiers", &o.verifiers, "N", "verifier workers");
   flags.Add("--drafters", &o.drafters, "N", "drafter workers");
@@ -58,6 +69,19 @@ int RunLocal(int argc, char** argv) {
     return kExitOk;
   }
   o.metrics = !no_metrics;
+  // The OpenAI API needs text: a tokenizer given, or one in the checkpoint.
+  {
+    std::error_code ec;
+    const bool has_tokenizer =
+        !o.tokenizer.empty() || std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json", ec);
+    o.openai = !no_openai && has_tokenizer;
+    if (!no_openai && !has_tokenizer) {
+      std::fprintf(stderr,
+                   "vericache local: no tokenizer for %s (give --tokenizer): the OpenAI API is not "
+                   "started\n",
+                   o.model.c_str());
+    }
+  }
   if (o.model.empty()) return BadInput(cmd, "--model is required (the test model was not found)");
   if (o.data_plane != "tcp" && o.data_plane != "ucx") return BadInput(cmd, "--data-plane must be tcp or ucx");
   if (o.verifiers < 1 || o.drafters < 1) return BadInput(cmd, "--verifiers and --drafters must be >= 1");
@@ -76,8 +100,9 @@ int RunLocal(int argc, char** argv) {
   for (const auto& name : {"coordinator", "kvstore"}) {
     if (const auto* ep = (*cluster)->Find(name)) std::printf("%s: %s\n", name, ep->address.c_str());
   }
+  if (const auto* ep = (*cluster)->Find("openai")) std::printf("openai: %s\n", ep->url.c_str());
   for (const auto& ep : (*cluster)->endpoints()) {
-    if (ep.name != "coordinator" && ep.name != "kvstore") {
+    if (ep.name != "coordinator" && ep.name != "kvstore" && ep.name != "openai") {
       std::printf("%s: %s\n", ep.name.c_str(), ep.address.c_str());
     }
   }

@@ -156,6 +156,8 @@ const workloads = objects.filter((o) => ['Deployment', 'StatefulSet'].includes(o
 const matches = (selector, labels) =>
   Object.entries(selector ?? {}).every(([k, v]) => (labels ?? {})[k] === v);
 const DAEMONS = ['vc-kvstore', 'vc-coordinator', 'vc-verifier', 'vc-drafter'];
+// HTTP daemons: probed over HTTP (readiness GET /health) instead of gRPC.
+const HTTP_DAEMONS = ['vc-openai'];
 const daemonArgs = [];
 
 function checkContainer(o, podSpec, c, isInit, claimNames) {
@@ -234,6 +236,14 @@ function checkContainer(o, podSpec, c, isInit, claimNames) {
         if (!pr?.grpc) problem(o, `${where}: ${probe} is not a gRPC probe`);
         else if (pr.grpc.port !== grpcPort) problem(o, `${where}: ${probe} probes port ${pr.grpc.port}, gRPC is ${grpcPort}`);
       }
+    } else if (HTTP_DAEMONS.includes(daemon)) {
+      daemonArgs.push({ daemon, container: c.name, object: describe(o), args });
+      if (!(c.ports ?? []).some((p) => p.name === 'http')) problem(o, `${where}: no port named http`);
+      const ready = c.readinessProbe?.httpGet;
+      if (!ready || ready.path !== '/health' || ready.port !== 'http') {
+        problem(o, `${where}: readinessProbe is not GET /health on port http`);
+      }
+      if (!c.livenessProbe) problem(o, `${where}: no livenessProbe`);
     }
   }
   return portNames;

@@ -266,6 +266,48 @@ TEST_F(ClusterTest, RejectsBadRequestsWithPreciseErrors) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
 
+// stop_token_ids (several EOS ids from generation_config.json, as the
+// OpenAI gateway sends them): the output ends at the first of them, in every
+// mode, also with ignore_eos; bad ids are INVALID_ARGUMENT; ClusterStatus
+// reports the context length the gateway sizes max_tokens with.
+TEST_F(ClusterTest, StopTokenIdsEndGenerationInEveryMode) {
+  StartCluster();
+  const std::vector<int32_t> prompt = Text(40, 7);
+  Spec s;
+  s.prompt = prompt;
+  s.max_new = 32;
+  const std::vector<int32_t> ref = Reference(prompt, s);
+  // Two stop ids: the 10th and 20th generated tokens; the first occurrence of
+  // either ends the output (inclusive).
+  const std::vector<int32_t> stops = {ref[19], ref[9]};
+  size_t end = ref.size();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i] == stops[0] || ref[i] == stops[1]) {
+      end = i + 1;
+      break;
+    }
+  }
+  const std::vector<int32_t> expected(ref.begin(), ref.begin() + static_cast<long>(end));
+  for (pb::Mode mode : {pb::MODE_VERICACHE, pb::MODE_FULL_LOCAL, pb::MODE_FULL_REMOTE}) {
+    s.mode = mode;
+    pb::GenerateRequest req = ToRequest(s);  // ignore_eos is set
+    for (int32_t id : stops) req.add_stop_token_ids(id);
+    Outcome out = Generate(req);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    EXPECT_EQ(out.tokens, expected) << "mode " << mode;
+    EXPECT_TRUE(out.totals.stopped_at_eos()) << "mode " << mode;
+  }
+  pb::GenerateRequest bad = ToRequest(s);
+  bad.add_stop_token_ids(1 << 20);
+  grpc::Status st = Generate(bad).status;
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("stop_token_ids"), std::string::npos) << st.error_message();
+  pb::ClusterStatusResponse status;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+  ASSERT_TRUE(stub_->ClusterStatus(ctx.get(), pb::ClusterStatusRequest(), &status).ok());
+  EXPECT_EQ(status.context_length(), model_->config().max_seq_len);
+}
+
 // Sessions held by the workers, from ClusterStatus.
 int WorkerSessions(pb::Coordinator::Stub* stub) {
   pb::ClusterStatusRequest req;
