@@ -1,0 +1,37 @@
+// Reference side of the tokenizer differential tests: Hugging Face's own
+// JavaScript implementation (@huggingface/tokenizers) encodes and decodes a
+// batch of strings in one process.
+//
+//   node hf_reference.mjs REQUEST.json > RESPONSE.json
+//
+// REQUEST: {"module": path to the package's dist/tokenizers.mjs,
+//           "tokenizer": tokenizer.json path, "config": tokenizer_config.json
+//           path or null, "texts": [string...]}
+// RESPONSE: {"results": [{"ids": [...] (add_special_tokens=false),
+//            "ids_special": [...] (true), "normalized": normalizer(text) or
+//            null, "decoded": decode(ids_special), "decoded_skip":
+//            decode(ids_special, skip_special_tokens)} ...]}
+import { readFileSync } from "node:fs";
+import { pathToFileURL } from "node:url";
+
+const request = JSON.parse(readFileSync(process.argv[2], "utf8"));
+const { Tokenizer } = await import(pathToFileURL(request.module).href);
+const tokenizerJson = JSON.parse(readFileSync(request.tokenizer, "utf8"));
+const config = request.config ? JSON.parse(readFileSync(request.config, "utf8")) : {};
+const tokenizer = new Tokenizer(tokenizerJson, config);
+
+// decode() rejects an empty list; the empty decode is the empty string.
+const decode = (ids, skip) => (ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: skip }));
+
+const results = request.texts.map((text) => {
+  const ids = tokenizer.encode(text, { add_special_tokens: false }).ids;
+  const ids_special = tokenizer.encode(text, { add_special_tokens: true }).ids;
+  return {
+    ids,
+    ids_special,
+    normalized: tokenizer.normalizer ? tokenizer.normalizer(text) : null,
+    decoded: decode(ids_special, false),
+    decoded_skip: decode(ids_special, true),
+  };
+});
+process.stdout.write(JSON.stringify({ results }));
