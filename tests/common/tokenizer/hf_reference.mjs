@@ -20,6 +20,37 @@ const tokenizerJson = JSON.parse(readFileSync(request.tokenizer, "utf8"));
 const config = request.config ? JSON.parse(readFileSync(request.config, "utf8")) : {};
 const tokenizer = new Tokenizer(tokenizerJson, config);
 
+// Two documented gaps of the reference, bridged here so the rest of the
+// pipeline can still be compared:
+// 1. Its Metaspace pre-tokenizer ignores "split" (default true): the file asks
+//    for a split before every replacement character (MergedWithNext), so the
+//    pieces are split that way after it runs.
+const splitMetaspace = (pre, json) => {
+  if (!pre || !json) return;
+  if (json.type === "Sequence") {
+    (json.pretokenizers ?? []).forEach((sub, i) => splitMetaspace(pre.tokenizers[i], sub));
+  } else if (json.type === "Metaspace" && (json.split ?? true)) {
+    const original = pre.pre_tokenize_text.bind(pre);
+    const rep = json.replacement ?? "\u2581";
+    pre.pre_tokenize_text = (text, options) =>
+      original(text, options).flatMap((piece) => piece.split(new RegExp(`(?=${rep})`, "u")).filter((x) => x));
+  }
+};
+splitMetaspace(tokenizer.pre_tokenizer, tokenizerJson.pre_tokenizer);
+// 2. Its Precompiled normaliser is NFKC plus whitespace rules, not the
+//    charsmap. With "normalized" in the request, the normaliser is replaced by
+//    a lookup of our normalisation of each section; sections we did not
+//    supply are listed in "missing" (the caller supplies them and asks again).
+const missing = new Set();
+if (request.normalized) {
+  const table = new Map(Object.entries(request.normalized));
+  tokenizer.normalizer = (text) => {
+    if (table.has(text)) return table.get(text);
+    missing.add(text);
+    return text;
+  };
+}
+
 // decode() rejects an empty list; the empty decode is the empty string.
 const decode = (ids, skip) => (ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: skip }));
 
@@ -34,4 +65,4 @@ const results = request.texts.map((text) => {
     decoded_skip: decode(ids_special, true),
   };
 });
-process.stdout.write(JSON.stringify({ results }));
+process.stdout.write(JSON.stringify({ results, missing: [...missing] }));
