@@ -444,11 +444,17 @@ class ByteLevelPreTokenizer : public PreTokenizer {
                                      }));
     }
     // Every byte becomes its alphabet character.
+    static const std::array<std::string, 256>* kMapped = [] {
+      auto* t = new std::array<std::string, 256>();
+      for (int b = 0; b < 256; ++b) (*t)[b] = ToUtf8(ByteToUnicode(static_cast<uint8_t>(b)));
+      return t;
+    }();
+    std::string mapped;
     for (auto& p : *pieces) {
-      std::string mapped;
+      mapped.clear();
       mapped.reserve(p.text.size() * 2);
-      for (unsigned char b : p.text) AppendUtf8(ByteToUnicode(b), &mapped);
-      p.text = std::move(mapped);
+      for (unsigned char b : p.text) mapped += (*kMapped)[b];
+      p.text.swap(mapped);
     }
     return absl::OkStatus();
   }

@@ -3,6 +3,7 @@
 // Unigram (Viterbi over the vocabulary's log-probabilities).
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <queue>
@@ -61,6 +62,21 @@ class BpeModel : public Model {
   }
   void MergeSymbols(std::vector<int32_t>* syms) const;
 
+  // Words repeat: each thread keeps the ids of the short words it has seen,
+  // per model (a serial number, never reused, keys the caches).
+  struct WordCache {
+    absl::flat_hash_map<std::string, std::vector<int32_t>, StringHash, StringEq> words;
+  };
+  WordCache& ThreadCache() const;
+  static constexpr size_t kCacheMaxWordBytes = 64;
+  static constexpr size_t kCacheMaxWords = 1 << 15;
+  absl::Status TokenizeUncached(std::string_view word, std::vector<int32_t>* ids) const;
+
+  uint64_t serial_ = NextSerial();
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
   VocabMap vocab_;
   std::vector<std::string> id_to_token_;
   std::vector<bool> has_token_;
@@ -231,8 +247,27 @@ void BpeModel::MergeSymbols(std::vector<int32_t>* syms) const {
   id.resize(out);
 }
 
+BpeModel::WordCache& BpeModel::ThreadCache() const {
+  thread_local absl::flat_hash_map<uint64_t, WordCache> caches;
+  return caches[serial_];
+}
+
 absl::Status BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
   if (word.empty()) return absl::OkStatus();
+  if (word.size() > kCacheMaxWordBytes) return TokenizeUncached(word, ids);
+  WordCache& cache = ThreadCache();
+  if (auto it = cache.words.find(word); it != cache.words.end()) {
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return absl::OkStatus();
+  }
+  size_t before = ids->size();
+  VC_RETURN_IF_ERROR(TokenizeUncached(word, ids));
+  if (cache.words.size() >= kCacheMaxWords) cache.words.clear();
+  cache.words.emplace(std::string(word), std::vector<int32_t>(ids->begin() + before, ids->end()));
+  return absl::OkStatus();
+}
+
+absl::Status BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids) const {
   if (ignore_merges_) {
     if (auto it = vocab_.find(word); it != vocab_.end()) {
       ids->push_back(it->second);
