@@ -37,7 +37,19 @@ const splitMetaspace = (pre, json) => {
   }
 };
 splitMetaspace(tokenizer.pre_tokenizer, tokenizerJson.pre_tokenizer);
-// 2. Its Precompiled normaliser is NFKC plus whitespace rules, not the
+// 2. It also accepts the raw content of a "normalized" added token as that
+//    token when a normalised piece equals it exactly (e.g. "<|end_story|>"
+//    right after another added token, where the normaliser did not prepend
+//    "\u2581"); the Rust implementation matches normalized tokens only by their
+//    normalised content. Those raw entries are dropped from its lookup.
+if (tokenizer.normalizer) {
+  for (const token of tokenizer.added_tokens) {
+    if (token.normalized && tokenizer.normalizer(token.content) !== token.content) {
+      tokenizer.added_tokens_map.delete(token.content);
+    }
+  }
+}
+// 3. Its Precompiled normaliser is NFKC plus whitespace rules, not the
 //    charsmap. With "normalized" in the request, the normaliser is replaced by
 //    a lookup of our normalisation of each section; sections we did not
 //    supply are listed in "missing" (the caller supplies them and asks again).
