@@ -2,12 +2,14 @@
 // answers follow from the format's definition, of tokenizer_config.json, of
 // LoadTextTokenizer's dispatch and of IncrementalDetokenizer.
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "common/tokenizer/internal/components.h"
 #include "common/tokenizer/internal/hf_tokenizer.h"
+#include "common/tokenizer/internal/precompiled.h"
 #include "common/tokenizer/internal/regex.h"
 #include "common/tokenizer/internal/unicode.h"
 #include "common/tokenizer/text_tokenizer.h"
@@ -407,6 +409,35 @@ TEST(LoadTextTokenizer, Dispatch) {
   EXPECT_TRUE((*l2c)->IsSpecial(1));
   auto truncated = LoadTextTokenizer(d.Write("t.bin", bin.substr(0, bin.size() - 1)));
   EXPECT_FALSE(truncated.ok());
+}
+
+// A hand-built darts-clone trie with one key, "a" -> "X": the root's offset
+// leads to unit 1 ^ 'a' = 96, whose label is 'a' with a leaf below it at
+// 96 ^ 1 = 97, whose value is offset 0 in the replacement strings.
+TEST(Precompiled, DoubleArrayCharsmap) {
+  std::vector<uint32_t> units(98, 0);
+  units[0] = 1u << 10;                              // offset 1
+  units[96] = 0x61u | (1u << 8) | (1u << 10);       // label 'a', has leaf, offset 1
+  units[97] = (1u << 31) | 0u;                      // leaf: value 0
+  std::string blob(4, '\0');
+  uint32_t size = static_cast<uint32_t>(units.size() * 4);
+  std::memcpy(blob.data(), &size, 4);
+  blob.append(reinterpret_cast<const char*>(units.data()), units.size() * 4);
+  blob += std::string("X\0", 2);
+  auto map = tokenizer_internal::PrecompiledCharsmap::FromBytes(blob);
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ((*map)->Transform("a"), "X");
+  EXPECT_EQ((*map)->Transform("b"), std::nullopt);
+  std::string text = "bab";
+  ASSERT_TRUE((*map)->Normalize(&text).ok());
+  EXPECT_EQ(text, "bXb");
+  // A short grapheme cluster whose first character has a mapping is replaced
+  // whole (the reference's rule): "a" + combining acute -> "X".
+  text = "a\xCC\x81" "b";
+  ASSERT_TRUE((*map)->Normalize(&text).ok());
+  EXPECT_EQ(text, "Xb");
+  EXPECT_FALSE(tokenizer_internal::PrecompiledCharsmap::FromBytes(std::string("\xFF\x00\x00\x00", 4)).ok());
+  EXPECT_FALSE(tokenizer_internal::PrecompiledCharsmap::FromBase64("not base64!").ok());
 }
 
 TEST(Regex, OnigurumaEscapes) {
