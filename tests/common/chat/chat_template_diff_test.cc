@@ -88,6 +88,7 @@ std::vector<std::vector<ChatMessage>> Conversations() {
       {{"user", "first"}, {"user", "second (breaks alternation)"}},
       {{"system", "system only"}},
       {{"assistant", "an assistant first"}},
+      {{"system", "A."}, {"system", "B."}, {"user", "q"}, {"assistant", "<think>hmm</think>answer"}, {"user", "more"}},
       {},
   };
 }
@@ -100,7 +101,7 @@ TEST(ChatTemplateDiffTest, MatchesHuggingFaceJinja) {
     GTEST_SKIP() << package << " is missing (run deploy/scripts/install_tools.sh)";
   }
   const auto templates = AllTemplates();
-  ASSERT_GE(templates.size(), 8u);
+  ASSERT_GE(templates.size(), 10u);
   const auto conversations = Conversations();
 
   Json input = {{"templates", Json::object()}, {"cases", Json::array()}};
