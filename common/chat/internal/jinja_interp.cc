@@ -818,10 +818,17 @@ class Interp {
       return Value::Str(std::string(RStripPy(LStripPy(in.s))));
     }
     if (name == "tojson") {
-      Value indent = a.Get(0, "indent");
-      int n = 0;
-      if (indent.kind == Value::Kind::kInt) n = static_cast<int>(std::clamp<int64_t>(indent.i, 0, 64));
-      auto j = ToJson(in, n);
+      // transformers' signature: tojson(x, ensure_ascii=False, indent=None,
+      // separators=None, sort_keys=False).
+      JsonOptions o;
+      o.ensure_ascii = Truthy(a.Get(0, "ensure_ascii"));
+      Value indent = a.Get(1, "indent");
+      if (indent.kind == Value::Kind::kInt) o.indent = static_cast<int>(std::clamp<int64_t>(indent.i, 0, 64));
+      if (!a.Get(2, "separators").IsUndefined() && !a.Get(2, "separators").IsNone()) {
+        return bad("separators= is not supported");
+      }
+      o.sort_keys = Truthy(a.Get(3, "sort_keys"));
+      auto j = ToJson(in, o);
       if (!j.ok()) return bad(std::string(j.status().message()));
       if (auto st = Charge(j->size()); !st.ok()) return st;
       return Value::Str(std::move(j).value());

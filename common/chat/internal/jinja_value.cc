@@ -1,5 +1,6 @@
 #include "common/chat/internal/jinja_value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -341,9 +342,27 @@ std::string ToString(const Value& v) {
 }
 
 namespace {
-void JsonString(const std::string& s, std::string* out) {
+void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
   out->push_back('"');
-  for (unsigned char c : s) {
+  for (std::string_view ch : CodePoints(s)) {
+    const unsigned char c = static_cast<unsigned char>(ch[0]);
+    if (ch.size() > 1) {
+      if (!ensure_ascii) {
+        out->append(ch);
+        continue;
+      }
+      uint32_t cp = ch.size() == 2 ? (c & 0x1fu) : ch.size() == 3 ? (c & 0x0fu) : (c & 0x07u);
+      for (size_t k = 1; k < ch.size(); ++k) cp = cp << 6 | (static_cast<unsigned char>(ch[k]) & 0x3fu);
+      char b[32];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", cp);
+      }
+      *out += b;
+      continue;
+    }
     switch (c) {
       case '"':
         *out += "\\\"";
@@ -367,7 +386,9 @@ void JsonString(const std::string& s, std::string* out) {
         *out += "\\f";
         break;
       default:
-        if (c < 0x20) {  // as json.dumps: DEL and non-ASCII pass through
+        // As json.dumps: other control characters escaped; DEL passes; a
+        // stray non-UTF-8 byte is escaped with ensure_ascii, kept otherwise.
+        if (c < 0x20 || (ensure_ascii && c >= 0x80)) {
           char b[8];
           std::snprintf(b, sizeof b, "\\u%04x", c);
           *out += b;
@@ -379,8 +400,9 @@ void JsonString(const std::string& s, std::string* out) {
   out->push_back('"');
 }
 
-absl::Status JsonValue(const Value& v, int indent, int depth, std::string* out) {
+absl::Status JsonValue(const Value& v, const JsonOptions& o, int depth, std::string* out) {
   if (depth > 64) return absl::ResourceExhaustedError("tojson: value nested too deeply");
+  const int indent = o.indent;
   auto newline = [&](int d) {
     if (indent <= 0) return;
     out->push_back('\n');
@@ -404,7 +426,7 @@ absl::Status JsonValue(const Value& v, int indent, int depth, std::string* out) 
       else *out += FloatRepr(v.f);
       return absl::OkStatus();
     case Value::Kind::kString:
-      JsonString(v.s, out);
+      JsonString(v.s, o.ensure_ascii, out);
       return absl::OkStatus();
     case Value::Kind::kList: {
       if (v.list->empty()) {
@@ -415,7 +437,7 @@ absl::Status JsonValue(const Value& v, int indent, int depth, std::string* out) 
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) *out += item_sep;
         newline(depth + 1);
-        if (auto s = JsonValue((*v.list)[k], indent, depth + 1, out); !s.ok()) return s;
+        if (auto s = JsonValue((*v.list)[k], o, depth + 1, out); !s.ok()) return s;
       }
       newline(depth);
       out->push_back(']');
@@ -426,15 +448,21 @@ absl::Status JsonValue(const Value& v, int indent, int depth, std::string* out) 
         *out += "{}";
         return absl::OkStatus();
       }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& item : v.dict->items) items.push_back(&item);
+      if (o.sort_keys) {
+        std::stable_sort(items.begin(), items.end(),
+                         [](const auto* a, const auto* b) { return a->first < b->first; });
+      }
       out->push_back('{');
       bool first = true;
-      for (const auto& [k, e] : v.dict->items) {
+      for (const auto* item : items) {
         if (!first) *out += item_sep;
         first = false;
         newline(depth + 1);
-        JsonString(k, out);
+        JsonString(item->first, o.ensure_ascii, out);
         *out += ": ";
-        if (auto s = JsonValue(e, indent, depth + 1, out); !s.ok()) return s;
+        if (auto s = JsonValue(item->second, o, depth + 1, out); !s.ok()) return s;
       }
       newline(depth);
       out->push_back('}');
@@ -447,9 +475,9 @@ absl::Status JsonValue(const Value& v, int indent, int depth, std::string* out) 
 }
 }  // namespace
 
-absl::StatusOr<std::string> ToJson(const Value& v, int indent) {
+absl::StatusOr<std::string> ToJson(const Value& v, const JsonOptions& options) {
   std::string out;
-  if (auto s = JsonValue(v, indent, 0, &out); !s.ok()) return s;
+  if (auto s = JsonValue(v, options, 0, &out); !s.ok()) return s;
   return out;
 }
 

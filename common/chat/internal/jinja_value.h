@@ -78,10 +78,16 @@ absl::StatusOr<bool> Less(const Value& a, const Value& b);
 std::string ToString(const Value& v);
 // repr(v), as str() of a list or dict shows its elements.
 std::string Repr(const Value& v);
-// json.dumps(v, ensure_ascii=False, indent=indent, sort_keys=False), which is
-// transformers' tojson filter: separators ", " and ": " (or "," and ": "
-// with an indent).
-absl::StatusOr<std::string> ToJson(const Value& v, int indent);
+// json.dumps(v, ensure_ascii=..., indent=..., sort_keys=...) as
+// transformers' tojson filter calls it (defaults: ensure_ascii=False, no
+// indent, insertion order): separators ", " and ": " (or "," and ": " with
+// an indent); ensure_ascii writes non-ASCII as \uXXXX (surrogate pairs).
+struct JsonOptions {
+  int indent = 0;
+  bool ensure_ascii = false;
+  bool sort_keys = false;
+};
+absl::StatusOr<std::string> ToJson(const Value& v, const JsonOptions& options);
 // Python's float repr: shortest round trip, "1.0", "1e+16", "inf", "nan".
 std::string FloatRepr(double d);
 std::string KindName(const Value& v);

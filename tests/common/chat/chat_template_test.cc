@@ -107,6 +107,8 @@ TEST(ChatTemplateTest, FiltersAndMethods) {
   EXPECT_EQ(Ok("{{ {'a': [1, '\xc3\xa9', none, true], 'b': {'c': 'q\"\\n'}} | tojson }}"),
             "{\"a\": [1, \"\xc3\xa9\", null, true], \"b\": {\"c\": \"q\\\"\\n\"}}");
   EXPECT_EQ(Ok("{{ [1, {'a': 2}] | tojson(indent=2) }}"), "[\n  1,\n  {\n    \"a\": 2\n  }\n]");
+  EXPECT_EQ(Ok("{{ {'b': '\xc3\xa9\xf0\x9f\x8c\x8d', 'a': 1} | tojson(ensure_ascii=true, sort_keys=true) }}"),
+            "{\"a\": 1, \"b\": \"\\u00e9\\ud83c\\udf0d\"}");
   EXPECT_EQ(Ok("{{ '  x  ' | trim }}|{{ 'Ab' | upper }}|{{ 'Ab' | lower }}|{{ 'hELLO' | capitalize }}|{{ 'a b' | title }}"),
             "x|AB|ab|Hello|A B");
   EXPECT_EQ(Ok("{{ nothing | default('d') }}|{{ '' | default('e') }}|{{ '' | default('e', true) }}"), "d||e");
