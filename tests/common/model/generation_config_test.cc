@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/model/hf_checkpoint_writer.h"
@@ -23,7 +24,7 @@ constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 class GenerationConfigTest : public ::testing::Test {
  protected:
   absl::StatusOr<GenerationConfig> Load(const std::string& text) {
-    const std::string dir = tmp_.Subdir("g" + std::to_string(next_++));
+    const std::string dir = tmp_.Subdir(absl::StrCat("g", next_++));
     vc::testing::WriteFile(dir + "/generation_config.json", text);
     return LoadGenerationConfig(dir);
   }
@@ -81,7 +82,9 @@ TEST_F(GenerationConfigTest, RejectsMalformedFields) {
   EXPECT_THAT(Load("[2]"), StatusIs(kInvalid, {"not a JSON object"}));
   EXPECT_THAT(Load(R"({"eos_token_id": 2)"), StatusIs(kInvalid, {"not valid JSON"}));
   EXPECT_THAT(Load(""), StatusIs(kInvalid, {"not valid JSON"}));
-  EXPECT_THAT(Load(std::string(2 << 20, ' ') + "{}"), StatusIs(kInvalid, {"limit"}));
+  std::string huge(size_t{2} << 20, ' ');
+  huge.append("{}");
+  EXPECT_THAT(Load(huge), StatusIs(kInvalid, {"limit"}));
 }
 
 TEST_F(GenerationConfigTest, Tinystories656K) {

@@ -63,7 +63,7 @@ struct WriteOptions {
   // Entries added to each file's __metadata__ (besides "format": "pt"), e.g.
   // {"model.embed_tokens.weight", "lm_head.weight"} as safetensors' save_model
   // records a tensor it dropped as a duplicate.
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata = {};
 };
 // Writes config.json and the weights into `dir` (which must exist).
 void WriteCheckpoint(const HfCheckpoint& ckpt, const std::string& dir,
