@@ -4,6 +4,7 @@
 // cleanly on Ctrl-C or SIGTERM.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>

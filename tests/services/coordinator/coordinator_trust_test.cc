@@ -221,7 +221,7 @@ TEST_F(CoordinatorTrustTest, InternalPortsRequireAClusterCertificate) {
 }
 
 TEST_F(CoordinatorTrustTest, EveryRpcRefusesMissingAndWrongKeys) {
-  for (const std::string key : {std::string(), std::string("not-a-key-0123456789")}) {
+  for (const std::string& key : {std::string(), std::string("not-a-key-0123456789")}) {
     SCOPED_TRACE(key.empty() ? "no key" : "wrong key");
     EXPECT_EQ(Generate(key, Prompt(4, 1)).status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
     {
