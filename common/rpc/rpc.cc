@@ -91,11 +91,17 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls,
 
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls) {
   if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  // Shared while some channel uses them (each set's provider watches its
+  // files with a thread); gone with the last channel, so a process that
+  // starts and stops clusters does not keep watching deleted files.
   static std::mutex mu;
-  static auto* cache = new std::map<std::string, std::shared_ptr<grpc::ChannelCredentials>>();
+  static auto* cache = new std::map<std::string, std::weak_ptr<grpc::ChannelCredentials>>();
   const std::string key = absl::StrCat(tls.cert, "\n", tls.key, "\n", tls.ca);
   std::lock_guard<std::mutex> lock(mu);
-  auto& creds = (*cache)[key];
+  for (auto it = cache->begin(); it != cache->end();) {
+    it = it->second.expired() ? cache->erase(it) : std::next(it);
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = (*cache)[key].lock();
   if (creds == nullptr) {
     grpc::experimental::TlsChannelCredentialsOptions opts;
     opts.set_certificate_provider(
@@ -107,6 +113,7 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls
     if (tls.has_identity()) opts.watch_identity_key_cert_pairs();
     opts.set_verify_server_certs(true);
     creds = grpc::experimental::TlsCredentials(opts);
+    (*cache)[key] = creds;
   }
   return creds;
 }

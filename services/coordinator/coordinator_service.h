@@ -87,8 +87,8 @@ struct CoordinatorOptions {
   std::chrono::milliseconds stream_write_timeout{30000};
   // Per tenant (the anonymous tenant too when authentication is off):
   // requests running or queued at once, and prefixes pinned through
-  // ManagePrefix. Defaults 32 and 64.
-  int max_requests_per_tenant = 32;
+  // ManagePrefix. Defaults 128 and 64.
+  int max_requests_per_tenant = 128;
   int max_pins_per_tenant = 64;
   // Bytes of KV a tenant's ingests may add, as reported by the verifiers
   // (0: no limit). Counted since the coordinator started; a DELETE through
