@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <thread>
 
 #include "common/rpc/rpc.h"
@@ -499,6 +500,35 @@ TEST_F(CoordinatorTrustTest, FailedAuthenticationsAreRateLimited) {
     code = stub_->ClusterStatus(ctx.get(), req, &resp).error_code();
   }
   EXPECT_EQ(code, grpc::StatusCode::OK);
+}
+
+// Last too: it changes the cluster's CA bundle (to a superset).
+TEST_F(CoordinatorTrustTest, CaBundleIsReloadedWithoutARestart) {
+  const local::ClusterCredentials& creds = *cluster_->credentials();
+  const std::string other = dir_ + "/second-ca";
+  ::mkdir(other.c_str(), 0700);
+  absl::StatusOr<local::ClusterCredentials> second = local::MakeClusterCredentials(other);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const std::string addr = cluster_->Find("kvstore")->address;
+  rpc::ClientConfig newcomer(addr);
+  newcomer.tls = second->client;
+  newcomer.tls.ca = creds.ca;  // it trusts the cluster; the cluster does not trust it yet
+  const auto t = std::chrono::seconds(5);
+  ASSERT_FALSE(rpc::CheckHealth(rpc::MakeChannel(newcomer, 1 << 20), t).ok());
+  // Rotation step one: both CAs in the bundle every daemon reads.
+  std::stringstream bundle;
+  bundle << std::ifstream(creds.ca).rdbuf() << std::ifstream(second->ca).rdbuf();
+  WriteFile(creds.ca, bundle.str());
+  // gRPC re-reads the files about every 10 s; allow a loaded machine 60 s.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool accepted = false;
+  while (!accepted && std::chrono::steady_clock::now() < deadline) {
+    accepted = rpc::CheckHealth(rpc::MakeChannel(newcomer, 1 << 20), t).ok();
+    if (!accepted) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_TRUE(accepted) << "the store did not pick up the new CA bundle";
+  // The cluster itself still works (the old CA is still in the bundle).
+  EXPECT_TRUE(Generate(kKeyA1, Prompt(5, 11)).status.ok());
 }
 
 }  // namespace
