@@ -95,6 +95,9 @@ struct CoordinatorService::Request {
   // The client's call, when there is one (not for shadow checks): calls made
   // on its behalf that may run long (ingest) are cancelled with it.
   grpc::ServerContext* server_ctx = nullptr;
+  // A Generate (counted in completed_requests), or a prefix registration
+  // that only borrows an admission place.
+  bool is_generate = true;
   pb::Mode mode = pb::MODE_VERICACHE;
   std::atomic<bool> cancelled{false};
   std::string state = "queued";
@@ -243,7 +246,8 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                      "Requests that fell back to full-KV decoding.")
                      ->Get();
   m.rejections = &daemon::MustCounter(registry, "vericache_admission_rejections_total",
-                                      "Generate calls refused because the queue was full.")
+                                      "Generate calls and prefix registrations refused by admission (the queue "
+                                      "full, or the tenant at --max-requests-per-tenant).")
                       ->Get();
   m.queue_depth = &daemon::MustGauge(registry, "vericache_queue_depth",
                                      "Requests waiting for admission.")
@@ -466,7 +470,7 @@ void CoordinatorService::Leave(Request& r) {
     --tenants_[r.tenant].requests;
     ForgetTenantIfIdle(r.tenant);
     --active_;
-    ++completed_;
+    if (r.is_generate) ++completed_;
     metrics_->active->Set(active_);
   }
   admit_cv_.notify_all();
@@ -1555,6 +1559,7 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   // prefill) and ends when its caller goes away.
   Request r;
   r.id = "register-prefix";
+  r.is_generate = false;
   r.tenant = who->tenant;
   r.server_ctx = ctx;
   r.start = Clock::now();
