@@ -48,7 +48,7 @@ inline constexpr unsigned kTlsRefreshSeconds = 10;
 // needed whenever TLS is on, --tls-cert and --tls-key go together, and
 // `need_identity` (servers, and mTLS clients) requires them. Files must be
 // readable.
-absl::Status ValidateTlsFiles(const TlsFiles& tls, bool need_identity);
+[[nodiscard]] absl::Status ValidateTlsFiles(const TlsFiles& tls, bool need_identity);
 
 // Whether a TLS server asks its clients for a certificate. kRequire: mutual
 // TLS, the client's certificate must chain to --tls-ca (internal ports);

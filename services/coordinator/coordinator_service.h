@@ -158,9 +158,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // The caller's identity (UNAUTHENTICATED without a valid key) with the
   // salt its KV keys use: derived when authentication is on (a request salt
   // is then refused), the request's own salt when it is off.
-  absl::StatusOr<Identity> Caller(grpc::ServerContext* ctx, const std::string& request_salt);
+  [[nodiscard]] absl::StatusOr<Identity> Caller(grpc::ServerContext* ctx, const std::string& request_salt);
   // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
-  absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
+  [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
   absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req);
   // A registered prefix's token list from its manifest; NotFound if unknown
   // or registered under another salt (another tenant's id looks unknown).
@@ -171,7 +171,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
                           vericache::v1::IngestResponse* resp);
   // Charges an ingest's bytes to its tenant; ResourceExhausted beyond
   // --max-stored-bytes-per-tenant (checked before the ingest starts).
-  absl::Status CheckStoredBudget(const std::string& tenant);
+  [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
   void ChargeStored(const std::string& tenant, int64_t bytes);
   // Drops a tenant's bookkeeping once it holds nothing (mu_ held).
   void ForgetTenantIfIdle(const std::string& tenant);

@@ -50,7 +50,7 @@ struct Identity {
 class TenantAuth {
  public:
   // InvalidArgument naming the flag when a file is missing or malformed.
-  static absl::StatusOr<std::unique_ptr<TenantAuth>> Create(const TenantAuthOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TenantAuth>> Create(const TenantAuthOptions& options);
   ~TenantAuth();
 
   bool enabled() const;
@@ -60,7 +60,7 @@ class TenantAuth {
   // Unauthenticated when the key is missing or unknown, ResourceExhausted
   // when the peer failed too often. With authentication off: the anonymous
   // identity (salt left empty for the caller to fill).
-  absl::StatusOr<Identity> Authenticate(absl::string_view authorization, absl::string_view peer);
+  [[nodiscard]] absl::StatusOr<Identity> Authenticate(absl::string_view authorization, absl::string_view peer);
 
   // Number of keys currently accepted (tests, startup line).
   int key_count() const;

@@ -27,6 +27,6 @@ struct ClusterCredentials {
 
 // Writes the files into `dir` (which must exist). Internal on an OpenSSL
 // failure, with OpenSSL's reason.
-absl::StatusOr<ClusterCredentials> MakeClusterCredentials(const std::string& dir);
+[[nodiscard]] absl::StatusOr<ClusterCredentials> MakeClusterCredentials(const std::string& dir);
 
 }  // namespace vc::local
