@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   auto client = std::unique_ptr<StoreClient>(new StoreClient());
   client->options_ = options;
   client->stub_ =
-      pb::KvStore::NewStub(rpc::MakeChannel(options.control_address, options.max_message_bytes));
+      pb::KvStore::NewStub(rpc::MakeChannel(options.control_address, options.max_message_bytes, options.tls));
   std::string data_address = options.data_address;
   if (data_address.empty()) {
     // The store advertises its data plane in Stat; ask until it answers (the

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/kvstore/seal.h"
+#include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
@@ -31,6 +32,8 @@ struct StoreClientOptions {
   // Deadline of each control RPC, fetch and stage call. Default 10 s.
   std::chrono::milliseconds timeout{10000};
   int max_message_bytes = 64 << 20;
+  // TLS of the control channel (the daemon's --tls-* files); empty: plaintext.
+  rpc::TlsFiles tls;
   // PutAll over the data plane sends a put in stage calls of at most this
   // many value bytes and entries (one larger entry goes alone; the store's
   // data plane bounds it). Defaults 64 MiB and 1024 (the store's default

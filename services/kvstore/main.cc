@@ -29,6 +29,7 @@
 #include "common/kvstore/seal.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
+#include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -136,12 +137,23 @@ int main(int argc, char** argv) {
             "and on disk reads (empty: entries are not checked)");
   flags.Add("--data-max-request-seconds", &opts.data_max_request_seconds, "X",
             "cap on the deadline a data plane client sends");
+  // gRPC control port: mutual TLS with the cluster CA (issue 11 item 2).
+  vc::rpc::TlsFiles tls;
+  flags.Add("--tls-cert", &tls.cert, "PATH",
+            "PEM certificate chain of the store's gRPC port; re-read when it changes");
+  flags.Add("--tls-key", &tls.key, "PATH", "PEM private key of --tls-cert");
+  flags.Add("--tls-ca", &tls.ca, "PATH",
+            "PEM CA bundle that clients' certificates must chain to (mutual TLS); empty (with "
+            "--tls-cert and --tls-key empty): plaintext gRPC");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return BadFlags(std::string(s.message()));
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
   if (opts.data_dir.empty()) return BadFlags("--data-dir is required");
+  if (absl::Status s = vc::rpc::ValidateTlsFiles(tls, /*need_identity=*/true); !s.ok()) {
+    return BadFlags(std::string(s.message()));
+  }
   if (opts.disk_budget_bytes <= 0) return BadFlags("--disk-budget-bytes must be > 0");
   if (opts.dram_budget_bytes < 0) return BadFlags("--dram-budget-bytes must be >= 0");
   if (opts.ttl_seconds < 0) return BadFlags("--ttl-seconds must be >= 0");
@@ -280,7 +292,9 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(opts.listen,
+                           vc::rpc::ServerCredentials(tls, vc::rpc::ClientCerts::kRequire),
+                           &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(opts.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(opts.max_message_bytes));
   builder.RegisterService(&service);

@@ -21,6 +21,7 @@
 #include "common/base/status_macros.h"
 #include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
+#include "nlohmann/json.hpp"
 
 namespace vc::local {
 namespace {
@@ -160,8 +161,9 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
     endpoints_.back() = ep;
     return ep;
   }
-  // Ready means healthy over gRPC, not just bound.
-  auto channel = rpc::MakeChannel(ep.address, 4 << 20);
+  // Ready means healthy over gRPC, not just bound (over mTLS when secure:
+  // the client certificate works on every port).
+  auto channel = rpc::MakeChannel(internal(ep.address), 4 << 20);
   absl::Status health = absl::UnavailableError("not checked");
   while (std::chrono::steady_clock::now() < deadline) {
     health = rpc::CheckHealth(channel, std::chrono::milliseconds(1000));
@@ -225,6 +227,24 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     cluster->Stop(std::chrono::milliseconds(2000));
     return s;
   };
+  // Every daemon's TLS flags (none when insecure).
+  std::vector<std::string> tls_args;
+  if (!o.insecure) {
+    const std::string tls_dir = (fs::path(cluster->data_dir_) / "tls").string();
+    std::error_code ec;
+    fs::create_directories(tls_dir, ec);
+    fs::permissions(tls_dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+    if (ec) return fail(absl::InternalError("cannot create " + tls_dir));
+    absl::StatusOr<ClusterCredentials> creds = MakeClusterCredentials(tls_dir);
+    if (!creds.ok()) return fail(creds.status());
+    cluster->creds_ = *creds;
+    tls_args = {"--tls-cert=" + creds->daemon.cert, "--tls-key=" + creds->daemon.key,
+                "--tls-ca=" + creds->daemon.ca};
+  }
+  auto with_tls = [&](std::vector<std::string> args) {
+    args.insert(args.end(), tls_args.begin(), tls_args.end());
+    return args;
+  };
   cluster->kvstore_args_ = {
       "--listen=127.0.0.1:0",
       "--data-listen=127.0.0.1:0",
@@ -246,6 +266,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     verifier_seal = {"--seal-key=" + key_path, "--seal-trust=" + trust_path};
     drafter_seal = {"--seal-trust=" + trust_path};  // drafters only read KV
   }
+  cluster->kvstore_args_ = with_tls(cluster->kvstore_args_);
   absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", cluster->kvstore_args_);
   if (!store.ok()) return fail(store.status());
   // Restart on the same ports (fault tests): pin the ports it picked.
@@ -260,7 +281,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
         absl::StrCat("--threads=", o.worker_threads),
         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")};
     args.insert(args.end(), verifier_seal.begin(), verifier_seal.end());
-    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", args);
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", with_tls(args));
     if (!ep.ok()) return fail(ep.status());
     verifiers.push_back(ep->address);
   }
@@ -272,7 +293,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
         absl::StrCat("--threads=", o.worker_threads),
         absl::StrCat("--continuation-tokens=", o.continuation_tokens)};
     args.insert(args.end(), drafter_seal.begin(), drafter_seal.end());
-    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", args);
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", with_tls(args));
     if (!ep.ok()) return fail(ep.status());
     drafters.push_back(ep->address);
   }
@@ -291,6 +312,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--lossless-check-fraction=", o.lossless_check_fraction),
       absl::StrCat("--max-active-requests=", o.max_active_requests)};
   if (o.lock_step) coord_args.push_back("--lock-step");
+  coord_args = with_tls(coord_args);
+  if (cluster->creds_) {
+    coord_args.push_back("--api-keys-file=" + cluster->creds_->api_keys_file);
+    coord_args.push_back("--cluster-secret-file=" + cluster->creds_->cluster_secret_file);
+  }
   absl::StatusOr<Endpoint> coord = cluster->Spawn("coordinator", "coordinator", "vc-coordinator", coord_args);
   if (!coord.ok()) return fail(coord.status());
   if (o.openai) {
@@ -298,6 +324,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--model=" + o.model, "--metrics-listen=" + metrics};
     if (!o.tokenizer.empty()) args.push_back("--tokenizer=" + o.tokenizer);
     if (!o.chat_template.empty()) args.push_back("--chat-template=" + o.chat_template);
+    // The gateway is a client of the public port: TLS to it, no certificate
+    // of its own (each HTTP caller's API key rides on its calls).
+    if (cluster->creds_) args.push_back("--coordinator-tls-ca=" + cluster->creds_->ca);
     absl::StatusOr<Endpoint> gw = cluster->Spawn("openai", "openai", "vc-openai", args, /*grpc_health=*/false);
     if (!gw.ok()) return fail(gw.status());
     cluster->endpoints_.back().url = absl::StrCat("http://", gw->address, "/v1");
@@ -347,19 +376,34 @@ std::string LocalCluster::coordinator() const {
   return ep ? ep->address : "";
 }
 
-std::string LocalCluster::EndpointsJson() const {
-  std::string out = "{";
-  bool first = true;
-  auto add = [&](const std::string& k, const std::string& v) {
-    absl::StrAppend(&out, first ? "" : ", ", "\"", k, "\": \"", v, "\"");
-    first = false;
-  };
-  for (const auto& ep : endpoints_) {
-    add(ep.name, ep.url.empty() ? ep.address : ep.url);
-    if (!ep.metrics.empty()) add(ep.name + "_metrics", ep.metrics);
+rpc::ClientConfig LocalCluster::client(const std::string& tenant) const {
+  rpc::ClientConfig c(coordinator());
+  if (creds_) {
+    c.tls.ca = creds_->ca;  // server TLS: the public port asks for no certificate
+    auto it = creds_->api_keys.find(tenant);
+    if (it != creds_->api_keys.end()) c.api_key = it->second;
   }
-  out += "}";
-  return out;
+  return c;
+}
+
+rpc::ClientConfig LocalCluster::internal(const std::string& address) const {
+  rpc::ClientConfig c(address);
+  if (creds_) c.tls = creds_->client;
+  return c;
+}
+
+std::string LocalCluster::EndpointsJson() const {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& ep : endpoints_) {
+    j[ep.name] = ep.url.empty() ? ep.address : ep.url;
+    if (!ep.metrics.empty()) j[ep.name + "_metrics"] = ep.metrics;
+    if (ep.name == "kvstore" && !ep.data.empty()) j["kvstore_data"] = ep.data;
+  }
+  if (creds_) {
+    j["tls_ca"] = creds_->ca;
+    j["api_keys"] = creds_->api_keys;
+  }
+  return j.dump();
 }
 
 absl::Status LocalCluster::Kill(const std::string& name) {

@@ -11,15 +11,23 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/rpc.h"
+#include "services/local/cluster_credentials.h"
 
 namespace vc::local {
 
 struct LocalClusterOptions {
   std::string bin_dir;     // where vc-kvstore etc. live; "" = the running executable's dir
+  // Secure by default: a throwaway CA and certificates (mutual TLS on every
+  // daemon's gRPC port, server TLS on the coordinator's public port) and two
+  // tenants with API keys, in <data_dir>/tls. true: plaintext and no
+  // authentication (the --insecure setup).
+  bool insecure = false;
   std::string model;       // required
   std::string data_dir;    // "" = a fresh temporary dir, removed by Stop()
   int verifiers = 1;
@@ -83,9 +91,19 @@ class LocalCluster {
   const Endpoint* Find(const std::string& name) const;
   std::string coordinator() const;
   const std::string& data_dir() const { return data_dir_; }
+  // How a client of the public API reaches the coordinator as `tenant`
+  // ("tenant-a" or "tenant-b"): address, CA and API key (plaintext and no
+  // key when insecure).
+  rpc::ClientConfig client(const std::string& tenant = "tenant-a") const;
+  // How an internal client (a test poking the store or a worker) reaches
+  // `address`: the CA and a client certificate (plaintext when insecure).
+  rpc::ClientConfig internal(const std::string& address) const;
+  // The throwaway credentials; null when insecure.
+  const ClusterCredentials* credentials() const { return creds_ ? &*creds_ : nullptr; }
   // The endpoints as one JSON object: {"coordinator": "127.0.0.1:PORT", ...,
-  // "coordinator_metrics": "127.0.0.1:PORT", ..., "openai":
-  // "http://127.0.0.1:PORT/v1"}.
+  // "coordinator_metrics": "127.0.0.1:PORT", ..., "kvstore_data":
+  // "HOST:PORT", "openai": "http://127.0.0.1:PORT/v1"} and, when secure,
+  // "tls_ca": PATH and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}.
   std::string EndpointsJson() const;
 
   // Test seams for fault injection: kill -9 a daemon, and start the store
@@ -107,6 +125,7 @@ class LocalCluster {
   bool own_data_dir_ = false;
   std::vector<Endpoint> endpoints_;
   std::vector<std::string> kvstore_args_;
+  std::optional<ClusterCredentials> creds_;
 };
 
 // Default model for `vericache local`: $VC_MODELS_DIR/stories260K.bin, else

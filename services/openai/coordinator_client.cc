@@ -40,10 +40,17 @@ class GrpcGenerateStream final : public GenerateStream {
   std::unique_ptr<grpc::ClientReader<pb::GenerateResponse>> reader_;
 };
 
+rpc::TlsFiles TlsOf(const GrpcCoordinatorClientOptions& o) {
+  rpc::TlsFiles tls;
+  tls.ca = o.tls_ca;
+  tls.server_name = o.tls_server_name;
+  return tls;
+}
+
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   explicit GrpcCoordinatorClient(const GrpcCoordinatorClientOptions& o)
-      : channel_(rpc::MakeChannel(o.address, o.max_message_bytes)),
+      : channel_(rpc::MakeChannel(o.address, o.max_message_bytes, TlsOf(o))),
         stub_(pb::Coordinator::NewStub(channel_)) {}
 
   std::unique_ptr<GenerateStream> Generate(const pb::GenerateRequest& req,

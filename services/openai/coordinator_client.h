@@ -50,9 +50,16 @@ class CoordinatorClient {
 struct GrpcCoordinatorClientOptions {
   std::string address;                    // HOST:PORT
   int max_message_bytes = 64 << 20;
+  // The coordinator's public port: TLS verified against this CA bundle (no
+  // client certificate: callers authenticate with their API keys, which
+  // every call carries). Empty: plaintext.
+  std::string tls_ca;
+  // The name in the coordinator's certificate when it is not the dialled
+  // host (empty: the host of `address`).
+  std::string tls_server_name;
 };
 
-// The real client (an insecure channel, like the rest of the cluster today).
+// The real client.
 std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(
     const GrpcCoordinatorClientOptions& options);
 

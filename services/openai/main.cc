@@ -63,6 +63,12 @@ int main(int argc, char** argv) {
                     "/v1/chat/completions (streamed or not), /health, served through vc-coordinator.");
   flags.Add("--listen", &listen, "HOST:PORT", "HTTP address (port 0 picks one)");
   flags.Add("--coordinator", &coordinator, "HOST:PORT", "vc-coordinator's gRPC address");
+  std::string coordinator_tls_ca, coordinator_tls_server_name;
+  flags.Add("--coordinator-tls-ca", &coordinator_tls_ca, "PATH",
+            "CA bundle of the coordinator's TLS port (empty: plaintext gRPC); callers' API keys "
+            "travel with each call");
+  flags.Add("--coordinator-tls-server-name", &coordinator_tls_server_name, "NAME",
+            "name in the coordinator's certificate when it is not the --coordinator host");
   flags.Add("--model", &model, "PATH",
             "the model the cluster serves: a Hugging Face checkpoint directory (its tokenizer.json, "
             "tokenizer_config.json and generation_config.json are used) or a llama2.c .bin "
@@ -177,7 +183,9 @@ int main(int argc, char** argv) {
     if (!started.ok()) return vc::daemon::Fail(kName, started.status().ToString());
     metrics = *std::move(started);
   }
-  auto client = vc::openai::MakeGrpcCoordinatorClient({.address = coordinator});
+  auto client = vc::openai::MakeGrpcCoordinatorClient({.address = coordinator,
+                                                      .tls_ca = coordinator_tls_ca,
+                                                      .tls_server_name = coordinator_tls_server_name});
   auto gateway = vc::openai::Gateway::Start(o, m, client.get());
   if (!gateway.ok()) {
     return gateway.status().code() == absl::StatusCode::kInvalidArgument

@@ -2,7 +2,10 @@
 // machine (services/local/local_cluster.h). Prints one line per endpoint
 // once all are healthy, optionally writes them as JSON, and stops them all
 // cleanly on Ctrl-C or SIGTERM.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -63,6 +66,10 @@ int RunLocal(int argc, char** argv) {
   flags.Add("--endpoints-file", &endpoints_file, "PATH",
             "write the endpoints as one JSON object once all daemons are healthy");
   flags.Add("--bin-dir", &o.bin_dir, "DIR", "where the daemon binaries are (default: beside vericache)");
+  flags.AddBool("--insecure", &o.insecure,
+                "plaintext gRPC and no API keys (default: a throwaway CA in the data dir, mutual "
+                "TLS between the daemons, TLS on the coordinator's port, tenants tenant-a and "
+                "tenant-b with API keys)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -111,18 +118,25 @@ int RunLocal(int argc, char** argv) {
       std::printf("metrics: http://%s/metrics (%s)\n", ep.metrics.c_str(), ep.name.c_str());
     }
   }
+  // Where the credentials are, never the keys themselves.
+  if (const local::ClusterCredentials* creds = (*cluster)->credentials()) {
+    std::printf("tls_ca: %s\n", creds->ca.c_str());
+    std::printf("api_keys_file: %s (tenants tenant-a, tenant-b)\n", creds->api_keys_file.c_str());
+  }
   std::fflush(stdout);
   if (!endpoints_file.empty()) {
+    // It holds API keys: mode 0600 from the start, written whole, renamed
+    // into place so readers never see half a file.
     const std::string tmp = endpoints_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << (*cluster)->EndpointsJson() << "\n";
-      if (!out) {
-        (*cluster)->Stop();
-        return Fail(cmd, absl::InternalError("cannot write " + endpoints_file));
-      }
+    const std::string json = (*cluster)->EndpointsJson() + "\n";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && fchmod(fd, 0600) == 0 &&
+              write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size());
+    if (fd >= 0) ok = close(fd) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), endpoints_file.c_str()) != 0) {
+      (*cluster)->Stop();
+      return Fail(cmd, absl::InternalError("cannot write " + endpoints_file));
     }
-    std::rename(tmp.c_str(), endpoints_file.c_str());  // readers never see half a file
   }
   int sig = 0;
   while (sigwait(&stop, &sig) != 0) {

@@ -60,6 +60,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   flags.Add("--max-batch-tokens", &f.max_batch_tokens, "N", "largest forward pass in tokens");
   flags.Add("--max-requests", &f.max_requests, "N", "request sessions held at once");
   flags.Add("--arena-bytes", &f.arena_bytes, "N", "KV bytes this worker may hold");
+  daemon::AddTlsFlags(flags, &f.server.tls);
   flags.Add("--metrics-listen", &f.server.metrics_listen, "HOST:PORT",
             "Prometheus /metrics address (empty: off)");
   flags.Add("--rpc-timeout-ms", &f.rpc_timeout_ms, "N", "deadline of calls this worker makes");
@@ -145,6 +146,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   so.seal_trust = seal_trust;
   so.seal_context.model_id = model_id;
   so.seal_context.numerics_version = VerifierOptions{}.numerics_version;
+  so.tls = f.server.tls;  // mutual TLS towards the store with this worker's certificate
   auto store = daemon::StoreClient::Create(so);
   if (!store.ok()) return daemon::Fail(name, store.status().ToString());
 

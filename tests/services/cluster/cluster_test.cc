@@ -4,7 +4,8 @@
 // prefixes, several compressors, greedy and seeded sampling and every
 // request mode must produce exactly what single-process full-KV decoding
 // produces (lossy_remote excepted: it is the unverified baseline), also with
-// the drafter's online compressor update; bad input gets a precise
+// the drafter's online compressor update, all with TLS and API keys on
+// (LocalCluster's default); bad input gets a precise
 // INVALID_ARGUMENT; a killed drafter falls back, a killed
 // verifier fails the request cleanly, and a killed store keeps its committed
 // prefixes and loses its uncommitted put.
@@ -75,7 +76,7 @@ class ClusterTest : public ::testing::Test {
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << logs << ")";
     cluster_ = std::move(*c);
-    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->coordinator(), 64 << 20));
+    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->client(), 64 << 20));
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, const Spec& s) {
@@ -493,7 +494,7 @@ TEST_F(ClusterTest, StoreRestartKeepsCommittedPrefixesAndDropsHalfWrittenPuts) {
   const std::vector<int32_t> prefix = Text(100, 9);
   const std::string id = Register(prefix);
   // A put that is begun and staged but never committed.
-  auto store = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+  auto store = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
   const std::string orphan(32, 'z');
   {
     pb::BeginPutRequest b;
@@ -579,7 +580,7 @@ TEST_F(ClusterTest, StaggeredSchedulingKeepsThePacedFastLinkWithinCapacity) {
     pb::StatResponse stat;
     {
       auto store =
-          pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+          pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
       pb::StatRequest req;
       auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
       ASSERT_TRUE(store->Stat(ctx.get(), req, &stat).ok());
@@ -611,7 +612,7 @@ TEST_F(ClusterTest, UcxDataPlaneCarriesTheChunkBytes) {
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();
   EXPECT_EQ(out.tokens, Reference(s.prompt, s));
   for (const char* role : {"verifier", "drafter"}) {
-    auto channel = rpc::MakeChannel(cluster_->Find(role)->address, 64 << 20);
+    auto channel = rpc::MakeChannel(cluster_->internal(cluster_->Find(role)->address), 64 << 20);
     pb::WorkerInfoRequest req;
     pb::WorkerInfoResponse info;
     auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
@@ -630,7 +631,7 @@ TEST_F(ClusterTest, UcxDataPlaneCarriesTheChunkBytes) {
   pb::StatResponse stat;
   {
     auto store =
-        pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+        pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
     auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
     ASSERT_TRUE(store->Stat(ctx.get(), pb::StatRequest(), &stat).ok());
   }
