@@ -12,6 +12,7 @@ packages=(
   libcpp-httplib-dev
   prometheus unzip curl jq
   python3-matplotlib
+  clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (deploy/scripts/fuzz.sh); llvm-symbolizer
 )
 
 missing=()
