@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -357,6 +358,17 @@ void ProtoSeeds() {
   p.mutable_sampling()->set_temperature(1.0f);
   p.mutable_sampling()->set_top_p(0.9f);
   Seed("fuzz_coordinator_request", "generate_prefix_kivi", gen(p));
+  // Inputs of fixed bugs (docs/results.md, Reliability): prompt +
+  // max_new_tokens overflowed int64; a NaN ratio passed the range check.
+  pb::GenerateRequest overflow;
+  overflow.add_prompt_ids(5);
+  overflow.set_max_new_tokens(std::numeric_limits<int64_t>::max());
+  Seed("fuzz_coordinator_request", "regression-max-new-tokens-int64-max", gen(overflow));
+  pb::GenerateRequest nan_ratio = overflow;
+  nan_ratio.set_max_new_tokens(4);
+  nan_ratio.set_compressor("snapkv");
+  nan_ratio.set_ratio(std::numeric_limits<double>::quiet_NaN());
+  Seed("fuzz_coordinator_request", "regression-nan-ratio", gen(nan_ratio));
   pb::RegisterPrefixRequest r;
   for (int i = 0; i < 40; ++i) r.add_tokens(i);
   r.set_variants("snapkv:0.25,kivi:4,snapkv+kivi:0.5:4,int8");
