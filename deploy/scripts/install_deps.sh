@@ -13,6 +13,7 @@ packages=(
   libpcre2-dev libicu-dev
   prometheus unzip curl jq
   python3-matplotlib
+  clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (deploy/scripts/fuzz.sh); llvm-symbolizer
 )
 
 missing=()

@@ -1,27 +1,119 @@
 #!/usr/bin/env bash
-# The whole test suite: install what is missing, build with warnings as
-# errors, run every test, then rebuild and rerun the unit tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# The test suite in two tiers (docs/testing.md).
+#
+#   deploy/scripts/test.sh          per-commit tier (what CI runs, .ci/run):
+#     1. build-test/  RelWithDebInfo (-O3, line tables only), -Werror,
+#                     everything: every test except label "long"
+#     2. build-asan/  ASan+UBSan, only the unit tests' targets: label "unit"
+#     3. build-tsan/  TSan, the concurrency-heavy unit tests
+#     4. build-fuzz/  clang libFuzzer+ASan+UBSan: every fuzz target for
+#                     VC_FUZZ_SECONDS (default 10) over its seed corpus
+#   deploy/scripts/test.sh --long   the long tier (builds what it needs):
+#     ctest label "long" in build-test/, every fuzz target for
+#     VC_FUZZ_LONG_SECONDS (default 300), then every executable
+#     deploy/scripts/long.d/*.sh in name order (stress, crash loops, chaos,
+#     soak: each is handed REPO_ROOT, VC_BUILD_DIR and VC_MODELS_DIR in the
+#     environment and must stop by itself; a non-zero exit fails the tier).
+#
+# Each stage prints its wall time; the last line sums them up.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+tier=commit
+case "${1:-}" in
+  "") ;;
+  --long) tier=long ;;
+  -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
+  *) echo "test.sh: unknown argument '$1' (use --long or nothing)" >&2; exit 2 ;;
+esac
+# Debug info: line tables only (-g1). Sanitizer reports and backtraces need
+# no more, and full -g costs ~35% of the compile time of a gRPC-heavy file and
+# 5x its object size (slower links). The code generated is the same.
+REL_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+DEBUG_G1="-DCMAKE_CXX_FLAGS_DEBUG=-g1"
+# ctest's parallelism (tests that mostly wait on daemons or sockets could
+# take more than the cores; CTEST_JOBS overrides).
+CTEST_JOBS="${CTEST_JOBS:-$JOBS}"
+
+declare -a STAGE_TIMES=()
+STAGE_NAME=""
+stage_start=0
+stage() {  # stage NAME: ends the previous stage's clock, starts this one's
+  stage_end
+  STAGE_NAME="$1"
+  stage_start=$SECONDS
+  echo "== $1 =="
+}
+stage_end() {
+  if [[ -n "$STAGE_NAME" ]]; then
+    STAGE_TIMES+=("$(printf '%-52s %5d s' "$STAGE_NAME" $((SECONDS - stage_start)))")
+    STAGE_NAME=""
+  fi
+}
+summary() {
+  stage_end
+  echo "== stage times ($tier tier) =="
+  printf '  %s\n' "${STAGE_TIMES[@]}"
+  echo "  total: $SECONDS s"
+}
 
 bash "$REPO_ROOT/deploy/scripts/install_deps.sh"
 if [[ ! -f "$VC_MODELS_DIR/stories260K.bin" ]]; then
   echo "test: test models not found in $VC_MODELS_DIR (set VC_MODELS_DIR); model tests will skip" >&2
 fi
 
-echo "== build (build-test/, RelWithDebInfo, -Werror) =="
-configure_and_build build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVC_MODELS_DIR="$VC_MODELS_DIR"
-echo "== tests =="
-(cd "$REPO_ROOT/build-test" && ctest -j "$JOBS" --output-on-failure --timeout 900)
+if [[ "$tier" == long ]]; then
+  stage "build (build-test/, RelWithDebInfo, -Werror)"
+  configure_and_build build-test "${REL_FLAGS[@]}" -DVC_MODELS_DIR="$VC_MODELS_DIR"
+  # A failing piece fails the tier, but the others still run.
+  failed=()
+  stage "long tests (ctest -L long)"
+  if (cd "$REPO_ROOT/build-test" && ctest -N -L long | grep -q 'Total Tests: [1-9]'); then
+    (cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS" -L long --output-on-failure --timeout 7200) ||
+      failed+=("ctest -L long")
+  else
+    echo "no tests labelled long"
+  fi
+  stage "fuzzing (every target, ${VC_FUZZ_LONG_SECONDS:-300} s each)"
+  bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --seconds "${VC_FUZZ_LONG_SECONDS:-300}" ||
+    failed+=("fuzzing")
+  shopt -s nullglob
+  for script in "$REPO_ROOT"/deploy/scripts/long.d/*.sh; do
+    if [[ ! -x "$script" ]]; then
+      echo "long.d: skipping $(basename "$script") (not executable)"
+      continue
+    fi
+    stage "long.d/$(basename "$script")"
+    REPO_ROOT="$REPO_ROOT" VC_BUILD_DIR="$REPO_ROOT/build-test" VC_MODELS_DIR="$VC_MODELS_DIR" \
+      bash "$script" || failed+=("$(basename "$script")")
+  done
+  summary
+  if ((${#failed[@]})); then
+    echo "== long tier FAILED: ${failed[*]} ==" >&2
+    exit 1
+  fi
+  echo "== long tier passed =="
+  exit 0
+fi
 
-echo "== build (build-asan/, ASan+UBSan) =="
-configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DVC_SANITIZE=address,undefined \
-  -DVC_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS=-O1 -DVC_MODELS_DIR="$VC_MODELS_DIR"
-echo "== unit tests under ASan+UBSan =="
+stage "build (build-test/, RelWithDebInfo, -Werror)"
+configure_and_build build-test "${REL_FLAGS[@]}" -DVC_MODELS_DIR="$VC_MODELS_DIR"
+stage "tests (all but label long)"
+(cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS" -LE long --no-tests=error --output-on-failure --timeout 900)
+
+# Only the unit tests run under ASan+UBSan, so only their targets are built:
+# no daemons, CLI or integration tests, no benches, and no CUDA (nvcc code
+# is not sanitised, and the CUDA tests skip without a GPU; build-test/
+# compiles the CUDA backend).
+stage "build (build-asan/, ASan+UBSan, unit tests only)"
+cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-asan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
+  -DVC_SANITIZE=address,undefined -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF -DCMAKE_CXX_FLAGS=-O1 \
+  -DVC_MODELS_DIR="$VC_MODELS_DIR" >/dev/null
+ninja -C "$REPO_ROOT/build-asan" -j "$JOBS" vc_unit_tests
+stage "unit tests under ASan+UBSan"
 (cd "$REPO_ROOT/build-asan" && \
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest -j "$JOBS" -L unit --output-on-failure --timeout 900)
+  ctest -j "$CTEST_JOBS" -L unit -LE long --no-tests=error --output-on-failure --timeout 900)
 
 # ThreadSanitizer for the concurrency-heavy units: the thread pool, the copy
 # engine and the long-context runtime that drives it, the data plane (TCP and
@@ -29,16 +121,20 @@ echo "== unit tests under ASan+UBSan =="
 # coordinator's slot clock.
 TSAN_TESTS=(thread_pool_test copy_engine_test long_context_runtime_test
             link_pacer_test data_plane_test data_plane_stage_test slot_clock_test)
-echo "== build (build-tsan/, TSan: ${TSAN_TESTS[*]}) =="
-cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug \
+stage "build (build-tsan/, TSan: ${#TSAN_TESTS[@]} tests)"
+cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
   -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \
   -DVC_MODELS_DIR="$VC_MODELS_DIR" >/dev/null
 ninja -C "$REPO_ROOT/build-tsan" -j "$JOBS" "${TSAN_TESTS[@]}"
-echo "== concurrency tests under TSan =="
+stage "concurrency tests under TSan"
 # UCX_MEM_EVENTS=no: UCX's memory hooks (libucm) crash TSan-instrumented
 # threads at start; the data plane does not need them (no registered memory).
 for t in "${TSAN_TESTS[@]}"; do
   UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     "$REPO_ROOT/build-tsan/bin/$t" --gtest_brief=1
 done
+
+stage "fuzzing (build-fuzz/, every target ${VC_FUZZ_SECONDS:-10} s)"
+bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --seconds "${VC_FUZZ_SECONDS:-10}"
+summary
 echo "== all test stages passed =="

@@ -16,6 +16,7 @@
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
 #include "services/common/sampling_config.h"
+#include "services/coordinator/request_validation.h"
 
 namespace vc::coordinator {
 
@@ -706,15 +707,7 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
 
 absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std::string& id,
                                                                      const std::string& salt) {
-  std::string raw;
-  const bool hex = std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-  });
-  if (id.size() == 64 && hex) raw = absl::HexStringToBytes(id);
-  if (raw.size() != 32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefix_id '", id, "' is not a 64-digit hex prefix id"));
-  }
+  VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
   const absl::Status not_found =
       absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
   absl::StatusOr<std::string> manifest = store_->Get(raw);
@@ -740,31 +733,15 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     const pb::GenerateRequest& req) {
   Plan plan;
   plan.req = req;
+  VC_RETURN_IF_ERROR(CheckPromptSource(req));
   if (!req.prefix_id().empty()) {
     VC_ASSIGN_OR_RETURN(plan.prompt, PrefixTokens(req.prefix_id(), req.tenant_salt()));
-    if (!req.prompt_ids().empty()) {
-      return absl::InvalidArgumentError("give prompt_ids or prefix_id (+ suffix_ids), not both");
-    }
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
   } else {
-    if (!req.suffix_ids().empty()) {
-      return absl::InvalidArgumentError("suffix_ids need a prefix_id");
-    }
     plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
   }
-  if (plan.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  for (size_t i = 0; i < plan.prompt.size(); ++i) {
-    if (plan.prompt[i] < 0 || plan.prompt[i] >= vocab_) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ", plan.prompt[i],
-                                                     ", outside the vocabulary [0, ", vocab_, ")"));
-    }
-  }
-  // CheckBounds put max_new_tokens in [1, context]: the sum cannot overflow.
-  if (static_cast<int64_t>(plan.prompt.size()) + req.max_new_tokens() > context_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", plan.prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
-        ") exceeds the model's context of ", context_, " tokens"));
-  }
+  VC_RETURN_IF_ERROR(ValidateGenerate(req, plan.prompt, {vocab_, context_, options_.chunk_tokens},
+                                      default_variants_.front().compressor));
   if (req.stop_token_ids_size() > kMaxStopTokenIds) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxStopTokenIds,
                                                    " stop_token_ids, got ", req.stop_token_ids_size()));
@@ -775,43 +752,16 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
                                                      ", outside the vocabulary [0, ", vocab_, ")"));
     }
   }
-  // The workers' own check, here before any session opens.
-  VC_RETURN_IF_ERROR(daemon::ToSessionSampling(req.sampling()).status());
   plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
   // A request that names its x keeps it; the coordinator's default adapts.
   plan.adaptive = req.draft_len() == 0 && options_.max_draft_len > options_.draft_len;
   // The compressed variant the drafter uses.
   if (!req.compressor().empty()) {
-    if (req.ratio() < 0 || req.ratio() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("ratio must be in (0, 1], got ", req.ratio()));
-    }
     plan.variant.compressor.name = req.compressor();
     plan.variant.compressor.ratio = req.ratio();
     plan.variant.compressor.bits = req.bits();
-    VC_RETURN_IF_ERROR(CreateCompressor(plan.variant.compressor).status());
   } else {
-    if (req.ratio() != 0 || req.bits() != 0) {
-      return absl::InvalidArgumentError("ratio/bits need a compressor");
-    }
     plan.variant = default_variants_.front();
-  }
-  if (req.online_update()) {
-    // Checked before any session opens: the drafter would refuse it only
-    // after fetching its variant.
-    const pb::Mode mode = req.mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : req.mode();
-    if (mode != pb::MODE_VERICACHE && mode != pb::MODE_LOSSY_REMOTE) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "online_update folds tokens into the drafter's compressed KV: it needs mode vericache "
-          "or lossy_remote, not ",
-          ModeName(mode)));
-    }
-    VC_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, CreateCompressor(plan.variant.compressor));
-    if (c->online_policy().kind == OnlinePolicy::Kind::kNone) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("online_update: compressor ", c->info().name,
-                       " has no online rule (its published rule compresses once after prefill; "
-                       "'vericache compressors' lists the methods that have one)"));
-    }
   }
   // The stored prefix and its keys.
   plan.prefix_tokens =
@@ -1552,18 +1502,12 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   }
   const std::string variants = req->variants().empty() ? options_.ingest_variants : req->variants();
   if (absl::Status s = RequestVariants(variants).status(); !s.ok()) return rpc::ToGrpcStatus(s);
+  if (absl::Status s = ValidateRegisterPrefix(*req, {vocab_, context_, options_.chunk_tokens},
+                                              options_.ingest_variants);
+      !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
   std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab_) {
-      return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "token ", i, " has id ", tokens[i], ", outside the vocabulary [0, ", vocab_, ")")));
-    }
-  }
-  if (static_cast<int>(tokens.size()) < options_.chunk_tokens) {
-    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "a prefix needs at least one whole chunk of ", options_.chunk_tokens, " tokens, got ",
-        tokens.size())));
-  }
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
   ko.tenant_salt = who->salt;

@@ -1,5 +1,6 @@
 // Model::LoadLlama2c on the real stories260K checkpoint and on damaged copies
 // of it, and Model::Load's file/directory dispatch.
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -129,6 +130,43 @@ TEST(Llama2cLoaderErrors, GarbageHeaderFailsCleanly) {
 
   WriteFile(path, "");
   EXPECT_THAT(Model::LoadLlama2c(path), StatusIs(kInvalid, {"truncated"}));
+}
+
+// Found by fuzz_llama2c_loader (tests/fuzz/): the vocab field INT32_MIN was
+// negated before the header was checked (signed overflow, UBSan abort).
+TEST(Llama2cLoaderErrors, Int32MinHeaderFieldFailsCleanly) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/min.bin";
+  for (int field = 0; field < 7; ++field) {
+    int32_t header[7] = {8, 12, 1, 2, 2, 16, 8};
+    header[field] = INT32_MIN;
+    std::string bytes(sizeof(header), '\0');
+    std::memcpy(bytes.data(), header, sizeof(header));
+    WriteFile(path, bytes + std::string(64, '\0'));
+    EXPECT_THAT(Model::LoadLlama2c(path),
+                StatusIs(kInvalid, {"not a llama2.c checkpoint", "-2147483648"}))
+        << "field " << field;
+  }
+  // dim INT32_MIN with n_heads -1 would also have divided INT32_MIN by -1.
+  const int32_t header[7] = {INT32_MIN, 12, 1, -1, 1, 16, 8};
+  std::string bytes(sizeof(header), '\0');
+  std::memcpy(bytes.data(), header, sizeof(header));
+  WriteFile(path, bytes);
+  EXPECT_THAT(Model::LoadLlama2c(path), StatusIs(kInvalid, {"header field 0"}));
+}
+
+// Every field within the header's bound of 2^24, but layers x dim x dim is
+// 2^72 elements: the size arithmetic overflowed int64 before the file size
+// was compared. Now the file is simply too short for what it claims.
+TEST(Llama2cLoaderErrors, HugeShapeProductIsTruncationNotOverflow) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/huge.bin";
+  const int32_t big = 1 << 24;
+  const int32_t header[7] = {big, big, big, 1, 1, 16, 8};
+  std::string bytes(sizeof(header), '\0');
+  std::memcpy(bytes.data(), header, sizeof(header));
+  WriteFile(path, bytes + std::string(4096, '\0'));
+  EXPECT_THAT(Model::LoadLlama2c(path), StatusIs(kInvalid, {"truncated", "runs past the end"}));
 }
 
 TEST(Llama2cLoaderErrors, MissingFileIsNotFound) {
