@@ -23,6 +23,7 @@ int RunModel(int argc, char** argv);
 int RunSimulate(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunDetokenize(int argc, char** argv);
+int RunChatTemplate(int argc, char** argv);
 
 // One line "vericache <command>: <msg>" on stderr; returns kExitBadInput.
 int BadInput(const std::string& command, const std::string& msg);

@@ -26,6 +26,7 @@ constexpr char kUsage[] =
     "  client       talk to a cluster: client generate | client status\n"
     "  ingest       register a prefix with a cluster (store its full and compressed KV)\n"
     "  prefix       pin, unpin or delete a registered prefix\n"
+    "  chat-template  render a conversation with a model's chat template\n"
     "\n"
     "Run 'vericache <command> --help' for the flags of a command.\n";
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   if (command == "client") return vc::cli::RunClient(argc, argv);
   if (command == "ingest") return vc::cli::RunIngest(argc, argv);
   if (command == "prefix") return vc::cli::RunPrefix(argc, argv);
+  if (command == "chat-template") return vc::cli::RunChatTemplate(argc, argv);
   std::fprintf(stderr, "vericache: unknown command '%s' (see vericache --help)\n", command.c_str());
   return 2;
 }

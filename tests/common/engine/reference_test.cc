@@ -1,6 +1,6 @@
 // The engine against the independent float64 reference (tests/reference).
 //
-// On the two real checkpoints, several prompts are teacher-forced over the
+// On the three real checkpoints (two llama2.c, one Hugging Face), several prompts are teacher-forced over the
 // whole context (the prompt, then the reference's own greedy tokens): at every
 // position the engine's f32 logits must lie within a tolerance of the
 // reference's, and its argmax must agree except at near-ties. A free-running
@@ -37,6 +37,7 @@
 #include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/reference/llama_ref_f64.h"
 
 namespace vc {
@@ -313,6 +314,83 @@ TEST(ReferenceTest, ReferenceReproducesKnownAiDreamsContinuation) {
   for (size_t i = prompt.size(); i < run.tokens.size(); ++i) text += pieces[run.tokens[i]];
   std::cout << "reference greedy: \"" << text << "\"\n";
   EXPECT_EQ(text.rfind(" 0.000000. Dimensions unfold", 0), 0u) << text;
+}
+
+// A Hugging Face checkpoint directory under VC_MODELS_DIR, or "".
+std::string ModelDir(const char* name) {
+  const std::string path = ModelPath(name);
+  return !path.empty() && std::filesystem::is_directory(path) ? path : "";
+}
+
+// tinystories656K: a Hugging Face checkpoint (half-split RoPE, GQA 8/4, tied
+// embeddings stored as lm_head.weight only, RMSNorm eps 1e-6).
+TEST(ReferenceTest, TinyStories656KMatchesReferenceOverWholeContext) {
+  const std::string dir = ModelDir("tinystories656K");
+  if (dir.empty()) GTEST_SKIP() << "tinystories656K not found in VC_MODELS_DIR";
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  ASSERT_EQ(c.max_seq_len, 512);
+  ASSERT_EQ(c.rope.layout, RopeLayout::kHalfSplit);
+  ASSERT_TRUE(c.tied_embeddings);
+  CheckModel(**model, {1, 6, 200}, 656);
+}
+
+// The id -> text pieces of a tokenizer.json's BPE vocabulary, with the
+// SentencePiece word marker turned back into a space: enough to read this
+// model's output without a tokenizer implementation.
+void ReadHfPieces(const std::string& path, std::vector<std::string>* pieces) {
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in.good()) << path;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("model") && j["model"].contains("vocab")) << path;
+  const auto& vocab = j["model"]["vocab"];
+  pieces->assign(vocab.size(), "");
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const size_t id = it.value().get<size_t>();
+    ASSERT_LT(id, pieces->size());
+    const std::string& raw = it.key();
+    std::string piece;
+    for (size_t k = 0; k < raw.size(); ++k) {
+      if (raw.compare(k, 3, "\xe2\x96\x81") == 0) {
+        piece.push_back(' ');
+        k += 2;
+      } else {
+        piece.push_back(raw[k]);
+      }
+    }
+    (*pieces)[id] = std::move(piece);
+  }
+}
+
+// The reference anchored to the model card's known output: greedy from
+// "<|start_story|>Once upon a time" continues ", a little girl named Lily
+// lived in a small house with her mom, dad, and her dog, Spot, ...".
+TEST(ReferenceTest, ReferenceReproducesKnownTinyStoriesContinuation) {
+  const std::string dir = ModelDir("tinystories656K");
+  if (dir.empty()) GTEST_SKIP() << "tinystories656K not found in VC_MODELS_DIR";
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::string> pieces;
+  ASSERT_NO_FATAL_FAILURE(ReadHfPieces(dir + "/tokenizer.json", &pieces));
+  ASSERT_EQ(pieces.size(), 2048u);
+  const std::vector<int32_t> prompt = {1, 80, 147, 201, 282, 57};
+  std::string prompt_text;
+  for (int32_t id : prompt) prompt_text += pieces[static_cast<size_t>(id)];
+  ASSERT_EQ(prompt_text, "<|start_story|> Once upon a time");
+  const GreedyRun run = ReferenceGreedy(**model, prompt, static_cast<int32_t>(prompt.size()) + 30);
+  std::string text;
+  for (size_t i = prompt.size(); i < run.tokens.size(); ++i) text += pieces[static_cast<size_t>(run.tokens[i])];
+  std::cout << "reference greedy: \"" << text << "\"\n";
+  EXPECT_EQ(text.rfind(", a little girl named Lily lived in a small house with her mom, dad, and her dog, Spot", 0),
+            0u)
+      << text;
+  // And the engine, free-running, produces the same tokens.
+  auto engine = MakeEngine(**model);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int32_t> greedy;
+  ASSERT_NO_FATAL_FAILURE(EngineGreedy(*engine, prompt, run.tokens.size(), &greedy));
+  EXPECT_EQ(greedy, run.tokens);
 }
 
 // Random models for what the checkpoints do not exercise.

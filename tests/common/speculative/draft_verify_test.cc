@@ -155,11 +155,16 @@ TEST(DraftVerifyTest, StopsAtEosUnlessIgnored) {
 TEST(DraftVerifyTest, StopsAtAnyOfSeveralEosIds) {
   // A Hugging Face model may stop at several ids (generation_config.json's
   // eos_token_id list); every decode path stops at the first of any of them.
-  Fixture f = Make(SmallConfig(), 4);
+  // Untied: a random tied model keeps repeating its last token.
+  ModelConfig base = SmallConfig();
+  base.tied_embeddings = false;
+  Fixture f = Make(base, 4);
   const auto prompt = RandomPrompt(10, 64, 4);
-  const auto tokens = FullTokens(*f.engine, prompt, 24);
-  // The stop id: the first token that did not already occur before position 6.
-  size_t stop_at = 6;
+  const SamplingParams sp{1.0f, 0, 1.0f, 11};
+  const auto tokens = FullTokens(*f.engine, prompt, 24, sp);
+  // The stop id: the first token after the first that did not occur before
+  // (so the output must end there, not earlier).
+  size_t stop_at = 1;
   while (stop_at < tokens.size() &&
          std::find(tokens.begin(), tokens.begin() + stop_at, tokens[stop_at]) !=
              tokens.begin() + stop_at) {
@@ -169,7 +174,7 @@ TEST(DraftVerifyTest, StopsAtAnyOfSeveralEosIds) {
   // An absent id first, so that only membership (not eos_id) can stop it.
   int32_t absent = 3;
   while (std::find(tokens.begin(), tokens.end(), absent) != tokens.end()) ++absent;
-  ModelConfig c = SmallConfig();
+  ModelConfig c = base;
   c.eos_id = absent;
   c.eos_ids = {absent, tokens[stop_at]};
   auto model = std::move(Model::CreateRandom(c, 4)).value();
@@ -178,6 +183,7 @@ TEST(DraftVerifyTest, StopsAtAnyOfSeveralEosIds) {
 
   DecodeOptions o;
   o.max_new_tokens = 24;
+  o.sampling = sp;
   auto full = DecodeFull(*engine, prompt, o);
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_TRUE(full->stopped_at_eos);
@@ -185,6 +191,8 @@ TEST(DraftVerifyTest, StopsAtAnyOfSeveralEosIds) {
 
   RequestOptions ro = VeriCache("int8", 0, 8, 4, 24);
   ro.ignore_eos = false;
+  ro.sampling_mode = SamplingMode::kSeeded;
+  ro.sampling = sp;
   std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
   reqs.push_back(MakeRequest(*engine, prompt, ro));
   ASSERT_TRUE(RunBatch(*engine, reqs).ok());

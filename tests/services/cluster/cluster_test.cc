@@ -47,6 +47,7 @@ struct Spec {
   int draft_len = 0;
   int64_t max_new = 48;
   bool online_update = false;
+  bool ignore_eos = true;
 };
 
 struct Outcome {
@@ -59,8 +60,8 @@ struct Outcome {
 class ClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
-    model_ = std::move(Model::Load(ModelPath())).value();
+    if (!std::filesystem::exists(model_path_)) GTEST_SKIP() << "test model not found: " << model_path_;
+    model_ = std::move(Model::Load(model_path_)).value();
     EngineOptions eo;
     eo.backend.threads = 1;
     engine_ = std::move(Engine::Create(*model_, eo)).value();
@@ -68,7 +69,7 @@ class ClusterTest : public ::testing::Test {
 
   void StartCluster(local::LocalClusterOptions o = {}) {
     o.bin_dir = VC_DAEMON_DIR;
-    o.model = ModelPath();
+    o.model = model_path_;
     if (o.chunk_tokens == 64) o.chunk_tokens = 32;
     o.ingest_variants = "snapkv:0.3,int8,kivi:4";
     const std::string logs = ::testing::TempDir() + "/cluster-logs-" + std::to_string(getpid());
@@ -82,7 +83,7 @@ class ClusterTest : public ::testing::Test {
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, const Spec& s) {
     DecodeOptions o;
     o.max_new_tokens = s.max_new;
-    o.ignore_eos = true;
+    o.ignore_eos = s.ignore_eos;
     if (s.seeded) {
       o.sampling.temperature = 0.9f;
       o.sampling.top_k = 40;
@@ -99,7 +100,7 @@ class ClusterTest : public ::testing::Test {
     for (int32_t t : s.suffix) req.add_suffix_ids(t);
     req.set_mode(s.mode);
     req.set_max_new_tokens(s.max_new);
-    req.set_ignore_eos(true);
+    req.set_ignore_eos(s.ignore_eos);
     req.set_compressor(s.compressor);
     req.set_ratio(s.ratio);
     req.set_bits(s.bits);
@@ -158,6 +159,7 @@ class ClusterTest : public ::testing::Test {
     return resp.prefix_id();
   }
 
+  std::string model_path_ = ModelPath();
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<local::LocalCluster> cluster_;
@@ -226,6 +228,62 @@ TEST_F(ClusterTest, ConcurrentRequestsEqualFullKvDecoding) {
     ++checked;
   }
   EXPECT_GE(checked, 30);
+}
+
+// The cluster serving a Hugging Face checkpoint directory (tinystories656K):
+// every daemon loads it from --model DIR, requests equal single-process
+// decoding, and generation stops at the EOS of its generation_config.json.
+class HfClusterTest : public ClusterTest {
+ protected:
+  void SetUp() override {
+    const char* dir = std::getenv("VC_MODELS_DIR");
+    model_path_ = std::string(dir ? dir : "../shared/models") + "/tinystories656K";
+    ClusterTest::SetUp();
+  }
+};
+
+TEST_F(HfClusterTest, TinyStoriesRequestsEqualFullKvDecodingAndStopAtEos) {
+  StartCluster();
+  // "<|start_story|>Once upon a time" and a few more story openings.
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 80, 147, 201, 282, 57}, {1, 80, 147, 201, 282, 57, 11, 35}, {1, 80, 300, 301}};
+  std::vector<Spec> specs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (pb::Mode mode : {pb::MODE_VERICACHE, pb::MODE_FULL_REMOTE}) {
+      Spec s;
+      s.prompt = prompts[i];
+      s.mode = mode;
+      s.compressor = i % 2 ? "kivi" : "int8";
+      s.bits = i % 2 ? 4 : 0;
+      s.draft_len = 4;
+      s.max_new = 40;
+      s.seeded = i == 2;
+      s.seed = 7;
+      specs.push_back(s);
+    }
+  }
+  // One story long enough to end: it must stop at <|end_story|> (id 2).
+  Spec story;
+  story.prompt = prompts[0];
+  story.max_new = 400;
+  story.ignore_eos = false;
+  story.draft_len = 8;
+  specs.push_back(story);
+  std::vector<Outcome> outcomes(specs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    threads.emplace_back([&, i] { outcomes[i] = Generate(ToRequest(specs[i])); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(outcomes[i].status.ok()) << "request " << i << ": " << outcomes[i].status.error_message();
+    EXPECT_EQ(outcomes[i].tokens, Reference(specs[i].prompt, specs[i])) << "request " << i;
+  }
+  const std::vector<int32_t>& told = outcomes.back().tokens;
+  ASSERT_FALSE(told.empty());
+  ASSERT_LT(static_cast<int64_t>(told.size()), story.max_new) << "the story did not end within the budget";
+  EXPECT_EQ(told.back(), 2);
+  EXPECT_TRUE(outcomes.back().totals.stopped_at_eos());
 }
 
 TEST_F(ClusterTest, RejectsBadRequestsWithPreciseErrors) {
