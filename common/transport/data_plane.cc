@@ -47,6 +47,21 @@ absl::Status CheckPacing(const char* name, const LinkPacing& p) {
   return absl::OkStatus();
 }
 
+// TLS needs all three files, and applies to the tcp backend only (UCX has
+// no TLS; refusing beats silently running it unauthenticated).
+absl::Status CheckTls(const std::string& kind, const DataPlaneTlsOptions& tls) {
+  if (!tls.enabled()) return absl::OkStatus();
+  if (tls.cert_file.empty() || tls.key_file.empty() || tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "data plane TLS needs all three of cert_file, key_file and ca_file (or none)");
+  }
+  if (kind != "tcp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane TLS is supported on the tcp backend only, not '", kind, "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
   if (absl::Status s = CheckPacing("fast", o.fast); !s.ok()) return s;
   if (absl::Status s = CheckPacing("slow", o.slow); !s.ok()) return s;
@@ -91,7 +106,7 @@ absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
   if (!std::isfinite(o.io_timeout_seconds) || o.io_timeout_seconds <= 0) {
     return absl::InvalidArgumentError("io_timeout_seconds must be > 0");
   }
-  return absl::OkStatus();
+  return CheckTls(o.kind, o.tls);
 }
 
 }  // namespace
@@ -147,6 +162,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(
   if (options.link != LinkClass::kFast && options.link != LinkClass::kSlow) {
     return absl::InvalidArgumentError("unknown link class");
   }
+  if (absl::Status s = CheckTls(options.kind, options.tls); !s.ok()) return s;
   auto connector = (*backend)->connect(options);
   if (!connector.ok()) return connector.status();
   return internal::MakeStreamClient(options, std::move(*connector));
