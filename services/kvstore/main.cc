@@ -49,6 +49,10 @@ struct Options {
   std::string metrics_listen = "127.0.0.1:9470";
   int64_t max_message_bytes = int64_t{64} << 20;
   std::string data_plane = "tcp";
+  // Data plane mutual TLS (tcp): the same files as the gRPC TLS
+  // (--tls-cert/--tls-key/--tls-ca, set when those flags are wired in);
+  // empty = plaintext.
+  vc::transport::DataPlaneTlsOptions data_tls;
   std::string data_listen = "127.0.0.1:7071";
   double fast_link_bytes_per_second = 0;
   double slow_link_bytes_per_second = 0;
@@ -257,6 +261,7 @@ int main(int argc, char** argv) {
   dp_opts.max_pending_connections = static_cast<int>(opts.data_max_pending_connections);
   dp_opts.worker_threads = static_cast<int>(opts.data_worker_threads);
   dp_opts.max_request_seconds = opts.data_max_request_seconds;
+  dp_opts.tls = opts.data_tls;
   vc::kvstore::KvStore* raw_store = store->get();
   // Fetches read the store; uploads are admitted from their header (the
   // put is the peer's, its budget reserved) and go through the service's

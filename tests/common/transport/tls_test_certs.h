@@ -1,6 +1,7 @@
 // Test certificates made with the OpenSSL API: a throwaway CA and leaf
 // certificates it signs (EC P-256, SANs IP:127.0.0.1 and DNS:localhost),
-// written as PEM files into a directory.
+// written as PEM files into a directory. No gtest here (bench/ uses it too):
+// a failure aborts with its reason.
 #pragma once
 
 #include <openssl/evp.h>
@@ -9,13 +10,19 @@
 #include <openssl/x509v3.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "common/transport/data_plane.h"
-#include "gtest/gtest.h"
 
 namespace vc::transport::testing {
+
+inline void CertCheck(bool ok, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "test certificates: %s failed\n", what.c_str());
+  std::abort();
+}
 
 class TestCa {
  public:
@@ -53,7 +60,7 @@ class TestCa {
  private:
   static EVP_PKEY* NewKey() {
     EVP_PKEY* key = EVP_EC_gen("P-256");
-    EXPECT_NE(key, nullptr);
+    CertCheck(key != nullptr, "EC key generation");
     return key;
   }
 
@@ -62,7 +69,7 @@ class TestCa {
     X509V3_set_ctx_nodb(&ctx);
     X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-    ASSERT_NE(ext, nullptr);
+    CertCheck(ext != nullptr, "extension");
     X509_add_ext(cert, ext, -1);
     X509_EXTENSION_free(ext);
   }
@@ -88,13 +95,13 @@ class TestCa {
       AddExt(cert, signer, NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
       AddExt(cert, signer, NID_ext_key_usage, "serverAuth,clientAuth");
     }
-    EXPECT_GT(X509_sign(cert, issuer_key != nullptr ? issuer_key : key, EVP_sha256()), 0);
+    CertCheck(X509_sign(cert, issuer_key != nullptr ? issuer_key : key, EVP_sha256()) > 0, "signing");
     return cert;
   }
 
   static void WritePem(const std::string& path, X509* cert, EVP_PKEY* key) {
     FILE* f = std::fopen(path.c_str(), "w");
-    ASSERT_NE(f, nullptr) << path;
+    CertCheck(f != nullptr, "writing " + path);
     if (cert != nullptr) PEM_write_X509(f, cert);
     if (key != nullptr) PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
     std::fclose(f);
