@@ -76,8 +76,9 @@ std::string TakeTlsErrors() {
   return text.empty() ? "no OpenSSL error" : text;
 }
 
-std::string TlsPeerIdentity(const SSL* ssl) {
-  X509* cert = SSL_get0_peer_certificate(ssl);
+std::string TlsPeerIdentity(const SSL* ssl) { return CertIdentity(SSL_get0_peer_certificate(ssl)); }
+
+std::string CertIdentity(X509* cert) {
   if (cert == nullptr) return "";
   const X509_NAME* subject = X509_get_subject_name(cert);
   const int at = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);

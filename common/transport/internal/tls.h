@@ -18,6 +18,7 @@
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
 typedef struct bio_st BIO;
+typedef struct x509_st X509;
 
 namespace vc::transport::internal {
 
@@ -31,6 +32,8 @@ std::string TakeTlsErrors();
 // The authenticated identity of a TLS peer: "cert:" + the subject CN of its
 // (verified) certificate, else "cert:" + its first DNS SAN; "" if none.
 std::string TlsPeerIdentity(const SSL* ssl);
+// The same for a (verified) certificate.
+std::string CertIdentity(X509* cert);
 
 class TlsContextSource {
  public:

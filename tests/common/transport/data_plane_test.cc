@@ -344,7 +344,7 @@ TEST_P(DataPlaneTest, BadOptionsAreInvalidArgument) {
   EXPECT_TRUE(HasCode(DataPlaneClient::Create(co), absl::StatusCode::kInvalidArgument, "port"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, DataPlaneTest, ::testing::Values("tcp", "ucx", "tls"),
+INSTANTIATE_TEST_SUITE_P(Kinds, DataPlaneTest, ::testing::Values("tcp", "ucx", "tls", "ucxauth"),
                          [](const auto& info) { return info.param; });
 
 TEST(DataPlaneKindsTest, UnknownKindListsTheKnownOnes) {

@@ -306,7 +306,7 @@ TEST_P(StageTest, BadStageOptionsAreInvalidArgument) {
                       absl::StatusCode::kInvalidArgument, "max_stage_body_bytes"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, StageTest, ::testing::Values("tcp", "ucx", "tls"),
+INSTANTIATE_TEST_SUITE_P(Kinds, StageTest, ::testing::Values("tcp", "ucx", "tls", "ucxauth"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -109,20 +109,26 @@ inline const TlsFixtureFiles& TlsFiles() {
   return *files;
 }
 
-// A test run once per backend ("tcp", "ucx", and "tls": tcp with mutual
-// TLS); UCX runs skip where UCX cannot create a context.
+// A test run once per backend ("tcp", "ucx", "tls": tcp with mutual TLS,
+// and "ucxauth": ucx with the authenticated handshake and per-message
+// MACs); UCX runs skip where UCX cannot create a context.
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   // The backend kind of this run ("tls" runs are "tcp").
-  std::string Kind() const { return GetParam() == "tls" ? "tcp" : GetParam(); }
+  std::string Kind() const {
+    if (GetParam() == "tls") return "tcp";
+    if (GetParam() == "ucxauth") return "ucx";
+    return GetParam();
+  }
+  bool Authenticated() const { return GetParam() == "tls" || GetParam() == "ucxauth"; }
   // Sets the kind (and, for "tls" runs, the client's certificate).
   void ApplyKind(DataPlaneClientOptions* o) const {
     o->kind = Kind();
-    if (GetParam() == "tls") o->tls = TlsFiles().client;
+    if (Authenticated()) o->tls = TlsFiles().client;
   }
 
   void SetUp() override {
-    if (GetParam() == "ucx") {
+    if (Kind() == "ucx") {
       const std::string reason = UcxUnavailableReason();
       if (!reason.empty())
         GTEST_SKIP() << "UCX cannot create a context on this machine: " << reason;
@@ -132,7 +138,7 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
   DataPlaneServerOptions ServerOptions() const {
     DataPlaneServerOptions o;
     o.kind = Kind();
-    if (GetParam() == "tls") o.tls = TlsFiles().server;
+    if (Authenticated()) o.tls = TlsFiles().server;
     return o;
   }
 };

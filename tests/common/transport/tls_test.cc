@@ -261,17 +261,11 @@ TEST_F(DataPlaneTlsTest, RotatedCertificatesApplyToNewConnections) {
   EXPECT_FALSE(Client(client_files_)->Fetch({"k"}, In(5)).ok());
 }
 
-TEST_F(DataPlaneTlsTest, HalfTlsOptionsAndUcxAreInvalidArgument) {
+TEST_F(DataPlaneTlsTest, HalfTlsOptionsAreInvalidArgumentAndABadKeyUnavailable) {
   DataPlaneServerOptions o;
   o.tls.cert_file = server_files_.cert_file;
   EXPECT_TRUE(testing::HasCode(DataPlaneServer::Create(o, testing::MapLookup(nullptr)),
                                absl::StatusCode::kInvalidArgument, "all three"));
-  DataPlaneClientOptions c;
-  c.kind = "ucx";
-  c.server_address = "127.0.0.1:1";
-  c.tls = client_files_;
-  EXPECT_TRUE(testing::HasCode(DataPlaneClient::Create(c), absl::StatusCode::kInvalidArgument,
-                               "tcp backend only"));
   DataPlaneServerOptions bad;
   bad.tls = server_files_;
   bad.tls.key_file = client_files_.key_file;  // not the certificate's key
