@@ -1,5 +1,6 @@
 #include "common/transport/internal/stream_server.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -455,8 +456,12 @@ class StreamServer : public DataPlaneServer {
       }
       c->authenticated = true;
       c->peer.identity = c->stream->PeerIdentity();
-      // Back to the watcher unless the first request is already here.
-      if (c->reader->buffered() == 0 && !c->stream->HasBufferedBytes()) return true;
+      // Back to the watcher unless the first request's bytes are already
+      // here (a plaintext stream's always are: that is why it was queued).
+      if (c->reader->buffered() == 0 && !c->stream->HasBufferedBytes() && c->fd >= 0) {
+        pollfd p{c->fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) return true;
+      }
     }
     char header_bytes[kRequestHeaderBytes];
     // A header, once begun, arrives whole within the handshake timeout (a
