@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/transport/internal/auth_stream.h"
 #include "common/transport/internal/backends.h"
 #include "common/transport/internal/stream_client.h"
 #include "common/transport/internal/stream_server.h"
@@ -44,6 +45,18 @@ absl::Status CheckPacing(const char* name, const LinkPacing& p) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, " link latency_seconds must be in [0, 60], got ", p.latency_seconds));
   }
+  return absl::OkStatus();
+}
+
+// TLS needs all three files, and applies to the tcp backend only (UCX has
+// no TLS; refusing beats silently running it unauthenticated).
+absl::Status CheckTls(const std::string& kind, const DataPlaneTlsOptions& tls) {
+  if (!tls.enabled()) return absl::OkStatus();
+  if (tls.cert_file.empty() || tls.key_file.empty() || tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "data plane TLS needs all three of cert_file, key_file and ca_file (or none)");
+  }
+  (void)kind;  // tcp: TLS; ucx: the authenticated handshake + per-message MACs
   return absl::OkStatus();
 }
 
@@ -91,7 +104,7 @@ absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
   if (!std::isfinite(o.io_timeout_seconds) || o.io_timeout_seconds <= 0) {
     return absl::InvalidArgumentError("io_timeout_seconds must be > 0");
   }
-  return absl::OkStatus();
+  return CheckTls(o.kind, o.tls);
 }
 
 }  // namespace
@@ -127,6 +140,11 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Create(
   if (!lookup) return absl::InvalidArgumentError("data plane server needs a lookup function");
   auto listener = (*backend)->listen(options);
   if (!listener.ok()) return listener.status();
+  if (options.tls.enabled() && options.kind != "tcp") {
+    // No TLS on this backend: the handshake and MACs of auth_stream.h.
+    listener = internal::WrapAuthListener(std::move(*listener), options.tls);
+    if (!listener.ok()) return listener.status();
+  }
   return internal::StartStreamServer(options, std::move(lookup), std::move(sink),
                                      std::move(*listener));
 }
@@ -147,8 +165,13 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(
   if (options.link != LinkClass::kFast && options.link != LinkClass::kSlow) {
     return absl::InvalidArgumentError("unknown link class");
   }
+  if (absl::Status s = CheckTls(options.kind, options.tls); !s.ok()) return s;
   auto connector = (*backend)->connect(options);
   if (!connector.ok()) return connector.status();
+  if (options.tls.enabled() && options.kind != "tcp") {
+    connector = internal::WrapAuthConnector(std::move(*connector), options.tls);
+    if (!connector.ok()) return connector.status();
+  }
   return internal::MakeStreamClient(options, std::move(*connector));
 }
 

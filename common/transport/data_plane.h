@@ -88,8 +88,8 @@ struct LinkStats {
 // Who is on the other end of a server connection.
 struct PeerInfo {
   std::string address;  // the peer's IP address ("" where the backend cannot tell, e.g. UCX)
-  // The authenticated identity (e.g. a client certificate's subject); empty
-  // while the data plane does not authenticate its peers.
+  // The authenticated identity: "cert:<subject CN>" of the client's verified
+  // certificate under TLS; empty on a plaintext data plane.
   std::string identity;
   // The identity a resource opened by this peer belongs to: the
   // authenticated identity if there is one, else "addr:" + address. The
@@ -128,6 +128,21 @@ class StageSink {
   // Ends an admitted stage; `unused_bytes` = body bytes admitted but not
   // handed over as values (framing, a failure part way).
   virtual void End(const PeerInfo& peer, uint64_t put_id, uint64_t unused_bytes) = 0;
+};
+
+// Mutual TLS on the "tcp" backend: the same three PEM files as the daemon's
+// gRPC mutual TLS (--tls-cert, --tls-key, --tls-ca). All empty = plaintext;
+// otherwise all three are required. TLS 1.3 only; both ends present a
+// certificate chaining to the CA (the server verifies the client's before
+// it reads any request byte; the client checks the server's against the
+// host of server_address: its IP or DNS SAN). The files are re-read when
+// one of their mtimes changes, for new connections. The "ucx" backend does
+// not support it yet (Create fails with InvalidArgument).
+struct DataPlaneTlsOptions {
+  std::string cert_file;  // this end's certificate chain (PEM)
+  std::string key_file;   // its private key (PEM)
+  std::string ca_file;    // the cluster CA the peer's certificate must chain to
+  bool enabled() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
 };
 
 // The backends Create accepts, e.g. {"tcp", "ucx"}.
@@ -182,6 +197,12 @@ struct DataPlaneServerOptions {
   // bounded by the deadline the client sends with its request (or by this,
   // for a request without one). Default 30.
   double io_timeout_seconds = 30;
+  // Mutual TLS; empty = plaintext. With it, a connection is pending until
+  // its TLS handshake (driven without blocking: it never holds a worker
+  // while the peer is silent) and its first request header are done, both
+  // within handshake_timeout_seconds, and PeerInfo::identity is the
+  // client certificate's "cert:<CN>".
+  DataPlaneTlsOptions tls;
 };
 
 class DataPlaneServer {
@@ -218,6 +239,8 @@ struct DataPlaneClientOptions {
   // Connections held at once (concurrent Fetch / Stage calls beyond wait for
   // one, within their deadline). Default 8.
   int max_connections = 8;
+  // Mutual TLS; empty = plaintext. Must match the server's.
+  DataPlaneTlsOptions tls;
 };
 
 struct ClientStats {

@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   dopts.kind = options.data_plane;
   dopts.server_address = data_address;
   dopts.link = options.link;
+  dopts.tls = options.data_tls;
   VC_ASSIGN_OR_RETURN(client->data_, transport::DataPlaneClient::Create(dopts));
   return client;
 }

@@ -29,6 +29,9 @@ struct StoreClientOptions {
   std::string data_plane = "tcp";
   std::string data_address;
   transport::LinkClass link = transport::LinkClass::kFast;
+  // Mutual TLS on the data plane (tcp only): this daemon's --tls-cert,
+  // --tls-key and --tls-ca; empty = plaintext (must match the store's).
+  transport::DataPlaneTlsOptions data_tls;
   // Deadline of each control RPC, fetch and stage call. Default 10 s.
   std::chrono::milliseconds timeout{10000};
   int max_message_bytes = 64 << 20;

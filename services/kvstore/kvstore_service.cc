@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <string>
 #include <utility>
+
+#include <grpcpp/security/auth_context.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -60,11 +63,18 @@ std::string OwnerFromPeer(const std::string& peer) {
 }
 
 std::string CallerOwner(const grpc::ServerContextBase& ctx) {
-  // The data plane does not authenticate its peers yet, so its owner string
-  // is the peer's address; the control plane must give the same string for
-  // the same writer, or a put begun here could not be staged there. Once
-  // the data plane authenticates (PeerInfo::identity), both planes switch to
-  // the authenticated identity together (gRPC: ctx.auth_context()).
+  // The control plane must give the same owner string as the data plane
+  // for the same writer, or a put begun here could not be staged there.
+  // With mutual TLS on both (the same certificate files), both name the
+  // writer "cert:<subject CN>" of its client certificate; without it, both
+  // use the peer's address. (TLS on only one plane would refuse stages: the
+  // two are configured from the same --tls-* flags.)
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& cn : auth->FindPropertyValues("x509_common_name")) {
+      if (!cn.empty()) return absl::StrCat("cert:", std::string(cn.data(), cn.size()));
+    }
+  }
   return OwnerFromPeer(ctx.peer());
 }
 

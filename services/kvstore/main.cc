@@ -50,6 +50,10 @@ struct Options {
   std::string metrics_listen = "127.0.0.1:9470";
   int64_t max_message_bytes = int64_t{64} << 20;
   std::string data_plane = "tcp";
+  // Data plane mutual TLS (tcp; an authenticated handshake + MACs on ucx):
+  // the same files as the gRPC port's --tls-cert/--tls-key/--tls-ca, so both
+  // planes name a put's owner by the same certificate; empty = plaintext.
+  vc::transport::DataPlaneTlsOptions data_tls;
   std::string data_listen = "127.0.0.1:7071";
   double fast_link_bytes_per_second = 0;
   double slow_link_bytes_per_second = 0;
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = vc::rpc::ValidateTlsFiles(tls, /*need_identity=*/true); !s.ok()) {
     return BadFlags(std::string(s.message()));
   }
+  opts.data_tls = {tls.cert, tls.key, tls.ca};
   if (opts.disk_budget_bytes <= 0) return BadFlags("--disk-budget-bytes must be > 0");
   if (opts.dram_budget_bytes < 0) return BadFlags("--dram-budget-bytes must be >= 0");
   if (opts.ttl_seconds < 0) return BadFlags("--ttl-seconds must be >= 0");
@@ -269,6 +274,7 @@ int main(int argc, char** argv) {
   dp_opts.max_pending_connections = static_cast<int>(opts.data_max_pending_connections);
   dp_opts.worker_threads = static_cast<int>(opts.data_worker_threads);
   dp_opts.max_request_seconds = opts.data_max_request_seconds;
+  dp_opts.tls = opts.data_tls;
   vc::kvstore::KvStore* raw_store = store->get();
   // Fetches read the store; uploads are admitted from their header (the
   // put is the peer's, its budget reserved) and go through the service's

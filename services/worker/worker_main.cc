@@ -25,6 +25,10 @@ struct Flags {
   std::string model;
   std::string kvstore;
   std::string data_plane = "tcp";
+  // Data plane mutual TLS (tcp; an authenticated handshake + MACs on ucx):
+  // the same files as this daemon's gRPC --tls-cert/--tls-key/--tls-ca;
+  // empty = plaintext.
+  transport::DataPlaneTlsOptions data_tls;
   int threads = 0;
   int64_t max_batch_tokens = 4096;
   int max_requests = 256;
@@ -137,6 +141,8 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   daemon::StoreClientOptions so;
   so.control_address = f.kvstore;
   so.data_plane = f.data_plane;
+  f.data_tls = {f.server.tls.cert, f.server.tls.key, f.server.tls.ca};
+  so.data_tls = f.data_tls;
   so.link = verifier ? transport::LinkClass::kFast : transport::LinkClass::kSlow;
   so.timeout = std::chrono::milliseconds(f.rpc_timeout_ms);
   so.max_message_bytes = static_cast<int>(f.server.max_message_bytes);

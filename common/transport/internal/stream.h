@@ -43,6 +43,19 @@ class ByteStream {
   // error) to read, so a server can watch idle streams without a thread
   // each; -1 if the backend has none (the server then waits in a thread).
   virtual int ReadinessFd() const { return -1; }
+  // Server side: advances a pending handshake (TLS) without blocking past
+  // a moment. kDone once it is complete (at once for a stream without
+  // one), kWantRead when it waits for the peer's bytes (watch ReadinessFd
+  // again), kFailed if the peer is refused or gone (close it).
+  enum class Handshake { kDone, kWantRead, kFailed };
+  virtual Handshake ContinueHandshake() { return Handshake::kDone; }
+  // The peer's authenticated identity once the handshake is done ("" if the
+  // stream does not authenticate).
+  virtual std::string PeerIdentity() const { return ""; }
+  // Bytes already taken from the transport but not yet returned by
+  // ReadSome (TLS records read but not consumed): the readiness fd would
+  // not show them.
+  virtual bool HasBufferedBytes() const { return false; }
   // The peer's IP address, "" if unknown.
   virtual std::string PeerAddress() const { return ""; }
 

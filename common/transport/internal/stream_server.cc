@@ -1,5 +1,6 @@
 #include "common/transport/internal/stream_server.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -226,7 +227,8 @@ class StreamServer : public DataPlaneServer {
     PeerInfo peer;
     int fd = -1;  // readiness fd; -1: served by its own thread
     enum class State { kIdle, kQueued, kBusy } state = State::kIdle;
-    bool established = false;  // sent a valid request
+    bool established = false;    // sent a valid request
+    bool authenticated = false;  // its handshake (TLS) is done
     bool dropped = false;
     bool in_epoll = false;
     TimePoint handshake_deadline;  // first request header by then
@@ -379,8 +381,12 @@ class StreamServer : public DataPlaneServer {
         continue;
       }
       c->last_active = Clock::now();
-      c->idle_deadline = DeadlineAfter(options_.idle_timeout_seconds);
-      if (c->reader->buffered() > 0) {  // the next request already arrived
+      // Still pending (a TLS handshake under way, or done and its first
+      // request not there yet): the handshake deadline still holds.
+      c->idle_deadline = c->established ? DeadlineAfter(options_.idle_timeout_seconds)
+                                        : c->handshake_deadline;
+      if (c->reader->buffered() > 0 || c->stream->HasBufferedBytes()) {
+        // the next request already arrived
         c->state = Conn::State::kQueued;
         ready_.push_back(c);
         ready_cv_.notify_one();
@@ -436,6 +442,27 @@ class StreamServer : public DataPlaneServer {
   // Reads and serves one request of a connection whose bytes are ready;
   // false if the connection must close.
   bool ServeOne(const std::shared_ptr<Conn>& c) {
+    if (!c->authenticated) {
+      // The peer authenticates (TLS: its certificate verified) before one
+      // byte of a request is read. Each step is non-blocking: a peer that
+      // stalls mid-handshake goes back to the watcher, not a worker.
+      switch (c->stream->ContinueHandshake()) {
+        case ByteStream::Handshake::kFailed:
+          return false;
+        case ByteStream::Handshake::kWantRead:
+          return Clock::now() < c->handshake_deadline;
+        case ByteStream::Handshake::kDone:
+          break;
+      }
+      c->authenticated = true;
+      c->peer.identity = c->stream->PeerIdentity();
+      // Back to the watcher unless the first request's bytes are already
+      // here (a plaintext stream's always are: that is why it was queued).
+      if (c->reader->buffered() == 0 && !c->stream->HasBufferedBytes() && c->fd >= 0) {
+        pollfd p{c->fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) return true;
+      }
+    }
     char header_bytes[kRequestHeaderBytes];
     // A header, once begun, arrives whole within the handshake timeout (a
     // client writes it in one go); a new connection's first one by its

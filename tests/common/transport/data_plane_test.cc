@@ -38,7 +38,7 @@ class DataPlaneTest : public testing::BackendTest {
   std::unique_ptr<DataPlaneClient> Client(LinkClass link = LinkClass::kFast,
                                           int64_t max_response_bytes = int64_t{1} << 30) {
     DataPlaneClientOptions o;
-    o.kind = GetParam();
+    ApplyKind(&o);
     o.server_address = server_->address();
     o.link = link;
     o.max_response_bytes = max_response_bytes;
@@ -64,7 +64,7 @@ TEST_P(DataPlaneTest, RoundTripsBlobsInRequestOrder) {
                  {zero_key, RandomBytes(5 << 20, 3)},  // multi-MiB
                  {"empty", ""}};
   StartServer(ServerOptions(), blobs);
-  EXPECT_EQ(server_->kind(), GetParam());
+  EXPECT_EQ(server_->kind(), Kind());
   auto client = Client();
   const std::vector<std::string> keys = {zero_key, "small", sha_key, "empty", "small"};
   auto values = client->Fetch(keys, In(60));
@@ -174,7 +174,7 @@ TEST_P(DataPlaneTest, NoServerIsUnavailable) {
   const std::string address = server_->address();
   server_.reset();
   DataPlaneClientOptions o;
-  o.kind = GetParam();
+  ApplyKind(&o);
   o.server_address = address;
   auto client = DataPlaneClient::Create(o);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -210,7 +210,7 @@ TEST_P(DataPlaneTest, ClientOfTheOtherKindFailsCleanly) {
   // deadline, and the server keeps serving clients of its own kind.
   StartServer(ServerOptions(), {{"a", "b"}});
   DataPlaneClientOptions o;
-  o.kind = GetParam() == "tcp" ? "ucx" : "tcp";
+  o.kind = Kind() == "tcp" ? "ucx" : "tcp";
   o.server_address = server_->address();
   auto other = DataPlaneClient::Create(o);
   ASSERT_TRUE(other.ok()) << other.status();
@@ -337,14 +337,14 @@ TEST_P(DataPlaneTest, BadOptionsAreInvalidArgument) {
   EXPECT_TRUE(HasCode(DataPlaneServer::Create(options, testing::MapLookup(nullptr)),
                       absl::StatusCode::kInvalidArgument, "HOST:PORT"));
   DataPlaneClientOptions co;
-  co.kind = GetParam();
+  ApplyKind(&co);
   EXPECT_TRUE(
       HasCode(DataPlaneClient::Create(co), absl::StatusCode::kInvalidArgument, "server_address"));
   co.server_address = "127.0.0.1:99999";
   EXPECT_TRUE(HasCode(DataPlaneClient::Create(co), absl::StatusCode::kInvalidArgument, "port"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, DataPlaneTest, ::testing::Values("tcp", "ucx"),
+INSTANTIATE_TEST_SUITE_P(Kinds, DataPlaneTest, ::testing::Values("tcp", "ucx", "tls", "ucxauth"),
                          [](const auto& info) { return info.param; });
 
 TEST(DataPlaneKindsTest, UnknownKindListsTheKnownOnes) {

@@ -71,7 +71,7 @@ class StageTest : public testing::BackendTest {
 
   std::unique_ptr<DataPlaneClient> Client(LinkClass link = LinkClass::kFast) {
     DataPlaneClientOptions o;
-    o.kind = GetParam();
+    ApplyKind(&o);
     o.server_address = server_->address();
     o.link = link;
     auto c = DataPlaneClient::Create(o);
@@ -306,7 +306,7 @@ TEST_P(StageTest, BadStageOptionsAreInvalidArgument) {
                       absl::StatusCode::kInvalidArgument, "max_stage_body_bytes"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, StageTest, ::testing::Values("tcp", "ucx"),
+INSTANTIATE_TEST_SUITE_P(Kinds, StageTest, ::testing::Values("tcp", "ucx", "tls", "ucxauth"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

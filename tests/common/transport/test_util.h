@@ -8,11 +8,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <cstdlib>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/transport/data_plane.h"
 #include "gtest/gtest.h"
+#include "tests/common/transport/tls_test_certs.h"
 
 namespace vc::transport::testing {
 
@@ -84,12 +86,49 @@ inline std::string UcxUnavailableReason() {
   return c.ok() ? "" : c.status().ToString();
 }
 
-// A test run once per backend ("tcp", "ucx"); UCX runs skip where UCX
-// cannot create a context.
+// Certificates for the "tls" runs, made once per test binary in a fresh
+// temporary directory: a CA and two leaves it signs ("vc-server",
+// "vc-client").
+struct TlsFixtureFiles {
+  std::string dir;
+  DataPlaneTlsOptions server, client;
+};
+inline const TlsFixtureFiles& TlsFiles() {
+  static const TlsFixtureFiles* files = [] {
+    auto* f = new TlsFixtureFiles;
+    char tmpl[] = "/tmp/vc_dp_tls_XXXXXX";
+    const char* dir = ::mkdtemp(tmpl);
+    EXPECT_NE(dir, nullptr);
+    f->dir = dir != nullptr ? dir : "/tmp";
+    TestCa ca("vc-test-ca");
+    ca.WriteCa(f->dir + "/ca.crt");
+    f->server = ca.Leaf(f->dir, "vc-server", f->dir + "/ca.crt");
+    f->client = ca.Leaf(f->dir, "vc-client", f->dir + "/ca.crt");
+    return f;
+  }();
+  return *files;
+}
+
+// A test run once per backend ("tcp", "ucx", "tls": tcp with mutual TLS,
+// and "ucxauth": ucx with the authenticated handshake and per-message
+// MACs); UCX runs skip where UCX cannot create a context.
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
+  // The backend kind of this run ("tls" runs are "tcp").
+  std::string Kind() const {
+    if (GetParam() == "tls") return "tcp";
+    if (GetParam() == "ucxauth") return "ucx";
+    return GetParam();
+  }
+  bool Authenticated() const { return GetParam() == "tls" || GetParam() == "ucxauth"; }
+  // Sets the kind (and, for "tls" runs, the client's certificate).
+  void ApplyKind(DataPlaneClientOptions* o) const {
+    o->kind = Kind();
+    if (Authenticated()) o->tls = TlsFiles().client;
+  }
+
   void SetUp() override {
-    if (GetParam() == "ucx") {
+    if (Kind() == "ucx") {
       const std::string reason = UcxUnavailableReason();
       if (!reason.empty())
         GTEST_SKIP() << "UCX cannot create a context on this machine: " << reason;
@@ -98,7 +137,8 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
 
   DataPlaneServerOptions ServerOptions() const {
     DataPlaneServerOptions o;
-    o.kind = GetParam();
+    o.kind = Kind();
+    if (Authenticated()) o.tls = TlsFiles().server;
     return o;
   }
 };
