@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "vc_cluster_bench: %s\n", cluster.status().ToString().c_str());
       return 1;
     }
-    const std::string coordinator = (*cluster)->coordinator();
+    const vc::rpc::ClientConfig coordinator = (*cluster)->client();  // TLS + API key unless insecure
     std::vector<std::string> ids;
     for (const auto& p : prefix_list) {
       std::string error;

@@ -25,22 +25,23 @@ std::string FormatDouble(double value) {
 
 namespace {
 
-bool Contains(const std::vector<std::string>& names, const std::string& name) {
-  for (const std::string& n : names) {
-    if (n == name) return true;
+template <typename Stage>
+const StageEntry<Stage>* FindRow(const std::vector<StageEntry<Stage>>& table,
+                                 const std::string& name) {
+  for (const StageEntry<Stage>& row : table) {
+    if (row.info.name == name) return &row;
   }
-  return false;
+  return nullptr;
 }
 
-CompressorInfo CompositeInfo(const std::string& dropper, const std::string& quantizer) {
-  const CompressorInfo d = DropperInfo(dropper), q = QuantizerInfo(quantizer);
+CompressorInfo CompositeInfo(const CompressorInfo& d, const CompressorInfo& q) {
   CompressorInfo info;
-  info.name = absl::StrCat(dropper, "+", quantizer);
+  info.name = absl::StrCat(d.name, "+", q.name);
   info.family = "composite";
   info.description = absl::StrCat(
-      "drop then quantise: ", dropper, " keeps the tokens that --ratio allows when sized as f32, ",
-      "then ", quantizer, " quantises the kept rows (achieved ratio below --ratio). ", dropper,
-      ": ", d.description, ". ", quantizer, ": ", q.description);
+      "drop then quantise: ", d.name, " keeps the tokens that --ratio allows when sized as f32, ",
+      "then ", q.name, " quantises the kept rows (achieved ratio below --ratio). ", d.name, ": ",
+      d.description, ". ", q.name, ": ", q.description);
   info.takes_ratio = true;
   info.takes_bits = true;
   info.needs_attention_stats = d.needs_attention_stats;
@@ -50,14 +51,15 @@ CompressorInfo CompositeInfo(const std::string& dropper, const std::string& quan
   // settled token is folded (its eviction needs it); otherwise the
   // quantiser's group sets the pace and the dropper keeps every new token.
   info.online = d.online != OnlinePolicy::Kind::kNone ? d.online : q.online;
-  info.online_rule = absl::StrCat(dropper, " then ", quantizer, ". ", dropper, ": ",
-                                  d.online_rule, ". ", quantizer, ": ", q.online_rule);
+  info.online_rule = absl::StrCat(d.name, " then ", q.name, ". ", d.name, ": ", d.online_rule,
+                                  ". ", q.name, ": ", q.online_rule);
   return info;
 }
 
 std::string KnownNames() {
-  std::vector<std::string> names = DropperNames();
-  names.insert(names.end(), QuantizerNames().begin(), QuantizerNames().end());
+  std::vector<std::string> names;
+  for (const auto& row : DropperTable()) names.push_back(row.info.name);
+  for (const auto& row : QuantizerTable()) names.push_back(row.info.name);
   return absl::StrCat(absl::StrJoin(names, ", "),
                       ", and composites <dropper>+<quantiser> (e.g. snapkv+kivi, h2o+int8)");
 }
@@ -138,51 +140,49 @@ class StagedCompressor final : public Compressor {
 }  // namespace compress_internal
 
 using compress_internal::CompositeInfo;
-using compress_internal::Contains;
 using compress_internal::Dropper;
-using compress_internal::DropperInfo;
-using compress_internal::DropperNames;
+using compress_internal::DropperTable;
+using compress_internal::FindRow;
 using compress_internal::FormatDouble;
 using compress_internal::KnownNames;
-using compress_internal::MakeDropper;
-using compress_internal::MakeQuantizer;
 using compress_internal::Quantizer;
-using compress_internal::QuantizerInfo;
-using compress_internal::QuantizerNames;
+using compress_internal::QuantizerTable;
 using compress_internal::StagedCompressor;
+using compress_internal::StageEntry;
 
 absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressorOptions& options) {
   const std::string& name = options.name;
   const size_t plus = name.find('+');
   if (plus == std::string::npos) {
-    if (Contains(DropperNames(), name)) {
+    if (const StageEntry<Dropper>* row = FindRow(DropperTable(), name); row != nullptr) {
       if (options.bits != 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, " drops tokens and takes no --bits (got ", options.bits,
                          "); to quantise what it keeps use a composite such as ", name, "+kivi"));
       }
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, MakeDropper(name, options, name));
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, row->make(options, name));
       return std::unique_ptr<Compressor>(
-          new StagedCompressor(DropperInfo(name), std::move(dropper), nullptr));
+          new StagedCompressor(row->info, std::move(dropper), nullptr));
     }
-    if (Contains(QuantizerNames(), name)) {
+    if (const StageEntry<Quantizer>* row = FindRow(QuantizerTable(), name); row != nullptr) {
       if (options.ratio != 0.0) {
         return absl::InvalidArgumentError(absl::StrCat(
             name, " is a pure quantiser and takes no --ratio (got ", FormatDouble(options.ratio),
             "); its size follows from --bits. To drop tokens too use a composite such as snapkv+",
             name));
       }
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer, MakeQuantizer(name, options, name));
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer, row->make(options, name));
       return std::unique_ptr<Compressor>(
-          new StagedCompressor(QuantizerInfo(name), nullptr, std::move(quantizer)));
+          new StagedCompressor(row->info, nullptr, std::move(quantizer)));
     }
   } else {
-    const std::string d = name.substr(0, plus), q = name.substr(plus + 1);
-    if (Contains(DropperNames(), d) && Contains(QuantizerNames(), q)) {
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, MakeDropper(d, options, name));
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer, MakeQuantizer(q, options, name));
-      return std::unique_ptr<Compressor>(
-          new StagedCompressor(CompositeInfo(d, q), std::move(dropper), std::move(quantizer)));
+    const StageEntry<Dropper>* d = FindRow(DropperTable(), name.substr(0, plus));
+    const StageEntry<Quantizer>* q = FindRow(QuantizerTable(), name.substr(plus + 1));
+    if (d != nullptr && q != nullptr) {
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Dropper> dropper, d->make(options, name));
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<Quantizer> quantizer, q->make(options, name));
+      return std::unique_ptr<Compressor>(new StagedCompressor(
+          CompositeInfo(d->info, q->info), std::move(dropper), std::move(quantizer)));
     }
   }
   return absl::InvalidArgumentError(
@@ -191,10 +191,10 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressorOpt
 
 std::vector<CompressorInfo> ListCompressors() {
   std::vector<CompressorInfo> out;
-  for (const std::string& d : DropperNames()) out.push_back(DropperInfo(d));
-  for (const std::string& q : QuantizerNames()) out.push_back(QuantizerInfo(q));
-  for (const std::string& d : DropperNames()) {
-    for (const std::string& q : QuantizerNames()) out.push_back(CompositeInfo(d, q));
+  for (const auto& d : DropperTable()) out.push_back(d.info);
+  for (const auto& q : QuantizerTable()) out.push_back(q.info);
+  for (const auto& d : DropperTable()) {
+    for (const auto& q : QuantizerTable()) out.push_back(CompositeInfo(d.info, q.info));
   }
   return out;
 }

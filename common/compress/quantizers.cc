@@ -3,7 +3,9 @@
 // The arithmetic lives in the row codecs (common/kv/row_codec.h); a stage
 // only chooses the formats.
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -56,78 +58,73 @@ class Int8 final : public Quantizer {
   static RowCodecSpec Spec() { return {RowCodecSpec::Kind::kPerTokenSymmetric, 8, 0, 0}; }
 };
 
+// A table row's CompressorInfo for a quantiser: every quantiser keeps every
+// token, takes --bits and folds online a group at a time.
+CompressorInfo QuantizerRowInfo(const char* name, const char* description,
+                                std::string online_rule, std::vector<CompressorParamInfo> params) {
+  CompressorInfo info;
+  info.name = name;
+  info.family = "quantization";
+  info.description = description;
+  info.takes_bits = true;
+  info.params = std::move(params);
+  info.online = OnlinePolicy::Kind::kPerGroup;
+  info.online_rule = std::move(online_rule);
+  return info;
+}
+
 constexpr int kKiviDefaultBits = 4;
 
 }  // namespace
 
-const std::vector<std::string>& QuantizerNames() {
-  static const auto* names = new std::vector<std::string>{"kivi", "int8"};
-  return *names;
-}
-
-CompressorInfo QuantizerInfo(const std::string& name) {
+const std::vector<StageEntry<Quantizer>>& QuantizerTable() {
+  using Made = absl::StatusOr<std::unique_ptr<Quantizer>>;
   const CompressorOptions d;
-  CompressorInfo info;
-  info.name = name;
-  info.family = "quantization";
-  info.takes_bits = true;
-  info.online = OnlinePolicy::Kind::kPerGroup;
-  if (name == "kivi") {
-    info.online_rule =
-        "per group: the f32 residual window slides; once --residual + --quant-group tokens are "
-        "f32, the oldest --quant-group are quantised (keys per channel within the group, values "
-        "per token); codes already quantised never change";
-  } else if (name == "int8") {
-    info.online_rule = absl::StrCat(
-        "per group: a generated token stays f32 in the drafter's tail until ", kInt8OnlineWindow,
-        " settled tokens have collected, then they are quantised per token");
-  }
-  if (name == "kivi") {
-    info.description =
-        "KIVI: asymmetric quantisation, keys per channel over --quant-group tokens, values per "
-        "token over --quant-group channels (at most head_dim); the last --residual tokens and "
-        "key rows short of a whole group stay f32; keeps every token";
-    info.params = {
-        {"--bits", std::to_string(kKiviDefaultBits), "code width: 2 or 4"},
-        {"--quant-group", std::to_string(d.quant_group),
-         "tokens per key group and channels per value group"},
-        {"--residual", std::to_string(d.residual), "most recent tokens kept in f32"},
-    };
-  } else if (name == "int8") {
-    info.description =
-        "INT8: per-token symmetric 8-bit (one scale = absmax / 127 per row); keeps every token";
-    info.params = {{"--bits", "8", "code width: 8 only"}};
-  }
-  return info;
-}
-
-absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const std::string& name,
-                                                         const CompressorOptions& o,
-                                                         const std::string& label) {
-  if (name == "kivi") {
-    const int bits = o.bits == 0 ? kKiviDefaultBits : o.bits;
-    if (bits != 2 && bits != 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label, ": kivi supports --bits 2 or 4, got ", o.bits));
-    }
-    if (o.quant_group < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label, ": --quant-group must be >= 1, got ", o.quant_group));
-    }
-    if (o.residual < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label, ": --residual must be >= 0, got ", o.residual));
-    }
-    return std::unique_ptr<Quantizer>(new Kivi(bits, o.quant_group, o.residual));
-  }
-  if (name == "int8") {
-    if (o.bits != 0 && o.bits != 8) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label, ": int8 supports only --bits 8, got ", o.bits));
-    }
-    return std::unique_ptr<Quantizer>(new Int8());
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown quantiser '", name, "'"));
+  static const auto* table = new std::vector<StageEntry<Quantizer>>{
+      {QuantizerRowInfo(
+           "kivi",
+           "KIVI: asymmetric quantisation, keys per channel over --quant-group tokens, values per "
+           "token over --quant-group channels (at most head_dim); the last --residual tokens and "
+           "key rows short of a whole group stay f32; keeps every token",
+           "per group: the f32 residual window slides; once --residual + --quant-group tokens are "
+           "f32, the oldest --quant-group are quantised (keys per channel within the group, values "
+           "per token); codes already quantised never change",
+           {{"--bits", std::to_string(kKiviDefaultBits), "code width: 2 or 4"},
+            {"--quant-group", std::to_string(d.quant_group),
+             "tokens per key group and channels per value group"},
+            {"--residual", std::to_string(d.residual), "most recent tokens kept in f32"}}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         const int bits = o.bits == 0 ? kKiviDefaultBits : o.bits;
+         if (bits != 2 && bits != 4) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(label, ": kivi supports --bits 2 or 4, got ", o.bits));
+         }
+         if (o.quant_group < 1) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(label, ": --quant-group must be >= 1, got ", o.quant_group));
+         }
+         if (o.residual < 0) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(label, ": --residual must be >= 0, got ", o.residual));
+         }
+         return std::make_unique<Kivi>(bits, o.quant_group, o.residual);
+       }},
+      {QuantizerRowInfo(
+           "int8",
+           "INT8: per-token symmetric 8-bit (one scale = absmax / 127 per row); keeps every token",
+           absl::StrCat("per group: a generated token stays f32 in the drafter's tail until ",
+                        kInt8OnlineWindow, " settled tokens have collected, then they are "
+                        "quantised per token"),
+           {{"--bits", "8", "code width: 8 only"}}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         if (o.bits != 0 && o.bits != 8) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(label, ": int8 supports only --bits 8, got ", o.bits));
+         }
+         return std::make_unique<Int8>();
+       }},
+  };
+  return *table;
 }
 
 }  // namespace vc::compress_internal

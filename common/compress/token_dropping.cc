@@ -6,6 +6,7 @@
 // position, so a selection never depends on sort internals.
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -357,102 +358,108 @@ absl::Status CheckSnapParams(const std::string& label, const CompressorOptions& 
   return absl::OkStatus();
 }
 
-}  // namespace
-
-const std::vector<std::string>& DropperNames() {
-  static const auto* names =
-      new std::vector<std::string>{"streamingllm", "h2o", "snapkv", "pyramidkv", "tova"};
-  return *names;
-}
-
-CompressorInfo DropperInfo(const std::string& name) {
-  const CompressorOptions d;
-  CompressorInfo info;
-  info.name = name;
-  info.family = "token-dropping";
-  info.takes_ratio = true;
-  info.needs_attention_stats = name != "streamingllm";
-  info.params.push_back(RatioParam());
-  info.online = name == "streamingllm" || name == "h2o" || name == "tova"
-                    ? OnlinePolicy::Kind::kEveryToken
-                    : OnlinePolicy::Kind::kNone;
-  if (name == "streamingllm") {
-    info.online_rule =
-        "every settled token: keep the sinks and the most recent tokens, the budget of --ratio "
-        "at the current length (the oldest non-sink tokens leave)";
-  } else if (name == "h2o") {
-    info.online_rule =
-        "every settled token: the budget of --ratio at the current length, half to the most "
-        "recent tokens, half to the heavy hitters by attention accumulated over the prompt and "
-        "the drafter's decode queries";
-  } else if (name == "tova") {
-    info.online_rule =
-        "every settled token: the budget of --ratio at the current length goes to the tokens "
-        "the drafter's latest query attended to most";
-  } else {
-    info.online_rule =
-        "none: the published rule compresses once after prefill; generated tokens stay exact";
-  }
-  if (name == "streamingllm") {
-    info.description =
-        "StreamingLLM: keeps the first --sink-tokens positions (attention sinks) and the most "
-        "recent ones";
-    info.params.push_back({"--sink-tokens", std::to_string(d.sink_tokens),
-                           "leading positions always kept (fewer if the budget is smaller)"});
-  } else if (name == "h2o") {
-    info.description =
-        "H2O: half the budget to heavy hitters (highest attention accumulated over all prompt "
-        "queries), half (rounded up) to the most recent tokens";
-  } else if (name == "snapkv") {
-    info.description =
-        "SnapKV: keeps the observation window plus the positions before it with the highest "
-        "window attention, max-pooled over neighbouring positions; same budget in every layer";
-    info.params.push_back(WindowParam(d));
-    info.params.push_back(PoolParam(d));
-  } else if (name == "pyramidkv") {
-    info.description =
-        "PyramidKV: SnapKV's selection with per-layer budgets falling linearly from "
-        "(1 + beta) x the mean at the bottom layer to (1 - beta) x at the top; the mean is the "
-        "uniform budget of --ratio";
-    info.params.push_back(WindowParam(d));
-    info.params.push_back(PoolParam(d));
-    info.params.push_back(
-        {"--pyramid-beta", FormatDouble(d.pyramid_beta), "budget slope beta in [0, 1]"});
-  } else if (name == "tova") {
-    info.description =
-        "TOVA: keeps the positions the last prompt query attends to most (per KV head)";
-  }
-  return info;
-}
-
-absl::StatusOr<std::unique_ptr<Dropper>> MakeDropper(const std::string& name,
-                                                     const CompressorOptions& o,
-                                                     const std::string& label) {
+absl::Status CheckRatio(const CompressorOptions& o, const std::string& label) {
   if (!(o.ratio > 0.0 && o.ratio <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": --ratio must be in (0, 1] (compressed / full bytes), got ",
                      FormatDouble(o.ratio), o.ratio == 0.0 ? " (not given)" : ""));
   }
-  if (name == "streamingllm") {
-    VC_RETURN_IF_ERROR(CheckPositive(label, "--sink-tokens", o.sink_tokens, 0));
-    return std::unique_ptr<Dropper>(new StreamingLlm(label, o.ratio, o.sink_tokens));
-  }
-  if (name == "h2o") return std::unique_ptr<Dropper>(new H2o(label, o.ratio));
-  if (name == "snapkv") {
-    VC_RETURN_IF_ERROR(CheckSnapParams(label, o));
-    return std::unique_ptr<Dropper>(new SnapKv(label, o.ratio, o.window, o.pool_kernel));
-  }
-  if (name == "pyramidkv") {
-    VC_RETURN_IF_ERROR(CheckSnapParams(label, o));
-    if (!(o.pyramid_beta >= 0.0 && o.pyramid_beta <= 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": --pyramid-beta must be in [0, 1], got ", FormatDouble(o.pyramid_beta)));
-    }
-    return std::unique_ptr<Dropper>(
-        new PyramidKv(label, o.ratio, o.window, o.pool_kernel, o.pyramid_beta));
-  }
-  if (name == "tova") return std::unique_ptr<Dropper>(new Tova(label, o.ratio));
-  return absl::InvalidArgumentError(absl::StrCat("unknown token dropper '", name, "'"));
+  return absl::OkStatus();
+}
+
+// A table row's CompressorInfo for a dropper: what every dropper shares
+// (family, --ratio) plus its own text and parameters.
+CompressorInfo DropperRowInfo(const char* name, const char* description, bool needs_stats,
+                              const char* online_rule, std::vector<CompressorParamInfo> extra) {
+  CompressorInfo info;
+  info.name = name;
+  info.family = "token-dropping";
+  info.description = description;
+  info.takes_ratio = true;
+  info.needs_attention_stats = needs_stats;
+  info.params.push_back(RatioParam());
+  info.params.insert(info.params.end(), extra.begin(), extra.end());
+  info.online = online_rule != nullptr ? OnlinePolicy::Kind::kEveryToken : OnlinePolicy::Kind::kNone;
+  info.online_rule = online_rule != nullptr
+                         ? online_rule
+                         : "none: the published rule compresses once after prefill; generated "
+                           "tokens stay exact";
+  return info;
+}
+
+}  // namespace
+
+const std::vector<StageEntry<Dropper>>& DropperTable() {
+  using Made = absl::StatusOr<std::unique_ptr<Dropper>>;
+  const CompressorOptions d;
+  static const auto* table = new std::vector<StageEntry<Dropper>>{
+      {DropperRowInfo(
+           "streamingllm",
+           "StreamingLLM: keeps the first --sink-tokens positions (attention sinks) and the most "
+           "recent ones",
+           /*needs_stats=*/false,
+           "every settled token: keep the sinks and the most recent tokens, the budget of --ratio "
+           "at the current length (the oldest non-sink tokens leave)",
+           {{"--sink-tokens", std::to_string(d.sink_tokens),
+             "leading positions always kept (fewer if the budget is smaller)"}}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         VC_RETURN_IF_ERROR(CheckRatio(o, label));
+         VC_RETURN_IF_ERROR(CheckPositive(label, "--sink-tokens", o.sink_tokens, 0));
+         return std::make_unique<StreamingLlm>(label, o.ratio, o.sink_tokens);
+       }},
+      {DropperRowInfo(
+           "h2o",
+           "H2O: half the budget to heavy hitters (highest attention accumulated over all prompt "
+           "queries), half (rounded up) to the most recent tokens",
+           /*needs_stats=*/true,
+           "every settled token: the budget of --ratio at the current length, half to the most "
+           "recent tokens, half to the heavy hitters by attention accumulated over the prompt and "
+           "the drafter's decode queries",
+           {}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         VC_RETURN_IF_ERROR(CheckRatio(o, label));
+         return std::make_unique<H2o>(label, o.ratio);
+       }},
+      {DropperRowInfo(
+           "snapkv",
+           "SnapKV: keeps the observation window plus the positions before it with the highest "
+           "window attention, max-pooled over neighbouring positions; same budget in every layer",
+           /*needs_stats=*/true, /*online_rule=*/nullptr, {WindowParam(d), PoolParam(d)}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         VC_RETURN_IF_ERROR(CheckRatio(o, label));
+         VC_RETURN_IF_ERROR(CheckSnapParams(label, o));
+         return std::make_unique<SnapKv>(label, o.ratio, o.window, o.pool_kernel);
+       }},
+      {DropperRowInfo(
+           "pyramidkv",
+           "PyramidKV: SnapKV's selection with per-layer budgets falling linearly from "
+           "(1 + beta) x the mean at the bottom layer to (1 - beta) x at the top; the mean is the "
+           "uniform budget of --ratio",
+           /*needs_stats=*/true, /*online_rule=*/nullptr,
+           {WindowParam(d), PoolParam(d),
+            {"--pyramid-beta", FormatDouble(d.pyramid_beta), "budget slope beta in [0, 1]"}}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         VC_RETURN_IF_ERROR(CheckRatio(o, label));
+         VC_RETURN_IF_ERROR(CheckSnapParams(label, o));
+         if (!(o.pyramid_beta >= 0.0 && o.pyramid_beta <= 1.0)) {
+           return absl::InvalidArgumentError(absl::StrCat(
+               label, ": --pyramid-beta must be in [0, 1], got ", FormatDouble(o.pyramid_beta)));
+         }
+         return std::make_unique<PyramidKv>(label, o.ratio, o.window, o.pool_kernel,
+                                            o.pyramid_beta);
+       }},
+      {DropperRowInfo(
+           "tova", "TOVA: keeps the positions the last prompt query attends to most (per KV head)",
+           /*needs_stats=*/true,
+           "every settled token: the budget of --ratio at the current length goes to the tokens "
+           "the drafter's latest query attended to most",
+           {}),
+       [](const CompressorOptions& o, const std::string& label) -> Made {
+         VC_RETURN_IF_ERROR(CheckRatio(o, label));
+         return std::make_unique<Tova>(label, o.ratio);
+       }},
+  };
+  return *table;
 }
 
 }  // namespace vc::compress_internal

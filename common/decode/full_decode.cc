@@ -55,7 +55,7 @@ absl::StatusOr<DecodeResult> DecodeFull(Engine& engine, std::span<const int32_t>
     const int32_t token = SampleToken(logits, options.sampling, pos);
     result.tokens.push_back(token);
     if (options.on_token) options.on_token(token);
-    if (token == c.eos_id && !options.ignore_eos) {
+    if (c.IsEos(token) && !options.ignore_eos) {
       result.stopped_at_eos = true;
       break;
     }

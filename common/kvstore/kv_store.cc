@@ -35,6 +35,8 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.IsCorruption()) return absl::DataLossError(msg);
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
   if (s.IsNotSupported()) return absl::UnimplementedError(msg);
+  // A full disk is not retryable the way a transient I/O error is.
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
   if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
   if (s.IsIOError()) return absl::UnavailableError(msg);
   return absl::InternalError(msg);
@@ -119,10 +121,43 @@ struct KvStore::Impl {
   struct PendingPut {
     std::map<std::string, std::string> entries;
     int64_t bytes = 0;
+    int64_t reserved = 0;       // of reserved_bytes, held for this put's uploads
+    std::string owner;          // who began it; nobody else may use it
+    int64_t lease_end_ms = 0;   // discarded at or after this (NowMs)
   };
   std::unordered_map<uint64_t, PendingPut> puts;
   uint64_t next_put_id = 1;
   int64_t staged_bytes = 0;
+  int64_t reserved_bytes = 0;
+
+  void RenewLease(PendingPut& p) { p.lease_end_ms = NowMs() + options.put_lease_seconds * 1000; }
+
+  // The open put `id` if `owner` owns it; NotFound otherwise (the same
+  // answer for "never existed", "expired" and "not yours").
+  absl::StatusOr<std::unordered_map<uint64_t, PendingPut>::iterator> FindPut(
+      uint64_t id, const std::string& owner) {
+    ExpirePuts();
+    auto it = puts.find(id);
+    if (it == puts.end() || it->second.owner != owner) {
+      return absl::NotFoundError(absl::StrCat("KvStore: no open put ", id));
+    }
+    return it;
+  }
+
+  int ExpirePuts() {
+    const int64_t now = NowMs();
+    int expired = 0;
+    for (auto it = puts.begin(); it != puts.end();) {
+      auto next = std::next(it);
+      if (it->second.lease_end_ms <= now) {
+        DiscardPut(it);
+        ++expired;
+      }
+      it = next;
+    }
+    counters.expired_puts += expired;
+    return expired;
+  }
 
   KvStoreStats counters;  // only the counter fields are used
 
@@ -308,6 +343,7 @@ struct KvStore::Impl {
 
   void DiscardPut(std::unordered_map<uint64_t, PendingPut>::iterator it) {
     staged_bytes -= it->second.bytes;
+    reserved_bytes -= it->second.reserved;
     puts.erase(it);
   }
 };
@@ -318,13 +354,15 @@ KvStore::~KvStore() = default;
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("KvStore: options.path is empty");
   if (options.disk_budget_bytes <= 0 || options.dram_budget_bytes < 0 || options.ttl_seconds < 0 ||
-      options.max_open_puts <= 0 || options.max_staged_bytes <= 0 || options.max_key_bytes <= 0) {
+      options.max_open_puts <= 0 || options.max_staged_bytes <= 0 || options.max_key_bytes <= 0 ||
+      options.put_lease_seconds <= 0 || options.put_lease_seconds > int64_t{1} << 31) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
                      " (must be > 0), dram_budget_bytes=", options.dram_budget_bytes,
                      " (>= 0), ttl_seconds=", options.ttl_seconds, " (>= 0), max_open_puts=",
                      options.max_open_puts, " (> 0), max_staged_bytes=", options.max_staged_bytes,
-                     " (> 0), max_key_bytes=", options.max_key_bytes, " (> 0)"));
+                     " (> 0), max_key_bytes=", options.max_key_bytes,
+                     " (> 0), put_lease_seconds=", options.put_lease_seconds, " (in [1, 2^31])"));
   }
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
@@ -340,6 +378,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& opt
   db_options.create_if_missing = true;
   db_options.max_open_files = 256;  // bounded file handles
   db_options.keep_log_file_num = 4;
+  if (options.env != nullptr) db_options.env = options.env;
   rocksdb::DB* raw = nullptr;
   const rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
   impl->db.reset(raw);
@@ -351,60 +390,114 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& opt
 
 absl::Status KvStore::Put(const std::string& key, const std::string& value) {
   VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  if (impl_->options.check_entry) {
+    if (absl::Status s = impl_->options.check_entry(key, value); !s.ok()) {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      ++impl_->counters.refused_entries;
+      return s;
+    }
+  }
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->CommitEntries({{key, value}});
 }
 
-absl::StatusOr<uint64_t> KvStore::BeginPut() {
+absl::StatusOr<uint64_t> KvStore::BeginPut(const std::string& owner) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ExpirePuts();
   if (impl_->puts.size() >= static_cast<size_t>(impl_->options.max_open_puts)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KvStore: ", impl_->puts.size(), " puts already open (max_open_puts)"));
   }
   const uint64_t id = impl_->next_put_id++;
-  impl_->puts.emplace(id, Impl::PendingPut{});
+  Impl::PendingPut& p = impl_->puts.emplace(id, Impl::PendingPut{}).first->second;
+  p.owner = owner;
+  impl_->RenewLease(p);
   return id;
 }
 
-absl::Status KvStore::Stage(uint64_t put_id, const std::string& key, std::string value) {
-  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+absl::Status KvStore::ReserveStage(uint64_t put_id, const std::string& owner, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("KvStore: negative reservation");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  VC_ASSIGN_OR_RETURN(auto it, m.FindPut(put_id, owner));
+  if (m.staged_bytes + m.reserved_bytes > m.options.max_staged_bytes - bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KvStore: an upload of ", bytes, " bytes exceeds max_staged_bytes ",
+        m.options.max_staged_bytes, " (", m.staged_bytes, " staged, ", m.reserved_bytes,
+        " reserved)"));
+  }
+  it->second.reserved += bytes;
+  m.reserved_bytes += bytes;
+  m.RenewLease(it->second);
+  return absl::OkStatus();
+}
+
+void KvStore::ReleaseStage(uint64_t put_id, int64_t unused_bytes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->puts.find(put_id);
-  if (it == impl_->puts.end()) {
-    return absl::NotFoundError(absl::StrCat("KvStore: no open put ", put_id));
-  }
+  if (it == impl_->puts.end() || unused_bytes <= 0) return;
+  const int64_t give = std::min(unused_bytes, it->second.reserved);
+  it->second.reserved -= give;
+  impl_->reserved_bytes -= give;
+}
+
+int KvStore::ExpirePuts() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->ExpirePuts();
+}
+
+absl::Status KvStore::Stage(uint64_t put_id, const std::string& key, std::string value,
+                            const std::string& owner) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  VC_ASSIGN_OR_RETURN(auto it, m.FindPut(put_id, owner));
   Impl::PendingPut& p = it->second;
   auto old = p.entries.find(key);
   const int64_t old_size = old == p.entries.end() ? 0 : static_cast<int64_t>(old->second.size());
   const int64_t delta = static_cast<int64_t>(value.size()) - old_size;
-  if (impl_->staged_bytes + delta > impl_->options.max_staged_bytes) {
+  // An upload's bytes were reserved from its header: draw on that first.
+  const int64_t take = std::min(p.reserved, static_cast<int64_t>(value.size()));
+  if (m.staged_bytes + (m.reserved_bytes - take) + delta > m.options.max_staged_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KvStore: staging ", value.size(), " bytes exceeds max_staged_bytes ",
-                     impl_->options.max_staged_bytes, " (", impl_->staged_bytes, " staged)"));
+                     m.options.max_staged_bytes, " (", m.staged_bytes, " staged)"));
   }
+  p.reserved -= take;
+  m.reserved_bytes -= take;
   p.entries[key] = std::move(value);
   p.bytes += delta;
-  impl_->staged_bytes += delta;
+  m.staged_bytes += delta;
+  m.RenewLease(p);
   return absl::OkStatus();
 }
 
-absl::Status KvStore::Commit(uint64_t put_id) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  auto it = impl_->puts.find(put_id);
-  if (it == impl_->puts.end()) {
-    return absl::NotFoundError(absl::StrCat("KvStore: no open put ", put_id));
+absl::Status KvStore::Commit(uint64_t put_id, const std::string& owner) {
+  std::map<std::string, std::string> entries;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    VC_ASSIGN_OR_RETURN(auto it, impl_->FindPut(put_id, owner));
+    entries.swap(it->second.entries);
+    impl_->DiscardPut(it);  // committed or refused below, never reopened
   }
-  absl::Status s = impl_->CommitEntries(it->second.entries);
-  impl_->DiscardPut(it);
-  return s;
+  // The integrity check reads every byte: outside the mutex.
+  if (impl_->options.check_entry) {
+    for (const auto& [key, value] : entries) {
+      if (absl::Status s = impl_->options.check_entry(key, value); !s.ok()) {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        ++impl_->counters.refused_entries;
+        return absl::Status(s.code(),
+                            absl::StrCat("KvStore: put ", put_id, " refused: ", s.message()));
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->CommitEntries(entries);
 }
 
-absl::Status KvStore::Abort(uint64_t put_id) {
+absl::Status KvStore::Abort(uint64_t put_id, const std::string& owner) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto it = impl_->puts.find(put_id);
-  if (it == impl_->puts.end()) {
-    return absl::NotFoundError(absl::StrCat("KvStore: no open put ", put_id));
-  }
+  VC_ASSIGN_OR_RETURN(auto it, impl_->FindPut(put_id, owner));
   impl_->DiscardPut(it);
   return absl::OkStatus();
 }
@@ -444,6 +537,21 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& key) {
   if (static_cast<int64_t>(value.size()) != it->second.meta.size) {
     return absl::DataLossError(absl::StrCat("KvStore: value on disk is ", value.size(),
                                             " bytes, metadata says ", it->second.meta.size));
+  }
+  if (m.options.check_entry) {
+    if (absl::Status bad = m.options.check_entry(key, value); !bad.ok()) {
+      // Corrupted (or replaced) underneath the store: quarantine it, so
+      // readers miss and the prefix is ingested again.
+      if (it->second.pins == 0) {
+        VC_RETURN_IF_ERROR(m.DeleteOnDisk({key}));
+        m.DropEntry(key);
+      }
+      ++m.counters.quarantined;
+      ++m.counters.misses;
+      return absl::NotFoundError(
+          absl::StrCat("KvStore: entry failed its integrity check and was removed (", bad.message(),
+                       ")"));
+    }
   }
   ++m.counters.disk_hits;
   m.CacheInDram(key, value);
@@ -512,6 +620,7 @@ KvStoreStats KvStore::Stats() const {
   for (const auto& [k, e] : m.disk) s.pinned_entries += e.pins > 0 ? 1 : 0;
   s.open_puts = static_cast<int64_t>(m.puts.size());
   s.staged_bytes = m.staged_bytes;
+  s.reserved_bytes = m.reserved_bytes;
   return s;
 }
 

@@ -5,8 +5,12 @@
 // byte budget and evict least recently used entries that are not pinned.
 // Multi-chunk prefixes are written in two phases (BeginPut, Stage, Commit) so
 // that all their chunks become visible at once (one RocksDB WriteBatch);
-// staged data is invisible until Commit and is discarded by Abort or when the
-// store is destroyed. Bookkeeping (size, LRU order, write time) is stored next
+// staged data is invisible until Commit and is discarded by Abort, when the
+// put's lease expires (put_lease_seconds after its last use), or when the
+// store is destroyed. An open put belongs to its owner (the identity that
+// began it, an opaque string the caller derives: the authenticated peer once
+// there is one, its address before): Stage, Commit and Abort by anyone else
+// read as "no open put", so a put id is not a bearer token. Bookkeeping (size, LRU order, write time) is stored next
 // to each value, so the budget and the LRU order survive a reopen; pins do
 // not (they belong to the running process).
 //
@@ -22,6 +26,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+
+namespace rocksdb {
+class Env;
+}  // namespace rocksdb
 
 namespace vc::kvstore {
 
@@ -43,9 +51,14 @@ struct KvStoreOptions {
   // Open (begun, not yet committed or aborted) puts; BeginPut fails with
   // ResourceExhausted past it. Default 256.
   int max_open_puts = 256;
-  // Bytes staged by all open puts together; Stage fails with
-  // ResourceExhausted past it. Default 1 GiB.
+  // Bytes staged (and reserved, see ReserveStage) by all open puts
+  // together; Stage / ReserveStage fail with ResourceExhausted past it.
+  // Default 1 GiB.
   int64_t max_staged_bytes = int64_t{1} << 30;
+  // An open put is a lease: discarded (its staged bytes freed) once this many
+  // seconds pass without a BeginPut/ReserveStage/Stage on it, so an
+  // abandoned put cannot hold the staging budget. Must be > 0. Default 120.
+  int64_t put_lease_seconds = 120;
   // Longest key in bytes. Default 256.
   int max_key_bytes = 256;
   // Wall clock in milliseconds since the epoch, for TTL; null: the system
@@ -56,6 +69,17 @@ struct KvStoreOptions {
   // held: keep them cheap. Null: not observed.
   std::function<void(double)> on_disk_read;
   std::function<void(double)> on_disk_write;
+  // Test seam: the RocksDB Env the database runs on (tests pass one whose
+  // file system injects write, sync and space errors and torn writes).
+  // Null: RocksDB's default. Not owned; must outlive the store.
+  rocksdb::Env* env = nullptr;
+  // Integrity check of an entry (e.g. its seal, seal.h): called for every
+  // entry of a Put or Commit before it is written (an error refuses the
+  // whole put, which is discarded, with that code), and for every value read
+  // from disk (an error quarantines the entry: it is deleted and the read is
+  // NotFound, so the prefix is ingested again). Called without the store's
+  // mutex on commit, with it on disk reads. Null: no check.
+  std::function<absl::Status(const std::string& key, const std::string& value)> check_entry;
 };
 
 // Where a key was found.
@@ -75,6 +99,10 @@ struct KvStoreStats {
   int64_t dram_evictions = 0;
   int64_t disk_evictions = 0;  // entries deleted to stay in the disk budget
   int64_t expirations = 0;     // entries deleted by TTL
+  int64_t expired_puts = 0;    // open puts discarded when their lease ran out
+  int64_t reserved_bytes = 0;  // of the staging budget, reserved by stages in flight
+  int64_t refused_entries = 0;  // entries that failed check_entry on commit
+  int64_t quarantined = 0;      // entries that failed check_entry when read, deleted
 };
 
 class KvStore {
@@ -91,13 +119,28 @@ class KvStore {
   // entry.
   [[nodiscard]] absl::Status Put(const std::string& key, const std::string& value);
 
-  // Two-phase put: BeginPut returns an id; Stage adds entries to it (a later
-  // Stage of the same key wins); Commit makes all of them visible at once or
-  // none (then the put is discarded too); Abort discards them.
-  [[nodiscard]] absl::StatusOr<uint64_t> BeginPut();
-  [[nodiscard]] absl::Status Stage(uint64_t put_id, const std::string& key, std::string value);
-  [[nodiscard]] absl::Status Commit(uint64_t put_id);
-  [[nodiscard]] absl::Status Abort(uint64_t put_id);
+  // Two-phase put: BeginPut returns an id owned by `owner`; Stage adds
+  // entries to it (a later Stage of the same key wins); Commit makes all of
+  // them visible at once or none (then the put is discarded too); Abort
+  // discards them. Each of them is NotFound ("no open put") when the id is
+  // unknown, expired, or owned by someone else (no existence oracle).
+  [[nodiscard]] absl::StatusOr<uint64_t> BeginPut(const std::string& owner = "");
+  [[nodiscard]] absl::Status Stage(uint64_t put_id, const std::string& key, std::string value,
+                                   const std::string& owner = "");
+  [[nodiscard]] absl::Status Commit(uint64_t put_id, const std::string& owner = "");
+  [[nodiscard]] absl::Status Abort(uint64_t put_id, const std::string& owner = "");
+  // Reserves `bytes` of the staging budget for `put_id` before an upload of
+  // that size is read (the data plane calls it from the stage header, before
+  // any value buffer exists): NotFound as above, ResourceExhausted if the
+  // budget cannot hold it. Later Stage calls on the put draw on its
+  // reservation first; ReleaseStage returns what an upload did not use (a
+  // no-op once the put is gone).
+  [[nodiscard]] absl::Status ReserveStage(uint64_t put_id, const std::string& owner,
+                                          int64_t bytes);
+  void ReleaseStage(uint64_t put_id, int64_t unused_bytes);
+  // Discards the open puts whose lease ran out; how many. Every put call
+  // does this too; the daemon also calls it on a timer.
+  int ExpirePuts();
 
   // The value of `key`; NotFound if absent or expired. Counts as an access.
   [[nodiscard]] absl::StatusOr<std::string> Get(const std::string& key);

@@ -26,6 +26,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/model/generation_config.h"
+#include "common/model/internal/json_file.h"
 #include "common/model/internal/safetensors.h"
 #include "common/model/internal/storage.h"
 #include "common/model/model.h"
@@ -44,31 +46,15 @@ constexpr const char* kSupportedArchitectures =
 constexpr int64_t kMaxSize = int64_t{1} << 24;
 constexpr int64_t kMaxProjection = int64_t{1} << 30;
 
-std::string Dump(const Json& j) {
-  std::string s = j.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  if (!dir.empty() && dir.back() == '/') return dir + name;
-  return absl::StrCat(dir, "/", name);
-}
+std::string Dump(const Json& j) { return model_internal::DumpShort(j); }
+using model_internal::JoinPath;
 
 bool IsRegularFile(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-absl::StatusOr<Json> ReadJson(const std::string& path) {
-  VC_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  const char* text = reinterpret_cast<const char*>(file.data());
-  try {
-    return Json::parse(text, text + file.size());
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON: ", e.what()));
-  }
-}
+absl::StatusOr<Json> ReadJson(const std::string& path) { return model_internal::ReadJsonFile(path); }
 
 // Typed access to one JSON object's fields, with errors that name the file
 // and the field ("rope_scaling.factor"). A field set to null counts as absent,
@@ -449,12 +435,19 @@ absl::StatusOr<HfConfig> ParseConfig(const Json& root, const std::string& path) 
   if (eos == nullptr) return f.Missing("eos_token_id");
   if (eos->is_array()) {
     if (eos->empty()) return f.Error("eos_token_id", "is an empty list");
-    for (const Json& e : *eos)
-      VC_RETURN_IF_ERROR(f.IntValue("eos_token_id", e, 0, INT_MAX).status());
-    c.eos_id = static_cast<int>((*eos)[0].get<int64_t>());
+    if (eos->size() > ModelConfig::kMaxEosIds) {
+      return f.Error("eos_token_id", absl::StrCat("lists ", eos->size(), " ids (at most ",
+                                                  ModelConfig::kMaxEosIds, ")"));
+    }
+    for (const Json& e : *eos) {
+      VC_ASSIGN_OR_RETURN(int64_t id, f.IntValue("eos_token_id", e, 0, INT_MAX));
+      c.eos_ids.push_back(static_cast<int32_t>(id));
+    }
+    c.eos_id = c.eos_ids.front();
   } else {
     VC_ASSIGN_OR_RETURN(int64_t e, f.IntValue("eos_token_id", *eos, 0, INT_MAX));
     c.eos_id = static_cast<int>(e);
+    c.eos_ids = {c.eos_id};
   }
 
   VC_ASSIGN_OR_RETURN(c.sliding_window, ParseSlidingWindow(root, path, out.arch, c.n_layers));
@@ -505,6 +498,14 @@ class Checkpoint {
   // 4-byte-aligned f32, otherwise converted into storage->owned.
   absl::StatusOr<const float*> Take(const std::string& name, const std::vector<int64_t>& shape,
                                     Model::Storage* storage);
+  bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The stored tensor that `name` was saved as a duplicate of (safetensors'
+  // save_model drops shared tensors and names them in __metadata__), or ""
+  // when `name` is not such an alias.
+  std::string AliasOf(const std::string& name) const {
+    auto it = aliases_.find(name);
+    return it == aliases_.end() ? "" : it->second;
+  }
   // Names of tensors never taken, except those `ignorable` accepts.
   template <typename Pred>
   std::vector<std::string> Unused(Pred ignorable) const {
@@ -530,6 +531,7 @@ class Checkpoint {
   std::vector<safetensors::File> files_;
   std::vector<bool> in_place_;
   std::map<std::string, Entry> tensors_;  // ordered: error listings are stable
+  std::map<std::string, std::string> aliases_;  // dropped duplicate -> stored tensor
 };
 
 absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
@@ -603,6 +605,24 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
       }
     }
   }
+  // __metadata__ entries whose value names a stored tensor are aliases
+  // (key: the dropped duplicate). Other entries ("format": "pt") are free-form.
+  for (const safetensors::File& file : ck.files_) {
+    for (const auto& [key, value] : file.metadata()) {
+      if (ck.tensors_.count(value) == 0) continue;
+      if (ck.tensors_.count(key) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            file.path(), ": __metadata__ names tensor '", key, "' a duplicate of '", value,
+            "', but '", key, "' is also stored; a checkpoint must say one or the other"));
+      }
+      auto [it, inserted] = ck.aliases_.emplace(key, value);
+      if (!inserted && it->second != value) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, ": __metadata__ names tensor '", key, "' a duplicate of both '",
+                         it->second, "' and '", value, "'"));
+      }
+    }
+  }
   for (const auto& [name, shard] : weight_map) {
     auto it = ck.tensors_.find(name);
     if (it == ck.tensors_.end() || ck.files_[it->second.file].path() != JoinPath(dir, shard)) {
@@ -618,6 +638,11 @@ absl::StatusOr<const float*> Checkpoint::Take(const std::string& name,
                                               const std::vector<int64_t>& shape,
                                               Model::Storage* storage) {
   auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    if (auto alias = aliases_.find(name); alias != aliases_.end()) {
+      it = tensors_.find(alias->second);  // Open() checked that it is stored
+    }
+  }
   if (it == tensors_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir_, ": missing tensor '", name, "' (expected shape ", safetensors::ShapeString(shape),
@@ -668,6 +693,71 @@ void Checkpoint::KeepMappings(Model::Storage* storage) && {
 
 // --- The loader ------------------------------------------------------------
 
+// generation_config.json's eos_token_id, when present, is the stop set
+// generation uses (transformers' generate() reads it, not config.json's: an
+// instruct model often adds its end-of-turn token there). Its ids must lie in
+// the vocabulary. bos/pad ids there are not used by the engine.
+absl::Status ApplyGenerationConfig(const std::string& dir, ModelConfig* c) {
+  auto gen = LoadGenerationConfig(dir);
+  if (absl::IsNotFound(gen.status())) return absl::OkStatus();
+  if (!gen.ok()) return gen.status();
+  if (gen->eos_token_ids.empty()) return absl::OkStatus();
+  for (const int32_t id : gen->eos_token_ids) {
+    if (id >= c->vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(JoinPath(dir, "generation_config.json"), ": field 'eos_token_id' has id ",
+                       id, ", outside the vocabulary of ", c->vocab_size, " tokens"));
+    }
+  }
+  c->eos_ids = gen->eos_token_ids;
+  return absl::OkStatus();
+}
+
+constexpr const char* kEmbed = "model.embed_tokens.weight";
+constexpr const char* kLmHead = "lm_head.weight";
+
+// The token embedding and the classifier. A tied checkpoint may store the
+// one matrix under either name: transformers' save_pretrained keeps the
+// embedding, while safetensors' save_model may keep lm_head.weight and record
+// the embedding as its duplicate in __metadata__ (tinystories656K does). An
+// untied checkpoint needs both, unless __metadata__ says one is the other
+// (then the two are one matrix, whatever config.json says).
+absl::Status TakeEmbeddings(Checkpoint& ck, ModelConfig* config, const std::string& dir,
+                            Model::Storage* storage, ModelWeights* w) {
+  const ModelConfig& c = *config;
+  const std::vector<int64_t> shape = {c.vocab_size, c.dim};
+  const bool has_embed = ck.Has(kEmbed) || !ck.AliasOf(kEmbed).empty();
+  const bool has_head = ck.Has(kLmHead) || !ck.AliasOf(kLmHead).empty();
+  if (c.tied_embeddings) {
+    // With both present transformers overwrites lm_head with the embedding
+    // (the loader ignores the stored lm_head; see ignorable below).
+    const char* name = has_embed || !has_head ? kEmbed : kLmHead;
+    auto t = ck.Take(name, shape, storage);
+    if (!t.ok() && !has_embed && !has_head) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": config.json sets tie_word_embeddings, but the checkpoint stores neither '",
+          kEmbed, "' nor '", kLmHead, "' (", ck.FilesDescription(), ")"));
+    }
+    VC_ASSIGN_OR_RETURN(w->token_embedding, std::move(t));
+    w->classifier = w->token_embedding;
+    return absl::OkStatus();
+  }
+  if (!has_embed || !has_head) {
+    const char* missing = has_embed ? kLmHead : kEmbed;
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": missing tensor '", missing, "' (expected shape ", safetensors::ShapeString(shape),
+        "): config.json says tie_word_embeddings is false (or leaves it at false), so the "
+        "checkpoint must store both '", kEmbed, "' and '", kLmHead,
+        "', or name one as the other's duplicate in its safetensors __metadata__ (",
+        ck.FilesDescription(), ")"));
+  }
+  VC_ASSIGN_OR_RETURN(w->token_embedding, ck.Take(kEmbed, shape, storage));
+  VC_ASSIGN_OR_RETURN(w->classifier, ck.Take(kLmHead, shape, storage));
+  // An alias made them one matrix: the model is tied in fact.
+  if (w->classifier == w->token_embedding) config->tied_embeddings = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
@@ -685,6 +775,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
                                      " (a Hugging Face checkpoint directory needs config.json)"));
   }
   VC_ASSIGN_OR_RETURN(HfConfig hf, ParseConfig(*root, config_path));
+  VC_RETURN_IF_ERROR(ApplyGenerationConfig(dir, &hf.model));
   const ModelConfig& c = hf.model;
   VC_ASSIGN_OR_RETURN(Checkpoint ck, Checkpoint::Open(dir));
 
@@ -692,9 +783,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
   auto take = [&](const std::string& name, const std::vector<int64_t>& shape) {
     return ck.Take(name, shape, storage.get());
   };
-  const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), v = c.vocab_size;
+  const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim();
   ModelWeights w;
-  VC_ASSIGN_OR_RETURN(w.token_embedding, take("model.embed_tokens.weight", {v, d}));
+  VC_RETURN_IF_ERROR(TakeEmbeddings(ck, &hf.model, dir, storage.get(), &w));
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     LayerWeights lw;
@@ -728,11 +819,6 @@ absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
     w.layers.push_back(lw);
   }
   VC_ASSIGN_OR_RETURN(w.rms_final, take("model.norm.weight", {d}));
-  if (c.tied_embeddings) {
-    w.classifier = w.token_embedding;
-  } else {
-    VC_ASSIGN_OR_RETURN(w.classifier, take("lm_head.weight", {v, d}));
-  }
 
   // A tensor the config does not account for (say q_proj.bias in a config
   // without attention_bias) means config and weights disagree; refusing beats

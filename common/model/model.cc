@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -33,6 +34,11 @@ int64_t ModelConfig::num_parameters() const {
   return n;
 }
 
+bool ModelConfig::IsEos(int32_t token) const {
+  if (eos_ids.empty()) return token == eos_id;
+  return std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
+}
+
 absl::Status ModelConfig::Validate() const {
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("model config (", architecture, "): ", what));
@@ -53,6 +59,14 @@ absl::Status ModelConfig::Validate() const {
   if (sliding_window < 0) return bad("sliding_window must be >= 0");
   if (bos_id < 0 || bos_id >= vocab_size || eos_id < 0 || eos_id >= vocab_size) {
     return bad(absl::StrCat("bos_id=", bos_id, "/eos_id=", eos_id, " outside vocab ", vocab_size));
+  }
+  if (eos_ids.size() > kMaxEosIds) {
+    return bad(absl::StrCat(eos_ids.size(), " end-of-sequence ids (at most ", kMaxEosIds, ")"));
+  }
+  for (const int32_t id : eos_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return bad(absl::StrCat("end-of-sequence id ", id, " outside vocab ", vocab_size));
+    }
   }
   return absl::OkStatus();
 }

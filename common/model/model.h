@@ -49,7 +49,16 @@ struct ModelConfig {
   bool qkv_bias = false;      // Qwen2, or Llama with attention_bias
   bool tied_embeddings = true;
   int bos_id = 1;
-  int eos_id = 2;
+  int eos_id = 2;  // the model's end-of-sequence token
+  // Every id that ends generation (eos_id among them when non-empty): a
+  // Hugging Face checkpoint may list several (Llama 3's <|eot_id|> and
+  // <|end_of_text|>), from generation_config.json or else config.json.
+  // Empty means {eos_id}, as for llama2.c checkpoints.
+  std::vector<int32_t> eos_ids;
+  static constexpr size_t kMaxEosIds = 256;  // far above any real model's handful
+
+  // Whether generation stops at `token` (unless the request ignores EOS).
+  bool IsEos(int32_t token) const;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

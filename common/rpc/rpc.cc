@@ -1,8 +1,15 @@
 #include "common/rpc/rpc.h"
 
+#include <fstream>
+#include <map>
+#include <mutex>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace vc::rpc {
@@ -40,14 +47,128 @@ absl::Status SplitHostPort(const std::string& flag, const std::string& value, st
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes) {
+absl::Status ValidateTlsFiles(const TlsFiles& tls, bool need_identity) {
+  if (!tls.enabled()) return absl::OkStatus();
+  if (tls.ca.empty()) {
+    return absl::InvalidArgumentError("--tls-ca is required with --tls-cert/--tls-key");
+  }
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (need_identity && !tls.has_identity()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key are required with --tls-ca");
+  }
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"--tls-ca", &tls.ca},
+                                   {"--tls-cert", &tls.cert},
+                                   {"--tls-key", &tls.key}}) {
+    if (path->empty()) continue;
+    std::ifstream in(*path);
+    if (!in.good()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", *path, ": cannot read"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> Provider(const TlsFiles& tls) {
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key, tls.cert, tls.ca, kTlsRefreshSeconds);
+}
+}  // namespace
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls,
+                                                           ClientCerts client) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::experimental::TlsServerCredentialsOptions opts(Provider(tls));
+  opts.watch_root_certs();
+  opts.watch_identity_key_cert_pairs();
+  opts.set_cert_request_type(client == ClientCerts::kRequire
+                                 ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  return grpc::experimental::TlsServerCredentials(opts);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  // Shared while some channel uses them (each set's provider watches its
+  // files with a thread); gone with the last channel, so a process that
+  // starts and stops clusters does not keep watching deleted files.
+  static std::mutex mu;
+  static auto* cache = new std::map<std::string, std::weak_ptr<grpc::ChannelCredentials>>();
+  const std::string key = absl::StrCat(tls.cert, "\n", tls.key, "\n", tls.ca);
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = cache->begin(); it != cache->end();) {
+    it = it->second.expired() ? cache->erase(it) : std::next(it);
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = (*cache)[key].lock();
+  if (creds == nullptr) {
+    grpc::experimental::TlsChannelCredentialsOptions opts;
+    opts.set_certificate_provider(
+        tls.has_identity()
+            ? Provider(tls)
+            : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                  tls.ca, kTlsRefreshSeconds));
+    opts.watch_root_certs();
+    if (tls.has_identity()) opts.watch_identity_key_cert_pairs();
+    opts.set_verify_server_certs(true);
+    creds = grpc::experimental::TlsCredentials(opts);
+    (*cache)[key] = creds;
+  }
+  return creds;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes,
+                                           const TlsFiles& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   // Reconnect quickly after a peer restarts (the default backoff grows to
   // minutes, far longer than any request's deadline).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+  return grpc::CreateCustomChannel(address, ChannelCredentials(tls), args);
+}
+
+namespace {
+class ApiKeyPlugin final : public grpc::MetadataCredentialsPlugin {
+ public:
+  explicit ApiKeyPlugin(std::string key) : value_("Bearer " + std::move(key)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status GetMetadata(grpc::string_ref /*service_url*/, grpc::string_ref /*method_name*/,
+                           const grpc::AuthContext& /*channel_auth_context*/,
+                           std::multimap<grpc::string, grpc::string>* metadata) override {
+    metadata->insert({"authorization", value_});
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::string value_;
+};
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const ClientConfig& client, int max_message_bytes) {
+  if (!client.tls.enabled() || client.api_key.empty()) {
+    return MakeChannel(client.address, max_message_bytes, client.tls);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(max_message_bytes);
+  args.SetMaxSendMessageSize(max_message_bytes);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (!client.tls.server_name.empty()) args.SetSslTargetNameOverride(client.tls.server_name);
+  auto creds = grpc::CompositeChannelCredentials(
+      ChannelCredentials(client.tls),
+      grpc::MetadataCredentialsFromPlugin(std::make_unique<ApiKeyPlugin>(client.api_key)));
+  return grpc::CreateCustomChannel(client.address, creds, args);
+}
+
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(const ClientConfig& client,
+                                                        std::chrono::milliseconds timeout) {
+  auto ctx = ContextWithTimeout(timeout);
+  if (!client.api_key.empty() && !client.tls.enabled()) {
+    ctx->AddMetadata("authorization", "Bearer " + client.api_key);
+  }
+  return ctx;
 }
 
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel,

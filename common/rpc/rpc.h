@@ -27,9 +27,69 @@ std::unique_ptr<grpc::ClientContext> ContextWithTimeout(std::chrono::millisecond
 absl::Status SplitHostPort(const std::string& flag, const std::string& value, std::string* host,
                            int* port);
 
-// An insecure channel to `address` whose send/receive limits are
-// `max_message_bytes` (the same bound the servers use).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes);
+// TLS material of one process, as PEM file paths (--tls-cert, --tls-key,
+// --tls-ca). All empty: plaintext (the --insecure setup). Files are watched
+// and re-read by gRPC (about every kTlsRefreshSeconds), so certificates
+// rotate without a restart; replace cert and key together (e.g. a renamed
+// directory or symlink swap, as Kubernetes Secrets do).
+struct TlsFiles {
+  std::string cert;  // this process's certificate chain
+  std::string key;   // its private key
+  std::string ca;    // the CA bundle peers' certificates must chain to
+  // Clients: the name the server's certificate must carry, when it is not
+  // the host being dialled (e.g. through a port-forward). Empty: the host.
+  std::string server_name;
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+  bool has_identity() const { return !cert.empty() && !key.empty(); }
+};
+inline constexpr unsigned kTlsRefreshSeconds = 10;
+
+// InvalidArgument naming the flag unless the set is usable: --tls-ca is
+// needed whenever TLS is on, --tls-cert and --tls-key go together, and
+// `need_identity` (servers, and mTLS clients) requires them. Files must be
+// readable.
+[[nodiscard]] absl::Status ValidateTlsFiles(const TlsFiles& tls, bool need_identity);
+
+// Whether a TLS server asks its clients for a certificate. kRequire: mutual
+// TLS, the client's certificate must chain to --tls-ca (internal ports);
+// kNone: server-only TLS (the coordinator's public port, whose callers
+// present API keys instead).
+enum class ClientCerts { kRequire, kNone };
+
+// Server credentials for `tls` (insecure when !tls.enabled()).
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls, ClientCerts client);
+
+// Channel credentials for `tls`: TLS verifying the server against tls.ca and
+// the target's host name/IP, presenting tls.cert when set; insecure when
+// !tls.enabled(). One set per distinct TlsFiles per process (each watches
+// its files with a thread).
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls);
+
+// A channel to `address` whose send/receive limits are `max_message_bytes`
+// (the same bound the servers use), TLS per `tls` (plaintext by default).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes,
+                                           const TlsFiles& tls = {});
+
+// How a client reaches a daemon: its address, the TLS files (the CA only
+// for the coordinator's public port; a certificate too for internal ports)
+// and the API key the coordinator wants. A bare address converts to a
+// plaintext client without a key.
+struct ClientConfig {
+  std::string address;
+  TlsFiles tls;
+  std::string api_key;  // sent as "authorization: Bearer KEY" when set
+  ClientConfig() = default;
+  ClientConfig(std::string a) : address(std::move(a)) {}  // NOLINT: implicit on purpose
+  ClientConfig(const char* a) : address(a) {}             // NOLINT
+};
+// Over TLS the channel itself carries the API key on every call (call
+// credentials), so any context works on it; gRPC sends no call credentials
+// over plaintext, where ContextWithTimeout(client, ...) adds the key.
+std::shared_ptr<grpc::Channel> MakeChannel(const ClientConfig& client, int max_message_bytes);
+// ContextWithTimeout carrying the client's API key when the channel does not
+// (plaintext).
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(const ClientConfig& client,
+                                                        std::chrono::milliseconds timeout);
 
 // Health of a daemon through grpc.health.v1 (overall service ""): OK when
 // SERVING, Unavailable otherwise or when it does not answer within `timeout`.

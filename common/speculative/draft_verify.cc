@@ -211,7 +211,7 @@ void SpeculativeRequest::ReleaseFullKv() {
 bool SpeculativeRequest::Emit(std::span<const int32_t> tokens) {
   for (const int32_t t : tokens) {
     output_.push_back(t);
-    if (t == config_.eos_id && !options_.ignore_eos) {
+    if (config_.IsEos(t) && !options_.ignore_eos) {
       stopped_at_eos_ = true;
       break;
     }

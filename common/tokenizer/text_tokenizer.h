@@ -80,6 +80,13 @@ class IncrementalDetokenizer {
   bool skip_special_tokens_;
   std::vector<int32_t> ids_;
   size_t emitted_bytes_ = 0;
+  // The decode window: ids [prefix_offset_, read_offset_) are context whose
+  // decode is prefix_text_; ids from read_offset_ on are not accounted yet.
+  size_t prefix_offset_ = 0;
+  size_t read_offset_ = 0;
+  std::string prefix_text_;
+  std::string pending_;  // decoded but held back
+  std::string emitted_;  // everything handed out so far
 };
 
 }  // namespace vc

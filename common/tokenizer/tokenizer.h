@@ -52,6 +52,11 @@ class Tokenizer {
   absl::StatusOr<std::string> DecodePiece(int32_t prev, int32_t id) const;
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  // The piece string of `id` as stored in the file (e.g. "<s>", "<0x0A>",
+  // " the"); empty for an id outside [0, vocab_size).
+  std::string_view Piece(int32_t id) const {
+    return id >= 0 && id < vocab_size() ? std::string_view(pieces_[id]) : std::string_view();
+  }
   int bos_id() const { return 1; }
   int eos_id() const { return 2; }
 

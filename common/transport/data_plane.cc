@@ -56,6 +56,22 @@ absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
   }
   if (o.max_tracked_slots < 1) return absl::InvalidArgumentError("max_tracked_slots must be >= 1");
   if (o.max_connections < 1) return absl::InvalidArgumentError("max_connections must be >= 1");
+  if (o.max_pending_connections < 1) {
+    return absl::InvalidArgumentError("max_pending_connections must be >= 1");
+  }
+  if (o.worker_threads < 1 || o.worker_threads > 1024) {
+    return absl::InvalidArgumentError("worker_threads must be in [1, 1024]");
+  }
+  if (!std::isfinite(o.handshake_timeout_seconds) || o.handshake_timeout_seconds <= 0 ||
+      o.handshake_timeout_seconds > 2) {
+    return absl::InvalidArgumentError("handshake_timeout_seconds must be in (0, 2]");
+  }
+  if (!std::isfinite(o.idle_timeout_seconds) || o.idle_timeout_seconds <= 0) {
+    return absl::InvalidArgumentError("idle_timeout_seconds must be > 0");
+  }
+  if (!std::isfinite(o.max_request_seconds) || o.max_request_seconds <= 0) {
+    return absl::InvalidArgumentError("max_request_seconds must be > 0");
+  }
   if (o.max_keys_per_fetch < 1) {
     return absl::InvalidArgumentError("max_keys_per_fetch must be >= 1");
   }
@@ -80,6 +96,11 @@ absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
 
 }  // namespace
 
+std::string PeerInfo::Owner() const {
+  if (!identity.empty()) return identity;
+  return absl::StrCat("addr:", address);
+}
+
 const char* LinkClassName(LinkClass link) { return link == LinkClass::kFast ? "fast" : "slow"; }
 
 std::vector<std::string> DataPlaneKinds() {
@@ -93,13 +114,20 @@ DataPlaneClient::~DataPlaneClient() = default;
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Create(
     const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager) {
+  std::shared_ptr<StageSink> sink;
+  if (stager) sink = internal::MakeStagerSink(std::move(stager));
+  return Create(options, std::move(lookup), std::move(sink));
+}
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Create(
+    const DataPlaneServerOptions& options, BlobLookup lookup, std::shared_ptr<StageSink> sink) {
   auto backend = FindBackend(options.kind);
   if (!backend.ok()) return backend.status();
   if (absl::Status s = CheckServerOptions(options); !s.ok()) return s;
   if (!lookup) return absl::InvalidArgumentError("data plane server needs a lookup function");
   auto listener = (*backend)->listen(options);
   if (!listener.ok()) return listener.status();
-  return internal::StartStreamServer(options, std::move(lookup), std::move(stager),
+  return internal::StartStreamServer(options, std::move(lookup), std::move(sink),
                                      std::move(*listener));
 }
 

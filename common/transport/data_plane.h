@@ -85,6 +85,19 @@ struct LinkStats {
   LinkSlotCounters slots;
 };
 
+// Who is on the other end of a server connection.
+struct PeerInfo {
+  std::string address;  // the peer's IP address ("" where the backend cannot tell, e.g. UCX)
+  // The authenticated identity (e.g. a client certificate's subject); empty
+  // while the data plane does not authenticate its peers.
+  std::string identity;
+  // The identity a resource opened by this peer belongs to: the
+  // authenticated identity if there is one, else "addr:" + address. The
+  // store's control plane derives the same string for a gRPC caller, so a
+  // put begun there can be staged here by the same peer and nobody else.
+  std::string Owner() const;
+};
+
 // What the server serves: the store's Get (NotFound for a missing key). Called
 // from the server's connection threads, concurrently.
 using BlobLookup = std::function<absl::StatusOr<std::string>(const std::string& key)>;
@@ -97,6 +110,26 @@ using BlobLookup = std::function<absl::StatusOr<std::string>(const std::string& 
 using BlobStager =
     std::function<absl::Status(uint64_t put_id, const std::string& key, std::string value)>;
 
+// A stage's sink with admission: the store's side of an upload.
+class StageSink {
+ public:
+  virtual ~StageSink() = default;
+  // Called once per stage request from its header alone, before any body
+  // byte is read or any buffer allocated: may `peer` upload `body_bytes`
+  // into `put_id` (the put exists, is the peer's, and the staging budget
+  // holds the body — reserved until End)? A refusal is sent back as is and
+  // the body is dropped (or the connection closed if the body is large).
+  [[nodiscard]] virtual absl::Status Begin(const PeerInfo& peer, uint64_t put_id,
+                                           uint64_t body_bytes) = 0;
+  // One entry of an admitted stage, as it lands; an error ends the stage
+  // with that code (the message naming the key).
+  [[nodiscard]] virtual absl::Status Entry(const PeerInfo& peer, uint64_t put_id,
+                                           const std::string& key, std::string value) = 0;
+  // Ends an admitted stage; `unused_bytes` = body bytes admitted but not
+  // handed over as values (framing, a failure part way).
+  virtual void End(const PeerInfo& peer, uint64_t put_id, uint64_t unused_bytes) = 0;
+};
+
 // The backends Create accepts, e.g. {"tcp", "ucx"}.
 std::vector<std::string> DataPlaneKinds();
 
@@ -107,7 +140,28 @@ struct DataPlaneServerOptions {
   LinkPacing fast, slow;
   double slot_seconds = 0.05;    // width of the per-slot counters, seconds
   int max_tracked_slots = 4096;  // counter history kept per link (oldest dropped)
-  int max_connections = 256;     // open client connections; more are refused
+  // Connections that sent at least one valid request, held at once. When a
+  // new one is admitted past it, the one idle longest is closed (if every
+  // one is busy, the new one is closed). Default 256.
+  int max_connections = 256;
+  // Connections that have not yet sent a valid request (not authenticated,
+  // once the data plane authenticates), held at once, separately from
+  // max_connections: past it the oldest of them is dropped, so a flood of
+  // silent sockets cannot lock out a worker's new connection. Default 64.
+  int max_pending_connections = 64;
+  // A new connection must deliver its first request header within this
+  // many seconds (the handshake deadline), and every request header must
+  // arrive whole within it once its first byte has. In (0, 2]. Default 2.
+  double handshake_timeout_seconds = 2;
+  // A connection idle (between requests) this long is closed. Default 60.
+  double idle_timeout_seconds = 60;
+  // Threads that serve requests. A connection holds one only while a
+  // request is being read or answered, never while idle or waiting for its
+  // first byte (TCP: readiness is watched by one epoll thread). Default 16.
+  int worker_threads = 16;
+  // Cap on the deadline a client sends with a request (its timeout_ms),
+  // seconds. Default 600.
+  double max_request_seconds = 600;
   int max_keys_per_fetch = 1024;
   int max_key_bytes = 1024;  // longest key accepted (fetch and stage)
   // Entries in one stage request. Default 1024.
@@ -138,6 +192,10 @@ class DataPlaneServer {
   // Unavailable if the address cannot be bound or UCX cannot start.
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Create(
       const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager = nullptr);
+  // The same, with a sink that admits each stage from its header (put id,
+  // owner and budget checked before the body is read).
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Create(
+      const DataPlaneServerOptions& options, BlobLookup lookup, std::shared_ptr<StageSink> sink);
   // Stops serving, fails in-flight responses, closes peers, joins threads.
   virtual ~DataPlaneServer();
 
@@ -145,6 +203,9 @@ class DataPlaneServer {
   virtual std::string address() const = 0;  // "HOST:PORT" actually bound
   virtual LinkStats Stats(LinkClass link) const = 0;
   virtual std::chrono::steady_clock::time_point epoch() const = 0;
+  // Connections held now: established (sent a valid request) and pending.
+  virtual int established_connections() const = 0;
+  virtual int pending_connections() const = 0;
 };
 
 struct DataPlaneClientOptions {

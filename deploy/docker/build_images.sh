@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the four VeriCache images from deploy/docker/Dockerfile and tags them
+# Builds the five VeriCache images from deploy/docker/Dockerfile and tags them
 # as the chart expects (helm/vericache/values.yaml: image.*).
 #   deploy/docker/build_images.sh [--registry registry.example.com/] [--tag 0.1.0] [--push]
 # Needs a Docker engine (docker buildx / BuildKit) with access to Docker Hub
@@ -17,7 +17,7 @@ while (($#)); do
     *) echo "usage: build_images.sh [--registry PREFIX/] [--tag TAG] [--push]" >&2; exit 2 ;;
   esac
 done
-for daemon in vc-kvstore vc-coordinator vc-verifier vc-drafter; do
+for daemon in vc-kvstore vc-coordinator vc-openai vc-verifier vc-drafter; do
   image="${registry}vericache/${daemon}:${tag}"
   echo "== $image" >&2
   docker build -f "$repo/deploy/docker/Dockerfile" --target "$daemon" -t "$image" "$repo"

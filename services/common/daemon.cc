@@ -37,11 +37,24 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
       return s;
     }
   }
+  if (absl::Status s = rpc::ValidateTlsFiles(options.tls, /*need_identity=*/true); !s.ok()) {
+    return s;
+  }
   if (options.max_message_bytes <= 0 || options.max_message_bytes > INT_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-message-bytes must be in [1, ", INT_MAX, "]"));
   }
   return absl::OkStatus();
+}
+
+void AddTlsFlags(FlagSet& flags, rpc::TlsFiles* tls) {
+  flags.Add("--tls-cert", &tls->cert, "PATH",
+            "PEM certificate chain of this daemon (gRPC port and calls to other daemons); "
+            "re-read when it changes");
+  flags.Add("--tls-key", &tls->key, "PATH", "PEM private key of --tls-cert");
+  flags.Add("--tls-ca", &tls->ca, "PATH",
+            "PEM CA bundle that peers' certificates must chain to; empty (with --tls-cert and "
+            "--tls-key empty): plaintext gRPC");
 }
 
 metrics::CounterFamily* MustCounter(metrics::Registry* registry, const std::string& name,
@@ -120,7 +133,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   (void)rpc::SplitHostPort("--listen", options.listen, &impl.host, &listen_port);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, rpc::ServerCredentials(options.tls, options.client_certs),
+                           &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   for (grpc::Service* s : services) builder.RegisterService(s);
@@ -130,6 +144,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (auto* health = impl.grpc->GetHealthCheckService()) health->SetServingStatus(true);
   std::string line = absl::StrCat(options.name, " listening on ", impl.host, ":", server->port_);
+  // Extra words go after the address and before "metrics" (launchers parse
+  // "on ADDR" and "metrics ADDR").
+  if (options.tls.enabled()) {
+    absl::StrAppend(&line, options.client_certs == rpc::ClientCerts::kRequire ? " mtls" : " tls");
+  }
   if (impl.metrics) {
     absl::StrAppend(&line, " metrics ", metrics_host, ":", impl.metrics->port());
   } else {

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/flags.h"
 #include "common/metrics/metrics.h"
+#include "common/rpc/rpc.h"
 #include "grpcpp/grpcpp.h"
 
 namespace vc::daemon {
@@ -24,7 +26,16 @@ struct ServerOptions {
   std::string metrics_listen;  // HOST:PORT, empty: no /metrics
   int64_t max_message_bytes = int64_t{64} << 20;
   int shutdown_deadline_seconds = 5;
+  // TLS of the gRPC port (--tls-cert/--tls-key/--tls-ca); empty: plaintext.
+  // Internal daemons require a client certificate signed by the CA (mTLS);
+  // the coordinator's public port sets kNone (its callers use API keys).
+  rpc::TlsFiles tls;
+  rpc::ClientCerts client_certs = rpc::ClientCerts::kRequire;
 };
+
+// Registers --tls-cert, --tls-key and --tls-ca (the same files serve this
+// daemon's port and its calls to other daemons).
+void AddTlsFlags(FlagSet& flags, rpc::TlsFiles* tls);
 
 // "name: message (see name --help)" on stderr; returns 2.
 int BadFlags(const std::string& name, const std::string& message);

@@ -1,5 +1,6 @@
 #include "services/common/store_client.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/base/status_macros.h"
@@ -19,7 +20,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   auto client = std::unique_ptr<StoreClient>(new StoreClient());
   client->options_ = options;
   client->stub_ =
-      pb::KvStore::NewStub(rpc::MakeChannel(options.control_address, options.max_message_bytes));
+      pb::KvStore::NewStub(rpc::MakeChannel(options.control_address, options.max_message_bytes, options.tls));
   std::string data_address = options.data_address;
   if (data_address.empty()) {
     // The store advertises its data plane in Stat; ask until it answers (the
@@ -63,7 +64,24 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
     deadline = std::chrono::steady_clock::now() + options_.timeout;
   }
   if (data_ == nullptr) return absl::FailedPreconditionError("this store client has no data plane");
-  return data_->Fetch(keys, deadline);
+  VC_ASSIGN_OR_RETURN(std::vector<std::string> values, data_->Fetch(keys, deadline));
+  if (options_.seal_trust == nullptr) return values;
+  // The seal is checked before anyone decodes a byte of the entry.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto payload = options_.seal_trust->OpenFor(keys[i], options_.seal_context, values[i]);
+    if (!payload.ok()) {
+      seal_failures_.fetch_add(1);
+      // Quarantine: remove it so the next request misses and ingests it
+      // again (a pinned entry stays; the store refuses that delete).
+      (void)Apply(KeyAction::kDelete, keys[i]);
+      return absl::NotFoundError(absl::StrCat(
+          "vc-kvstore entry ", absl::BytesToHexString(keys[i].substr(0, 8)),
+          "...: treated as missing, its seal failed (", payload.status().message(),
+          "); removed from the store"));
+    }
+    values[i].resize(payload->size());  // the payload is the entry minus its trailer
+  }
+  return values;
 }
 
 absl::StatusOr<std::vector<bool>> StoreClient::Lookup(const std::vector<std::string>& keys) {
@@ -91,7 +109,19 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
   return std::move(*resp.mutable_value());
 }
 
-absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::string>>& entries) {
+absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::string>>& plain) {
+  // Sealed copies when this client signs (the producer of the entries).
+  std::vector<std::pair<std::string, std::string>> sealed;
+  if (options_.seal_signer != nullptr) {
+    sealed.reserve(plain.size());
+    for (const auto& [key, value] : plain) {
+      VC_ASSIGN_OR_RETURN(std::string s,
+                          options_.seal_signer->Seal(key, options_.seal_context, value));
+      sealed.emplace_back(key, std::move(s));
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>>& entries =
+      options_.seal_signer != nullptr ? sealed : plain;
   pb::BeginPutRequest begin;
   pb::BeginPutResponse began;
   {

@@ -4,6 +4,7 @@
 // verifiers, slow for drafters). Every call has a deadline.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kvstore/seal.h"
+#include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
@@ -29,12 +32,24 @@ struct StoreClientOptions {
   // Deadline of each control RPC, fetch and stage call. Default 10 s.
   std::chrono::milliseconds timeout{10000};
   int max_message_bytes = 64 << 20;
+  // TLS of the control channel (the daemon's --tls-* files); empty: plaintext.
+  rpc::TlsFiles tls;
   // PutAll over the data plane sends a put in stage calls of at most this
   // many value bytes and entries (one larger entry goes alone; the store's
   // data plane bounds it). Defaults 64 MiB and 1024 (the store's default
   // max_entries_per_stage).
   int64_t stage_batch_bytes = int64_t{64} << 20;
   int stage_batch_entries = 1024;
+  // Seals (common/kvstore/seal.h; docs/security.md "Sealed KV"). With a
+  // signer, PutAll seals every entry it writes for `seal_context`. With a
+  // trust set, Fetch checks every value's seal against its key and
+  // `seal_context` before returning it (without the seal): a value that
+  // does not verify is treated as missing — NotFound naming the key — and
+  // deleted from the store (quarantined), so the prefix is ingested again.
+  // Null: entries are written and read unsealed (--insecure, tests).
+  std::shared_ptr<const kvstore::SealSigner> seal_signer;
+  std::shared_ptr<const kvstore::SealTrust> seal_trust;
+  kvstore::SealContext seal_context;
 };
 
 class StoreClient {
@@ -42,7 +57,8 @@ class StoreClient {
   static absl::StatusOr<std::unique_ptr<StoreClient>> Create(const StoreClientOptions& options);
 
   // Values of `keys` over the data plane (DataLoss/NotFound/Unavailable as
-  // the transport reports); the deadline is the options' timeout unless
+  // the transport reports; NotFound for a value whose seal fails, see
+  // StoreClientOptions); the deadline is the options' timeout unless
   // `deadline` is given.
   absl::StatusOr<std::vector<std::string>> Fetch(
       const std::vector<std::string>& keys,
@@ -63,6 +79,8 @@ class StoreClient {
   absl::Status Apply(KeyAction action, const std::string& key);
 
   transport::ClientStats data_stats() const;
+  // Values whose seal failed in Fetch (and were quarantined) so far.
+  int64_t seal_failures() const { return seal_failures_.load(); }
   const std::string& data_address() const { return data_address_; }
 
  private:
@@ -71,6 +89,7 @@ class StoreClient {
   std::string data_address_;
   std::unique_ptr<vericache::v1::KvStore::Stub> stub_;
   std::unique_ptr<transport::DataPlaneClient> data_;
+  std::atomic<int64_t> seal_failures_{0};
 };
 
 }  // namespace vc::daemon

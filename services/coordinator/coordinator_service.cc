@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "common/sampling/sampler.h"
@@ -24,6 +26,16 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kFinishedHistory = 1024;
+// Bound on GenerateRequest.stop_token_ids (checked before anything is planned).
+constexpr int kMaxStopTokenIds = 64;
+// deadline_ms beyond this is refused (the sum with now must not overflow).
+constexpr int64_t kMaxDeadlineMs = int64_t{24} * 3600 * 1000;
+
+// Requests are kept per (tenant, id): the same id in two tenants is two
+// requests, and one tenant cannot name another's.
+std::string RequestKey(const std::string& tenant, const std::string& id) {
+  return absl::StrCat(tenant.size(), ":", tenant, id);
+}
 
 const char* ModeName(pb::Mode mode) {
   switch (mode) {
@@ -68,6 +80,12 @@ bool Retryable(const absl::Status& s) {
          s.code() == absl::StatusCode::kResourceExhausted;
 }
 
+// A worker's stop set: eos_ids, or {eos_id} from a worker that predates it.
+std::vector<int32_t> EosIdsOf(const pb::WorkerInfoResponse& resp) {
+  if (resp.eos_ids_size() == 0) return {resp.eos_id()};
+  return {resp.eos_ids().begin(), resp.eos_ids().end()};
+}
+
 }  // namespace
 
 // ------------------------------------------------------------- internals
@@ -83,6 +101,13 @@ struct CoordinatorService::Worker {
 
 struct CoordinatorService::Request {
   std::string id;
+  std::string tenant;
+  // The client's call, when there is one (not for shadow checks): calls made
+  // on its behalf that may run long (ingest) are cancelled with it.
+  grpc::ServerContext* server_ctx = nullptr;
+  // A Generate (counted in completed_requests), or a prefix registration
+  // that only borrows an admission place.
+  bool is_generate = true;
   pb::Mode mode = pb::MODE_VERICACHE;
   std::atomic<bool> cancelled{false};
   std::string state = "queued";
@@ -93,6 +118,65 @@ struct CoordinatorService::Request {
   // True once the client has gone away (cancelled call).
   std::function<bool()> client_gone = [] { return false; };
   bool gone() const { return cancelled || client_gone(); }
+};
+
+struct CoordinatorService::TenantState {
+  int requests = 0;              // running or queued
+  std::set<std::string> pins;    // prefix ids pinned through ManagePrefix
+  int64_t stored_bytes = 0;      // what its ingests added (estimate on delete)
+};
+
+// Ends Generate streams whose reader stopped reading: every blocking write
+// is registered, and one thread cancels the call of a write that has been
+// blocked longer than the timeout (the write then fails and the request
+// ends as cancelled). gRPC's sync writer has no write deadline of its own.
+struct CoordinatorService::StreamWatch {
+  std::chrono::milliseconds timeout;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  uint64_t next = 1;
+  std::map<uint64_t, std::pair<grpc::ServerContext*, Clock::time_point>> writes;
+  std::thread thread;
+
+  explicit StreamWatch(std::chrono::milliseconds t) : timeout(t) {
+    thread = std::thread([this] { Loop(); });
+  }
+  ~StreamWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  uint64_t Begin(grpc::ServerContext* ctx) {
+    std::lock_guard<std::mutex> lock(mu);
+    const uint64_t id = next++;
+    writes[id] = {ctx, Clock::now()};
+    return id;
+  }
+  void End(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    writes.erase(id);
+  }
+  void Loop() {
+    const auto tick = std::min<std::chrono::milliseconds>(timeout / 4 + std::chrono::milliseconds(1),
+                                                          std::chrono::milliseconds(250));
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      cv.wait_for(lock, tick);
+      const auto now = Clock::now();
+      for (auto it = writes.begin(); it != writes.end();) {
+        if (now - it->second.second >= timeout) {
+          it->second.first->TryCancel();
+          it = writes.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
 };
 
 struct CoordinatorService::IngestWait {
@@ -172,7 +256,8 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                      "Requests that fell back to full-KV decoding.")
                      ->Get();
   m.rejections = &daemon::MustCounter(registry, "vericache_admission_rejections_total",
-                                      "Generate calls refused because the queue was full.")
+                                      "Generate calls and prefix registrations refused by admission (the queue "
+                                      "full, or the tenant at --max-requests-per-tenant).")
                       ->Get();
   m.queue_depth = &daemon::MustGauge(registry, "vericache_queue_depth",
                                      "Requests waiting for admission.")
@@ -213,10 +298,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   if (options.lossless_check_fraction < 0 || options.lossless_check_fraction > 1) {
     return absl::InvalidArgumentError("--lossless-check-fraction must be in [0, 1]");
   }
+  if (options.max_draft_len < 1) return absl::InvalidArgumentError("--max-draft-len must be >= 1");
+  if (options.stream_write_timeout.count() < 1) {
+    return absl::InvalidArgumentError("--stream-write-timeout-ms must be >= 1");
+  }
+  if (options.max_requests_per_tenant < 1 || options.max_pins_per_tenant < 0 ||
+      options.max_stored_bytes_per_tenant < 0) {
+    return absl::InvalidArgumentError(
+        "--max-requests-per-tenant must be >= 1, --max-pins-per-tenant and "
+        "--max-stored-bytes-per-tenant >= 0");
+  }
   auto service = std::unique_ptr<CoordinatorService>(new CoordinatorService(options, registry));
+  VC_ASSIGN_OR_RETURN(service->auth_, TenantAuth::Create(options.auth));
   VC_ASSIGN_OR_RETURN(service->default_variants_, ingest::ParseVariantList(options.ingest_variants));
   if (service->default_variants_.empty()) {
     return absl::InvalidArgumentError("--ingest-variants must name at least one variant");
+  }
+  if (service->default_variants_.size() > kMaxVariantsPerPrefix) {
+    return absl::InvalidArgumentError(absl::StrCat("--ingest-variants names more than ",
+                                                   kMaxVariantsPerPrefix, " variants"));
   }
   VC_RETURN_IF_ERROR(service->Connect());
   RingSchedulerOptions ro;
@@ -232,6 +332,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     ro.gpus.push_back(RingGpu{v->address, options.verifier_memory_bytes});
   }
   VC_ASSIGN_OR_RETURN(service->clock_, SlotClock::Create(ro));
+  service->watch_ = std::make_unique<StreamWatch>(options.stream_write_timeout);
   return service;
 }
 
@@ -240,6 +341,7 @@ absl::Status CoordinatorService::Connect() {
   so.control_address = options_.kvstore;
   so.timeout = options_.startup_timeout;
   so.max_message_bytes = options_.max_message_bytes;
+  so.tls = options_.tls;
   // The coordinator never fetches chunk bytes; it only needs the control
   // plane, but the client asks the store which data plane it runs.
   so.data_plane = "";
@@ -267,12 +369,19 @@ absl::Status CoordinatorService::Connect() {
       VC_ASSIGN_OR_RETURN(model_id_, kvstore::ChunkKey::FromRaw(model));
       vocab_ = resp.vocab_size();
       context_ = resp.context_length();
-      eos_id_ = resp.eos_id();
+      eos_ids_ = EosIdsOf(resp);
       kv_bytes_per_token_ = resp.kv_bytes_per_token();
     } else if (resp.model_id() != model) {
       return absl::FailedPreconditionError(
           absl::StrCat("worker ", w.address, " runs another model (id ", Hex(resp.model_id()),
                        ", expected ", Hex(model), ")"));
+    } else if (EosIdsOf(resp) != eos_ids_) {
+      // Same weights, different generation_config.json: requests would stop
+      // at different tokens depending on placement.
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", w.address, " stops at end-of-sequence ids {",
+                       absl::StrJoin(EosIdsOf(resp), ","), "}, the first worker at {",
+                       absl::StrJoin(eos_ids_, ","), "}"));
     }
     return absl::OkStatus();
   };
@@ -280,7 +389,7 @@ absl::Status CoordinatorService::Connect() {
     auto w = std::make_unique<Worker>();
     w->address = options_.verifiers[i];
     w->index = static_cast<int>(i);
-    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes);
+    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes, options_.tls);
     w->verifier = pb::Verifier::NewStub(w->channel);
     VC_RETURN_IF_ERROR(info_of(*w, true));
     verifiers_.push_back(std::move(w));
@@ -289,7 +398,7 @@ absl::Status CoordinatorService::Connect() {
     auto w = std::make_unique<Worker>();
     w->address = options_.drafters[i];
     w->index = static_cast<int>(i);
-    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes);
+    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes, options_.tls);
     w->drafter = pb::Drafter::NewStub(w->channel);
     VC_RETURN_IF_ERROR(info_of(*w, false));
     drafters_.push_back(std::move(w));
@@ -329,13 +438,28 @@ std::unique_ptr<grpc::ClientContext> CoordinatorService::CallContext(const Reque
 absl::Status CoordinatorService::Admit(Request& r) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("coordinator is shutting down");
+  TenantState& tenant = tenants_[r.tenant];
+  if (tenant.requests >= options_.max_requests_per_tenant) {
+    metrics_->rejections->Inc();
+    ForgetTenantIfIdle(r.tenant);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this tenant already has ", options_.max_requests_per_tenant,
+                     " requests running or queued (--max-requests-per-tenant)"));
+  }
+  ++tenant.requests;
+  // Every refusal below gives the tenant's place back.
+  auto refuse = [&](absl::Status s) {
+    --tenants_[r.tenant].requests;
+    ForgetTenantIfIdle(r.tenant);
+    return s;
+  };
   if (active_ >= options_.max_active_requests) {
     if (queued_ >= options_.max_queued_requests) {
       metrics_->rejections->Inc();
-      return absl::ResourceExhaustedError(absl::StrCat(
+      return refuse(absl::ResourceExhaustedError(absl::StrCat(
           "coordinator is full: ", active_, " requests running and ", queued_,
           " queued (--max-active-requests ", options_.max_active_requests,
-          ", --max-queued-requests ", options_.max_queued_requests, ")"));
+          ", --max-queued-requests ", options_.max_queued_requests, ")")));
     }
     ++queued_;
     metrics_->queue_depth->Set(queued_);
@@ -345,9 +469,11 @@ absl::Status CoordinatorService::Admit(Request& r) {
     }
     --queued_;
     metrics_->queue_depth->Set(queued_);
-    if (stopping_) return absl::UnavailableError("coordinator is shutting down");
-    if (r.gone()) return absl::CancelledError("request cancelled while queued");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("deadline passed while queued");
+    if (stopping_) return refuse(absl::UnavailableError("coordinator is shutting down"));
+    if (r.gone()) return refuse(absl::CancelledError("request cancelled while queued"));
+    if (Clock::now() >= r.deadline) {
+      return refuse(absl::DeadlineExceededError("deadline passed while queued"));
+    }
   }
   ++active_;
   metrics_->active->Set(active_);
@@ -355,23 +481,133 @@ absl::Status CoordinatorService::Admit(Request& r) {
   return absl::OkStatus();
 }
 
-void CoordinatorService::Leave(Request& /*r*/) {
+void CoordinatorService::Leave(Request& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    --tenants_[r.tenant].requests;
+    ForgetTenantIfIdle(r.tenant);
     --active_;
-    ++completed_;
+    if (r.is_generate) ++completed_;
     metrics_->active->Set(active_);
   }
   admit_cv_.notify_all();
+}
+
+void CoordinatorService::ForgetTenantIfIdle(const std::string& tenant) {
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end() && it->second.requests == 0 && it->second.pins.empty() &&
+      it->second.stored_bytes == 0) {
+    tenants_.erase(it);
+  }
+}
+
+absl::Status CoordinatorService::CheckStoredBudget(const std::string& tenant) {
+  if (options_.max_stored_bytes_per_tenant == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end() && it->second.stored_bytes >= options_.max_stored_bytes_per_tenant) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this tenant has stored ", it->second.stored_bytes, " bytes of KV, the limit is ",
+        options_.max_stored_bytes_per_tenant,
+        " (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)"));
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorService::ChargeStored(const std::string& tenant, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TenantState& t = tenants_[tenant];
+  t.stored_bytes = std::max<int64_t>(0, t.stored_bytes + bytes);
+  ForgetTenantIfIdle(tenant);
+}
+
+// ------------------------------------------------------------ identity
+
+absl::StatusOr<Identity> CoordinatorService::Caller(grpc::ServerContext* ctx,
+                                                   const std::string& request_salt) {
+  if (!auth_->enabled()) {
+    if (request_salt.size() > kMaxTenantSaltBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("tenant_salt is ", request_salt.size(),
+                                                     " bytes, the limit is ",
+                                                     kMaxTenantSaltBytes));
+    }
+    Identity id;
+    id.salt = request_salt;
+    return id;
+  }
+  absl::string_view authorization;
+  const auto& md = ctx->client_metadata();
+  if (auto it = md.find("authorization"); it != md.end()) {
+    authorization = absl::string_view(it->second.data(), it->second.size());
+  }
+  VC_ASSIGN_OR_RETURN(Identity id, auth_->Authenticate(authorization, ctx->peer()));
+  if (!request_salt.empty()) {
+    return absl::InvalidArgumentError(
+        "tenant_salt must be empty when authentication is on: the server derives the tenant's "
+        "salt from its API key");
+  }
+  return id;
+}
+
+absl::Status CoordinatorService::CheckBounds(const pb::GenerateRequest& req) const {
+  if (req.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id is ", req.request_id().size(),
+                                                   " bytes, the limit is ", kMaxRequestIdBytes));
+  }
+  if (req.compressor().size() > kMaxCompressorNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compressor name is longer than the limit of ", kMaxCompressorNameBytes, " bytes"));
+  }
+  if (req.prompt_ids_size() > context_ || req.suffix_ids_size() > context_) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has more tokens than the model's context of ",
+                                                   context_, " tokens"));
+  }
+  if (req.max_new_tokens() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", req.max_new_tokens()));
+  }
+  // Bounded on its own first, so the sum with the prompt cannot overflow.
+  if (req.max_new_tokens() > context_) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", req.max_new_tokens(),
+                                                   " exceeds the model's context of ", context_,
+                                                   " tokens"));
+  }
+  const int max_x = std::max(options_.draft_len, options_.max_draft_len);
+  if (req.draft_len() < 0 || req.draft_len() > max_x) {
+    return absl::InvalidArgumentError(absl::StrCat("draft_len must be in [0, ", max_x,
+                                                   "] (--max-draft-len), got ", req.draft_len()));
+  }
+  if (req.deadline_ms() < 0 || req.deadline_ms() > kMaxDeadlineMs) {
+    return absl::InvalidArgumentError(absl::StrCat("deadline_ms must be in [0, ", kMaxDeadlineMs,
+                                                   "], got ", req.deadline_ms()));
+  }
+  if (!req.compressor().empty() && !(req.ratio() >= 0 && req.ratio() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ratio must be in (0, 1], got ", req.ratio()));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- Generate
 
 grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                                           grpc::ServerWriter<pb::GenerateResponse>* writer) {
+  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
+  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
+  // Checked before the request is recorded: a refused request keeps nothing.
+  if (absl::Status s = CheckBounds(*req); !s.ok()) return rpc::ToGrpcStatus(s);
+  // With authentication on, every key the request makes uses the derived
+  // salt (the request's own was refused above).
+  pb::GenerateRequest scoped;
+  if (auth_->enabled()) {
+    scoped = *req;
+    scoped.set_tenant_salt(who->salt);
+    req = &scoped;
+  }
   auto r = std::make_shared<Request>();
   r->id = req->request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
                                     : req->request_id();
+  r->tenant = who->tenant;
+  r->server_ctx = ctx;
   r->mode = req->mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : req->mode();
   r->start = Clock::now();
   r->client_gone = [ctx] { return ctx->IsCancelled(); };
@@ -381,20 +617,30 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
                                      grpc_deadline - std::chrono::system_clock::now());
   }
   const char* mode = ModeName(r->mode);
+  const std::string key = RequestKey(r->tenant, r->id);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = requests_.find(r->id);
+    auto it = requests_.find(key);
     if (it != requests_.end() && (it->second->state == "running" || it->second->state == "queued")) {
       return rpc::ToGrpcStatus(
           absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running")));
     }
-    requests_[r->id] = r;
+    requests_[key] = r;
   }
   struct WriterSink final : Sink {
     grpc::ServerWriter<pb::GenerateResponse>* writer;
-    explicit WriterSink(grpc::ServerWriter<pb::GenerateResponse>* w) : writer(w) {}
-    bool Write(const pb::GenerateResponse& msg) override { return writer->Write(msg); }
-  } sink(writer);
+    grpc::ServerContext* ctx;
+    StreamWatch* watch;
+    bool Write(const pb::GenerateResponse& msg) override {
+      const uint64_t id = watch->Begin(ctx);
+      const bool ok = writer->Write(msg);
+      watch->End(id);
+      return ok;
+    }
+  } sink;
+  sink.writer = writer;
+  sink.ctx = ctx;
+  sink.watch = watch_.get();
   std::vector<int32_t> output;
   const absl::Status s = Serve(*req, *r, &sink, &output);
   const char* outcome = s.ok()                                              ? "ok"
@@ -406,7 +652,7 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
     std::lock_guard<std::mutex> lock(mu_);
     r->state = s.ok() ? "done" : (s.code() == absl::StatusCode::kCancelled ? "cancelled" : "failed");
     r->error = std::string(s.message());
-    finished_order_.push_back(r->id);
+    finished_order_.push_back(key);
     while (finished_order_.size() > kFinishedHistory) {
       auto it = requests_.find(finished_order_.front());
       if (it != requests_.end() && it->second->state != "running" && it->second->state != "queued") {
@@ -426,6 +672,7 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
 
 absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& r, Sink* sink,
                                        std::vector<int32_t>* output) {
+  VC_RETURN_IF_ERROR(CheckBounds(req));
   if (req.deadline_ms() > 0) {
     r.deadline = std::min(r.deadline, Clock::now() + std::chrono::milliseconds(req.deadline_ms()));
   }
@@ -458,17 +705,28 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std::string& id) {
+absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std::string& id,
+                                                                     const std::string& salt) {
   VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
+  const absl::Status not_found =
+      absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
   absl::StatusOr<std::string> manifest = store_->Get(raw);
   if (!manifest.ok()) {
-    if (manifest.status().code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(
-          absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
-    }
+    if (manifest.status().code() == absl::StatusCode::kNotFound) return not_found;
     return manifest.status();
   }
-  return DecodeTokens(*manifest);
+  if (manifest->size() > static_cast<size_t>(context_) * 4) {
+    return absl::DataLossError("prefix manifest longer than the model's context");
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, DecodeTokens(*manifest));
+  // The id is the manifest key under the registering tenant's salt: an id
+  // registered by another tenant (or a forged manifest) does not match this
+  // caller's key for these tokens, and answers exactly like an unknown id.
+  kvstore::ChunkKeyOptions ko;
+  ko.chunk_tokens = options_.chunk_tokens;
+  ko.tenant_salt = salt;
+  if (kvstore::PrefixManifestKey(ko, model_id_, tokens).Raw() != raw) return not_found;
+  return tokens;
 }
 
 absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
@@ -477,13 +735,23 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
   plan.req = req;
   VC_RETURN_IF_ERROR(CheckPromptSource(req));
   if (!req.prefix_id().empty()) {
-    VC_ASSIGN_OR_RETURN(plan.prompt, PrefixTokens(req.prefix_id()));
+    VC_ASSIGN_OR_RETURN(plan.prompt, PrefixTokens(req.prefix_id(), req.tenant_salt()));
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
   } else {
     plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
   }
   VC_RETURN_IF_ERROR(ValidateGenerate(req, plan.prompt, {vocab_, context_, options_.chunk_tokens},
                                       default_variants_.front().compressor));
+  if (req.stop_token_ids_size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxStopTokenIds,
+                                                   " stop_token_ids, got ", req.stop_token_ids_size()));
+  }
+  for (int32_t id : req.stop_token_ids()) {
+    if (id < 0 || id >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has id ", id,
+                                                     ", outside the vocabulary [0, ", vocab_, ")"));
+    }
+  }
   plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
   // A request that names its x keeps it; the coordinator's default adapts.
   plan.adaptive = req.draft_len() == 0 && options_.max_draft_len > options_.draft_len;
@@ -546,6 +814,7 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
       continue;
     }
     absl::Status status = [&]() -> absl::Status {
+      VC_RETURN_IF_ERROR(CheckStoredBudget(r.tenant));
       // Ingest on the verifier this prefix is placed on.
       Worker& v = *verifiers_[std::hash<std::string>{}(plan.prefix_key) % verifiers_.size()];
       pb::IngestRequest req;
@@ -568,10 +837,9 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
       }
       req.set_variants(variants);
       pb::IngestResponse resp;
-      auto ctx = rpc::ContextWithTimeout(
-          std::chrono::duration_cast<std::chrono::milliseconds>(options_.rpc_timeout * 6));
-      const grpc::Status s = v.verifier->Ingest(ctx.get(), req, &resp);
+      const grpc::Status s = CallIngest(v, r, req, &resp);
       if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest"));
+      ChargeStored(r.tenant, resp.bytes());
       bool has_variant = false;
       for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
       if (!has_variant) {
@@ -593,6 +861,18 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
   return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
 }
 
+grpc::Status CoordinatorService::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,
+                                            pb::IngestResponse* resp) {
+  // A child of the client's call: when the client cancels (or its deadline
+  // passes) the ingest is cancelled too instead of running on for nobody.
+  std::unique_ptr<grpc::ClientContext> ctx =
+      r.server_ctx != nullptr ? grpc::ClientContext::FromServerContext(*r.server_ctx)
+                              : std::make_unique<grpc::ClientContext>();
+  // The child's deadline is the earlier of this and the client's.
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout * 6);
+  return v.verifier->Ingest(ctx.get(), req, resp);
+}
+
 // ------------------------------------------------------------------ rounds
 
 bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>& tokens,
@@ -605,7 +885,10 @@ bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>
   for (int32_t t : tokens) {
     plan.output.push_back(t);
     msg.add_tokens(t);
-    if (t == eos_id_ && !plan.req.ignore_eos()) {
+    const auto& stop_ids = plan.req.stop_token_ids();
+    if ((std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end() &&
+         !plan.req.ignore_eos()) ||
+        std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) {
       plan.stopped_at_eos = true;
       done = true;
       break;
@@ -1085,6 +1368,8 @@ void CoordinatorService::ShadowCheck(const pb::GenerateRequest& req,
     } sink;
     Request r;
     r.id = absl::StrCat("shadow-", next_request_.fetch_add(1));
+    // Its own admission bucket: a shadow run never takes a tenant's places.
+    r.tenant = std::string("\0shadow", 7);
     r.mode = pb::MODE_FULL_LOCAL;
     r.start = Clock::now();
     r.deadline = Clock::now() + options_.rpc_timeout * 6;
@@ -1102,10 +1387,17 @@ void CoordinatorService::ShadowCheck(const pb::GenerateRequest& req,
 
 // ------------------------------------------------------------- other RPCs
 
-grpc::Status CoordinatorService::Cancel(grpc::ServerContext* /*ctx*/, const pb::CancelRequest* req,
+grpc::Status CoordinatorService::Cancel(grpc::ServerContext* ctx, const pb::CancelRequest* req,
                                         pb::CancelResponse* resp) {
+  absl::StatusOr<Identity> who = Caller(ctx, "");
+  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
+  if (req->request_id().size() > kMaxRequestIdBytes) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "request_id is ", req->request_id().size(), " bytes, the limit is ", kMaxRequestIdBytes)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = requests_.find(req->request_id());
+  // Another tenant's request with this id is not found: existed = false.
+  auto it = requests_.find(RequestKey(who->tenant, req->request_id()));
   const bool live = it != requests_.end() &&
                     (it->second->state == "running" || it->second->state == "queued");
   if (live) it->second->cancelled = true;
@@ -1114,11 +1406,17 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* /*ctx*/, const pb::
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetRequest(grpc::ServerContext* /*ctx*/,
+grpc::Status CoordinatorService::GetRequest(grpc::ServerContext* ctx,
                                             const pb::GetRequestRequest* req,
                                             pb::RequestStatus* resp) {
+  absl::StatusOr<Identity> who = Caller(ctx, "");
+  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
+  if (req->request_id().size() > kMaxRequestIdBytes) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "request_id is ", req->request_id().size(), " bytes, the limit is ", kMaxRequestIdBytes)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = requests_.find(req->request_id());
+  auto it = requests_.find(RequestKey(who->tenant, req->request_id()));
   if (it == requests_.end()) {
     return rpc::ToGrpcStatus(absl::NotFoundError(
         absl::StrCat("no request '", req->request_id(), "' (running or among the last ",
@@ -1132,9 +1430,13 @@ grpc::Status CoordinatorService::GetRequest(grpc::ServerContext* /*ctx*/,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* /*ctx*/,
+grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
                                                const pb::ClusterStatusRequest* /*req*/,
                                                pb::ClusterStatusResponse* resp) {
+  // Any tenant may see the cluster's shape; an outsider may not.
+  if (absl::StatusOr<Identity> who = Caller(ctx, ""); !who.ok()) {
+    return rpc::ToGrpcStatus(who.status());
+  }
   auto add = [&](Worker& w, bool verifier) {
     pb::WorkerStatus* out = resp->add_workers();
     out->set_address(w.address);
@@ -1158,6 +1460,7 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* /*ctx*/,
     resp->set_completed_requests(completed_);
   }
   resp->set_slot_seconds(clock_->slot_seconds());
+  resp->set_context_length(context_);
   resp->set_slot(clock_->now());
   resp->set_lock_step(clock_->lock_step());
   for (double o : clock_->LinkOccupancy()) resp->add_link_occupancy(o);
@@ -1170,19 +1473,44 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* /*ctx*/,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* /*ctx*/,
+namespace {
+// A variant list from a request: bounded text and count, parsed.
+absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
+  if (text.size() > kMaxVariantsTextBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variants is longer than the limit of ", kMaxVariantsTextBytes, " bytes"));
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<ingest::VariantSpec> v, ingest::ParseVariantList(text));
+  if (v.size() > kMaxVariantsPerPrefix) {
+    return absl::InvalidArgumentError(absl::StrCat("variants names ", v.size(),
+                                                   " variants, the limit is ",
+                                                   kMaxVariantsPerPrefix, " per prefix"));
+  }
+  return v;
+}
+}  // namespace
+
+grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
                                                 const pb::RegisterPrefixRequest* req,
                                                 pb::RegisterPrefixResponse* resp) {
+  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
+  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
+  // Sizes first, before the tokens are copied or anything is built.
+  if (req->tokens_size() >= context_) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "a prefix of ", req->tokens_size(), " tokens leaves no room in the context of ", context_)));
+  }
+  const std::string variants = req->variants().empty() ? options_.ingest_variants : req->variants();
+  if (absl::Status s = RequestVariants(variants).status(); !s.ok()) return rpc::ToGrpcStatus(s);
   if (absl::Status s = ValidateRegisterPrefix(*req, {vocab_, context_, options_.chunk_tokens},
                                               options_.ingest_variants);
       !s.ok()) {
     return rpc::ToGrpcStatus(s);
   }
   std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
-  const std::string variants = req->variants().empty() ? options_.ingest_variants : req->variants();
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
-  ko.tenant_salt = req->tenant_salt();
+  ko.tenant_salt = who->salt;
   const int32_t whole = static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
   absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
       kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(tokens).first(whole));
@@ -1190,6 +1518,8 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* /*ctx*/,
   const kvstore::ChunkKey manifest = kvstore::PrefixManifestKey(ko, model_id_, tokens);
   resp->set_prefix_id(manifest.Hex());
   resp->set_prefix_tokens(whole);
+  // Keys are under the tenant's own salt: already_stored says only whether
+  // this tenant stored the prefix, never whether another one did.
   std::vector<std::string> lookup;
   for (const auto& k : *keys) lookup.push_back(k.Raw());
   lookup.push_back(manifest.Raw());
@@ -1199,17 +1529,32 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* /*ctx*/,
     resp->set_already_stored(true);
     return grpc::Status::OK;
   }
+  // The ingest is admitted like a request (it holds a verifier as long as a
+  // prefill) and ends when its caller goes away.
+  Request r;
+  r.id = "register-prefix";
+  r.is_generate = false;
+  r.tenant = who->tenant;
+  r.server_ctx = ctx;
+  r.start = Clock::now();
+  r.client_gone = [ctx] { return ctx->IsCancelled(); };
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+    r.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    ctx->deadline() - std::chrono::system_clock::now());
+  }
+  if (absl::Status s = CheckStoredBudget(r.tenant); !s.ok()) return rpc::ToGrpcStatus(s);
+  if (absl::Status s = Admit(r); !s.ok()) return rpc::ToGrpcStatus(s);
   Worker& v = *verifiers_[std::hash<std::string>{}(keys->back().Hex()) % verifiers_.size()];
   pb::IngestRequest ireq;
   for (int32_t i = 0; i < whole; ++i) ireq.add_tokens(tokens[i]);
   ireq.set_chunk_tokens(options_.chunk_tokens);
-  ireq.set_tenant_salt(req->tenant_salt());
+  ireq.set_tenant_salt(who->salt);
   ireq.set_variants(variants);
   pb::IngestResponse iresp;
-  auto ctx = rpc::ContextWithTimeout(
-      std::chrono::duration_cast<std::chrono::milliseconds>(options_.rpc_timeout * 6));
-  const grpc::Status s = v.verifier->Ingest(ctx.get(), ireq, &iresp);
+  const grpc::Status s = CallIngest(v, r, ireq, &iresp);
+  Leave(r);
   if (!s.ok()) return s;
+  ChargeStored(r.tenant, iresp.bytes());
   *resp->mutable_variants() = iresp.variants();
   // The manifest last: a registered id always names a stored prefix.
   if (absl::Status st = store_->PutAll({{manifest.Raw(), EncodeTokens(tokens)}}); !st.ok()) {
@@ -1218,9 +1563,11 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* /*ctx*/,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* /*ctx*/,
+grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
                                               const pb::ManagePrefixRequest* req,
                                               pb::ManagePrefixResponse* resp) {
+  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
+  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
   daemon::StoreClient::KeyAction action;
   switch (req->action()) {
     case pb::ManagePrefixRequest::PIN:
@@ -1235,15 +1582,28 @@ grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* /*ctx*/,
     default:
       return rpc::ToGrpcStatus(absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE"));
   }
-  absl::StatusOr<std::vector<int32_t>> tokens = PrefixTokens(req->prefix_id());
-  if (!tokens.ok()) return rpc::ToGrpcStatus(tokens.status());
   const std::string variants_text =
       req->variants().empty() ? options_.ingest_variants : req->variants();
-  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = ingest::ParseVariantList(variants_text);
+  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = RequestVariants(variants_text);
   if (!variants.ok()) return rpc::ToGrpcStatus(variants.status());
+  // Another tenant's prefix id answers NOT_FOUND, like an unknown one.
+  absl::StatusOr<std::vector<int32_t>> tokens = PrefixTokens(req->prefix_id(), who->salt);
+  if (!tokens.ok()) return rpc::ToGrpcStatus(tokens.status());
+  if (action == daemon::StoreClient::KeyAction::kPin) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TenantState& t = tenants_[who->tenant];
+    if (!t.pins.count(req->prefix_id()) &&
+        static_cast<int>(t.pins.size()) >= options_.max_pins_per_tenant) {
+      ForgetTenantIfIdle(who->tenant);
+      return rpc::ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("this tenant already pins ", t.pins.size(),
+                       " prefixes, the limit is ", options_.max_pins_per_tenant,
+                       " (--max-pins-per-tenant); unpin one first")));
+    }
+  }
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
-  ko.tenant_salt = req->tenant_salt();
+  ko.tenant_salt = who->salt;
   const int32_t whole =
       static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;
   absl::StatusOr<std::vector<kvstore::ChunkKey>> chunks =
@@ -1274,6 +1634,21 @@ grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* /*ctx*/,
       return rpc::ToGrpcStatus(s);
     }
     ++applied;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TenantState& t = tenants_[who->tenant];
+    if (action == daemon::StoreClient::KeyAction::kPin) {
+      t.pins.insert(req->prefix_id());
+    } else {
+      t.pins.erase(req->prefix_id());
+    }
+    if (action == daemon::StoreClient::KeyAction::kDelete) {
+      // The full chunks' size; the variants' is not known here (an estimate
+      // on the low side: the budget errs towards refusing).
+      t.stored_bytes = std::max<int64_t>(0, t.stored_bytes - int64_t{whole} * kv_bytes_per_token_);
+    }
+    ForgetTenantIfIdle(who->tenant);
   }
   resp->set_entries(applied);
   return grpc::Status::OK;

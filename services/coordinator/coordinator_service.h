@@ -38,6 +38,7 @@
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
 #include "services/coordinator/slot_clock.h"
+#include "services/coordinator/tenant_auth.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
@@ -76,7 +77,31 @@ struct CoordinatorOptions {
   double lossless_check_fraction = 0;
   int max_message_bytes = 64 << 20;
   int baseline_chunk = 16;  // tokens per Draft call in the remote baselines
+  // TLS of the calls to the store and the workers (this daemon's --tls-*
+  // files: mutual TLS); empty: plaintext.
+  rpc::TlsFiles tls;
+  // Who may call (API keys -> tenants, salt derivation); off by default.
+  TenantAuthOptions auth;
+  // A Generate stream whose reader stops reading (one write blocked this
+  // long) is ended (--stream-write-timeout-ms); default 30 s.
+  std::chrono::milliseconds stream_write_timeout{30000};
+  // Per tenant (the anonymous tenant too when authentication is off):
+  // requests running or queued at once, and prefixes pinned through
+  // ManagePrefix. Defaults 128 and 64.
+  int max_requests_per_tenant = 128;
+  int max_pins_per_tenant = 64;
+  // Bytes of KV a tenant's ingests may add, as reported by the verifiers
+  // (0: no limit). Counted since the coordinator started; a DELETE through
+  // ManagePrefix gives back what that prefix's ingest added.
+  int64_t max_stored_bytes_per_tenant = 0;
 };
+
+// Bounds on request fields, checked before anything is allocated for them.
+inline constexpr size_t kMaxRequestIdBytes = 128;
+inline constexpr size_t kMaxVariantsPerPrefix = 16;
+inline constexpr size_t kMaxVariantsTextBytes = 1024;
+inline constexpr size_t kMaxCompressorNameBytes = 64;
+inline constexpr size_t kMaxTenantSaltBytes = 64;
 
 class CoordinatorService final : public vericache::v1::Coordinator::Service {
  public:
@@ -116,6 +141,8 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   };
   struct Metrics;
   struct Plan;
+  struct StreamWatch;
+  struct TenantState;
 
   CoordinatorService(const CoordinatorOptions& options, metrics::Registry* registry);
   absl::Status Connect();
@@ -128,9 +155,26 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   absl::Status Admit(Request& r);
   void Leave(Request& r);
 
+  // The caller's identity (UNAUTHENTICATED without a valid key) with the
+  // salt its KV keys use: derived when authentication is on (a request salt
+  // is then refused), the request's own salt when it is off.
+  [[nodiscard]] absl::StatusOr<Identity> Caller(grpc::ServerContext* ctx, const std::string& request_salt);
+  // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
+  [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
   absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req);
-  // A registered prefix's token list from its manifest; NotFound if unknown.
-  absl::StatusOr<std::vector<int32_t>> PrefixTokens(const std::string& prefix_id);
+  // A registered prefix's token list from its manifest; NotFound if unknown
+  // or registered under another salt (another tenant's id looks unknown).
+  absl::StatusOr<std::vector<int32_t>> PrefixTokens(const std::string& prefix_id,
+                                                    const std::string& salt);
+  // Verifier Ingest under the request's admission: cancelled with its caller.
+  grpc::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
+                          vericache::v1::IngestResponse* resp);
+  // Charges an ingest's bytes to its tenant; ResourceExhausted beyond
+  // --max-stored-bytes-per-tenant (checked before the ingest starts).
+  [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
+  void ChargeStored(const std::string& tenant, int64_t bytes);
+  // Drops a tenant's bookkeeping once it holds nothing (mu_ held).
+  void ForgetTenantIfIdle(const std::string& tenant);
   absl::Status EnsureStored(Plan& plan, Request& r);
   absl::Status Run(Plan& plan, Request& r,
                    Sink* writer);
@@ -164,9 +208,13 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   kvstore::ModelId model_id_;
   int vocab_ = 0;
   int context_ = 0;
-  int eos_id_ = 2;
+  // The ids that end generation, as the workers report them (all workers
+  // must agree: a request may move between them).
+  std::vector<int32_t> eos_ids_ = {2};
   int64_t kv_bytes_per_token_ = 0;
   std::vector<ingest::VariantSpec> default_variants_;
+  std::unique_ptr<TenantAuth> auth_;
+  std::unique_ptr<StreamWatch> watch_;
 
   std::mutex mu_;
   std::condition_variable admit_cv_;
@@ -174,8 +222,10 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   int active_ = 0;
   int queued_ = 0;
   int64_t completed_ = 0;
-  // Running requests and a bounded history of finished ones (GetRequest).
+  // Running requests and a bounded history of finished ones (GetRequest),
+  // keyed by (tenant, request id): a tenant sees only its own.
   std::map<std::string, std::shared_ptr<Request>> requests_;
+  std::map<std::string, TenantState> tenants_;
   std::deque<std::string> finished_order_;
   // Prefixes being ingested: later requests wait for the first one's ingest.
   struct IngestWait;

@@ -82,6 +82,21 @@ int main(int argc, char** argv) {
             "fraction of vericache requests re-run in full_local mode and compared");
   flags.Add("--max-message-bytes", &server.max_message_bytes, "N",
             "largest gRPC message sent or received");
+  vc::daemon::AddTlsFlags(flags, &server.tls);
+  flags.Add("--api-keys-file", &o.auth.api_keys_file, "PATH",
+            "API keys of the tenants ('TENANT KEY' lines or a JSON map; re-read when it "
+            "changes); callers send 'authorization: Bearer KEY'. Empty: no authentication");
+  flags.Add("--cluster-secret-file", &o.auth.cluster_secret_file, "PATH",
+            "secret (>= 16 bytes) keying the tenants' KV salts; required with --api-keys-file");
+  int64_t stream_write_timeout_ms = 30000;
+  flags.Add("--stream-write-timeout-ms", &stream_write_timeout_ms, "N",
+            "end a Generate stream whose reader has not taken a message for this long");
+  flags.Add("--max-requests-per-tenant", &o.max_requests_per_tenant, "N",
+            "requests one tenant may have running or queued");
+  flags.Add("--max-pins-per-tenant", &o.max_pins_per_tenant, "N",
+            "prefixes one tenant may pin");
+  flags.Add("--max-stored-bytes-per-tenant", &o.max_stored_bytes_per_tenant, "N",
+            "KV bytes one tenant's ingests may add (0: no limit)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));
   }
@@ -106,7 +121,16 @@ int main(int argc, char** argv) {
   if (o.verifier_memory_bytes < 1) {
     return vc::daemon::BadFlags(kName, "--verifier-memory-bytes must be >= 1");
   }
+  if (stream_write_timeout_ms < 1) {
+    return vc::daemon::BadFlags(kName, "--stream-write-timeout-ms must be >= 1");
+  }
+  o.stream_write_timeout = std::chrono::milliseconds(stream_write_timeout_ms);
   o.pack_reloads = !no_packing;
+  // The public port: TLS without client certificates (callers present API
+  // keys); the same certificate is this daemon's identity towards the
+  // store and the workers.
+  server.client_certs = vc::rpc::ClientCerts::kNone;
+  o.tls = server.tls;
   if (absl::Status s = vc::daemon::ValidateServerOptions(server); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));
   }

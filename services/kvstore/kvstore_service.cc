@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <exception>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/base/status_macros.h"
 
 namespace vc::kvstore {
@@ -34,6 +37,35 @@ absl::Status ValidateRawKey(const std::string& key, const std::string& what) {
                                                    " raw bytes, got ", key.size()));
   }
   return absl::OkStatus();
+}
+
+std::string OwnerFromPeer(const std::string& peer) {
+  // "ipv4:HOST:PORT" / "ipv6:[HOST]:PORT" (newer gRPC writes the brackets
+  // URI-encoded, %5B / %5D): the host part.
+  std::string host = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}});
+  const size_t scheme = host.find(':');
+  if (scheme != std::string::npos) host = host.substr(scheme + 1);
+  if (!host.empty() && host.front() == '[') {
+    const size_t close = host.find(']');
+    host = host.substr(1, close == std::string::npos ? std::string::npos : close - 1);
+  } else if (const size_t colon = host.find(':');
+             colon != std::string::npos && host.find(':', colon + 1) == std::string::npos) {
+    host = host.substr(0, colon);
+  }
+  // The data plane is IPv4: name an IPv4 peer the same way on both planes.
+  constexpr char kMapped[] = "::ffff:";
+  if (host.rfind(kMapped, 0) == 0) host = host.substr(sizeof(kMapped) - 1);
+  if (host == "::1") host = "127.0.0.1";
+  return absl::StrCat("addr:", host);
+}
+
+std::string CallerOwner(const grpc::ServerContextBase& ctx) {
+  // The data plane does not authenticate its peers yet, so its owner string
+  // is the peer's address; the control plane must give the same string for
+  // the same writer, or a put begun here could not be staged there. Once
+  // the data plane authenticates (PeerInfo::identity), both planes switch to
+  // the authenticated identity together (gRPC: ctx.auth_context()).
+  return OwnerFromPeer(ctx.peer());
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -142,20 +174,46 @@ void KvStoreService::Record(const char* method, double seconds, const absl::Stat
 }
 
 absl::Status KvStoreService::StageEntry(uint64_t put_id, const std::string& key,
-                                        std::string value) {
+                                        std::string value, const std::string& owner) {
   VC_RETURN_IF_ERROR(ValidateRawKey(key, "key"));
-  return store_->Stage(put_id, key, std::move(value));
+  return store_->Stage(put_id, key, std::move(value), owner);
 }
 
-absl::Status KvStoreService::StageFromDataPlane(uint64_t put_id, const std::string& key,
-                                                std::string value) {
-  const auto start = std::chrono::steady_clock::now();
-  const absl::Status status = StageEntry(put_id, key, std::move(value));
-  // The store's gauges are refreshed by the daemon's timer, not per entry: a
-  // stage carries up to max_entries_per_stage of them.
-  Record("DataPlaneStage",
-         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), status);
-  return status;
+class KvStoreService::Sink : public transport::StageSink {
+ public:
+  explicit Sink(KvStoreService* service) : service_(service) {}
+
+  absl::Status Begin(const transport::PeerInfo& peer, uint64_t put_id,
+                     uint64_t body_bytes) override {
+    if (body_bytes > static_cast<uint64_t>(INT64_MAX)) {
+      return absl::ResourceExhaustedError("stage body too large");
+    }
+    return service_->store_->ReserveStage(put_id, peer.Owner(), static_cast<int64_t>(body_bytes));
+  }
+
+  absl::Status Entry(const transport::PeerInfo& peer, uint64_t put_id, const std::string& key,
+                     std::string value) override {
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = service_->StageEntry(put_id, key, std::move(value), peer.Owner());
+    // The store's gauges are refreshed by the daemon's timer, not per entry:
+    // a stage carries up to max_entries_per_stage of them.
+    service_->Record(
+        "DataPlaneStage",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), status);
+    return status;
+  }
+
+  void End(const transport::PeerInfo& /*peer*/, uint64_t put_id, uint64_t unused_bytes) override {
+    service_->store_->ReleaseStage(
+        put_id, static_cast<int64_t>(std::min<uint64_t>(unused_bytes, INT64_MAX)));
+  }
+
+ private:
+  KvStoreService* service_;
+};
+
+std::shared_ptr<transport::StageSink> KvStoreService::DataPlaneSink() {
+  return std::make_shared<Sink>(this);
 }
 
 grpc::ServerUnaryReactor* KvStoreService::Lookup(grpc::CallbackServerContext* ctx,
@@ -186,7 +244,7 @@ grpc::ServerUnaryReactor* KvStoreService::BeginPut(grpc::CallbackServerContext* 
                                                    const pb::BeginPutRequest* /*req*/,
                                                    pb::BeginPutResponse* resp) {
   return Handle(ctx, "BeginPut", [&]() -> absl::Status {
-    VC_ASSIGN_OR_RETURN(uint64_t id, store_->BeginPut());
+    VC_ASSIGN_OR_RETURN(uint64_t id, store_->BeginPut(CallerOwner(*ctx)));
     resp->set_put_id(id);
     return absl::OkStatus();
   });
@@ -196,7 +254,7 @@ grpc::ServerUnaryReactor* KvStoreService::StageChunk(grpc::CallbackServerContext
                                                      const pb::StageChunkRequest* req,
                                                      pb::StageChunkResponse* /*resp*/) {
   return Handle(ctx, "StageChunk", [&]() -> absl::Status {
-    return StageEntry(req->put_id(), req->key(), req->value());
+    return StageEntry(req->put_id(), req->key(), req->value(), CallerOwner(*ctx));
   });
 }
 
@@ -204,14 +262,14 @@ grpc::ServerUnaryReactor* KvStoreService::CommitPut(grpc::CallbackServerContext*
                                                     const pb::CommitPutRequest* req,
                                                     pb::CommitPutResponse* /*resp*/) {
   return Handle(ctx, "CommitPut",
-                [&]() -> absl::Status { return store_->Commit(req->put_id()); });
+                [&]() -> absl::Status { return store_->Commit(req->put_id(), CallerOwner(*ctx)); });
 }
 
 grpc::ServerUnaryReactor* KvStoreService::AbortPut(grpc::CallbackServerContext* ctx,
                                                    const pb::AbortPutRequest* req,
                                                    pb::AbortPutResponse* /*resp*/) {
   return Handle(ctx, "AbortPut",
-                [&]() -> absl::Status { return store_->Abort(req->put_id()); });
+                [&]() -> absl::Status { return store_->Abort(req->put_id(), CallerOwner(*ctx)); });
 }
 
 grpc::ServerUnaryReactor* KvStoreService::Get(grpc::CallbackServerContext* ctx,

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -29,6 +30,15 @@ absl::Status ValidateRawKey(const std::string& key, const std::string& what);
 
 // absl -> gRPC status with the same code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The owner of what a gRPC caller opens (a two-phase put): "addr:" + its IP
+// address — the same string the data plane's PeerInfo::Owner() gives for
+// that caller, so one peer can begin a put over gRPC and stage it over the
+// data plane, and nobody else can. (Both planes move to the authenticated
+// identity together once the data plane authenticates its peers.) `peer` is
+// grpc's ServerContext::peer() ("ipv4:1.2.3.4:5", "ipv6:[::1]:5").
+std::string OwnerFromPeer(const std::string& peer);
+std::string CallerOwner(const grpc::ServerContextBase& ctx);
 
 class KvStoreService final : public vericache::v1::KvStore::CallbackService {
  public:
@@ -68,11 +78,12 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
                                  const vericache::v1::StatRequest* req,
                                  vericache::v1::StatResponse* resp) override;
 
-  // One entry of a two-phase put, uploaded over the data plane: validated
-  // and staged like a StageChunk RPC, and counted in the same request
-  // metrics under method "DataPlaneStage". Thread-safe (the data plane calls
-  // it from its connection threads).
-  absl::Status StageFromDataPlane(uint64_t put_id, const std::string& key, std::string value);
+  // The data plane's stage sink: admits an upload from its header (the put
+  // is the peer's, its bytes are reserved from the staging budget), then
+  // validates and stages each entry like a StageChunk RPC, counted in the
+  // same request metrics under method "DataPlaneStage". Thread-safe. The
+  // service must outlive it.
+  std::shared_ptr<transport::StageSink> DataPlaneSink();
 
   // The data plane serving this store's chunk bytes: Stat advertises it and
   // reports its per-link counters. Must outlive the service.
@@ -90,8 +101,10 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
                                    Body&& body);
   // Records one request of `method` that took `seconds` and ended in `status`.
   void Record(const char* method, double seconds, const absl::Status& status);
-  // The staging path shared by StageChunk and StageFromDataPlane.
-  absl::Status StageEntry(uint64_t put_id, const std::string& key, std::string value);
+  // The staging path shared by StageChunk and the data plane's sink.
+  absl::Status StageEntry(uint64_t put_id, const std::string& key, std::string value,
+                          const std::string& owner);
+  class Sink;
 
   KvStore* store_;
   metrics::CounterFamily* requests_;

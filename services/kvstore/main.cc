@@ -26,8 +26,10 @@
 #include "absl/strings/str_join.h"
 #include "common/base/flags.h"
 #include "common/kvstore/kv_store.h"
+#include "common/kvstore/seal.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_server.h"
+#include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -54,6 +56,14 @@ struct Options {
   double fast_link_latency_ms = 0;
   double slow_link_latency_ms = 0;
   double link_slot_seconds = 0.05;
+  int64_t put_lease_seconds = 120;
+  double data_idle_timeout_seconds = 60;
+  double data_handshake_timeout_seconds = 2;
+  int64_t data_max_connections = 256;
+  int64_t data_max_pending_connections = 64;
+  int64_t data_worker_threads = 16;
+  double data_max_request_seconds = 600;
+  std::string seal_trust;
 };
 
 // Splits "host:port" at the last ':'; port must be 0..65535.
@@ -110,12 +120,40 @@ int main(int argc, char** argv) {
             "latency added to each store->drafter response");
   flags.Add("--link-slot-seconds", &opts.link_slot_seconds, "X",
             "width of the data plane's per-slot byte counters");
+  flags.Add("--put-lease-seconds", &opts.put_lease_seconds, "N",
+            "an open put not used for N seconds is discarded");
+  flags.Add("--data-idle-timeout-seconds", &opts.data_idle_timeout_seconds, "X",
+            "close a data plane connection idle this long");
+  flags.Add("--data-handshake-timeout-seconds", &opts.data_handshake_timeout_seconds, "X",
+            "a new data plane connection's first request header must arrive within X (<= 2)");
+  flags.Add("--data-max-connections", &opts.data_max_connections, "N",
+            "data plane connections that sent a valid request (the idlest is closed past it)");
+  flags.Add("--data-max-pending-connections", &opts.data_max_pending_connections, "N",
+            "data plane connections yet to send a valid request (the oldest is dropped past it)");
+  flags.Add("--data-worker-threads", &opts.data_worker_threads, "N",
+            "threads serving data plane requests");
+  flags.Add("--seal-trust", &opts.seal_trust, "FILE",
+            "public keys (64 hex digits a line) whose seals KV entries must carry on commit "
+            "and on disk reads (empty: entries are not checked)");
+  flags.Add("--data-max-request-seconds", &opts.data_max_request_seconds, "X",
+            "cap on the deadline a data plane client sends");
+  // gRPC control port: mutual TLS with the cluster CA (issue 11 item 2).
+  vc::rpc::TlsFiles tls;
+  flags.Add("--tls-cert", &tls.cert, "PATH",
+            "PEM certificate chain of the store's gRPC port; re-read when it changes");
+  flags.Add("--tls-key", &tls.key, "PATH", "PEM private key of --tls-cert");
+  flags.Add("--tls-ca", &tls.ca, "PATH",
+            "PEM CA bundle that clients' certificates must chain to (mutual TLS); empty (with "
+            "--tls-cert and --tls-key empty): plaintext gRPC");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return BadFlags(std::string(s.message()));
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
   if (opts.data_dir.empty()) return BadFlags("--data-dir is required");
+  if (absl::Status s = vc::rpc::ValidateTlsFiles(tls, /*need_identity=*/true); !s.ok()) {
+    return BadFlags(std::string(s.message()));
+  }
   if (opts.disk_budget_bytes <= 0) return BadFlags("--disk-budget-bytes must be > 0");
   if (opts.dram_budget_bytes < 0) return BadFlags("--dram-budget-bytes must be >= 0");
   if (opts.ttl_seconds < 0) return BadFlags("--ttl-seconds must be >= 0");
@@ -129,6 +167,25 @@ int main(int argc, char** argv) {
     return BadFlags("link latencies must be >= 0");
   }
   if (!(opts.link_slot_seconds > 0)) return BadFlags("--link-slot-seconds must be > 0");
+  if (opts.put_lease_seconds <= 0 || opts.put_lease_seconds > INT_MAX) {
+    return BadFlags("--put-lease-seconds must be in [1, 2^31)");
+  }
+  if (!(opts.data_idle_timeout_seconds > 0)) {
+    return BadFlags("--data-idle-timeout-seconds must be > 0");
+  }
+  if (!(opts.data_handshake_timeout_seconds > 0 && opts.data_handshake_timeout_seconds <= 2)) {
+    return BadFlags("--data-handshake-timeout-seconds must be in (0, 2]");
+  }
+  if (opts.data_max_connections < 1 || opts.data_max_connections > 65536 ||
+      opts.data_max_pending_connections < 1 || opts.data_max_pending_connections > 65536) {
+    return BadFlags("--data-max-connections and --data-max-pending-connections must be in [1, 65536]");
+  }
+  if (opts.data_worker_threads < 1 || opts.data_worker_threads > 1024) {
+    return BadFlags("--data-worker-threads must be in [1, 1024]");
+  }
+  if (!(opts.data_max_request_seconds > 0)) {
+    return BadFlags("--data-max-request-seconds must be > 0");
+  }
   {
     const auto kinds = vc::transport::DataPlaneKinds();
     if (std::find(kinds.begin(), kinds.end(), opts.data_plane) == kinds.end()) {
@@ -165,6 +222,7 @@ int main(int argc, char** argv) {
   store_opts.disk_budget_bytes = opts.disk_budget_bytes;
   store_opts.dram_budget_bytes = opts.dram_budget_bytes;
   store_opts.ttl_seconds = opts.ttl_seconds;
+  store_opts.put_lease_seconds = opts.put_lease_seconds;
   // The registry outlives the store (declared first), so the latency
   // observers may record into it.
   vc::metrics::Registry registry;
@@ -179,6 +237,16 @@ int main(int argc, char** argv) {
   vc::metrics::Histogram* write_seconds = &(*write_hist)->Get();
   store_opts.on_disk_read = [read_seconds](double s) { read_seconds->Observe(s); };
   store_opts.on_disk_write = [write_seconds](double s) { write_seconds->Observe(s); };
+  if (!opts.seal_trust.empty()) {
+    auto trust = vc::kvstore::SealTrust::FromFile(opts.seal_trust);
+    if (!trust.ok()) return BadFlags(absl::StrCat("--seal-trust: ", trust.status().message()));
+    auto shared = std::make_shared<const vc::kvstore::SealTrust>(std::move(*trust));
+    // The store holds public keys only: it can refuse a forged entry, never
+    // make one.
+    store_opts.check_entry = [shared](const std::string& key, const std::string& value) {
+      return vc::kvstore::CheckStoredEntry(*shared, key, value);
+    };
+  }
   auto store = vc::kvstore::KvStore::Open(store_opts);
   if (!store.ok()) return Fail(store.status().ToString());
 
@@ -195,14 +263,19 @@ int main(int argc, char** argv) {
   dp_opts.fast.latency_seconds = opts.fast_link_latency_ms / 1000.0;
   dp_opts.slow.latency_seconds = opts.slow_link_latency_ms / 1000.0;
   dp_opts.slot_seconds = opts.link_slot_seconds;
+  dp_opts.idle_timeout_seconds = opts.data_idle_timeout_seconds;
+  dp_opts.handshake_timeout_seconds = opts.data_handshake_timeout_seconds;
+  dp_opts.max_connections = static_cast<int>(opts.data_max_connections);
+  dp_opts.max_pending_connections = static_cast<int>(opts.data_max_pending_connections);
+  dp_opts.worker_threads = static_cast<int>(opts.data_worker_threads);
+  dp_opts.max_request_seconds = opts.data_max_request_seconds;
   vc::kvstore::KvStore* raw_store = store->get();
-  // Fetches read the store; uploads go through the service's staging path
-  // (the StageChunk RPC's validation and metrics).
+  // Fetches read the store; uploads are admitted from their header (the
+  // put is the peer's, its budget reserved) and go through the service's
+  // staging path (the StageChunk RPC's validation and metrics).
   auto data_plane = vc::transport::DataPlaneServer::Create(
       dp_opts, [raw_store](const std::string& key) { return raw_store->Get(key); },
-      [&service](uint64_t put_id, const std::string& key, std::string value) {
-        return service.StageFromDataPlane(put_id, key, std::move(value));
-      });
+      service.DataPlaneSink());
   if (!data_plane.ok()) return Fail(data_plane.status().ToString());
   service.AttachDataPlane(data_plane->get());
 
@@ -219,7 +292,9 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(opts.listen,
+                           vc::rpc::ServerCredentials(tls, vc::rpc::ClientCerts::kRequire),
+                           &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(opts.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(opts.max_message_bytes));
   builder.RegisterService(&service);
@@ -237,6 +312,7 @@ int main(int argc, char** argv) {
   std::thread refresher([&] {
     std::unique_lock<std::mutex> lock(refresher_mu);
     while (!refresher_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping; })) {
+      raw_store->ExpirePuts();  // abandoned puts free their staging budget
       service.RefreshStoreMetrics();
     }
   });

@@ -18,7 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/base/status_macros.h"
+#include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
+#include "nlohmann/json.hpp"
 
 namespace vc::local {
 namespace {
@@ -86,7 +89,8 @@ std::string DefaultModelPath() {
 
 absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std::string& role,
                                              const std::string& binary,
-                                             const std::vector<std::string>& args) {
+                                             const std::vector<std::string>& args,
+                                             bool grpc_health) {
   const std::string path = (fs::path(bin_dir_) / binary).string();
   if (access(path.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("daemon binary ", path, " not found (build it first)"));
@@ -153,8 +157,13 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   if (ep.address.empty()) {
     return absl::InternalError(absl::StrCat(binary, " printed an unexpected line: ", *line));
   }
-  // Ready means healthy over gRPC, not just bound.
-  auto channel = rpc::MakeChannel(ep.address, 4 << 20);
+  if (!grpc_health) {
+    endpoints_.back() = ep;
+    return ep;
+  }
+  // Ready means healthy over gRPC, not just bound (over mTLS when secure:
+  // the client certificate works on every port).
+  auto channel = rpc::MakeChannel(internal(ep.address), 4 << 20);
   absl::Status health = absl::UnavailableError("not checked");
   while (std::chrono::steady_clock::now() < deadline) {
     health = rpc::CheckHealth(channel, std::chrono::milliseconds(1000));
@@ -167,6 +176,30 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   }
   endpoints_.back() = ep;
   return ep;
+}
+
+// A throwaway seal key pair for this cluster in `dir`: the private key
+// (PEM, mode 0600) for the workers that write KV, the trust file (its
+// public key) for the store and the readers.
+static absl::Status WriteSealKeyPair(const std::string& dir, std::string* key_path,
+                                     std::string* trust_path) {
+  VC_ASSIGN_OR_RETURN(auto signer, kvstore::SealSigner::Generate());
+  VC_ASSIGN_OR_RETURN(std::string pem, signer->PrivateKeyPem());
+  *key_path = (fs::path(dir) / "seal-key.pem").string();
+  *trust_path = (fs::path(dir) / "seal-trust.txt").string();
+  const int fd = ::open(key_path->c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", *key_path, ": ", std::strerror(errno)));
+  }
+  const bool written = ::write(fd, pem.data(), pem.size()) == static_cast<ssize_t>(pem.size());
+  ::close(fd);
+  std::ofstream trust(*trust_path, std::ios::trunc);
+  trust << "# vericache local: seal public key (key id " << signer->key_id() << ")\n"
+        << signer->PublicKeyHex() << "\n";
+  if (!written || !trust.good()) {
+    return absl::InternalError(absl::StrCat("cannot write the seal key pair in ", dir));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
@@ -194,6 +227,24 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     cluster->Stop(std::chrono::milliseconds(2000));
     return s;
   };
+  // Every daemon's TLS flags (none when insecure).
+  std::vector<std::string> tls_args;
+  if (!o.insecure) {
+    const std::string tls_dir = (fs::path(cluster->data_dir_) / "tls").string();
+    std::error_code ec;
+    fs::create_directories(tls_dir, ec);
+    fs::permissions(tls_dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+    if (ec) return fail(absl::InternalError("cannot create " + tls_dir));
+    absl::StatusOr<ClusterCredentials> creds = MakeClusterCredentials(tls_dir);
+    if (!creds.ok()) return fail(creds.status());
+    cluster->creds_ = *creds;
+    tls_args = {"--tls-cert=" + creds->daemon.cert, "--tls-key=" + creds->daemon.key,
+                "--tls-ca=" + creds->daemon.ca};
+  }
+  auto with_tls = [&](std::vector<std::string> args) {
+    args.insert(args.end(), tls_args.begin(), tls_args.end());
+    return args;
+  };
   cluster->kvstore_args_ = {
       "--listen=127.0.0.1:0",
       "--data-listen=127.0.0.1:0",
@@ -205,6 +256,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--fast-link-latency-ms=", o.fast_link_latency_ms),
       absl::StrCat("--slow-link-latency-ms=", o.slow_link_latency_ms),
       absl::StrCat("--link-slot-seconds=", o.slot_ms > 0 ? o.slot_ms / 1000.0 : 0.01)};
+  std::vector<std::string> verifier_seal, drafter_seal;
+  if (o.seal_kv) {
+    std::string key_path, trust_path;
+    if (absl::Status s = WriteSealKeyPair(cluster->data_dir_, &key_path, &trust_path); !s.ok()) {
+      return fail(s);
+    }
+    cluster->kvstore_args_.push_back("--seal-trust=" + trust_path);
+    verifier_seal = {"--seal-key=" + key_path, "--seal-trust=" + trust_path};
+    drafter_seal = {"--seal-trust=" + trust_path};  // drafters only read KV
+  }
+  cluster->kvstore_args_ = with_tls(cluster->kvstore_args_);
   absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", cluster->kvstore_args_);
   if (!store.ok()) return fail(store.status());
   // Restart on the same ports (fault tests): pin the ports it picked.
@@ -213,23 +275,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   std::vector<std::string> verifiers, drafters;
   for (int i = 0; i < o.verifiers; ++i) {
     const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
-    absl::StatusOr<Endpoint> ep = cluster->Spawn(
-        name, "verifier", "vc-verifier",
-        {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
-         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
-         absl::StrCat("--threads=", o.worker_threads),
-         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")});
+    std::vector<std::string> args = {
+        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+        absl::StrCat("--threads=", o.worker_threads),
+        absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")};
+    args.insert(args.end(), verifier_seal.begin(), verifier_seal.end());
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", with_tls(args));
     if (!ep.ok()) return fail(ep.status());
     verifiers.push_back(ep->address);
   }
   for (int i = 0; i < o.drafters; ++i) {
     const std::string name = i == 0 ? "drafter" : absl::StrCat("drafter-", i);
-    absl::StatusOr<Endpoint> ep = cluster->Spawn(
-        name, "drafter", "vc-drafter",
-        {"--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
-         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
-         absl::StrCat("--threads=", o.worker_threads),
-         absl::StrCat("--continuation-tokens=", o.continuation_tokens)});
+    std::vector<std::string> args = {
+        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+        absl::StrCat("--threads=", o.worker_threads),
+        absl::StrCat("--continuation-tokens=", o.continuation_tokens)};
+    args.insert(args.end(), drafter_seal.begin(), drafter_seal.end());
+    absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", with_tls(args));
     if (!ep.ok()) return fail(ep.status());
     drafters.push_back(ep->address);
   }
@@ -248,8 +312,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--lossless-check-fraction=", o.lossless_check_fraction),
       absl::StrCat("--max-active-requests=", o.max_active_requests)};
   if (o.lock_step) coord_args.push_back("--lock-step");
+  coord_args = with_tls(coord_args);
+  if (cluster->creds_) {
+    coord_args.push_back("--api-keys-file=" + cluster->creds_->api_keys_file);
+    coord_args.push_back("--cluster-secret-file=" + cluster->creds_->cluster_secret_file);
+  }
   absl::StatusOr<Endpoint> coord = cluster->Spawn("coordinator", "coordinator", "vc-coordinator", coord_args);
   if (!coord.ok()) return fail(coord.status());
+  if (o.openai) {
+    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--coordinator=" + coord->address,
+                                     "--model=" + o.model, "--metrics-listen=" + metrics};
+    if (!o.tokenizer.empty()) args.push_back("--tokenizer=" + o.tokenizer);
+    if (!o.chat_template.empty()) args.push_back("--chat-template=" + o.chat_template);
+    // The gateway is a client of the public port: TLS to it, no certificate
+    // of its own (each HTTP caller's API key rides on its calls).
+    if (cluster->creds_) args.push_back("--coordinator-tls-ca=" + cluster->creds_->ca);
+    absl::StatusOr<Endpoint> gw = cluster->Spawn("openai", "openai", "vc-openai", args, /*grpc_health=*/false);
+    if (!gw.ok()) return fail(gw.status());
+    cluster->endpoints_.back().url = absl::StrCat("http://", gw->address, "/v1");
+  }
   return cluster;
 }
 
@@ -295,19 +376,34 @@ std::string LocalCluster::coordinator() const {
   return ep ? ep->address : "";
 }
 
-std::string LocalCluster::EndpointsJson() const {
-  std::string out = "{";
-  bool first = true;
-  auto add = [&](const std::string& k, const std::string& v) {
-    absl::StrAppend(&out, first ? "" : ", ", "\"", k, "\": \"", v, "\"");
-    first = false;
-  };
-  for (const auto& ep : endpoints_) {
-    add(ep.name, ep.address);
-    if (!ep.metrics.empty()) add(ep.name + "_metrics", ep.metrics);
+rpc::ClientConfig LocalCluster::client(const std::string& tenant) const {
+  rpc::ClientConfig c(coordinator());
+  if (creds_) {
+    c.tls.ca = creds_->ca;  // server TLS: the public port asks for no certificate
+    auto it = creds_->api_keys.find(tenant);
+    if (it != creds_->api_keys.end()) c.api_key = it->second;
   }
-  out += "}";
-  return out;
+  return c;
+}
+
+rpc::ClientConfig LocalCluster::internal(const std::string& address) const {
+  rpc::ClientConfig c(address);
+  if (creds_) c.tls = creds_->client;
+  return c;
+}
+
+std::string LocalCluster::EndpointsJson() const {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& ep : endpoints_) {
+    j[ep.name] = ep.url.empty() ? ep.address : ep.url;
+    if (!ep.metrics.empty()) j[ep.name + "_metrics"] = ep.metrics;
+    if (ep.name == "kvstore" && !ep.data.empty()) j["kvstore_data"] = ep.data;
+  }
+  if (creds_) {
+    j["tls_ca"] = creds_->ca;
+    j["api_keys"] = creds_->api_keys;
+  }
+  return j.dump();
 }
 
 absl::Status LocalCluster::Kill(const std::string& name) {

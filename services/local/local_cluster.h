@@ -11,15 +11,23 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/rpc.h"
+#include "services/local/cluster_credentials.h"
 
 namespace vc::local {
 
 struct LocalClusterOptions {
   std::string bin_dir;     // where vc-kvstore etc. live; "" = the running executable's dir
+  // Secure by default: a throwaway CA and certificates (mutual TLS on every
+  // daemon's gRPC port, server TLS on the coordinator's public port) and two
+  // tenants with API keys, in <data_dir>/tls. true: plaintext and no
+  // authentication (the --insecure setup).
+  bool insecure = false;
   std::string model;       // required
   std::string data_dir;    // "" = a fresh temporary dir, removed by Stop()
   int verifiers = 1;
@@ -41,12 +49,22 @@ struct LocalClusterOptions {
   int continuation_tokens = 8;
   double lossless_check_fraction = 0;
   int max_active_requests = 64;
+  // Seal KV entries (docs/security.md "Sealed KV"): a throwaway Ed25519 key
+  // pair is made in the data dir; the verifiers seal what they ingest, the
+  // store checks seals on commit and disk reads, workers before use.
+  bool seal_kv = true;
   // Extra flags per daemon ("vc-coordinator" -> {"--flag=value", ...}).
   std::map<std::string, std::vector<std::string>> extra_flags;
   // CPU affinity per role ("kvstore", "verifier", "drafter", "coordinator"):
   // the children of that role run on these CPUs only. Lets one machine stand
   // in for separate local and remote pools (each pool its own cores).
   std::map<std::string, std::vector<int>> cpus;
+  // vc-openai, the OpenAI HTTP gateway, in front of the coordinator (started
+  // last, stopped first). It needs the model's tokenizer: `tokenizer` or a
+  // checkpoint directory holding a tokenizer.json. Endpoint name "openai".
+  bool openai = false;
+  std::string tokenizer;      // --tokenizer of vc-openai ("" = the checkpoint's)
+  std::string chat_template;  // --chat-template FILE ("" = tokenizer_config.json's)
   // Children's stderr goes here (one file per daemon) if set; else inherited.
   std::string log_dir;
   std::chrono::seconds start_timeout{60};
@@ -57,6 +75,7 @@ struct Endpoint {
   std::string address;  // gRPC HOST:PORT
   std::string metrics;  // HOST:PORT of /metrics, "" if off
   std::string data;     // the store's data plane HOST:PORT
+  std::string url;      // HTTP endpoints (vc-openai): the API's base URL
   pid_t pid = -1;
 };
 
@@ -72,8 +91,19 @@ class LocalCluster {
   const Endpoint* Find(const std::string& name) const;
   std::string coordinator() const;
   const std::string& data_dir() const { return data_dir_; }
+  // How a client of the public API reaches the coordinator as `tenant`
+  // ("tenant-a" or "tenant-b"): address, CA and API key (plaintext and no
+  // key when insecure).
+  rpc::ClientConfig client(const std::string& tenant = "tenant-a") const;
+  // How an internal client (a test poking the store or a worker) reaches
+  // `address`: the CA and a client certificate (plaintext when insecure).
+  rpc::ClientConfig internal(const std::string& address) const;
+  // The throwaway credentials; null when insecure.
+  const ClusterCredentials* credentials() const { return creds_ ? &*creds_ : nullptr; }
   // The endpoints as one JSON object: {"coordinator": "127.0.0.1:PORT", ...,
-  // "coordinator_metrics": "127.0.0.1:PORT", ...}.
+  // "coordinator_metrics": "127.0.0.1:PORT", ..., "kvstore_data":
+  // "HOST:PORT", "openai": "http://127.0.0.1:PORT/v1"} and, when secure,
+  // "tls_ca": PATH and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}.
   std::string EndpointsJson() const;
 
   // Test seams for fault injection: kill -9 a daemon, and start the store
@@ -83,8 +113,11 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
+  // `grpc_health`: ready means grpc.health.v1 SERVING; vc-openai (HTTP) is
+  // ready once it printed its listening line (it binds before printing).
   absl::StatusOr<Endpoint> Spawn(const std::string& name, const std::string& role,
-                                 const std::string& binary, const std::vector<std::string>& args);
+                                 const std::string& binary, const std::vector<std::string>& args,
+                                 bool grpc_health = true);
 
   LocalClusterOptions options_;
   std::string bin_dir_;
@@ -92,6 +125,7 @@ class LocalCluster {
   bool own_data_dir_ = false;
   std::vector<Endpoint> endpoints_;
   std::vector<std::string> kvstore_args_;
+  std::optional<ClusterCredentials> creds_;
 };
 
 // Default model for `vericache local`: $VC_MODELS_DIR/stories260K.bin, else

@@ -12,7 +12,7 @@ namespace vc::local {
 namespace pb = ::vericache::v1;
 using Clock = std::chrono::steady_clock;
 
-WorkloadSummary RunWorkload(const std::string& coordinator,
+WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
                             const std::vector<pb::GenerateRequest>& requests, int concurrency,
                             std::vector<WorkloadResult>* results, std::chrono::seconds timeout) {
   auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
@@ -24,7 +24,7 @@ WorkloadSummary RunWorkload(const std::string& coordinator,
     threads.emplace_back([&] {
       for (size_t i = next.fetch_add(1); i < requests.size(); i = next.fetch_add(1)) {
         WorkloadResult& r = (*results)[i];
-        auto ctx = rpc::ContextWithTimeout(timeout);
+        auto ctx = rpc::ContextWithTimeout(coordinator, timeout);
         const auto start = Clock::now();
         auto reader = stub->Generate(ctx.get(), requests[i]);
         pb::GenerateResponse msg;
@@ -98,13 +98,13 @@ absl::StatusOr<std::vector<int32_t>> ModelTextPrompt(Engine& engine, int index, 
   return prompt;
 }
 
-std::string RegisterPrefix(const std::string& coordinator, const std::vector<int32_t>& tokens,
+std::string RegisterPrefix(const rpc::ClientConfig& coordinator, const std::vector<int32_t>& tokens,
                            std::string* error) {
   auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
   pb::RegisterPrefixRequest req;
   for (int32_t t : tokens) req.add_tokens(t);
   pb::RegisterPrefixResponse resp;
-  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(120));
+  auto ctx = rpc::ContextWithTimeout(coordinator, std::chrono::seconds(120));
   const grpc::Status s = stub->RegisterPrefix(ctx.get(), req, &resp);
   if (!s.ok()) {
     *error = s.error_message();

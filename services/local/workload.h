@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
+#include "common/rpc/rpc.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 
 namespace vc::local {
@@ -45,8 +46,9 @@ struct WorkloadSummary {
 };
 
 // Runs every request (at most `concurrency` at once) against `coordinator`
-// and fills `results` (same order). Each call has `timeout`.
-WorkloadSummary RunWorkload(const std::string& coordinator,
+// (address, TLS CA and API key: LocalCluster::client()) and fills `results`
+// (same order). Each call has `timeout`.
+WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
                             const std::vector<vericache::v1::GenerateRequest>& requests,
                             int concurrency, std::vector<WorkloadResult>* results,
                             std::chrono::seconds timeout = std::chrono::seconds(300));
@@ -57,7 +59,7 @@ WorkloadSummary RunWorkload(const std::string& coordinator,
 absl::StatusOr<std::vector<int32_t>> ModelTextPrompt(Engine& engine, int index, int tokens);
 
 // Registers a prefix; returns its id (or the error).
-std::string RegisterPrefix(const std::string& coordinator, const std::vector<int32_t>& tokens,
+std::string RegisterPrefix(const rpc::ClientConfig& coordinator, const std::vector<int32_t>& tokens,
                            std::string* error);
 
 }  // namespace vc::local

@@ -2,6 +2,8 @@
 // running cluster through vc-coordinator's public API.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <numeric>
 #include <string>
@@ -43,8 +45,66 @@ absl::StatusOr<pb::Mode> ParseClusterMode(const std::string& mode) {
                                     "lossy_remote, got '" + mode + "'");
 }
 
-struct ClientFlags {
+// How a command reaches the coordinator: address, TLS CA, API key. An
+// endpoints file (vericache local --endpoints-file) supplies all three;
+// explicit flags and VERICACHE_API_KEY take precedence over it.
+struct AccessFlags {
   std::string coordinator = "127.0.0.1:7430";
+  std::string api_key;
+  std::string tls_ca;
+  std::string tls_server_name;
+  std::string endpoints_file;
+  std::string tenant = "tenant-a";
+};
+
+void AddAccessFlags(FlagSet& flags, AccessFlags* a) {
+  flags.Add("--coordinator", &a->coordinator, "HOST:PORT", "vc-coordinator address");
+  flags.Add("--api-key", &a->api_key, "KEY",
+            "API key sent as 'authorization: Bearer KEY' (default: $VERICACHE_API_KEY)");
+  flags.Add("--tls-ca", &a->tls_ca, "PATH",
+            "CA certificate of the coordinator's TLS port (empty: plaintext)");
+  flags.Add("--tls-server-name", &a->tls_server_name, "NAME",
+            "name the coordinator's certificate carries when it differs from the --coordinator "
+            "host (e.g. its Service name through kubectl port-forward)");
+  flags.Add("--endpoints-file", &a->endpoints_file, "PATH",
+            "take the coordinator, its CA and an API key from a 'vericache local "
+            "--endpoints-file' file");
+  flags.Add("--tenant", &a->tenant, "NAME", "whose API key to take from --endpoints-file");
+}
+
+absl::StatusOr<rpc::ClientConfig> ResolveAccess(const FlagSet& flags, const AccessFlags& a) {
+  rpc::ClientConfig c(a.coordinator);
+  if (!a.endpoints_file.empty()) {
+    std::ifstream in(a.endpoints_file);
+    if (!in) return absl::InvalidArgumentError("--endpoints-file " + a.endpoints_file + ": cannot read");
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError("--endpoints-file " + a.endpoints_file + ": not a JSON object");
+    }
+    if (j.contains("coordinator") && j["coordinator"].is_string()) {
+      c.address = j["coordinator"].get<std::string>();
+    }
+    if (j.contains("tls_ca") && j["tls_ca"].is_string()) c.tls.ca = j["tls_ca"].get<std::string>();
+    if (j.contains("api_keys") && j["api_keys"].is_object() && j["api_keys"].contains(a.tenant) &&
+        j["api_keys"][a.tenant].is_string()) {
+      c.api_key = j["api_keys"][a.tenant].get<std::string>();
+    } else if (j.contains("api_keys")) {
+      return absl::InvalidArgumentError("--endpoints-file has no API key of tenant '" + a.tenant + "'");
+    }
+  }
+  if (flags.was_set("--coordinator")) c.address = a.coordinator;
+  if (flags.was_set("--tls-ca")) c.tls.ca = a.tls_ca;
+  c.tls.server_name = a.tls_server_name;
+  if (const char* env = std::getenv("VERICACHE_API_KEY"); env != nullptr && *env != '\0') {
+    c.api_key = env;
+  }
+  if (flags.was_set("--api-key")) c.api_key = a.api_key;
+  if (absl::Status s = rpc::ValidateTlsFiles(c.tls, /*need_identity=*/false); !s.ok()) return s;
+  return c;
+}
+
+struct ClientFlags {
+  AccessFlags access;
   std::string prompt_ids;
   std::string prefix_id;
   std::string suffix_ids;
@@ -74,7 +134,7 @@ int RunClientGenerate(int argc, char** argv) {
   FlagSet flags("vericache client generate",
                 "Generate through a running cluster's coordinator (same request flags as\n"
                 "'vericache generate'; --mode takes the cluster modes).");
-  flags.Add("--coordinator", &f.coordinator, "HOST:PORT", "vc-coordinator address");
+  AddAccessFlags(flags, &f.access);
   flags.Add("--prompt-ids", &f.prompt_ids, "\"ID ID ...\"", "prompt as token ids");
   flags.Add("--prefix-id", &f.prefix_id, "HEX", "a registered prefix (vericache ingest) ...");
   flags.Add("--suffix-ids", &f.suffix_ids, "\"ID ID ...\"", "... followed by these token ids");
@@ -98,7 +158,9 @@ int RunClientGenerate(int argc, char** argv) {
   flags.Add("--top-k", &f.top_k, "K", "top-k filter when sampling (0 = all)");
   flags.Add("--top-p", &f.top_p, "P", "nucleus filter when sampling (1 = off)");
   flags.Add("--seed", &f.seed, "S", "sampling seed");
-  flags.Add("--tenant-salt", &f.tenant_salt, "TEXT", "tenant salt of the KV keys");
+  flags.Add("--tenant-salt", &f.tenant_salt, "TEXT",
+            "tenant salt of the KV keys (only without authentication; the coordinator derives "
+            "it from the API key otherwise)");
   flags.Add("--deadline-ms", &f.deadline_ms, "N", "give up after N ms");
   flags.Add("--request-id", &f.request_id, "ID", "request id (for cancel/status)");
   flags.AddBool("--json", &f.json, "print one JSON object on stdout");
@@ -108,6 +170,8 @@ int RunClientGenerate(int argc, char** argv) {
     std::fputs(flags.Help().c_str(), stdout);
     return kExitOk;
   }
+  absl::StatusOr<rpc::ClientConfig> access = ResolveAccess(flags, f.access);
+  if (!access.ok()) return Fail(cmd, access.status());
   pb::GenerateRequest req;
   if (f.prompt_ids.empty() == f.prefix_id.empty()) {
     return BadInput(cmd, "give exactly one of --prompt-ids or --prefix-id");
@@ -162,8 +226,8 @@ int RunClientGenerate(int argc, char** argv) {
   req.set_request_id(f.request_id);
   req.set_deadline_ms(f.deadline_ms);
 
-  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(f.coordinator, 64 << 20));
-  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(f.deadline_ms + 5000));
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(*access, 64 << 20));
+  auto ctx = rpc::ContextWithTimeout(*access, std::chrono::milliseconds(f.deadline_ms + 5000));
   const auto t0 = std::chrono::steady_clock::now();
   auto reader = stub->Generate(ctx.get(), req);
   pb::GenerateResponse msg;
@@ -186,7 +250,7 @@ int RunClientGenerate(int argc, char** argv) {
     }
   }
   const grpc::Status s = reader->Finish();
-  if (!s.ok()) return Fail(cmd, rpc::FromGrpcStatus(s, "coordinator " + f.coordinator));
+  if (!s.ok()) return Fail(cmd, rpc::FromGrpcStatus(s, "coordinator " + access->address));
   if (!got_final) return Fail(cmd, absl::InternalError("the stream ended without a final message"));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -240,16 +304,19 @@ int RunClientGenerate(int argc, char** argv) {
 
 int RunClientStatus(int argc, char** argv) {
   const std::string cmd = "client status";
-  std::string coordinator = "127.0.0.1:7430";
+  AccessFlags a;
   FlagSet flags("vericache client status", "Print the cluster's status as JSON.");
-  flags.Add("--coordinator", &coordinator, "HOST:PORT", "vc-coordinator address");
+  AddAccessFlags(flags, &a);
   if (absl::Status s = flags.Parse(argc, argv, 3); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return kExitOk;
   }
-  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
-  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(10000));
+  absl::StatusOr<rpc::ClientConfig> access = ResolveAccess(flags, a);
+  if (!access.ok()) return Fail(cmd, access.status());
+  const std::string& coordinator = access->address;
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(*access, 64 << 20));
+  auto ctx = rpc::ContextWithTimeout(*access, std::chrono::milliseconds(10000));
   pb::ClusterStatusRequest req;
   pb::ClusterStatusResponse resp;
   const grpc::Status s = stub->ClusterStatus(ctx.get(), req, &resp);
@@ -288,6 +355,7 @@ int RunPrefix(int argc, char** argv) {
   const std::string cmd = "prefix";
   if (argc < 3 || std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::fputs("usage: vericache prefix pin|unpin|delete --prefix-id HEX [--coordinator HOST:PORT]\n"
+               "  [--api-key KEY] [--tls-ca PATH] [--endpoints-file PATH]\n"
                "  [--variants LIST] [--tenant-salt TEXT]: pin, unpin or delete a registered prefix\n"
                "  (its chunks, its stored variants and its manifest) in the cluster's store\n",
                argc < 3 ? stderr : stdout);
@@ -304,10 +372,10 @@ int RunPrefix(int argc, char** argv) {
   } else {
     return BadInput(cmd, "unknown subcommand '" + sub + "' (pin, unpin, delete)");
   }
-  std::string coordinator = "127.0.0.1:7430";
+  AccessFlags a;
   std::string prefix_id, variants, tenant_salt;
   FlagSet flags("vericache prefix " + sub, "Pin, unpin or delete a registered prefix.");
-  flags.Add("--coordinator", &coordinator, "HOST:PORT", "vc-coordinator address");
+  AddAccessFlags(flags, &a);
   flags.Add("--prefix-id", &prefix_id, "HEX", "the prefix (from vericache ingest; required)");
   flags.Add("--variants", &variants, "LIST", "its compressed variants (default: the coordinator's)");
   flags.Add("--tenant-salt", &tenant_salt, "TEXT", "tenant salt it was registered with");
@@ -317,11 +385,14 @@ int RunPrefix(int argc, char** argv) {
     return kExitOk;
   }
   if (prefix_id.empty()) return BadInput(cmd, "--prefix-id is required");
+  absl::StatusOr<rpc::ClientConfig> access = ResolveAccess(flags, a);
+  if (!access.ok()) return Fail(cmd, access.status());
+  const std::string& coordinator = access->address;
   req.set_prefix_id(prefix_id);
   req.set_variants(variants);
   req.set_tenant_salt(tenant_salt);
-  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
-  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(30000));
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(*access, 64 << 20));
+  auto ctx = rpc::ContextWithTimeout(*access, std::chrono::milliseconds(30000));
   pb::ManagePrefixResponse resp;
   const grpc::Status s = stub->ManagePrefix(ctx.get(), req, &resp);
   if (!s.ok()) return Fail(cmd, rpc::FromGrpcStatus(s, "coordinator " + coordinator));
@@ -331,7 +402,7 @@ int RunPrefix(int argc, char** argv) {
 
 int RunIngest(int argc, char** argv) {
   const std::string cmd = "ingest";
-  std::string coordinator = "127.0.0.1:7430";
+  AccessFlags a;
   std::string prompt_ids;
   std::string variants;
   std::string tenant_salt;
@@ -339,7 +410,7 @@ int RunIngest(int argc, char** argv) {
   FlagSet flags("vericache ingest",
                 "Register a prefix: the cluster prefills it once, stores its full KV and its\n"
                 "compressed variants, and answers a prefix id for 'client generate --prefix-id'.");
-  flags.Add("--coordinator", &coordinator, "HOST:PORT", "vc-coordinator address");
+  AddAccessFlags(flags, &a);
   flags.Add("--prompt-ids", &prompt_ids, "\"ID ID ...\"", "the prefix's token ids (required)");
   flags.Add("--variants", &variants, "LIST",
             "compressed variants, e.g. snapkv:0.25,kivi:4 (default: the coordinator's)");
@@ -353,12 +424,15 @@ int RunIngest(int argc, char** argv) {
   if (prompt_ids.empty()) return BadInput(cmd, "--prompt-ids is required");
   auto ids = ParseIdList("--prompt-ids", prompt_ids);
   if (!ids.ok()) return Fail(cmd, ids.status());
+  absl::StatusOr<rpc::ClientConfig> access = ResolveAccess(flags, a);
+  if (!access.ok()) return Fail(cmd, access.status());
+  const std::string& coordinator = access->address;
   pb::RegisterPrefixRequest req;
   for (int32_t id : *ids) req.add_tokens(id);
   req.set_variants(variants);
   req.set_tenant_salt(tenant_salt);
-  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(coordinator, 64 << 20));
-  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(120000));
+  auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(*access, 64 << 20));
+  auto ctx = rpc::ContextWithTimeout(*access, std::chrono::milliseconds(120000));
   pb::RegisterPrefixResponse resp;
   const grpc::Status s = stub->RegisterPrefix(ctx.get(), req, &resp);
   if (!s.ok()) return Fail(cmd, rpc::FromGrpcStatus(s, "coordinator " + coordinator));

@@ -21,6 +21,8 @@ int RunLocal(int argc, char** argv);
 int RunDemo(int argc, char** argv);
 int RunModel(int argc, char** argv);
 int RunSimulate(int argc, char** argv);
+int RunTokenize(int argc, char** argv);
+int RunDetokenize(int argc, char** argv);
 
 // One line "vericache <command>: <msg>" on stderr; returns kExitBadInput.
 int BadInput(const std::string& command, const std::string& msg);

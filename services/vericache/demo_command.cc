@@ -81,6 +81,9 @@ int RunDemo(int argc, char** argv) {
   flags.Add("--log-dir", &o.log_dir, "DIR",
             "daemon logs (default: a new /tmp/vericache-demo-logs-PID directory)");
   flags.AddBool("--json", &json, "print the report as one JSON object");
+  flags.AddBool("--insecure", &o.insecure,
+                "start the cluster without TLS and API keys (default: a throwaway CA, mutual TLS "
+                "between the daemons, and the demo tenant's API key)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -110,7 +113,8 @@ int RunDemo(int argc, char** argv) {
                o.verifiers, o.drafters, o.log_dir.c_str());
   auto cluster = local::LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cmd, cluster.status());
-  const std::string coordinator = (*cluster)->coordinator();
+  // TLS and tenant-a's API key unless --insecure.
+  const rpc::ClientConfig coordinator = (*cluster)->client();
 
   // Prefixes: the model's own greedy continuations of short seeds (text it
   // finds likely, like a shared system prompt or document).

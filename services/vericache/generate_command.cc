@@ -11,7 +11,9 @@
 #include "common/engine/engine.h"
 #include "common/model/model.h"
 #include "common/speculative/draft_verify.h"
-#include "common/tokenizer/tokenizer.h"
+#include <filesystem>
+
+#include "common/tokenizer/text_tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "services/vericache/commands.h"
 
@@ -131,8 +133,11 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--model", &f.model, "PATH", "llama2.c checkpoint file or Hugging Face directory (required)");
   flags.Add("--prompt-ids", &f.prompt_ids, "\"ID ID ...\"",
             "prompt as token ids, used exactly as given (no BOS added)");
-  flags.Add("--prompt", &f.prompt, "TEXT", "prompt text (needs --tokenizer; BOS is added)");
-  flags.Add("--tokenizer", &f.tokenizer, "PATH", "llama2.c tokenizer.bin for --prompt and text output");
+  flags.Add("--prompt", &f.prompt, "TEXT",
+            "prompt text, encoded with the tokenizer's special tokens (e.g. BOS)");
+  flags.Add("--tokenizer", &f.tokenizer, "PATH",
+            "tokenizer.json or llama2.c tokenizer.bin for --prompt and text output (default: the "
+            "tokenizer.json of a checkpoint directory --model)");
   flags.Add("--max-new-tokens", &f.max_new_tokens, "N", "tokens to generate at most");
   flags.AddBool("--ignore-eos", &f.ignore_eos, "do not stop at EOS: exactly --max-new-tokens come out");
   flags.Add("--mode", &f.mode, "MODE",
@@ -174,7 +179,17 @@ int RunGenerate(int argc, char** argv) {
   if (f.prompt_ids.empty() == f.prompt.empty()) {
     return BadInput("generate", "give exactly one of --prompt-ids or --prompt");
   }
-  if (!f.prompt.empty() && f.tokenizer.empty()) return BadInput("generate", "--prompt needs --tokenizer");
+  if (f.tokenizer.empty()) {
+    // A Hugging Face checkpoint directory carries its tokenizer.
+    std::error_code ec;
+    if (std::filesystem::is_directory(f.model, ec) &&
+        std::filesystem::exists(std::filesystem::path(f.model) / "tokenizer.json", ec)) {
+      f.tokenizer = f.model;
+    }
+  }
+  if (!f.prompt.empty() && f.tokenizer.empty()) {
+    return BadInput("generate", "--prompt needs --tokenizer (or a --model directory with a tokenizer.json)");
+  }
   auto request_options = BuildRequestOptions(f, flags);
   if (!request_options.ok()) return Fail("generate", request_options.status());
   if (request_options->mode != DecodeMode::kFull) {
@@ -193,15 +208,21 @@ int RunGenerate(int argc, char** argv) {
   if (!model.ok()) return Fail("generate", model.status());
   const ModelConfig& config = (*model)->config();
 
-  std::optional<Tokenizer> tokenizer;
+  std::unique_ptr<TextTokenizer> tokenizer;
   if (!f.tokenizer.empty()) {
-    auto tok = Tokenizer::Load(f.tokenizer, config.vocab_size);
+    TextTokenizerOptions tok_options;
+    tok_options.llama2c_vocab_size = config.vocab_size;
+    auto tok = LoadTextTokenizer(f.tokenizer, tok_options);
     if (!tok.ok()) return Fail("generate", tok.status());
     tokenizer = std::move(tok).value();
+    if (tokenizer->vocab_size() > config.vocab_size) {
+      return BadInput("generate", "--tokenizer has " + std::to_string(tokenizer->vocab_size()) +
+                                      " ids but the model only " + std::to_string(config.vocab_size));
+    }
   }
   std::vector<int32_t> prompt;
   if (!f.prompt.empty()) {
-    auto ids = tokenizer->Encode(f.prompt, /*add_bos=*/true);
+    auto ids = tokenizer->Encode(f.prompt, /*add_special_tokens=*/true);
     if (!ids.ok()) return Fail("generate", ids.status());
     prompt = std::move(ids).value();
   } else {
@@ -224,22 +245,26 @@ int RunGenerate(int argc, char** argv) {
   SpeculativeRequest& r = *batch[0];
 
   // Stream tokens as they are accepted (text mode only).
+  // The prompt goes through the detokenizer first, so the output's text is
+  // decoded in its context (word-initial spaces, multi-byte characters).
   size_t printed = 0;
-  int32_t prev = prompt.back();
+  std::optional<IncrementalDetokenizer> detok;
   std::function<void()> stream;
   if (!f.json) {
     if (tokenizer) {
-      if (auto text = tokenizer->Decode(prompt); text.ok()) std::fputs(text->c_str(), stdout);
+      detok.emplace(*tokenizer, /*skip_special_tokens=*/true);
+      for (int32_t id : prompt) {
+        if (auto piece = detok->Push(id); piece.ok()) std::fputs(piece->c_str(), stdout);
+      }
     }
     stream = [&] {
       for (; printed < r.output().size(); ++printed) {
         const int32_t id = r.output()[printed];
-        if (tokenizer) {
-          if (auto piece = tokenizer->DecodePiece(prev, id); piece.ok()) std::fputs(piece->c_str(), stdout);
+        if (detok) {
+          if (auto piece = detok->Push(id); piece.ok()) std::fputs(piece->c_str(), stdout);
         } else {
           std::printf("%d ", id);
         }
-        prev = id;
       }
       std::fflush(stdout);
     };
@@ -288,10 +313,13 @@ int RunGenerate(int argc, char** argv) {
       j["kv_refresh"] = request_options->draft.kv_refresh;
     }
     if (tokenizer) {
-      if (auto text = tokenizer->Decode(r.output()); text.ok()) j["text"] = *text;
+      if (auto text = tokenizer->Decode(r.output(), /*skip_special_tokens=*/true); text.ok()) j["text"] = *text;
     }
     std::cout << j.dump() << std::endl;
   } else {
+    if (detok) {
+      if (auto rest = detok->Finish(); rest.ok()) std::fputs(rest->c_str(), stdout);
+    }
     std::printf("\n");
     std::fflush(stdout);
     std::string extra;

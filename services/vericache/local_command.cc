@@ -2,9 +2,13 @@
 // machine (services/local/local_cluster.h). Prints one line per endpoint
 // once all are healthy, optionally writes them as JSON, and stops them all
 // cleanly on Ctrl-C or SIGTERM.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -20,11 +24,21 @@ int RunLocal(int argc, char** argv) {
   o.model = local::DefaultModelPath();
   std::string endpoints_file;
   bool no_metrics = false;
+  bool no_openai = false;
   FlagSet flags("vericache local",
                 "Start vc-kvstore, vc-verifier, vc-drafter and vc-coordinator on loopback (free\n"
-                "ports, a temporary data dir), wait until all are healthy, print their endpoints,\n"
-                "and stop them all on Ctrl-C or SIGTERM.");
-  flags.Add("--model", &o.model, "PATH", "model file (default: the test model stories260K)");
+                "ports, a temporary data dir), and vc-openai (the OpenAI HTTP API) when the model\n"
+                "has a tokenizer; wait until all are healthy, print their endpoints, and stop them\n"
+                "all on Ctrl-C or SIGTERM.");
+  flags.Add("--model", &o.model, "PATH",
+            "llama2.c .bin or Hugging Face checkpoint directory (default: the test model "
+            "stories260K)");
+  flags.Add("--tokenizer", &o.tokenizer, "PATH",
+            "tokenizer for the OpenAI API (vc-openai): tokenizer.json or llama2.c tokenizer.bin "
+            "(default: the checkpoint directory's tokenizer.json)");
+  flags.Add("--chat-template", &o.chat_template, "FILE",
+            "Jinja chat template for /v1/chat/completions (default: tokenizer_config.json's)");
+  flags.AddBool("--no-openai", &no_openai, "do not start vc-openai (the OpenAI HTTP API)");
   flags.Add("--data-dir", &o.data_dir, "DIR", "store data dir (default: a temporary dir, removed on exit)");
   flags.Add("--verifiers", &o.verifiers, "N", "verifier workers");
   flags.Add("--drafters", &o.drafters, "N", "drafter workers");
@@ -52,12 +66,29 @@ int RunLocal(int argc, char** argv) {
   flags.Add("--endpoints-file", &endpoints_file, "PATH",
             "write the endpoints as one JSON object once all daemons are healthy");
   flags.Add("--bin-dir", &o.bin_dir, "DIR", "where the daemon binaries are (default: beside vericache)");
+  flags.AddBool("--insecure", &o.insecure,
+                "plaintext gRPC and no API keys (default: a throwaway CA in the data dir, mutual "
+                "TLS between the daemons, TLS on the coordinator's port, tenants tenant-a and "
+                "tenant-b with API keys)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return kExitOk;
   }
   o.metrics = !no_metrics;
+  // The OpenAI API needs text: a tokenizer given, or one in the checkpoint.
+  {
+    std::error_code ec;
+    const bool has_tokenizer =
+        !o.tokenizer.empty() || std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json", ec);
+    o.openai = !no_openai && has_tokenizer;
+    if (!no_openai && !has_tokenizer) {
+      std::fprintf(stderr,
+                   "vericache local: no tokenizer for %s (give --tokenizer): the OpenAI API is not "
+                   "started\n",
+                   o.model.c_str());
+    }
+  }
   if (o.model.empty()) return BadInput(cmd, "--model is required (the test model was not found)");
   if (o.data_plane != "tcp" && o.data_plane != "ucx") return BadInput(cmd, "--data-plane must be tcp or ucx");
   if (o.verifiers < 1 || o.drafters < 1) return BadInput(cmd, "--verifiers and --drafters must be >= 1");
@@ -76,8 +107,9 @@ int RunLocal(int argc, char** argv) {
   for (const auto& name : {"coordinator", "kvstore"}) {
     if (const auto* ep = (*cluster)->Find(name)) std::printf("%s: %s\n", name, ep->address.c_str());
   }
+  if (const auto* ep = (*cluster)->Find("openai")) std::printf("openai: %s\n", ep->url.c_str());
   for (const auto& ep : (*cluster)->endpoints()) {
-    if (ep.name != "coordinator" && ep.name != "kvstore") {
+    if (ep.name != "coordinator" && ep.name != "kvstore" && ep.name != "openai") {
       std::printf("%s: %s\n", ep.name.c_str(), ep.address.c_str());
     }
   }
@@ -86,18 +118,25 @@ int RunLocal(int argc, char** argv) {
       std::printf("metrics: http://%s/metrics (%s)\n", ep.metrics.c_str(), ep.name.c_str());
     }
   }
+  // Where the credentials are, never the keys themselves.
+  if (const local::ClusterCredentials* creds = (*cluster)->credentials()) {
+    std::printf("tls_ca: %s\n", creds->ca.c_str());
+    std::printf("api_keys_file: %s (tenants tenant-a, tenant-b)\n", creds->api_keys_file.c_str());
+  }
   std::fflush(stdout);
   if (!endpoints_file.empty()) {
+    // It holds API keys: mode 0600 from the start, written whole, renamed
+    // into place so readers never see half a file.
     const std::string tmp = endpoints_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << (*cluster)->EndpointsJson() << "\n";
-      if (!out) {
-        (*cluster)->Stop();
-        return Fail(cmd, absl::InternalError("cannot write " + endpoints_file));
-      }
+    const std::string json = (*cluster)->EndpointsJson() + "\n";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && fchmod(fd, 0600) == 0 &&
+              write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size());
+    if (fd >= 0) ok = close(fd) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), endpoints_file.c_str()) != 0) {
+      (*cluster)->Stop();
+      return Fail(cmd, absl::InternalError("cannot write " + endpoints_file));
     }
-    std::rename(tmp.c_str(), endpoints_file.c_str());  // readers never see half a file
   }
   int sig = 0;
   while (sigwait(&stop, &sig) != 0) {

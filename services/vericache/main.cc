@@ -17,6 +17,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate     generate tokens: full KV, lossless VeriCache, or the lossy baseline\n"
     "  compressors  list the KV compressors and their parameters\n"
+    "  tokenize     text -> token ids (tokenizer.json or llama2.c tokenizer.bin)\n"
+    "  detokenize   token ids -> text\n"
     "  model        closed-form throughput models: long-context, remote-prefix, profiles\n"
     "  simulate     discrete-event simulation of a deployment under the ring scheduler\n"
     "  local        start the four daemons on loopback (a local cluster)\n"
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "generate") return vc::cli::RunGenerate(argc, argv);
   if (command == "compressors") return vc::cli::RunCompressors(argc, argv);
+  if (command == "tokenize") return vc::cli::RunTokenize(argc, argv);
+  if (command == "detokenize") return vc::cli::RunDetokenize(argc, argv);
   if (command == "model") return vc::cli::RunModel(argc, argv);
   if (command == "simulate") return vc::cli::RunSimulate(argc, argv);
   if (command == "local") return vc::cli::RunLocal(argc, argv);

@@ -88,6 +88,7 @@ void FillWorkerInfo(const std::string& role, const ModelConfig& config,
   out->set_kv_bytes_per_token(config.kv_bytes_per_token());
   out->set_bos_id(config.bos_id);
   out->set_eos_id(config.eos_id);
+  for (const int32_t id : config.eos_ids) out->add_eos_ids(id);
   out->set_numerics_version(numerics_version);
   out->set_data_plane(data_plane);
   out->set_sessions(sessions);

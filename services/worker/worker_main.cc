@@ -8,6 +8,7 @@
 #include "common/base/flags.h"
 #include "common/engine/engine.h"
 #include "common/kvstore/chunk_key.h"
+#include "common/kvstore/seal.h"
 #include "common/model/model.h"
 #include "services/common/daemon.h"
 #include "services/common/store_client.h"
@@ -33,6 +34,8 @@ struct Flags {
   bool prefix_aware = true;     // verifier
   double batch_gather_ms = 2;   // verifier
   int continuation_tokens = 8;  // drafter
+  std::string seal_key;         // PEM Ed25519 private key: seal what this worker writes
+  std::string seal_trust;       // public keys: check the seal of what this worker reads
 };
 
 }  // namespace
@@ -57,6 +60,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   flags.Add("--max-batch-tokens", &f.max_batch_tokens, "N", "largest forward pass in tokens");
   flags.Add("--max-requests", &f.max_requests, "N", "request sessions held at once");
   flags.Add("--arena-bytes", &f.arena_bytes, "N", "KV bytes this worker may hold");
+  daemon::AddTlsFlags(flags, &f.server.tls);
   flags.Add("--metrics-listen", &f.server.metrics_listen, "HOST:PORT",
             "Prometheus /metrics address (empty: off)");
   flags.Add("--rpc-timeout-ms", &f.rpc_timeout_ms, "N", "deadline of calls this worker makes");
@@ -74,6 +78,12 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     flags.Add("--continuation-tokens", &f.continuation_tokens, "N",
               "drafts made ahead while a window is verified (speculative continuation; 0 off)");
   }
+  flags.Add("--seal-key", &f.seal_key, "FILE",
+            "Ed25519 private key (PEM) sealing the KV entries this worker writes "
+            "(empty: written unsealed)");
+  flags.Add("--seal-trust", &f.seal_trust, "FILE",
+            "public keys (64 hex digits a line) whose seals KV entries must carry to be used "
+            "(empty: read unchecked)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     return daemon::BadFlags(name, std::string(s.message()));
   }
@@ -97,6 +107,22 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (absl::Status s = daemon::ValidateServerOptions(f.server); !s.ok()) {
     return daemon::BadFlags(name, std::string(s.message()));
   }
+  std::shared_ptr<const kvstore::SealSigner> seal_signer;
+  std::shared_ptr<const kvstore::SealTrust> seal_trust;
+  if (!f.seal_key.empty()) {
+    auto signer = kvstore::SealSigner::FromPemFile(f.seal_key);
+    if (!signer.ok()) {
+      return daemon::BadFlags(name, absl::StrCat("--seal-key: ", signer.status().message()));
+    }
+    seal_signer = std::move(*signer);
+  }
+  if (!f.seal_trust.empty()) {
+    auto trust = kvstore::SealTrust::FromFile(f.seal_trust);
+    if (!trust.ok()) {
+      return daemon::BadFlags(name, absl::StrCat("--seal-trust: ", trust.status().message()));
+    }
+    seal_trust = std::make_shared<const kvstore::SealTrust>(std::move(*trust));
+  }
   daemon::BlockDrainSignals();
 
   auto model = Model::Load(f.model);
@@ -114,6 +140,13 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   so.link = verifier ? transport::LinkClass::kFast : transport::LinkClass::kSlow;
   so.timeout = std::chrono::milliseconds(f.rpc_timeout_ms);
   so.max_message_bytes = static_cast<int>(f.server.max_message_bytes);
+  // Entries are sealed for, and checked against, this worker's model and
+  // numerics version (the same ones its chunk keys hash).
+  so.seal_signer = seal_signer;
+  so.seal_trust = seal_trust;
+  so.seal_context.model_id = model_id;
+  so.seal_context.numerics_version = VerifierOptions{}.numerics_version;
+  so.tls = f.server.tls;  // mutual TLS towards the store with this worker's certificate
   auto store = daemon::StoreClient::Create(so);
   if (!store.ok()) return daemon::Fail(name, store.status().ToString());
 

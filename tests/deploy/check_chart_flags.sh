@@ -46,7 +46,7 @@ while IFS= read -r line; do
 done <<<"$help_text"
 
 # Flags whose chart value is deployment-specific by design.
-deployment_specific=" --listen --metrics-listen --data-dir --data-listen --kvstore --verifiers --drafters --model --tokenizer "
+deployment_specific=" --listen --metrics-listen --data-dir --data-listen --kvstore --verifiers --drafters --model --tokenizer --tls-cert --tls-key --tls-ca --api-keys-file --cluster-secret-file --coordinator --coordinator-tls-ca "
 
 same_value() {  # numbers compare numerically ("20" == "20.0"), the rest as text
   local a="$1" b="$2"
@@ -73,6 +73,8 @@ for values in "${values_files[@]}"; do
     "$rendered" >/dev/null || { fail "rendered manifests of $label are invalid (see the helm test)"; continue; }
   count="$(jq --arg d "$daemon" '[.[] | select(.daemon == $d)] | length' "$tmp/args.json")"
   if [[ "$count" == 0 ]]; then
+    # A daemon a values file may switch off (openai.enabled=false).
+    [[ -n "$values" && "$daemon" == vc-openai ]] && continue
     fail "$label renders no container running $daemon"
     continue
   fi

@@ -128,7 +128,7 @@ for line in "${lines[@]}"; do
   [[ -n "$stage" ]] && stage_text["$stage"]+="$line"$'\n'
 done
 
-for daemon in vc-kvstore vc-coordinator vc-verifier vc-drafter; do
+for daemon in vc-kvstore vc-coordinator vc-openai vc-verifier vc-drafter; do
   text="${stage_text[$daemon]:-}"
   [[ -n "$text" ]] || { fail "no stage $daemon"; continue; }
   is_target "$daemon" || fail "$daemon: not a CMake executable (yet?)"

@@ -20,6 +20,28 @@ vargs=()
 node "$repo/tests/deploy/validate_manifests.mjs" --tools "$VC_TOOLS_DIR" "$VC_TMP/rendered.yaml" ||
   die "rendered manifests are invalid"
 
+# Trust settings that must not render (default values only).
+if [[ -z "$values" ]]; then
+  refuse() {  # refuse "why" --set ...
+    local why="$1"; shift
+    if "$helm" template vc "$chart" --namespace vericache "$@" >/dev/null 2>"$VC_TMP/refused.txt"; then
+      die "rendered although $why: $*"
+    fi
+  }
+  refuse "the API would leave the cluster without TLS" \
+    --set coordinator.service.type=LoadBalancer --set tls.enabled=false
+  refuse "the API would leave the cluster without API keys" \
+    --set coordinator.service.type=LoadBalancer --set auth.enabled=false
+  refuse "a cert-manager Certificate needs an issuer" --set tls.source=certManager
+  refuse "the schema allows only known TLS sources" --set tls.source=selfsigned
+  # Without TLS the probes are gRPC probes again, and the manifests stay valid.
+  "$helm" template vc "$chart" --namespace vericache --set tls.enabled=false \
+    --set auth.enabled=false --set networkPolicy.enabled=false >"$VC_TMP/plain.yaml" ||
+    die "helm template with tls, auth and networkPolicy off"
+  node "$repo/tests/deploy/validate_manifests.mjs" --tools "$VC_TOOLS_DIR" "$VC_TMP/plain.yaml" ||
+    die "rendered manifests with tls/auth/networkPolicy off are invalid"
+fi
+
 # NOTES.txt: render it through a copy of the chart where it is a normal
 # template inside a ConfigMap.
 cp -r "$chart" "$VC_TMP/chart"

@@ -203,9 +203,15 @@ requests_before="$(sum_of vericache_requests_total)"
 rounds_before="$(sum_of vericache_accepted_tokens_per_round_count)"
 echo "  before: requests $requests_before, verify rounds $rounds_before"
 
+# A secure cluster (the default) wants its CA and an API key: the endpoints
+# file carries both, and the client reads them from it.
+client_access=(--coordinator "$coordinator")
+if jq -e 'has("api_keys")' "$VC_TMP/endpoints.json" >/dev/null 2>&1; then
+  client_access=(--endpoints-file "$VC_TMP/endpoints.json")
+fi
 n_requests=3
 for ((i = 1; i <= n_requests; i++)); do
-  if ! timeout 60 "$bin" client generate --coordinator "$coordinator" --prompt-ids 1,2,3 \
+  if ! timeout 60 "$bin" client generate "${client_access[@]}" --prompt-ids 1,2,3 \
     --max-new-tokens 16 --mode vericache >"$VC_TMP/client-$i.log" 2>&1; then
     fail "request $i failed: $(tail -n 5 "$VC_TMP/client-$i.log")"
   fi

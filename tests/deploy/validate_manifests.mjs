@@ -105,6 +105,24 @@ function validateServiceMonitor(o) {
   return undefined;
 }
 
+// cert-manager's Certificate (its CRD is not in kubernetes-models either):
+// the fields the daemons depend on.
+function validateCertificate(o) {
+  const s = o.spec;
+  if (o.apiVersion !== 'cert-manager.io/v1') problem(o, `apiVersion ${o.apiVersion}`);
+  if (!s || typeof s !== 'object') return problem(o, 'no spec');
+  if (!s.secretName) problem(o, 'no spec.secretName');
+  if (!s.issuerRef?.name) problem(o, 'no spec.issuerRef.name');
+  if (!Array.isArray(s.dnsNames) || s.dnsNames.length === 0) problem(o, 'no spec.dnsNames');
+  for (const u of ['server auth', 'client auth']) {
+    if (!(s.usages ?? []).includes(u)) problem(o, `spec.usages lacks '${u}' (mutual TLS needs both)`);
+  }
+  for (const k of ['duration', 'renewBefore']) {
+    if (s[k] !== undefined && !DURATION.test(s[k])) problem(o, `spec.${k} '${s[k]}'`);
+  }
+  return undefined;
+}
+
 for (const o of objects) {
   if (typeof o.apiVersion !== 'string' || typeof o.kind !== 'string') {
     problem(o, 'missing apiVersion or kind');
@@ -112,6 +130,10 @@ for (const o of objects) {
   }
   if (o.kind === 'ServiceMonitor') {
     validateServiceMonitor(o);
+    continue;
+  }
+  if (o.kind === 'Certificate') {
+    validateCertificate(o);
     continue;
   }
   const Model = await modelClass(o.apiVersion, o.kind);
@@ -156,6 +178,8 @@ const workloads = objects.filter((o) => ['Deployment', 'StatefulSet'].includes(o
 const matches = (selector, labels) =>
   Object.entries(selector ?? {}).every(([k, v]) => (labels ?? {})[k] === v);
 const DAEMONS = ['vc-kvstore', 'vc-coordinator', 'vc-verifier', 'vc-drafter'];
+// HTTP daemons: probed over HTTP (readiness GET /health) instead of gRPC.
+const HTTP_DAEMONS = ['vc-openai'];
 const daemonArgs = [];
 
 function checkContainer(o, podSpec, c, isInit, claimNames) {
@@ -229,11 +253,27 @@ function checkContainer(o, podSpec, c, isInit, claimNames) {
       daemonArgs.push({ daemon, container: c.name, object: describe(o), args });
       const grpcPort = (c.ports ?? []).find((p) => p.name === 'grpc')?.containerPort;
       if (!grpcPort) problem(o, `${where}: no port named grpc`);
+      // Kubernetes' gRPC probes speak plaintext: with TLS on (--tls-ca) the
+      // probes are TCP probes of the same port.
+      const tls = args.some((a) => a.startsWith('--tls-ca='));
+      const tlsFlags = ['--tls-cert=', '--tls-key=', '--tls-ca='].filter((f) => args.some((a) => a.startsWith(f)));
+      if (tlsFlags.length !== 0 && tlsFlags.length !== 3) {
+        problem(o, `${where}: --tls-cert, --tls-key and --tls-ca go together (has ${tlsFlags.join(' ')})`);
+      }
       for (const probe of ['readinessProbe', 'livenessProbe', 'startupProbe']) {
         const pr = c[probe];
-        if (!pr?.grpc) problem(o, `${where}: ${probe} is not a gRPC probe`);
-        else if (pr.grpc.port !== grpcPort) problem(o, `${where}: ${probe} probes port ${pr.grpc.port}, gRPC is ${grpcPort}`);
+        const kind = tls ? 'tcpSocket' : 'grpc';
+        if (!pr?.[kind]) problem(o, `${where}: ${probe} is not a ${tls ? 'TCP (TLS is on)' : 'gRPC'} probe`);
+        else if (pr[kind].port !== grpcPort) problem(o, `${where}: ${probe} probes port ${pr[kind].port}, gRPC is ${grpcPort}`);
       }
+    } else if (HTTP_DAEMONS.includes(daemon)) {
+      daemonArgs.push({ daemon, container: c.name, object: describe(o), args });
+      if (!(c.ports ?? []).some((p) => p.name === 'http')) problem(o, `${where}: no port named http`);
+      const ready = c.readinessProbe?.httpGet;
+      if (!ready || ready.path !== '/health' || ready.port !== 'http') {
+        problem(o, `${where}: readinessProbe is not GET /health on port http`);
+      }
+      if (!c.livenessProbe) problem(o, `${where}: no livenessProbe`);
     }
   }
   return portNames;
@@ -275,6 +315,31 @@ for (const s of byKind('Service')) {
     }
   }
 }
+// Trust: only the coordinator's API may leave the cluster, and alone.
+for (const s of byKind('Service')) {
+  const component = s.metadata?.labels?.['app.kubernetes.io/component'];
+  const type = s.spec?.type ?? 'ClusterIP';
+  if (type === 'ClusterIP') continue;
+  if (component !== 'coordinator') {
+    problem(s, `an internal Service (${component}) is of type ${type}: only the coordinator's API may be exposed`);
+  } else if ((s.spec.ports ?? []).some((p) => p.name !== 'grpc')) {
+    problem(s, `type ${type} exposes more than the API port (${(s.spec.ports ?? []).map((p) => p.name).join(', ')})`);
+  }
+}
+const policies = byKind('NetworkPolicy');
+for (const np of policies) {
+  if (!podTemplates.some((t) => matches(np.spec?.podSelector?.matchLabels, t.labels))) {
+    problem(np, 'selects no pod template');
+  }
+}
+if (policies.length) {
+  for (const t of podTemplates) {
+    if (!policies.some((np) => matches(np.spec?.podSelector?.matchLabels, t.labels))) {
+      problem(t.o, 'no NetworkPolicy selects its pods');
+    }
+  }
+}
+
 for (const p of byKind('PodDisruptionBudget')) {
   if (!podTemplates.some((t) => matches(p.spec?.selector?.matchLabels, t.labels))) {
     problem(p, 'selects no pod template');

@@ -53,23 +53,22 @@ class Quantizer {
   virtual int32_t online_interval() const = 0;
 };
 
-// Registry names of the stages, in listing order.
-const std::vector<std::string>& DropperNames();
-const std::vector<std::string>& QuantizerNames();
-
-// Info (family, description, parameters) of a pure method; `name` must be in
-// DropperNames() or QuantizerNames().
-CompressorInfo DropperInfo(const std::string& name);
-CompressorInfo QuantizerInfo(const std::string& name);
-
-// Build a stage from the options (options.name is not read). InvalidArgument
-// on bad parameters; the messages start with `label` (the full method name).
-absl::StatusOr<std::unique_ptr<Dropper>> MakeDropper(const std::string& name,
-                                                     const CompressorOptions& options,
-                                                     const std::string& label);
-absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const std::string& name,
-                                                         const CompressorOptions& options,
-                                                         const std::string& label);
+// The compressor table: one row per stage, in listing order. A row holds
+// everything the registry and `vericache compressors` know about a method
+// (name, family, description, parameters, online kind and rule) and its
+// factory; composites "<dropper>+<quantiser>" are made from two rows. Adding
+// a method is adding a row.
+template <typename Stage>
+struct StageEntry {
+  CompressorInfo info;
+  // Builds the stage from the options (options.name is not read).
+  // InvalidArgument on bad parameters; messages start with `label` (the full
+  // method name, e.g. "snapkv+kivi").
+  absl::StatusOr<std::unique_ptr<Stage>> (*make)(const CompressorOptions& options,
+                                                 const std::string& label);
+};
+const std::vector<StageEntry<Dropper>>& DropperTable();
+const std::vector<StageEntry<Quantizer>>& QuantizerTable();
 
 // Compressor::Update for a staged compressor (either stage may be null, not
 // both): the dropper's online rule picks the kept positions, then the rows

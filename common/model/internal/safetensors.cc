@@ -106,7 +106,19 @@ absl::StatusOr<File> File::Parse(MappedFile mapped) {
   for (auto item = root.begin(); item != root.end(); ++item) {
     const std::string& name = item.key();
     const Json& entry = item.value();
-    if (name == "__metadata__") continue;  // free-form strings; nothing in it changes the data
+    if (name == "__metadata__") {
+      // The reference implementation reads it as a map of strings to strings
+      // and refuses anything else.
+      if (!entry.is_object()) return corrupt(absl::StrCat("__metadata__ is not an object: ", Dump(entry)));
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string()) {
+          return corrupt(absl::StrCat("__metadata__ entry '", m.key(),
+                                      "' is not a string: ", Dump(m.value())));
+        }
+        f.metadata_.emplace(m.key(), m.value().get<std::string>());
+      }
+      continue;
+    }
     auto bad = [&](const std::string& what) {
       return corrupt(absl::StrCat("tensor '", name, "': ", what));
     };

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -46,6 +47,10 @@ class File {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   // Null if the file has no tensor of that name.
   const TensorInfo* Find(const std::string& name) const;
+  // The header's "__metadata__": free-form string pairs ("format": "pt").
+  // safetensors' save_model also records here each tensor it dropped as a
+  // duplicate of another ("model.embed_tokens.weight": "lm_head.weight").
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Gives up the mapping; TensorInfo::data pointers stay valid for as long as
   // the returned MappedFile lives (moving a mapping does not move its bytes).
   MappedFile ReleaseMapping() && { return std::move(file_); }
@@ -55,6 +60,7 @@ class File {
   MappedFile file_;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Bytes per element of a safetensors dtype name; 0 if the name is unknown.

@@ -50,6 +50,17 @@ absl::Status BufferedReader::Skip(size_t n, TimePoint deadline) {
   return ReadExact(nullptr, n, deadline);
 }
 
+absl::Status BufferedReader::Fill(TimePoint deadline) {
+  if (begin_ < end_) return absl::OkStatus();
+  absl::StatusOr<size_t> got = stream_->ReadSome(buffer_.data(), buffer_.size(), deadline);
+  if (!got.ok()) return got.status();
+  begin_ = 0;
+  end_ = *got;
+  received_ += static_cast<int64_t>(*got);
+  if (shared_received_ != nullptr) shared_received_->fetch_add(static_cast<int64_t>(*got));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HostPort> ParseHostPort(const std::string& address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {

@@ -39,6 +39,12 @@ class ByteStream {
   virtual absl::Status Write(std::string data, TimePoint deadline) = 0;
   // Fails pending and later reads and writes with Unavailable.
   virtual void Close() = 0;
+  // A file descriptor that polls readable when the stream has bytes (or an
+  // error) to read, so a server can watch idle streams without a thread
+  // each; -1 if the backend has none (the server then waits in a thread).
+  virtual int ReadinessFd() const { return -1; }
+  // The peer's IP address, "" if unknown.
+  virtual std::string PeerAddress() const { return ""; }
 
   // Bytes the transport itself reported sent on this stream (TCP: send()
   // results; UCX: lengths of completed stream sends).
@@ -85,8 +91,12 @@ class BufferedReader {
   absl::Status ReadExact(char* dst, size_t n, TimePoint deadline);
   // Reads and drops n bytes.
   absl::Status Skip(size_t n, TimePoint deadline);
+  // Waits (up to the deadline) until at least one byte is buffered.
+  absl::Status Fill(TimePoint deadline);
   // Bytes obtained from the stream so far (for "did the peer say anything").
   int64_t bytes_received() const { return received_; }
+  // Bytes read from the stream but not consumed yet.
+  size_t buffered() const { return end_ - begin_; }
 
  private:
   ByteStream* stream_;

@@ -1,9 +1,16 @@
 #include "common/transport/internal/stream_server.h"
 
+#include <sys/epoll.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
 #include <list>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -130,31 +137,71 @@ class PacedReader {
   const StopSignal* stop_;
 };
 
+// Adapts a plain BlobStager (no admission, no peer) to a StageSink.
+class StagerSink : public StageSink {
+ public:
+  explicit StagerSink(BlobStager stager) : stager_(std::move(stager)) {}
+  absl::Status Begin(const PeerInfo&, uint64_t, uint64_t) override { return absl::OkStatus(); }
+  absl::Status Entry(const PeerInfo&, uint64_t put_id, const std::string& key,
+                     std::string value) override {
+    return stager_(put_id, key, std::move(value));
+  }
+  void End(const PeerInfo&, uint64_t, uint64_t) override {}
+
+ private:
+  BlobStager stager_;
+};
+
+// The server's threading model: one accept thread; one watcher thread that
+// holds every idle connection in an epoll set (readable, or past its
+// deadline: closed); a fixed pool of worker threads that each serve one
+// request of a ready connection and hand it back to the watcher. So an idle
+// or silent connection costs a file descriptor and a few hundred bytes,
+// never a thread, and a flood of silent sockets can neither exhaust the
+// workers nor lock out a worker's new connection (the pending cap drops the
+// oldest silent one first). Backends without a readiness fd (UCX) keep the
+// older model: a thread per connection, with the same deadlines and caps.
 class StreamServer : public DataPlaneServer {
  public:
-  StreamServer(const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager,
-               std::unique_ptr<Listener> listener)
+  StreamServer(const DataPlaneServerOptions& options, BlobLookup lookup,
+               std::shared_ptr<StageSink> sink, std::unique_ptr<Listener> listener)
       : options_(options),
         lookup_(std::move(lookup)),
-        stager_(std::move(stager)),
+        sink_(std::move(sink)),
         listener_(std::move(listener)),
         epoch_(Clock::now()),
         fast_(options.fast, epoch_, options.slot_seconds, options.max_tracked_slots),
         slow_(options.slow, epoch_, options.slot_seconds, options.max_tracked_slots) {
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    for (int i = 0; i < options_.worker_threads; ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+    watcher_thread_ = std::thread([this] { WatchLoop(); });
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
 
   ~StreamServer() override {
     stop_.Stop();
     accept_thread_.join();
-    std::list<Connection> connections;
+    std::vector<std::shared_ptr<Conn>> all;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      connections.swap(connections_);
+      for (auto& [id, c] : conns_) all.push_back(c);
+      for (auto& c : all) DropLocked(c);
+      ready_.clear();
     }
-    for (Connection& c : connections) c.stream->Close();
-    for (Connection& c : connections) c.thread.join();
-    connections.clear();  // streams go before the listener (UCX: before the worker)
+    ready_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    watcher_thread_.join();
+    std::list<std::shared_ptr<Conn>> dedicated;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dedicated.swap(dedicated_);
+    }
+    for (auto& c : dedicated) c->thread.join();
+    dedicated.clear();
+    all.clear();  // streams go before the listener (UCX: before the worker)
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
     listener_.reset();
   }
 
@@ -162,12 +209,31 @@ class StreamServer : public DataPlaneServer {
   std::string address() const override { return listener_->address(); }
   LinkStats Stats(LinkClass link) const override { return Pacer(link).Stats(); }
   std::chrono::steady_clock::time_point epoch() const override { return epoch_; }
+  int established_connections() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return established_;
+  }
+  int pending_connections() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_;
+  }
 
  private:
-  struct Connection {
+  struct Conn {
+    uint64_t id = 0;  // increasing: a smaller id is an older connection
     std::unique_ptr<ByteStream> stream;
-    std::thread thread;
-    std::atomic<bool> done{false};
+    std::unique_ptr<BufferedReader> reader;
+    PeerInfo peer;
+    int fd = -1;  // readiness fd; -1: served by its own thread
+    enum class State { kIdle, kQueued, kBusy } state = State::kIdle;
+    bool established = false;  // sent a valid request
+    bool dropped = false;
+    bool in_epoll = false;
+    TimePoint handshake_deadline;  // first request header by then
+    TimePoint idle_deadline;       // closed at this point while idle
+    TimePoint last_active;
+    std::thread thread;  // fd-less backends only
+    std::atomic<bool> finished{false};
   };
 
   const LinkPacer& Pacer(LinkClass link) const { return link == LinkClass::kFast ? fast_ : slow_; }
@@ -176,59 +242,236 @@ class StreamServer : public DataPlaneServer {
   void AcceptLoop() {
     while (!stop_.stopped()) {
       auto accepted = listener_->Accept(std::chrono::milliseconds(100));
-      ReapFinished();
+      ReapDedicated();
       if (!accepted.ok() || *accepted == nullptr) continue;
+      auto c = std::make_shared<Conn>();
+      c->stream = std::move(*accepted);
+      c->reader = std::make_unique<BufferedReader>(c->stream.get());
+      c->peer.address = c->stream->PeerAddress();
+      c->fd = c->stream->ReadinessFd();
+      c->handshake_deadline = DeadlineAfter(options_.handshake_timeout_seconds);
+      c->idle_deadline = c->handshake_deadline;
+      c->last_active = Clock::now();
       std::lock_guard<std::mutex> lock(mu_);
-      if (static_cast<int>(connections_.size()) >= options_.max_connections || stop_.stopped()) {
-        (*accepted)->Close();  // refused: over max_connections
+      if (stop_.stopped()) {
+        c->stream->Close();
         continue;
       }
-      Connection& c = connections_.emplace_back();
-      c.stream = std::move(*accepted);
-      c.thread = std::thread([this, &c] {
-        Serve(c.stream.get());
-        c.stream->Close();
-        c.done.store(true);
-      });
+      // The pending cap: a new connection pushes out the oldest silent one,
+      // so the newest (a worker that is about to send its request) gets in.
+      while (pending_ >= options_.max_pending_connections) {
+        std::shared_ptr<Conn> oldest;
+        for (auto& [id, other] : conns_) {
+          if (!other->established) {
+            oldest = other;
+            break;
+          }
+        }
+        if (oldest == nullptr) break;
+        DropLocked(oldest);
+        ++dropped_pending_;
+      }
+      c->id = next_id_++;
+      conns_.emplace(c->id, c);
+      ++pending_;
+      if (c->fd >= 0) {
+        ArmLocked(c);
+      } else {
+        dedicated_.push_back(c);
+        c->thread = std::thread([this, c] {
+          ServeDedicated(c);
+          c->finished.store(true);
+        });
+      }
     }
   }
 
-  void ReapFinished() {
-    std::list<Connection> finished;
+  // Joins the threads of fd-less connections that ended.
+  void ReapDedicated() {
+    std::list<std::shared_ptr<Conn>> finished;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = connections_.begin(); it != connections_.end();) {
+      for (auto it = dedicated_.begin(); it != dedicated_.end();) {
         auto next = std::next(it);
-        if (it->done.load()) finished.splice(finished.end(), connections_, it);
+        if ((*it)->finished.load()) finished.splice(finished.end(), dedicated_, it);
         it = next;
       }
     }
-    for (Connection& c : finished) c.thread.join();
+    for (auto& c : finished) c->thread.join();
   }
 
-  // Serves requests until the peer leaves, an I/O error, or shutdown.
-  void Serve(ByteStream* stream) {
-    BufferedReader reader(stream);
-    while (!stop_.stopped()) {
-      char header_bytes[kRequestHeaderBytes];
-      // Idle connections may wait for their next request indefinitely (the
-      // destructor closes them); a request, once begun, has io_timeout.
-      if (!reader.ReadExact(header_bytes, 1, kNoDeadline).ok()) return;
-      const TimePoint io_deadline = DeadlineAfter(options_.io_timeout_seconds);
-      if (!reader.ReadExact(header_bytes + 1, kRequestHeaderBytes - 1, io_deadline).ok()) return;
-      if (!HandleRequest(stream, &reader, header_bytes, io_deadline)) return;
+  // Watches an idle connection for its next request (mu_ held).
+  void ArmLocked(const std::shared_ptr<Conn>& c) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+    ev.data.u64 = c->id;
+    const int op = c->in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (::epoll_ctl(epoll_fd_, op, c->fd, &ev) != 0) {
+      DropLocked(c);
+      return;
     }
+    c->in_epoll = true;
+  }
+
+  // Forgets a connection and closes its stream (mu_ held). A worker or
+  // thread still holding it sees its next read or write fail.
+  void DropLocked(const std::shared_ptr<Conn>& c) {
+    if (c->dropped) return;
+    c->dropped = true;
+    if (c->established) {
+      --established_;
+    } else {
+      --pending_;
+    }
+    if (c->in_epoll) {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+      c->in_epoll = false;
+    }
+    c->stream->Close();
+    conns_.erase(c->id);
+  }
+
+  void WatchLoop() {
+    constexpr int kMaxEvents = 64;
+    epoll_event events[kMaxEvents];
+    while (!stop_.stopped()) {
+      const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, 50);
+      std::vector<std::shared_ptr<Conn>> doomed;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int i = 0; i < n; ++i) {
+          auto it = conns_.find(events[i].data.u64);
+          if (it == conns_.end()) continue;
+          const std::shared_ptr<Conn>& c = it->second;
+          if (c->state != Conn::State::kIdle) continue;
+          c->state = Conn::State::kQueued;
+          ready_.push_back(c);
+          ready_cv_.notify_one();
+        }
+        const TimePoint now = Clock::now();
+        for (auto& [id, c] : conns_) {
+          if (c->fd >= 0 && c->state == Conn::State::kIdle && c->idle_deadline <= now) {
+            doomed.push_back(c);
+          }
+        }
+        for (auto& c : doomed) DropLocked(c);
+      }
+      doomed.clear();  // streams close outside the lock
+    }
+  }
+
+  void WorkerLoop() {
+    while (true) {
+      std::shared_ptr<Conn> c;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        ready_cv_.wait(lock, [&] { return stop_.stopped() || !ready_.empty(); });
+        if (stop_.stopped()) return;
+        c = std::move(ready_.front());
+        ready_.pop_front();
+        if (c->dropped) continue;
+        c->state = Conn::State::kBusy;
+      }
+      const bool keep = ServeOne(c);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!keep || c->dropped || stop_.stopped()) {
+        DropLocked(c);
+        continue;
+      }
+      c->last_active = Clock::now();
+      c->idle_deadline = DeadlineAfter(options_.idle_timeout_seconds);
+      if (c->reader->buffered() > 0) {  // the next request already arrived
+        c->state = Conn::State::kQueued;
+        ready_.push_back(c);
+        ready_cv_.notify_one();
+      } else {
+        c->state = Conn::State::kIdle;
+        ArmLocked(c);
+      }
+    }
+  }
+
+  // fd-less backends: the connection's own thread waits for each request
+  // (within the handshake or idle deadline) and serves it.
+  void ServeDedicated(const std::shared_ptr<Conn>& c) {
+    while (!stop_.stopped()) {
+      TimePoint wait_until;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (c->dropped) break;
+        wait_until = c->idle_deadline;
+      }
+      if (c->reader->buffered() == 0 && !c->reader->Fill(wait_until).ok()) break;
+      if (!ServeOne(c)) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      c->last_active = Clock::now();
+      c->idle_deadline = DeadlineAfter(options_.idle_timeout_seconds);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    DropLocked(c);
+  }
+
+  // Promotes a connection that sent a valid request header to established,
+  // making room under max_connections by closing the one idle longest.
+  // False if every established connection is busy (this one closes).
+  bool Promote(const std::shared_ptr<Conn>& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (c->dropped) return false;
+    if (c->established) return true;
+    if (established_ >= options_.max_connections) {
+      std::shared_ptr<Conn> lru;
+      for (auto& [id, other] : conns_) {
+        if (!other->established || other->state != Conn::State::kIdle) continue;
+        if (lru == nullptr || other->last_active < lru->last_active) lru = other;
+      }
+      if (lru == nullptr) return false;
+      DropLocked(lru);
+    }
+    c->established = true;
+    --pending_;
+    ++established_;
+    return true;
+  }
+
+  // Reads and serves one request of a connection whose bytes are ready;
+  // false if the connection must close.
+  bool ServeOne(const std::shared_ptr<Conn>& c) {
+    char header_bytes[kRequestHeaderBytes];
+    // A header, once begun, arrives whole within the handshake timeout (a
+    // client writes it in one go); a new connection's first one by its
+    // handshake deadline.
+    TimePoint header_deadline = DeadlineAfter(options_.handshake_timeout_seconds);
+    if (!c->established) header_deadline = std::min(header_deadline, c->handshake_deadline);
+    if (!c->reader->ReadExact(header_bytes, kRequestHeaderBytes, header_deadline).ok()) {
+      return false;
+    }
+    const TimePoint io_deadline = DeadlineAfter(options_.io_timeout_seconds);
+    auto header = DecodeRequestHeader(header_bytes);
+    if (!header.ok()) {  // the framing cannot be trusted: answer, then close
+      (void)c->stream->Write(EncodeErrorResponse(header.status()),
+                             std::min(io_deadline, DeadlineAfter(1)));
+      return false;
+    }
+    if (!Promote(c)) return false;
+    return HandleRequest(c->stream.get(), c->reader.get(), c->peer, *header, io_deadline);
+  }
+
+  // The deadline of an exchange: the client's (capped at
+  // max_request_seconds), or `fallback` for a request without one.
+  TimePoint ClientDeadline(const RequestHeader& header, TimePoint fallback) const {
+    if (header.timeout_ms == 0) return fallback;
+    const double seconds =
+        std::min(static_cast<double>(header.timeout_ms) / 1000.0, options_.max_request_seconds);
+    return DeadlineAfter(seconds);
   }
 
   // One request and its response; false if the connection must close.
-  bool HandleRequest(ByteStream* stream, BufferedReader* reader, const char* header_bytes,
-                     TimePoint io_deadline) {
-    auto header = DecodeRequestHeader(header_bytes);
-    if (!header.ok()) {  // the framing cannot be trusted: answer, then close
-      (void)stream->Write(EncodeErrorResponse(header.status()), io_deadline);
-      return false;
+  bool HandleRequest(ByteStream* stream, BufferedReader* reader, const PeerInfo& peer,
+                     const RequestHeader& request, TimePoint io_deadline) {
+    const RequestHeader* header = &request;
+    if (header->type == kTypeStageRequest) {
+      return HandleStage(stream, reader, peer, *header, io_deadline);
     }
-    if (header->type == kTypeStageRequest) return HandleStage(stream, reader, *header, io_deadline);
     const uint64_t body_limit =
         static_cast<uint64_t>(options_.max_keys_per_fetch) * (4 + options_.max_key_bytes);
     absl::Status refused;
@@ -256,9 +499,7 @@ class StreamServer : public DataPlaneServer {
 
     // The client's deadline bounds the response: past it nobody waits. (A
     // long paced transfer may legitimately outlast io_timeout.)
-    const TimePoint deadline = header->timeout_ms > 0
-                                   ? Clock::now() + std::chrono::milliseconds(header->timeout_ms)
-                                   : DeadlineAfter(options_.io_timeout_seconds);
+    const TimePoint deadline = ClientDeadline(*header, io_deadline);
     LinkPacer& pacer = Pacer(header->link);
     pacer.BeginResponse();
     absl::Status sent = Respond(stream, &pacer, *header, body, deadline);
@@ -279,19 +520,17 @@ class StreamServer : public DataPlaneServer {
   }
 
   // One stage request and its answer; false if the connection must close.
-  bool HandleStage(ByteStream* stream, BufferedReader* reader, const RequestHeader& header,
-                   TimePoint io_deadline) {
+  bool HandleStage(ByteStream* stream, BufferedReader* reader, const PeerInfo& peer,
+                   const RequestHeader& header, TimePoint io_deadline) {
     // The client's deadline bounds the whole stage (a long paced upload may
     // legitimately outlast io_timeout; each piece must still arrive within
     // it).
-    const TimePoint deadline = header.timeout_ms > 0
-                                   ? Clock::now() + std::chrono::milliseconds(header.timeout_ms)
-                                   : io_deadline;
+    const TimePoint deadline = ClientDeadline(header, io_deadline);
     LinkPacer& pacer = Pacer(header.link);
     pacer.BeginResponse(Exchange::kStage);
     bool in_step = true;
     absl::Status answer;
-    absl::Status io = ReceiveStage(reader, &pacer, header, deadline, &answer, &in_step);
+    absl::Status io = ReceiveStage(reader, &pacer, peer, header, deadline, &answer, &in_step);
     if (io.ok()) {
       PacedWriter writer(stream, &pacer, PieceBytes(pacer), deadline, &stop_);
       if (answer.ok()) {
@@ -318,8 +557,9 @@ class StreamServer : public DataPlaneServer {
   // refused header whose body is over kMaxDrainBytes (*in_step = false: the
   // answer is sent, then the connection closes). The returned Status is a
   // transport failure or a deadline: no answer, close.
-  absl::Status ReceiveStage(BufferedReader* reader, LinkPacer* pacer, const RequestHeader& header,
-                            TimePoint deadline, absl::Status* answer, bool* in_step) {
+  absl::Status ReceiveStage(BufferedReader* reader, LinkPacer* pacer, const PeerInfo& peer,
+                            const RequestHeader& header, TimePoint deadline, absl::Status* answer,
+                            bool* in_step) {
     // The header crossed the link too.
     if (absl::Status s =
             pacer->Acquire(static_cast<int64_t>(kRequestHeaderBytes), deadline, stop_, Flow::kIn);
@@ -329,7 +569,7 @@ class StreamServer : public DataPlaneServer {
     PacedReader body(reader, pacer, PieceBytes(*pacer), header.body_bytes, deadline,
                      options_.io_timeout_seconds, &stop_);
     // Refusals decided from the header alone, before anything is allocated.
-    if (!stager_) {
+    if (!sink_) {
       *answer = absl::UnimplementedError(
           "this data plane server takes no stage requests (it has no stager); use the control "
           "plane's StageChunk");
@@ -341,15 +581,34 @@ class StreamServer : public DataPlaneServer {
       *answer = absl::ResourceExhaustedError(
           absl::StrCat("stage request body of ", header.body_bytes,
                        " bytes exceeds max_stage_body_bytes ", options_.max_stage_body_bytes));
-    }
-    if (!answer->ok()) {
-      if (header.body_bytes > kMaxDrainBytes) {
-        *in_step = false;
-        return absl::OkStatus();
+    } else {
+      // The store's admission: the put exists, is this peer's, and its
+      // budget holds the body (reserved until End). Still nothing read.
+      *answer = sink_->Begin(peer, header.put_id, header.body_bytes);
+      if (answer->ok()) {
+        uint64_t handed_over = 0;
+        absl::Status s = ReceiveEntries(&body, peer, header, answer, &handed_over);
+        sink_->End(peer, header.put_id, header.body_bytes - handed_over);
+        return s;
       }
-      return body.Read(nullptr, body.left());
     }
+    // Refused from the header: drop a small body to stay in step; close
+    // after the answer rather than read a large one.
+    if (header.body_bytes > kMaxDrainBytes) {
+      *in_step = false;
+      return absl::OkStatus();
+    }
+    return body.Read(nullptr, body.left());
+  }
 
+  // The entries of an admitted stage, each handed to the sink as it lands;
+  // *handed_over counts the value bytes given to it. Values are read piece
+  // by piece into a buffer that grows only as their bytes arrive, so a
+  // header that claims a large value costs nothing until the bytes come.
+  absl::Status ReceiveEntries(PacedReader* body_reader, const PeerInfo& peer,
+                              const RequestHeader& header, absl::Status* answer,
+                              uint64_t* handed_over) {
+    PacedReader& body = *body_reader;
     const uint32_t max_key = static_cast<uint32_t>(options_.max_key_bytes);
     for (uint32_t i = 0; i < header.key_count; ++i) {
       auto ends_inside = [&] {
@@ -375,15 +634,23 @@ class StreamServer : public DataPlaneServer {
       if (absl::Status s = body.Read(key.data(), key_len); !s.ok()) return s;
       if (absl::Status s = body.Read(len_bytes, 8); !s.ok()) return s;
       const uint64_t value_len = GetU64(len_bytes);
-      if (value_len > body.left()) {  // bounds the allocation by the checked body size
+      if (value_len > body.left()) {  // bounds the value by the admitted body size
         *answer = absl::InvalidArgumentError(absl::StrCat("stage entry ", i, " claims a value of ",
                                                           value_len, " bytes; the body has ",
                                                           body.left(), " left"));
         break;
       }
-      std::string value(value_len, '\0');
-      if (absl::Status s = body.Read(value.data(), value_len); !s.ok()) return s;
-      absl::Status staged = stager_(header.put_id, key, std::move(value));
+      std::string value;
+      const uint64_t piece = static_cast<uint64_t>(options_.write_piece_bytes);
+      value.reserve(std::min(value_len, piece));
+      while (value.size() < value_len) {
+        const size_t at = value.size();
+        const uint64_t take = std::min(piece, value_len - at);
+        value.resize(at + take);
+        if (absl::Status s = body.Read(value.data() + at, take); !s.ok()) return s;
+      }
+      *handed_over += value_len;
+      absl::Status staged = sink_->Entry(peer, header.put_id, key, std::move(value));
       if (!staged.ok()) {
         *answer =
             absl::Status(staged.code(), absl::StrCat("key ", KeyHex(key), ": ", staged.message()));
@@ -449,23 +716,37 @@ class StreamServer : public DataPlaneServer {
 
   const DataPlaneServerOptions options_;
   const BlobLookup lookup_;
-  const BlobStager stager_;  // null: stage requests are refused
+  const std::shared_ptr<StageSink> sink_;  // null: stage requests are refused
   std::unique_ptr<Listener> listener_;
   const TimePoint epoch_;
   LinkPacer fast_, slow_;
   StopSignal stop_;
-  std::mutex mu_;
-  std::list<Connection> connections_;
+  int epoll_fd_ = -1;
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Conn>> conns_;  // by id: oldest first
+  std::list<std::shared_ptr<Conn>> dedicated_;       // fd-less: until their thread is joined
+  std::deque<std::shared_ptr<Conn>> ready_;          // bounded by conns_
+  std::condition_variable ready_cv_;
+  uint64_t next_id_ = 1;
+  int established_ = 0;
+  int pending_ = 0;
+  int64_t dropped_pending_ = 0;
+  std::vector<std::thread> workers_;
+  std::thread watcher_thread_;
   std::thread accept_thread_;
 };
 
 }  // namespace
 
+std::shared_ptr<StageSink> MakeStagerSink(BlobStager stager) {
+  return std::make_shared<StagerSink>(std::move(stager));
+}
+
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> StartStreamServer(
-    const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager,
+    const DataPlaneServerOptions& options, BlobLookup lookup, std::shared_ptr<StageSink> sink,
     std::unique_ptr<Listener> listener) {
   return std::unique_ptr<DataPlaneServer>(
-      new StreamServer(options, std::move(lookup), std::move(stager), std::move(listener)));
+      new StreamServer(options, std::move(lookup), std::move(sink), std::move(listener)));
 }
 
 }  // namespace vc::transport::internal

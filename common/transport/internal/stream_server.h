@@ -1,5 +1,6 @@
 // The data plane server over any backend's Listener: one accept thread, one
-// thread per connection (at most max_connections), the framing of wire.h,
+// readiness watcher and a pool of worker threads (see StreamServer in the
+// .cc for the threading model), the framing of wire.h,
 // every response paced through its link class's LinkPacer, and every stage
 // upload read through it.
 #pragma once
@@ -13,8 +14,11 @@
 
 namespace vc::transport::internal {
 
+// A StageSink over a plain stager: no admission, the peer ignored.
+std::shared_ptr<StageSink> MakeStagerSink(BlobStager stager);
+
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> StartStreamServer(
-    const DataPlaneServerOptions& options, BlobLookup lookup, BlobStager stager,
+    const DataPlaneServerOptions& options, BlobLookup lookup, std::shared_ptr<StageSink> sink,
     std::unique_ptr<Listener> listener);
 
 }  // namespace vc::transport::internal

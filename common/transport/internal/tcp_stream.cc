@@ -74,6 +74,17 @@ class TcpStream : public ByteStream {
     if (!closed_.exchange(true)) ::shutdown(fd_, SHUT_RDWR);
   }
 
+  int ReadinessFd() const override { return fd_; }
+
+  std::string PeerAddress() const override {
+    sockaddr_in addr{};
+    socklen_t len = sizeof(addr);
+    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text)) == nullptr) return "";
+    return text;
+  }
+
  private:
   // Waits for `events` within the deadline; an error Status or OK to retry.
   absl::Status Wait(short events, TimePoint deadline) {
@@ -93,9 +104,17 @@ class TcpStream : public ByteStream {
   std::atomic<bool> closed_{false};
 };
 
+// No Nagle delay; TCP keepalive so a peer that vanished without a FIN (a
+// dead host, a dropped path) is noticed in about a minute even on a
+// connection nobody writes to.
 void ConfigureSocket(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle_s = 30, interval_s = 10, probes = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
 }
 
 class TcpListener : public Listener {
@@ -169,7 +188,7 @@ absl::StatusOr<std::unique_ptr<Listener>> MakeTcpListener(const DataPlaneServerO
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) < 0 ||
-      ::listen(fd, 128) < 0) {
+      ::listen(fd, 512) < 0) {
     const int err = errno;
     ::close(fd);
     return absl::UnavailableError(

@@ -8,6 +8,7 @@
 // Buffers of posted operations belong to the operation (shared with its
 // completion callback), never to the caller, so a wait that gives up (a
 // deadline, a failed peer) cannot leave UCX writing into freed memory.
+#include <arpa/inet.h>
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
@@ -251,6 +252,9 @@ class UcxStream : public ByteStream {
     return done;
   }
 
+  std::string PeerAddress() const override { return peer_address_; }
+  void set_peer_address(std::string address) { peer_address_ = std::move(address); }
+
   void Close() override {
     std::lock_guard<std::mutex> lock(ep_mu_);
     if (closed_) return;
@@ -319,6 +323,7 @@ class UcxStream : public ByteStream {
   ucp_ep_h ep_ = nullptr;
   bool closed_ = false;
   bool close_completed_ = false;
+  std::string peer_address_;  // server side: the client's IP address
 };
 
 // Connection requests from the listener callback, waiting for Accept.
@@ -370,10 +375,23 @@ class UcxListener : public Listener {
       request = pending_->queue.front();
       pending_->queue.pop_front();
     }
+    // The client's IP address (the owner of what it opens, until the data
+    // plane authenticates peers).
+    std::string peer;
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    if (ucp_conn_request_query(request, &attr) == UCS_OK &&
+        attr.client_address.ss_family == AF_INET) {
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
+      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) peer = text;
+    }
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     params.conn_request = request;
-    return UcxStream::Create(worker_, params);
+    auto stream = UcxStream::Create(worker_, params);
+    if (stream.ok()) static_cast<UcxStream*>(stream->get())->set_peer_address(std::move(peer));
+    return stream;
   }
 
   std::string address() const override { return address_; }

@@ -183,3 +183,88 @@ livenessProbe:
 {{- define "vericache.configChecksum" -}}
 checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
 {{- end }}
+
+{{/*
+Trust (docs/security.md). The TLS Secret every daemon mounts: tls.crt,
+tls.key and ca.crt (the layout of kubernetes.io/tls Secrets that cert-manager
+writes). tls.secretName, or "<fullname>-tls" (what the cert-manager
+Certificate of this chart writes, or what you create).
+*/}}
+{{- define "vericache.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "vericache.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{/* The API keys Secret (keys auth.apiKeysKey and auth.clusterSecretKey). */}}
+{{- define "vericache.authSecretName" -}}
+{{- default (printf "%s-api-keys" (include "vericache.fullname" .)) .Values.auth.secretName }}
+{{- end }}
+
+{{/* --tls-* flags for every daemon (its port and its calls to the others). */}}
+{{- define "vericache.tlsArgs" -}}
+{{- if .Values.tls.enabled }}
+- --tls-cert={{ .Values.tls.mountPath }}/tls.crt
+- --tls-key={{ .Values.tls.mountPath }}/tls.key
+- --tls-ca={{ .Values.tls.mountPath }}/ca.crt
+{{- end }}
+{{- end }}
+
+{{- define "vericache.tlsMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Mounted as a directory (no subPath): the kubelet swaps it atomically on
+renewal and the daemons re-read it without a restart. */}}
+{{- define "vericache.tlsVolume" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "vericache.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/*
+Probes for a daemon's gRPC port: Kubernetes' native gRPC probes speak
+plaintext only, so with TLS on the probes check that the port accepts TCP
+connections (the daemons' own health service stays reachable over mTLS).
+Usage: include "vericache.probes" (dict "root" $ "port" 7400 "startupSeconds" 120)
+*/}}
+{{- define "vericache.probes" -}}
+{{- if .root.Values.tls.enabled }}
+startupProbe:
+  tcpSocket:
+    port: {{ .port }}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: {{ max 1 (div (int .startupSeconds) 5) }}
+readinessProbe:
+  tcpSocket:
+    port: {{ .port }}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+livenessProbe:
+  tcpSocket:
+    port: {{ .port }}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
+{{- else }}
+{{- include "vericache.grpcProbes" (dict "port" .port "startupSeconds" .startupSeconds) }}
+{{- end }}
+{{- end }}
+
+{{/* The NetworkPolicy ingress rule for /metrics (networkPolicy.metricsFrom). */}}
+{{- define "vericache.metricsIngress" -}}
+{{- if .Values.metrics.enabled }}
+- from:
+    {{- toYaml .Values.networkPolicy.metricsFrom | nindent 4 }}
+  ports:
+    - port: {{ .Values.metrics.port }}
+      protocol: TCP
+{{- end }}
+{{- end }}

@@ -129,6 +129,75 @@ TEST_F(KvStoreTest, PendingPutsAreBounded) {
   EXPECT_TRUE(store_->BeginPut().ok());
 }
 
+TEST_F(KvStoreTest, OpenPutsAreLeasesThatExpire) {
+  options_.put_lease_seconds = 10;
+  options_.max_open_puts = 1;
+  Reopen();
+  auto a = store_->BeginPut("w1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(store_->Stage(*a, "k", "value", "w1").ok());
+  now_ms_ += 9'000;  // each use renews the lease
+  ASSERT_TRUE(store_->Stage(*a, "k2", "value", "w1").ok());
+  now_ms_ += 9'000;
+  EXPECT_EQ(store_->Stats().open_puts, 1);
+  now_ms_ += 1'001;  // 10 s since the last use: abandoned
+  EXPECT_EQ(store_->ExpirePuts(), 1);
+  const KvStoreStats st = store_->Stats();
+  EXPECT_EQ(st.open_puts, 0);
+  EXPECT_EQ(st.staged_bytes, 0);
+  EXPECT_EQ(st.expired_puts, 1);
+  EXPECT_EQ(store_->Commit(*a, "w1").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Get("k").status().code(), absl::StatusCode::kNotFound);
+  // The slot it held is free again; BeginPut also sweeps expired puts.
+  auto b = store_->BeginPut("w1");
+  ASSERT_TRUE(b.ok());
+  now_ms_ += 10'000;
+  EXPECT_TRUE(store_->BeginPut("w2").ok());
+}
+
+TEST_F(KvStoreTest, APutBelongsToItsOwner) {
+  Reopen();
+  auto a = store_->BeginPut("addr:10.0.0.1");
+  ASSERT_TRUE(a.ok());
+  // Another caller gets the same answer as for a put that never existed.
+  for (const std::string& other : {std::string("addr:10.0.0.2"), std::string()}) {
+    EXPECT_EQ(store_->Stage(*a, "k", "forged", other).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(store_->ReserveStage(*a, other, 10).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(store_->Commit(*a, other).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(store_->Abort(*a, other).code(), absl::StatusCode::kNotFound);
+  }
+  ASSERT_TRUE(store_->Stage(*a, "k", "mine", "addr:10.0.0.1").ok());
+  ASSERT_TRUE(store_->Commit(*a, "addr:10.0.0.1").ok());
+  EXPECT_EQ(MustGet("k"), "mine");
+}
+
+TEST_F(KvStoreTest, ReservationsHoldTheStagingBudget) {
+  options_.max_staged_bytes = 100;
+  Reopen();
+  auto a = store_->BeginPut("w");
+  auto b = store_->BeginPut("w");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(store_->ReserveStage(*a, "w", 80).ok());
+  // The reservation counts: another upload of 30 does not fit...
+  EXPECT_EQ(store_->ReserveStage(*b, "w", 30).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->Stage(*b, "x", std::string(30, 'x'), "w").code(),
+            absl::StatusCode::kResourceExhausted);
+  // ...while the reserving put stages within it.
+  ASSERT_TRUE(store_->Stage(*a, "k", std::string(60, 'v'), "w").ok());
+  EXPECT_EQ(store_->Stats().reserved_bytes, 20);
+  store_->ReleaseStage(*a, 20);  // the upload ended: framing and the rest
+  EXPECT_EQ(store_->Stats().reserved_bytes, 0);
+  EXPECT_TRUE(store_->ReserveStage(*b, "w", 30).ok());
+  // Aborting a put returns its reservation too.
+  ASSERT_TRUE(store_->Abort(*b, "w").ok());
+  EXPECT_EQ(store_->Stats().reserved_bytes, 0);
+  EXPECT_EQ(store_->ReserveStage(*a, "w", 41).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store_->ReserveStage(*a, "w", 40).ok());
+  store_->ReleaseStage(*a, 1000);  // never more than was reserved
+  EXPECT_EQ(store_->Stats().reserved_bytes, 0);
+  EXPECT_EQ(store_->Stats().staged_bytes, 60);
+}
+
 TEST_F(KvStoreTest, DurableAcrossReopen) {
   Reopen();
   for (int i = 0; i < 20; ++i) {

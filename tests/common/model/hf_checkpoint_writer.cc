@@ -308,9 +308,10 @@ std::string ShardName(int index, int count) {
 }
 
 void WriteSafetensors(const std::string& path, const std::vector<const TestTensor*>& tensors,
-                      int extra_header_padding) {
+                      int extra_header_padding, const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   header["__metadata__"] = {{"format", "pt"}};
+  for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
   uint64_t offset = 0;
   for (const TestTensor* t : tensors) {
     header[t->name] = {{"dtype", t->dtype},
@@ -337,7 +338,8 @@ void WriteCheckpoint(const HfCheckpoint& ckpt, const std::string& dir,
   if (n <= 1) {
     std::vector<const TestTensor*> all;
     for (const TestTensor& t : ckpt.tensors) all.push_back(&t);
-    WriteSafetensors(dir + "/model.safetensors", all, options.extra_header_padding);
+    WriteSafetensors(dir + "/model.safetensors", all, options.extra_header_padding,
+                     options.metadata);
     return;
   }
   Json weight_map = Json::object();
@@ -350,7 +352,8 @@ void WriteCheckpoint(const HfCheckpoint& ckpt, const std::string& dir,
       weight_map[ckpt.tensors[i].name] = ShardName(s, n);
       total += ckpt.tensors[i].bytes.size();
     }
-    WriteSafetensors(dir + "/" + ShardName(s, n), part, options.extra_header_padding);
+    WriteSafetensors(dir + "/" + ShardName(s, n), part, options.extra_header_padding,
+                     options.metadata);
   }
   Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   WriteFile(dir + "/model.safetensors.index.json", index.dump(2));

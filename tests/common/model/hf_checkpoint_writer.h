@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,13 +60,18 @@ struct WriteOptions {
   // Spaces added after the header's usual 8-byte padding; 1-3 leave the
   // data section misaligned for f32.
   int extra_header_padding = 0;
+  // Entries added to each file's __metadata__ (besides "format": "pt"), e.g.
+  // {"model.embed_tokens.weight", "lm_head.weight"} as safetensors' save_model
+  // records a tensor it dropped as a duplicate.
+  std::map<std::string, std::string> metadata = {};
 };
 // Writes config.json and the weights into `dir` (which must exist).
 void WriteCheckpoint(const HfCheckpoint& ckpt, const std::string& dir,
                      const WriteOptions& options = {});
 // One safetensors file holding `tensors` in order.
 void WriteSafetensors(const std::string& path, const std::vector<const TestTensor*>& tensors,
-                      int extra_header_padding = 0);
+                      int extra_header_padding = 0,
+                      const std::map<std::string, std::string>& metadata = {});
 // Shard file names, as transformers writes them.
 std::string ShardName(int index, int count);
 

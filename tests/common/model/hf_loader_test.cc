@@ -3,6 +3,7 @@
 // mapping, and a clear error for every rejected config or corrupt file.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -262,6 +263,193 @@ TEST_F(HfLoaderTest, TiedModelIgnoresAStoredLmHead) {
   auto model = WriteAndLoad(ck);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
+}
+
+// The tied matrix stored as lm_head.weight only, as safetensors' save_model
+// writes it: `alias` adds {"model.embed_tokens.weight": "lm_head.weight"} to
+// __metadata__ (the layout of tinystories656K).
+HfCheckpoint LmHeadOnly(const HfCheckpoint& tied) {
+  HfCheckpoint ck = tied;
+  TestTensor embed = ck.Get("model.embed_tokens.weight");
+  ck.Remove("model.embed_tokens.weight");
+  embed.name = "lm_head.weight";
+  ck.tensors.insert(ck.tensors.begin(), embed);
+  return ck;
+}
+
+WriteOptions EmbedAliasOf(const std::string& stored, int shards = 1) {
+  WriteOptions o;
+  o.shards = shards;
+  const std::string other =
+      stored == "lm_head.weight" ? "model.embed_tokens.weight" : "lm_head.weight";
+  o.metadata = {{other, stored}};
+  return o;
+}
+
+TEST_F(HfLoaderTest, TiedLmHeadOnlyWithMetadataAlias) {
+  const HfCheckpoint tied = MakeCheckpoint(vc::testing::Qwen25_05BConfig(), WireDtype::kF32, 40);
+  const HfCheckpoint ck = LmHeadOnly(tied);
+  for (int shards : {1, 3}) {
+    auto model = WriteAndLoad(ck, EmbedAliasOf("lm_head.weight", shards));
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_TRUE((*model)->config().tied_embeddings);
+    EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
+    // The same matrix as the embed-only layout, bit for bit.
+    auto reference = WriteAndLoad(tied);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ExpectSameModel(**model, **reference, tied);
+  }
+}
+
+TEST_F(HfLoaderTest, TiedLmHeadOnlyWithoutAliasFollowsTieWordEmbeddings) {
+  const HfCheckpoint tied = MakeCheckpoint(vc::testing::Qwen25_05BConfig(), WireDtype::kBF16, 41);
+  auto model = WriteAndLoad(LmHeadOnly(tied));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto reference = WriteAndLoad(tied);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
+  ExpectSameModel(**model, **reference, tied);
+}
+
+TEST_F(HfLoaderTest, UntiedConfigWithAliasIsOneMatrix) {
+  // config.json says untied, but the file says the two names are one tensor:
+  // either direction of the alias loads, and the model is tied in fact.
+  Json config = vc::testing::Qwen25_05BConfig();
+  config["tie_word_embeddings"] = false;
+  const HfCheckpoint untied = MakeCheckpoint(config, WireDtype::kF32, 42);
+  HfCheckpoint embed_only = untied;
+  embed_only.Remove("lm_head.weight");
+  auto model = WriteAndLoad(embed_only, EmbedAliasOf("model.embed_tokens.weight"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->config().tied_embeddings);
+  EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
+  EXPECT_EQ(std::memcmp((*model)->weights().classifier,
+                        embed_only.Get("model.embed_tokens.weight").values.data(), 320 * 56 * 4),
+            0);
+
+  HfCheckpoint head_only = untied;
+  head_only.Remove("model.embed_tokens.weight");
+  model = WriteAndLoad(head_only, EmbedAliasOf("lm_head.weight"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
+  EXPECT_EQ(std::memcmp((*model)->weights().token_embedding,
+                        head_only.Get("lm_head.weight").values.data(), 320 * 56 * 4),
+            0);
+}
+
+TEST_F(HfLoaderTest, RejectsInconsistentTiedLayouts) {
+  Json config = vc::testing::Qwen25_05BConfig();
+  config["tie_word_embeddings"] = false;
+  const HfCheckpoint untied = MakeCheckpoint(config, WireDtype::kF32, 43);
+  // Untied, one matrix, no alias: the other is missing, and the error says why.
+  HfCheckpoint embed_only = untied;
+  embed_only.Remove("lm_head.weight");
+  EXPECT_THAT(WriteAndLoad(embed_only),
+              StatusIs(kInvalid, {"missing tensor 'lm_head.weight'", "tie_word_embeddings",
+                                  "__metadata__"}));
+  HfCheckpoint head_only = untied;
+  head_only.Remove("model.embed_tokens.weight");
+  EXPECT_THAT(WriteAndLoad(head_only),
+              StatusIs(kInvalid, {"missing tensor 'model.embed_tokens.weight'"}));
+
+  // Tied, neither stored.
+  HfCheckpoint neither = MakeCheckpoint(vc::testing::Qwen25_05BConfig(), WireDtype::kF32, 44);
+  neither.Remove("model.embed_tokens.weight");
+  EXPECT_THAT(WriteAndLoad(neither),
+              StatusIs(kInvalid, {"tie_word_embeddings", "neither", "'lm_head.weight'"}));
+
+  // An alias for a name that is also stored: which one is meant?
+  EXPECT_THAT(WriteAndLoad(untied, EmbedAliasOf("lm_head.weight")),
+              StatusIs(kInvalid, {"__metadata__", "'model.embed_tokens.weight'", "also stored"}));
+
+  // An alias to a tensor of the wrong shape.
+  HfCheckpoint wrong = LmHeadOnly(MakeCheckpoint(vc::testing::Qwen25_05BConfig(), WireDtype::kF32, 45));
+  std::mt19937_64 rng(46);
+  wrong.Get("lm_head.weight") = RandomTensor("lm_head.weight", {300, 56}, WireDtype::kF32, 0, 1, rng);
+  EXPECT_THAT(WriteAndLoad(wrong, EmbedAliasOf("lm_head.weight")),
+              StatusIs(kInvalid, {"'model.embed_tokens.weight'", "[300, 56]", "[320, 56]"}));
+
+  // An alias whose target is absent is only free-form metadata: the tensor
+  // is still missing.
+  HfCheckpoint dangling = untied;
+  dangling.Remove("model.embed_tokens.weight");
+  WriteOptions o;
+  o.metadata = {{"model.embed_tokens.weight", "lm_head.weigth"}};
+  EXPECT_THAT(WriteAndLoad(dangling, o),
+              StatusIs(kInvalid, {"missing tensor 'model.embed_tokens.weight'"}));
+}
+
+// The shared Hugging Face checkpoint, as published: lm_head.weight only, with
+// the __metadata__ alias naming model.embed_tokens.weight.
+TEST_F(HfLoaderTest, Tinystories656KLoadsAsPublished) {
+  const char* models = std::getenv("VC_MODELS_DIR");
+  if (models == nullptr) GTEST_SKIP() << "VC_MODELS_DIR is not set";
+  const std::string dir = std::string(models) + "/tinystories656K";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " not found";
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.dim, 128);
+  EXPECT_EQ(c.hidden_dim, 384);
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.n_heads, 8);
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_EQ(c.vocab_size, 2048);
+  EXPECT_EQ(c.max_seq_len, 512);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6f);
+  EXPECT_EQ(c.rope.layout, RopeLayout::kHalfSplit);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.num_parameters(), 656000);  // the model card's count
+  EXPECT_EQ(c.bos_id, 1);
+  EXPECT_EQ(c.eos_ids, std::vector<int32_t>{2});
+  EXPECT_TRUE(c.IsEos(2));
+  const ModelWeights& w = (*model)->weights();
+  EXPECT_EQ(w.classifier, w.token_embedding);
+  // In place from the mapping: the f32 lm_head.weight is the embedding.
+  EXPECT_TRUE(PointsInto(w.token_embedding, MappedRanges(dir + "/model.safetensors")));
+}
+
+// --- End-of-sequence ids: config.json and generation_config.json ----------------
+
+TEST_F(HfLoaderTest, EosIdsFromConfigList) {
+  // Llama 3.1's config.json lists [257, 264, 265] (scaled): all stop.
+  auto model = LoadConfig(vc::testing::Llama31_8BInstructConfig());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  EXPECT_EQ(c.eos_ids, (std::vector<int32_t>{257, 264, 265}));
+  for (int32_t id : {257, 264, 265}) EXPECT_TRUE(c.IsEos(id)) << id;
+  EXPECT_FALSE(c.IsEos(256));
+  EXPECT_FALSE(c.IsEos(2));
+}
+
+TEST_F(HfLoaderTest, GenerationConfigEosIdsWin) {
+  // As Llama-3-8B-Instruct: config.json says one EOS, generation_config.json
+  // adds the end-of-turn token; generate() stops at both.
+  Json config = vc::testing::Llama31_8BInstructConfig();
+  config["eos_token_id"] = 257;
+  const std::string dir = Write(MakeCheckpoint(config, WireDtype::kF32, 47));
+  vc::testing::WriteFile(dir + "/generation_config.json",
+                         R"({"bos_token_id": 256, "eos_token_id": [257, 266], "do_sample": true})");
+  auto model = Model::LoadHuggingFace(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().eos_id, 257);
+  EXPECT_EQ((*model)->config().eos_ids, (std::vector<int32_t>{257, 266}));
+  EXPECT_TRUE((*model)->config().IsEos(266));
+
+  // Without eos_token_id there, config.json's stands.
+  vc::testing::WriteFile(dir + "/generation_config.json", R"({"eos_token_id": null})");
+  model = Model::LoadHuggingFace(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().eos_ids, (std::vector<int32_t>{257}));
+
+  // Ids outside the vocabulary (320) or of the wrong type are refused.
+  vc::testing::WriteFile(dir + "/generation_config.json", R"({"eos_token_id": [257, 320]})");
+  EXPECT_THAT(Model::LoadHuggingFace(dir),
+              StatusIs(kInvalid, {"generation_config.json", "eos_token_id", "320", "vocabulary"}));
+  vc::testing::WriteFile(dir + "/generation_config.json", R"({"eos_token_id": "257"})");
+  EXPECT_THAT(Model::LoadHuggingFace(dir),
+              StatusIs(kInvalid, {"generation_config.json", "'eos_token_id'", "integer"}));
 }
 
 // --- Dtypes, sharding, memory mapping -----------------------------------------

@@ -76,6 +76,26 @@ TEST_F(SafetensorsTest, ParsesTensors) {
   EXPECT_EQ(f->Find("c"), nullptr);
 }
 
+TEST_F(SafetensorsTest, ExposesMetadataAndRejectsNonStringValues) {
+  const std::string data = F32Bytes({1, 2});
+  auto f = OpenRaw(R"({"__metadata__": {"format": "pt", "model.embed_tokens.weight": "lm_head.weight"},
+                       "lm_head.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+                   data);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->metadata().size(), 2u);
+  EXPECT_EQ(f->metadata().at("model.embed_tokens.weight"), "lm_head.weight");
+  EXPECT_EQ(f->metadata().at("format"), "pt");
+  // The reference implementation reads __metadata__ as strings to strings.
+  EXPECT_THAT(OpenRaw(R"({"__metadata__": {"total_size": 8},
+                          "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+                      data),
+              StatusIs(kInvalid, {"__metadata__", "'total_size'", "not a string"}));
+  EXPECT_THAT(OpenRaw(R"({"__metadata__": ["pt"],
+                          "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+                      data),
+              StatusIs(kInvalid, {"__metadata__ is not an object"}));
+}
+
 TEST_F(SafetensorsTest, AcceptsScalarsEmptyTensorsAndPaddedHeaders) {
   auto f = OpenRaw(R"({"s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
                        "e": {"dtype": "F16", "shape": [0, 5], "data_offsets": [4, 4]}}     )",

@@ -5,6 +5,7 @@
 // full-KV distribution.
 #include "common/speculative/draft_verify.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -149,6 +150,50 @@ TEST(DraftVerifyTest, StopsAtEosUnlessIgnored) {
   ASSERT_TRUE(RunBatch(*engine, reqs).ok());
   EXPECT_TRUE(reqs[0]->stopped_at_eos());
   EXPECT_EQ(reqs[0]->output(), std::vector<int32_t>{c.eos_id});
+}
+
+TEST(DraftVerifyTest, StopsAtAnyOfSeveralEosIds) {
+  // A Hugging Face model may stop at several ids (generation_config.json's
+  // eos_token_id list); every decode path stops at the first of any of them.
+  Fixture f = Make(SmallConfig(), 4);
+  const auto prompt = RandomPrompt(10, 64, 4);
+  const auto tokens = FullTokens(*f.engine, prompt, 24);
+  // The stop id: the first token that did not already occur before position 6.
+  size_t stop_at = 6;
+  while (stop_at < tokens.size() &&
+         std::find(tokens.begin(), tokens.begin() + stop_at, tokens[stop_at]) !=
+             tokens.begin() + stop_at) {
+    ++stop_at;
+  }
+  ASSERT_LT(stop_at, tokens.size());
+  // An absent id first, so that only membership (not eos_id) can stop it.
+  int32_t absent = 3;
+  while (std::find(tokens.begin(), tokens.end(), absent) != tokens.end()) ++absent;
+  ModelConfig c = SmallConfig();
+  c.eos_id = absent;
+  c.eos_ids = {absent, tokens[stop_at]};
+  auto model = std::move(Model::CreateRandom(c, 4)).value();
+  auto engine = std::move(Engine::Create(*model, {})).value();
+  const std::vector<int32_t> expected(tokens.begin(), tokens.begin() + stop_at + 1);
+
+  DecodeOptions o;
+  o.max_new_tokens = 24;
+  auto full = DecodeFull(*engine, prompt, o);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_TRUE(full->stopped_at_eos);
+  EXPECT_EQ(full->tokens, expected);
+
+  RequestOptions ro = VeriCache("int8", 0, 8, 4, 24);
+  ro.ignore_eos = false;
+  std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+  reqs.push_back(MakeRequest(*engine, prompt, ro));
+  ASSERT_TRUE(RunBatch(*engine, reqs).ok());
+  EXPECT_TRUE(reqs[0]->stopped_at_eos());
+  EXPECT_EQ(reqs[0]->output(), expected);
+
+  // ignore_eos still runs to max_new_tokens.
+  o.ignore_eos = true;
+  EXPECT_EQ(std::move(DecodeFull(*engine, prompt, o)).value().tokens, tokens);
 }
 
 TEST(DraftVerifyTest, RejectsBadOptions) {

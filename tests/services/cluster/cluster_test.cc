@@ -4,7 +4,8 @@
 // prefixes, several compressors, greedy and seeded sampling and every
 // request mode must produce exactly what single-process full-KV decoding
 // produces (lossy_remote excepted: it is the unverified baseline), also with
-// the drafter's online compressor update; bad input gets a precise
+// the drafter's online compressor update, all with TLS and API keys on
+// (LocalCluster's default); bad input gets a precise
 // INVALID_ARGUMENT; a killed drafter falls back, a killed
 // verifier fails the request cleanly, and a killed store keeps its committed
 // prefixes and loses its uncommitted put.
@@ -75,7 +76,7 @@ class ClusterTest : public ::testing::Test {
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << logs << ")";
     cluster_ = std::move(*c);
-    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->coordinator(), 64 << 20));
+    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->client(), 64 << 20));
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, const Spec& s) {
@@ -266,6 +267,48 @@ TEST_F(ClusterTest, RejectsBadRequestsWithPreciseErrors) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
 
+// stop_token_ids (several EOS ids from generation_config.json, as the
+// OpenAI gateway sends them): the output ends at the first of them, in every
+// mode, also with ignore_eos; bad ids are INVALID_ARGUMENT; ClusterStatus
+// reports the context length the gateway sizes max_tokens with.
+TEST_F(ClusterTest, StopTokenIdsEndGenerationInEveryMode) {
+  StartCluster();
+  const std::vector<int32_t> prompt = Text(40, 7);
+  Spec s;
+  s.prompt = prompt;
+  s.max_new = 32;
+  const std::vector<int32_t> ref = Reference(prompt, s);
+  // Two stop ids: the 10th and 20th generated tokens; the first occurrence of
+  // either ends the output (inclusive).
+  const std::vector<int32_t> stops = {ref[19], ref[9]};
+  size_t end = ref.size();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i] == stops[0] || ref[i] == stops[1]) {
+      end = i + 1;
+      break;
+    }
+  }
+  const std::vector<int32_t> expected(ref.begin(), ref.begin() + static_cast<long>(end));
+  for (pb::Mode mode : {pb::MODE_VERICACHE, pb::MODE_FULL_LOCAL, pb::MODE_FULL_REMOTE}) {
+    s.mode = mode;
+    pb::GenerateRequest req = ToRequest(s);  // ignore_eos is set
+    for (int32_t id : stops) req.add_stop_token_ids(id);
+    Outcome out = Generate(req);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    EXPECT_EQ(out.tokens, expected) << "mode " << mode;
+    EXPECT_TRUE(out.totals.stopped_at_eos()) << "mode " << mode;
+  }
+  pb::GenerateRequest bad = ToRequest(s);
+  bad.add_stop_token_ids(1 << 20);
+  grpc::Status st = Generate(bad).status;
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("stop_token_ids"), std::string::npos) << st.error_message();
+  pb::ClusterStatusResponse status;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+  ASSERT_TRUE(stub_->ClusterStatus(ctx.get(), pb::ClusterStatusRequest(), &status).ok());
+  EXPECT_EQ(status.context_length(), model_->config().max_seq_len);
+}
+
 // Sessions held by the workers, from ClusterStatus.
 int WorkerSessions(pb::Coordinator::Stub* stub) {
   pb::ClusterStatusRequest req;
@@ -451,7 +494,7 @@ TEST_F(ClusterTest, StoreRestartKeepsCommittedPrefixesAndDropsHalfWrittenPuts) {
   const std::vector<int32_t> prefix = Text(100, 9);
   const std::string id = Register(prefix);
   // A put that is begun and staged but never committed.
-  auto store = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+  auto store = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
   const std::string orphan(32, 'z');
   {
     pb::BeginPutRequest b;
@@ -537,7 +580,7 @@ TEST_F(ClusterTest, StaggeredSchedulingKeepsThePacedFastLinkWithinCapacity) {
     pb::StatResponse stat;
     {
       auto store =
-          pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+          pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
       pb::StatRequest req;
       auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
       ASSERT_TRUE(store->Stat(ctx.get(), req, &stat).ok());
@@ -569,7 +612,7 @@ TEST_F(ClusterTest, UcxDataPlaneCarriesTheChunkBytes) {
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();
   EXPECT_EQ(out.tokens, Reference(s.prompt, s));
   for (const char* role : {"verifier", "drafter"}) {
-    auto channel = rpc::MakeChannel(cluster_->Find(role)->address, 64 << 20);
+    auto channel = rpc::MakeChannel(cluster_->internal(cluster_->Find(role)->address), 64 << 20);
     pb::WorkerInfoRequest req;
     pb::WorkerInfoResponse info;
     auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
@@ -588,7 +631,7 @@ TEST_F(ClusterTest, UcxDataPlaneCarriesTheChunkBytes) {
   pb::StatResponse stat;
   {
     auto store =
-        pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+        pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
     auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
     ASSERT_TRUE(store->Stat(ctx.get(), pb::StatRequest(), &stat).ok());
   }

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "services/common/store_client.h"
+#include "tests/services/kvstore/kvstore_daemon.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
 namespace {
@@ -35,8 +36,6 @@ namespace pb = ::vericache::v1;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kRpcDeadline = std::chrono::seconds(5);
-constexpr auto kStartTimeout = std::chrono::seconds(60);  // ASan + RocksDB open
-constexpr auto kExitTimeout = std::chrono::seconds(15);
 
 std::string Key(char fill) { return std::string(32, fill); }
 
@@ -44,125 +43,7 @@ void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
 }
 
-class Daemon {
- public:
-  ~Daemon() { Kill(); }
-
-  // Starts the daemon and reads its "listening on" line. False (with
-  // *error) on failure or timeout.
-  bool Start(const std::vector<std::string>& args, std::string* error) {
-    int fds[2];
-    if (pipe(fds) != 0) {
-      *error = "pipe failed";
-      return false;
-    }
-    std::vector<std::string> all = {VC_KVSTORE_PATH};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_fd_ = fds[0];
-    if (pid_ < 0) {
-      *error = "fork failed";
-      return false;
-    }
-    const auto deadline = Clock::now() + kStartTimeout;
-    std::string line;
-    while (line.find('\n') == std::string::npos) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) {
-        *error = "timed out waiting for the listening line; got: " + line;
-        return false;
-      }
-      pollfd p{out_fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-      char buf[256];
-      const ssize_t n = read(out_fd_, buf, sizeof(buf));
-      if (n <= 0) {
-        *error = "daemon closed stdout before listening; got: " + line;
-        return false;
-      }
-      line.append(buf, static_cast<size_t>(n));
-    }
-    // "vc-kvstore listening on HOST:PORT data KIND HOST:PORT metrics HOST:PORT"
-    const std::string kListening = "vc-kvstore listening on ";
-    const std::string kData = " data ";
-    const std::string kMetrics = " metrics ";
-    const size_t at = line.find(kListening);
-    const size_t data = line.find(kData);
-    const size_t mid = line.find(kMetrics);
-    const size_t end = line.find('\n');
-    if (at == std::string::npos || data == std::string::npos || mid == std::string::npos ||
-        data < at || mid < data) {
-      *error = "unexpected listening line: " + line;
-      return false;
-    }
-    grpc_addr_ = line.substr(at + kListening.size(), data - at - kListening.size());
-    const std::string metrics = line.substr(mid + kMetrics.size(), end - mid - kMetrics.size());
-    const size_t colon = metrics.rfind(':');
-    if (colon == std::string::npos || grpc_addr_.find(':') == std::string::npos) {
-      *error = "unexpected listening line: " + line;
-      return false;
-    }
-    metrics_host_ = metrics.substr(0, colon);
-    metrics_port_ = std::atoi(metrics.c_str() + colon + 1);
-    if (metrics_port_ <= 0) {
-      *error = "bad metrics port in: " + line;
-      return false;
-    }
-    return true;
-  }
-
-  // Sends `sig` and waits (bounded) for exit; the exit code, or -1.
-  int SignalAndWait(int sig) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, sig);
-    const auto deadline = Clock::now() + kExitTimeout;
-    while (Clock::now() < deadline) {
-      int status = 0;
-      const pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;  // still running: Kill() reaps it
-  }
-
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-      pid_ = -1;
-    }
-    if (out_fd_ >= 0) {
-      close(out_fd_);
-      out_fd_ = -1;
-    }
-  }
-
-  const std::string& grpc_addr() const { return grpc_addr_; }
-  const std::string& metrics_host() const { return metrics_host_; }
-  int metrics_port() const { return metrics_port_; }
-
- private:
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  std::string grpc_addr_, metrics_host_;
-  int metrics_port_ = 0;
-};
+using vc::testing::Daemon;
 
 class KvStoreDaemonTest : public ::testing::Test {
  protected:
