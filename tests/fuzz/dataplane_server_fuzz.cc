@@ -85,7 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto stream = std::make_unique<MemoryStream>(peer);
   auto server = vc::transport::internal::StartStreamServer(
-      options, lookup, stager, std::make_unique<OneConnectionListener>(std::move(stream)));
+      options, lookup, vc::transport::internal::MakeStagerSink(stager),
+      std::make_unique<OneConnectionListener>(std::move(stream)));
   VC_FUZZ_CHECK(server.ok(), "the server starts");
   peer->WaitClosed(1);  // the serving thread has ended: every byte was handled
   server->reset();
