@@ -423,7 +423,7 @@ TEST(BuildPrefixEntriesTest, KeysChangeWithEveryInput) {
   salt.tenant_salt = "tenant-b";
   all_keys_differ(*BuildPrefixEntries(*f.ingest_engine, tokens, salt, f.id, variants), "salt");
   kvstore::ChunkKeyOptions numerics = KeyOptions();
-  numerics.numerics_version = 2;
+  numerics.numerics_version = numerics.numerics_version + 1;
   all_keys_differ(*BuildPrefixEntries(*f.ingest_engine, tokens, numerics, f.id, variants),
                   "numerics version");
   kvstore::ChunkKeyOptions layout = KeyOptions();
