@@ -1,6 +1,7 @@
 #include "common/collective/collective.h"
 
-#include <utility>
+#include <map>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,22 +10,29 @@
 namespace vc::collective {
 namespace {
 
-// The registry: every backend compiled into this binary, by name.
-const std::vector<std::pair<std::string, GroupFactory>>& Registry() {
-  static const auto* registry = new std::vector<std::pair<std::string, GroupFactory>>{
-      {"cpu", &CreateCpuGroup},
-#ifdef VC_HAVE_NCCL
-      {"nccl", &CreateNcclGroup},
-#endif
-  };
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, GroupFactory> factories{{"cpu", &CreateCpuGroup}};
+};
+
+Registry& GetRegistry() {
+  static auto* registry = new Registry();
   return *registry;
 }
 
 }  // namespace
 
+void RegisterBackend(const std::string& name, GroupFactory factory) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factories[name] = factory;
+}
+
 std::vector<std::string> RegisteredBackends() {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
   std::vector<std::string> names;
-  for (const auto& [name, factory] : Registry()) names.push_back(name);
+  for (const auto& [name, factory] : r.factories) names.push_back(name);
   return names;
 }
 
@@ -34,12 +42,19 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateGroup(
     return absl::InvalidArgumentError(
         absl::StrCat("collective group size must be >= 1, got ", options.size));
   }
-  for (const auto& [name, factory] : Registry()) {
-    if (name == options.backend) return factory(options);
+  GroupFactory factory = nullptr;
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.factories.find(options.backend);
+    if (it != r.factories.end()) factory = it->second;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown collective backend '", options.backend,
-                                                 "' (registered: ",
-                                                 absl::StrJoin(RegisteredBackends(), ", "), ")"));
+  if (factory == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown collective backend '", options.backend,
+                                                   "' (registered: ",
+                                                   absl::StrJoin(RegisteredBackends(), ", "), ")"));
+  }
+  return factory(options);
 }
 
 }  // namespace vc::collective

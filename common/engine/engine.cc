@@ -60,6 +60,11 @@ struct Engine::Rank {
   std::unique_ptr<kernels::KernelBackend> backend;
   std::unique_ptr<collective::Communicator> comm;
   std::vector<float> x, xb, q, k, v, att, proj, gate, up, final_norm, local, gathered, kv_row;
+  std::vector<float> xblk, partials;
+  // This rank's blocks of o_proj and down_proj per layer, packed
+  // [block][out][len/B] so that each block is one plain Matmul (the
+  // register-tiled kernel) rather than a strided Dot per element.
+  std::vector<std::vector<float>> wo_blocks, w2_blocks;
 };
 
 struct Engine::Pass {
@@ -120,6 +125,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   }
   const int tp = options.tensor_parallel;
   VC_RETURN_IF_ERROR(CheckTensorParallel(model.config(), tp));
+  // The engine keeps activations in host memory; a device collective (nccl)
+  // needs the CUDA engine path, which does not exist yet.
+  if (options.collective != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective backend '", options.collective,
+        "': the engine exchanges host buffers and supports only 'cpu' for now"));
+  }
   collective::CollectiveOptions co;
   co.backend = options.collective;
   co.size = tp;
@@ -133,9 +145,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
     bo.threads = std::max(1, total / tp);
   }
   engine->ranks_.resize(tp);
+  const ModelConfig& c = model.config();
+  const int blocks = ReductionBlocks(c), my_blocks = blocks / tp;
+  // Packs rank r's blocks of a [n_out, len] row-parallel weight.
+  auto pack = [&](const float* w, int64_t len, int64_t n_out, int r) {
+    const int64_t blk = len / blocks;
+    std::vector<float> out(static_cast<size_t>(my_blocks * n_out * blk));
+    for (int b = 0; b < my_blocks; ++b) {
+      const int64_t col = (int64_t{r} * my_blocks + b) * blk;
+      for (int64_t o = 0; o < n_out; ++o) {
+        std::copy_n(w + o * len + col, blk, &out[(b * n_out + o) * blk]);
+      }
+    }
+    return out;
+  };
   for (int r = 0; r < tp; ++r) {
-    VC_ASSIGN_OR_RETURN(engine->ranks_[r].backend, kernels::CreateBackend(bo));
-    engine->ranks_[r].comm = std::move(comms[r]);
+    Rank& rank = engine->ranks_[r];
+    VC_ASSIGN_OR_RETURN(rank.backend, kernels::CreateBackend(bo));
+    rank.comm = std::move(comms[r]);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& lw = model.weights().layers[l];
+      rank.wo_blocks.push_back(pack(lw.wo, c.q_dim(), c.dim, r));
+      rank.w2_blocks.push_back(pack(lw.w2, c.hidden_dim, c.dim, r));
+    }
   }
   return engine;
 }
@@ -283,29 +315,28 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
   // this rank holds columns [col0, col0 + len/T) of x (as `x_local`, rows of
   // len/T). Each rank sums its aligned run of blocks; the T roots are
   // gathered and combined by the same tree, in rank order.
-  auto row_parallel = [&](const float* x_local, const float* wt, int64_t len, int64_t n_out,
-                          float* out) -> absl::Status {
-    const int64_t blk = len / blocks, local_len = len / tp, col0 = rank * local_len;
-    me.local.resize(n_rows * n_out);
-    pool.ParallelFor(n_rows * n_out, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, len)),
-                     [&](int64_t i0, int64_t i1) {
-                       float partial[8];
-                       for (int64_t i = i0; i < i1; ++i) {
-                         const int64_t t = i / n_out, o = i % n_out;
-                         for (int b = 0; b < my_blocks; ++b) {
-                           partial[b] = be.Dot(x_local + t * local_len + b * blk,
-                                               wt + o * len + col0 + b * blk, blk);
-                         }
-                         me.local[i] = TreeSum(partial, my_blocks, 1);
-                       }
-                     });
+  auto row_parallel = [&](const float* x_local, const std::vector<float>& packed, int64_t len,
+                          int64_t n_out, float* out) -> absl::Status {
+    const int64_t blk = len / blocks, local_len = len / tp, n = n_rows * n_out;
+    me.xblk.resize(n_rows * blk);
+    me.partials.resize(my_blocks * n);
+    for (int b = 0; b < my_blocks; ++b) {
+      for (int64_t t = 0; t < n_rows; ++t) {
+        std::copy_n(x_local + t * local_len + b * blk, blk, &me.xblk[t * blk]);
+      }
+      // Element (t, o) is exactly Dot(block b of x[t], block b of w[o]).
+      be.Matmul(me.xblk.data(), n_rows, &packed[b * n_out * blk], nullptr, blk, n_out,
+                &me.partials[b * n]);
+    }
+    me.local.resize(n);
+    for (int64_t i = 0; i < n; ++i) me.local[i] = TreeSum(&me.partials[i], my_blocks, n);
     if (tp == 1) {
       std::copy(me.local.begin(), me.local.end(), out);
       return absl::OkStatus();
     }
-    me.gathered.resize(tp * n_rows * n_out);
-    VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n_rows * n_out, me.gathered.data()));
-    for (int64_t i = 0; i < n_rows * n_out; ++i) out[i] = TreeSum(&me.gathered[i], tp, n_rows * n_out);
+    me.gathered.resize(tp * n);
+    VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n, me.gathered.data()));
+    for (int64_t i = 0; i < n; ++i) out[i] = TreeSum(&me.gathered[i], tp, n);
     return absl::OkStatus();
   };
 
@@ -406,7 +437,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       }
     });
     // o_proj, row-parallel over q_dim.
-    VC_RETURN_IF_ERROR(row_parallel(me.att.data(), lw.wo, qd, dim, me.proj.data()));
+    VC_RETURN_IF_ERROR(row_parallel(me.att.data(), me.wo_blocks[l], qd, dim, me.proj.data()));
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
 
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -417,7 +448,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     be.Matmul(me.xb.data(), n_rows, lw.w1 + j0 * dim, nullptr, dim, hid_r, me.gate.data());
     be.Matmul(me.xb.data(), n_rows, lw.w3 + j0 * dim, nullptr, dim, hid_r, me.up.data());
     for (int64_t i = 0; i < n_rows * hid_r; ++i) me.gate[i] = kernels::Silu(me.gate[i]) * me.up[i];
-    VC_RETURN_IF_ERROR(row_parallel(me.gate.data(), lw.w2, hid, dim, me.proj.data()));
+    VC_RETURN_IF_ERROR(row_parallel(me.gate.data(), me.w2_blocks[l], hid, dim, me.proj.data()));
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
   }
 

@@ -1,5 +1,9 @@
-// Private: the group factories of the built backends, by name.
+// Private: the group factories of the backends, by name. "cpu" is built in;
+// optional backends (nccl) live in their own libraries and add themselves
+// with RegisterBackend when a binary that links them asks for it.
 #pragma once
+
+#include <string>
 
 #include "common/collective/collective.h"
 
@@ -10,9 +14,8 @@ using GroupFactory = absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> 
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateCpuGroup(
     const CollectiveOptions& options);
-#ifdef VC_HAVE_NCCL
-absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
-    const CollectiveOptions& options);
-#endif
+
+// Adds (or replaces) a backend; thread-safe.
+void RegisterBackend(const std::string& name, GroupFactory factory);
 
 }  // namespace vc::collective
