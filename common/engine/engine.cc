@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
+#include "common/collective/collective.h"
 
 namespace vc {
 namespace {
@@ -45,22 +47,75 @@ std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int head_dim)
 
 }  // namespace
 
-// Activations of one pass, grown on demand and reused across calls.
+// Per-row inputs of a pass, shared read-only by the ranks.
 struct Engine::Scratch {
-  std::vector<float> x, xb, q, k, v, att, proj, gate, up, cos_sin, final_norm;
-  std::vector<int32_t> row_pos, row_token;
-  std::vector<int32_t> row_entry;
+  std::vector<float> cos_sin;
+  std::vector<int32_t> row_pos, row_token, row_entry;
   std::vector<double> inv_freq;
 };
 
-Engine::Engine(const Model& model, std::unique_ptr<kernels::KernelBackend> backend,
-               const EngineOptions& options)
-    : model_(model), backend_(std::move(backend)), options_(options),
-      scratch_(std::make_unique<Scratch>()) {
+// One tensor-parallel rank: its kernels, its collective handle and its
+// activations (grown on demand, reused across calls).
+struct Engine::Rank {
+  std::unique_ptr<kernels::KernelBackend> backend;
+  std::unique_ptr<collective::Communicator> comm;
+  std::vector<float> x, xb, q, k, v, att, proj, gate, up, final_norm, local, gathered, kv_row;
+  std::vector<float> xblk, partials;
+  // This rank's blocks of o_proj and down_proj per layer, packed
+  // [block][out][len/B] so that each block is one plain Matmul (the
+  // register-tiled kernel) rather than a strided Dot per element.
+  std::vector<std::vector<float>> wo_blocks, w2_blocks;
+};
+
+struct Engine::Pass {
+  std::span<const SequenceInput> batch;
+  int64_t n_rows = 0, n_logit_rows = 0;
+  std::vector<float>* logits = nullptr;
+};
+
+int ReductionBlocks(const ModelConfig& c) {
+  for (int b : {8, 4, 2}) {
+    if (c.q_dim() % b == 0 && c.hidden_dim % b == 0) return b;
+  }
+  return 1;
+}
+
+absl::Status CheckTensorParallel(const ModelConfig& c, int degree) {
+  const int blocks = ReductionBlocks(c);
+  if (degree < 1 || blocks % degree != 0 || c.n_kv_heads % degree != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor-parallel degree ", degree, " must be >= 1 and divide both the reduction block count B = ",
+        blocks, " (the largest of 8, 4, 2, 1 dividing q_dim ", c.q_dim(), " and hidden_dim ",
+        c.hidden_dim, ") and n_kv_heads ", c.n_kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The fixed pairwise tree over n (a power of two) partials: the sum of the
+// first half's tree and the second half's tree. A rank's aligned run of
+// blocks is a subtree, so summing subtrees per rank and then combining the
+// ranks' roots by the same rule gives the same value for every degree.
+float TreeSum(const float* p, int n, int64_t stride) {
+  if (n == 1) return p[0];
+  const int half = n / 2;
+  return TreeSum(p, half, stride) + TreeSum(p + half * stride, half, stride);
+}
+
+// First vocabulary id of rank r's slice (slices differ in size by at most 1).
+int64_t VocabBegin(int64_t vocab, int r, int ranks) { return vocab * r / ranks; }
+
+}  // namespace
+
+Engine::Engine(const Model& model, const EngineOptions& options)
+    : model_(model), options_(options), scratch_(std::make_unique<Scratch>()) {
   scratch_->inv_freq = RopeInverseFrequencies(model.config().rope, model.config().head_dim);
 }
 
 Engine::~Engine() = default;
+
+kernels::KernelBackend& Engine::backend() { return *ranks_[0].backend; }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
                                                        const EngineOptions& options) {
@@ -68,14 +123,57 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   if (options.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
   }
-  VC_ASSIGN_OR_RETURN(auto backend, kernels::CreateBackend(options.backend));
-  return std::unique_ptr<Engine>(new Engine(model, std::move(backend), options));
+  const int tp = options.tensor_parallel;
+  VC_RETURN_IF_ERROR(CheckTensorParallel(model.config(), tp));
+  // The engine keeps activations in host memory; a device collective (nccl)
+  // needs the CUDA engine path, which does not exist yet.
+  if (options.collective != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective backend '", options.collective,
+        "': the engine exchanges host buffers and supports only 'cpu' for now"));
+  }
+  collective::CollectiveOptions co;
+  co.backend = options.collective;
+  co.size = tp;
+  VC_ASSIGN_OR_RETURN(auto comms, collective::CreateGroup(co));
+  auto engine = std::unique_ptr<Engine>(new Engine(model, options));
+  // The ranks share the thread budget: each gets its share, at least one.
+  kernels::BackendOptions bo = options.backend;
+  if (tp > 1) {
+    const int total = bo.threads > 0 ? bo.threads
+                                     : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    bo.threads = std::max(1, total / tp);
+  }
+  engine->ranks_.resize(tp);
+  const ModelConfig& c = model.config();
+  const int blocks = ReductionBlocks(c), my_blocks = blocks / tp;
+  // Packs rank r's blocks of a [n_out, len] row-parallel weight.
+  auto pack = [&](const float* w, int64_t len, int64_t n_out, int r) {
+    const int64_t blk = len / blocks;
+    std::vector<float> out(static_cast<size_t>(my_blocks * n_out * blk));
+    for (int b = 0; b < my_blocks; ++b) {
+      const int64_t col = (int64_t{r} * my_blocks + b) * blk;
+      for (int64_t o = 0; o < n_out; ++o) {
+        std::copy_n(w + o * len + col, blk, &out[(b * n_out + o) * blk]);
+      }
+    }
+    return out;
+  };
+  for (int r = 0; r < tp; ++r) {
+    Rank& rank = engine->ranks_[r];
+    VC_ASSIGN_OR_RETURN(rank.backend, kernels::CreateBackend(bo));
+    rank.comm = std::move(comms[r]);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& lw = model.weights().layers[l];
+      rank.wo_blocks.push_back(pack(lw.wo, c.q_dim(), c.dim, r));
+      rank.w2_blocks.push_back(pack(lw.w2, c.hidden_dim, c.dim, r));
+    }
+  }
+  return engine;
 }
 
 absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
   const ModelConfig& c = model_.config();
-  const ModelWeights& w = model_.weights();
-
   // ---- Validate everything before touching any KV. ----
   int64_t n_rows = 0, n_logit_rows = 0;
   std::unordered_set<const SequenceKv*> seen;
@@ -121,8 +219,7 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
   }
 
   Scratch& s = *scratch_;
-  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
-  const int hd = c.head_dim, pairs = c.head_dim / 2;
+  const int pairs = c.head_dim / 2;
   s.row_pos.resize(n_rows);
   s.row_token.resize(n_rows);
   s.row_entry.resize(n_rows);
@@ -136,17 +233,7 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
       }
     }
   }
-  s.x.resize(n_rows * dim);
-  s.xb.resize(n_rows * dim);
-  s.q.resize(n_rows * qd);
-  s.k.resize(n_rows * kvd);
-  s.v.resize(n_rows * kvd);
-  s.att.resize(n_rows * qd);
-  s.proj.resize(n_rows * dim);
-  s.gate.resize(n_rows * hid);
-  s.up.resize(n_rows * hid);
   s.cos_sin.resize(n_rows * pairs * 2);
-
   // RoPE angles per row: computed in double, rounded once to float.
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int i = 0; i < pairs; ++i) {
@@ -155,9 +242,63 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
       s.cos_sin[(r * pairs + i) * 2 + 1] = static_cast<float>(std::sin(angle));
     }
   }
-  auto rope = [&](float* vec, int64_t r, int heads) {
+
+  Pass pass;
+  pass.batch = batch;
+  pass.n_rows = n_rows;
+  pass.n_logit_rows = n_logit_rows;
+  pass.logits = logits;
+  const int tp = static_cast<int>(ranks_.size());
+  if (tp == 1) return RankForward(0, pass);
+  // Ranks 1..T-1 on their own threads, rank 0 on the caller's; the
+  // collectives block (no spinning), so any T runs on any core count.
+  std::vector<absl::Status> status(tp);
+  std::vector<std::thread> threads;
+  threads.reserve(tp - 1);
+  for (int r = 1; r < tp; ++r) {
+    threads.emplace_back([this, r, &pass, &status] { status[r] = RankForward(r, pass); });
+  }
+  status[0] = RankForward(0, pass);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& st : status) VC_RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
+// One rank's share of a pass (all ranks run it concurrently; rank 0 writes
+// the KV rows and the logits). Rank r of T holds query heads
+// [r*H/T, (r+1)*H/T), KV heads [r*KV/T, (r+1)*KV/T), hidden units
+// [r*hid/T, (r+1)*hid/T) and vocabulary ids [r*V/T, (r+1)*V/T).
+absl::Status Engine::RankForward(int rank, const Pass& pass) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& w = model_.weights();
+  const Scratch& s = *scratch_;
+  Rank& me = ranks_[rank];
+  kernels::KernelBackend& be = *me.backend;
+  collective::Communicator& comm = *me.comm;
+  ThreadPool& pool = be.pool();
+  const std::span<const SequenceInput> batch = pass.batch;
+  const int tp = static_cast<int>(ranks_.size());
+  const int64_t n_rows = pass.n_rows, n_logit_rows = pass.n_logit_rows;
+  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  const int hd = c.head_dim, pairs = c.head_dim / 2;
+  const int heads = c.n_heads / tp, kv_heads = c.n_kv_heads / tp;
+  const int h0 = rank * heads, kvh0 = rank * kv_heads;
+  const int64_t qd_r = int64_t{heads} * hd, kvd_r = int64_t{kv_heads} * hd, hid_r = hid / tp;
+  const int blocks = ReductionBlocks(c), my_blocks = blocks / tp;
+
+  me.x.resize(n_rows * dim);
+  me.xb.resize(n_rows * dim);
+  me.q.resize(n_rows * qd_r);
+  me.k.resize(n_rows * kvd_r);
+  me.v.resize(n_rows * kvd_r);
+  me.att.resize(n_rows * qd_r);
+  me.proj.resize(n_rows * dim);
+  me.gate.resize(n_rows * hid_r);
+  me.up.resize(n_rows * hid_r);
+
+  auto rope = [&](float* vec, int64_t r, int n_heads) {
     const float* cs = &s.cos_sin[r * pairs * 2];
-    for (int h = 0; h < heads; ++h) {
+    for (int h = 0; h < n_heads; ++h) {
       float* head = vec + int64_t{h} * hd;
       for (int i = 0; i < pairs; ++i) {
         const int a = c.rope.layout == RopeLayout::kInterleaved ? 2 * i : i;
@@ -169,83 +310,186 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
     }
   };
 
-  for (int64_t r = 0; r < n_rows; ++r) {
-    std::copy_n(w.token_embedding + int64_t{s.row_token[r]} * dim, dim, &s.x[r * dim]);
+  // Row-parallel product: out[t*n_out + o] = the fixed tree over the B
+  // blocks of Dot(block of x[t], block of w[o]), where w is [n_out, len] and
+  // this rank holds columns [col0, col0 + len/T) of x (as `x_local`, rows of
+  // len/T). Each rank sums its aligned run of blocks; the T roots are
+  // gathered and combined by the same tree, in rank order.
+  auto row_parallel = [&](const float* x_local, const std::vector<float>& packed, int64_t len,
+                          int64_t n_out, float* out) -> absl::Status {
+    const int64_t blk = len / blocks, local_len = len / tp, n = n_rows * n_out;
+    me.xblk.resize(n_rows * blk);
+    me.partials.resize(my_blocks * n);
+    for (int b = 0; b < my_blocks; ++b) {
+      for (int64_t t = 0; t < n_rows; ++t) {
+        std::copy_n(x_local + t * local_len + b * blk, blk, &me.xblk[t * blk]);
+      }
+      // Element (t, o) is exactly Dot(block b of x[t], block b of w[o]).
+      be.Matmul(me.xblk.data(), n_rows, &packed[b * n_out * blk], nullptr, blk, n_out,
+                &me.partials[b * n]);
+    }
+    me.local.resize(n);
+    for (int64_t i = 0; i < n; ++i) me.local[i] = TreeSum(&me.partials[i], my_blocks, n);
+    if (tp == 1) {
+      std::copy(me.local.begin(), me.local.end(), out);
+      return absl::OkStatus();
+    }
+    me.gathered.resize(tp * n);
+    VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n, me.gathered.data()));
+    for (int64_t i = 0; i < n; ++i) out[i] = TreeSum(&me.gathered[i], tp, n);
+    return absl::OkStatus();
+  };
+
+  // Embedding, vocabulary-parallel: each rank looks up the rows whose token
+  // it holds; the owner's copy is taken (a copy, not a sum, so -0 stays -0).
+  {
+    const int64_t v0 = VocabBegin(c.vocab_size, rank, tp), v1 = VocabBegin(c.vocab_size, rank + 1, tp);
+    if (tp == 1) {
+      for (int64_t r = 0; r < n_rows; ++r) {
+        std::copy_n(w.token_embedding + int64_t{s.row_token[r]} * dim, dim, &me.x[r * dim]);
+      }
+    } else {
+      me.local.assign(n_rows * dim, 0.0f);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t tok = s.row_token[r];
+        if (tok >= v0 && tok < v1) std::copy_n(w.token_embedding + tok * dim, dim, &me.local[r * dim]);
+      }
+      me.gathered.resize(tp * n_rows * dim);
+      VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n_rows * dim, me.gathered.data()));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        int owner = 0;
+        while (s.row_token[r] >= VocabBegin(c.vocab_size, owner + 1, tp)) ++owner;
+        std::copy_n(&me.gathered[(owner * n_rows + r) * dim], dim, &me.x[r * dim]);
+      }
+    }
   }
 
-  kernels::KernelBackend& be = *backend_;
-  ThreadPool& pool = be.pool();
   const int group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     for (int64_t r = 0; r < n_rows; ++r) {
-      kernels::RmsNorm(be, &s.x[r * dim], lw.rms_att, dim, c.rms_norm_eps, &s.xb[r * dim]);
+      kernels::RmsNorm(be, &me.x[r * dim], lw.rms_att, dim, c.rms_norm_eps, &me.xb[r * dim]);
     }
-    be.Matmul(s.xb.data(), n_rows, lw.wq, lw.bq, dim, qd, s.q.data());
-    be.Matmul(s.xb.data(), n_rows, lw.wk, lw.bk, dim, kvd, s.k.data());
-    be.Matmul(s.xb.data(), n_rows, lw.wv, lw.bv, dim, kvd, s.v.data());
+    // Column-parallel Q/K/V: this rank's heads are a contiguous run of rows.
+    be.Matmul(me.xb.data(), n_rows, lw.wq + int64_t{h0} * hd * dim,
+              lw.bq ? lw.bq + int64_t{h0} * hd : nullptr, dim, qd_r, me.q.data());
+    be.Matmul(me.xb.data(), n_rows, lw.wk + int64_t{kvh0} * hd * dim,
+              lw.bk ? lw.bk + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.k.data());
+    be.Matmul(me.xb.data(), n_rows, lw.wv + int64_t{kvh0} * hd * dim,
+              lw.bv ? lw.bv + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.v.data());
     for (int64_t r = 0; r < n_rows; ++r) {
-      rope(&s.q[r * qd], r, c.n_heads);
-      rope(&s.k[r * kvd], r, c.n_kv_heads);
-      batch[s.row_entry[r]].kv->Write(l, s.row_pos[r], &s.k[r * kvd], &s.v[r * kvd]);
+      rope(&me.q[r * qd_r], r, heads);
+      rope(&me.k[r * kvd_r], r, kv_heads);
     }
-    // Attention: every (row, head) is independent; the key order inside one
-    // is fixed by its KV representation.
-    const int64_t units = n_rows * c.n_heads;
+    if (tp == 1) {
+      for (int64_t r = 0; r < n_rows; ++r) {
+        batch[s.row_entry[r]].kv->Write(l, s.row_pos[r], &me.k[r * kvd], &me.v[r * kvd]);
+      }
+    } else {
+      // The sequence's KV rows are whole (the store keeps full rows): gather
+      // the heads, rank 0 writes, and every rank waits before reading them.
+      // (Rank 0 writes layer l+1 only after every rank has passed this
+      // layer's later collectives, i.e. finished reading layer l.)
+      me.local.resize(2 * n_rows * kvd_r);
+      std::copy(me.k.begin(), me.k.end(), me.local.begin());
+      std::copy(me.v.begin(), me.v.end(), me.local.begin() + n_rows * kvd_r);
+      me.gathered.resize(tp * 2 * n_rows * kvd_r);
+      VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), 2 * n_rows * kvd_r, me.gathered.data()));
+      if (rank == 0) {
+        me.kv_row.resize(2 * kvd);
+        for (int64_t r = 0; r < n_rows; ++r) {
+          for (int q = 0; q < tp; ++q) {
+            const float* src = &me.gathered[q * 2 * n_rows * kvd_r];
+            std::copy_n(src + r * kvd_r, kvd_r, &me.kv_row[q * kvd_r]);
+            std::copy_n(src + (n_rows + r) * kvd_r, kvd_r, &me.kv_row[kvd + q * kvd_r]);
+          }
+          batch[s.row_entry[r]].kv->Write(l, s.row_pos[r], me.kv_row.data(), me.kv_row.data() + kvd);
+        }
+      }
+      VC_RETURN_IF_ERROR(comm.Barrier());
+    }
+    // Attention over this rank's heads: every (row, head) is independent; the
+    // key order inside one is fixed by its KV representation.
+    const int64_t units = n_rows * heads;
     const int64_t work_per_unit = std::max<int64_t>(1, int64_t{s.row_pos[n_rows - 1] + 1} * hd * 2);
     pool.ParallelFor(units, std::max<int64_t>(1, 32768 / work_per_unit), [&](int64_t u0, int64_t u1) {
       thread_local std::vector<float> scores;
       for (int64_t u = u0; u < u1; ++u) {
-        const int64_t r = u / c.n_heads;
-        const int h = static_cast<int>(u % c.n_heads);
+        const int64_t r = u / heads;
+        const int hl = static_cast<int>(u % heads);
+        const int h = h0 + hl;
         const int kvh = h / group;
         const SequenceKv& kv = *batch[s.row_entry[r]].kv;
         const int32_t pos = s.row_pos[r];
         const int32_t min_pos = c.sliding_window > 0 ? pos - c.sliding_window + 1 : 0;
         const SequenceKv::KeyRange range = kv.Keys(l, kvh, min_pos, pos);
         scores.resize(std::max<int64_t>(1, range.count));
-        kv.Scores(be, l, kvh, range, &s.q[r * qd + int64_t{h} * hd], scale, scores.data());
+        kv.Scores(be, l, kvh, range, &me.q[r * qd_r + int64_t{hl} * hd], scale, scores.data());
         be.Softmax(scores.data(), range.count);
         if (AttentionObserver* obs = batch[s.row_entry[r]].observer) {
           obs->Observe(l, h, kvh, pos, range, scores.data());
         }
-        float* out = &s.att[r * qd + int64_t{h} * hd];
+        float* out = &me.att[r * qd_r + int64_t{hl} * hd];
         std::fill_n(out, hd, 0.0f);
         kv.MixValues(be, l, kvh, range, scores.data(), out);
       }
     });
-    be.Matmul(s.att.data(), n_rows, lw.wo, nullptr, qd, dim, s.proj.data());
-    for (int64_t i = 0; i < n_rows * dim; ++i) s.x[i] = s.x[i] + s.proj[i];
+    // o_proj, row-parallel over q_dim.
+    VC_RETURN_IF_ERROR(row_parallel(me.att.data(), me.wo_blocks[l], qd, dim, me.proj.data()));
+    for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
 
     for (int64_t r = 0; r < n_rows; ++r) {
-      kernels::RmsNorm(be, &s.x[r * dim], lw.rms_ffn, dim, c.rms_norm_eps, &s.xb[r * dim]);
+      kernels::RmsNorm(be, &me.x[r * dim], lw.rms_ffn, dim, c.rms_norm_eps, &me.xb[r * dim]);
     }
-    be.Matmul(s.xb.data(), n_rows, lw.w1, nullptr, dim, hid, s.gate.data());
-    be.Matmul(s.xb.data(), n_rows, lw.w3, nullptr, dim, hid, s.up.data());
-    for (int64_t i = 0; i < n_rows * hid; ++i) s.gate[i] = kernels::Silu(s.gate[i]) * s.up[i];
-    be.Matmul(s.gate.data(), n_rows, lw.w2, nullptr, hid, dim, s.proj.data());
-    for (int64_t i = 0; i < n_rows * dim; ++i) s.x[i] = s.x[i] + s.proj[i];
+    // gate/up column-parallel over hidden units, down_proj row-parallel.
+    const int64_t j0 = rank * hid_r;
+    be.Matmul(me.xb.data(), n_rows, lw.w1 + j0 * dim, nullptr, dim, hid_r, me.gate.data());
+    be.Matmul(me.xb.data(), n_rows, lw.w3 + j0 * dim, nullptr, dim, hid_r, me.up.data());
+    for (int64_t i = 0; i < n_rows * hid_r; ++i) me.gate[i] = kernels::Silu(me.gate[i]) * me.up[i];
+    VC_RETURN_IF_ERROR(row_parallel(me.gate.data(), me.w2_blocks[l], hid, dim, me.proj.data()));
+    for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
   }
 
-  // Final norm and classifier for the requested rows only.
-  s.final_norm.resize(n_logit_rows * dim);
+  // Final norm (replicated) and the vocabulary-parallel classifier for the
+  // requested rows only; the logits are gathered in rank (= vocabulary) order.
+  if (n_logit_rows == 0) return absl::OkStatus();
+  me.final_norm.resize(n_logit_rows * dim);
   {
     int64_t out_row = 0, r = 0;
     for (size_t e = 0; e < batch.size(); ++e) {
       const int64_t len = static_cast<int64_t>(batch[e].tokens.size());
       for (int64_t i = 0; i < len; ++i, ++r) {
         if (i < batch[e].first_logit) continue;
-        kernels::RmsNorm(be, &s.x[r * dim], w.rms_final, dim, c.rms_norm_eps,
-                         &s.final_norm[out_row * dim]);
+        kernels::RmsNorm(be, &me.x[r * dim], w.rms_final, dim, c.rms_norm_eps,
+                         &me.final_norm[out_row * dim]);
         ++out_row;
       }
     }
   }
-  if (n_logit_rows > 0) {
-    be.Matmul(s.final_norm.data(), n_logit_rows, w.classifier, nullptr, dim, c.vocab_size,
-              logits->data());
+  const int64_t vocab = c.vocab_size;
+  if (tp == 1) {
+    be.Matmul(me.final_norm.data(), n_logit_rows, w.classifier, nullptr, dim, vocab,
+              pass.logits->data());
+    return absl::OkStatus();
+  }
+  const int64_t v0 = VocabBegin(vocab, rank, tp), v1 = VocabBegin(vocab, rank + 1, tp);
+  const int64_t slice = (vocab + tp - 1) / tp;  // padded so every rank sends the same size
+  me.local.assign(n_logit_rows * slice, 0.0f);
+  be.Matmul(me.final_norm.data(), n_logit_rows, w.classifier + v0 * dim, nullptr, dim, v1 - v0,
+            me.local.data());
+  me.gathered.resize(tp * n_logit_rows * slice);
+  VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n_logit_rows * slice, me.gathered.data()));
+  if (rank == 0) {
+    float* out = pass.logits->data();
+    for (int q = 0; q < tp; ++q) {
+      const int64_t q0 = VocabBegin(vocab, q, tp), q1 = VocabBegin(vocab, q + 1, tp);
+      for (int64_t row = 0; row < n_logit_rows; ++row) {
+        std::copy_n(&me.gathered[q * n_logit_rows * slice + row * (q1 - q0)], q1 - q0,
+                    out + row * vocab + q0);
+      }
+    }
   }
   return absl::OkStatus();
 }

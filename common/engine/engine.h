@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,13 @@
 #include "kernels/kernels.h"
 
 namespace vc {
+
+// The version of the engine's numerics definition (docs/numerics.md); it goes
+// into KV chunk keys and worker info so that KV computed under one definition
+// is never consumed under another. 1: plain canonical dot products; 2:
+// o_proj/down_proj reduce over B fixed blocks combined by a pairwise tree
+// (tensor-parallel invariant). Does not depend on the tensor-parallel degree.
+inline constexpr uint32_t kNumericsVersion = 2;
 
 // Sees the attention probabilities of a pass, e.g. to gather the statistics
 // that token-dropping compressors rank keys by. Observe is called
@@ -43,10 +51,25 @@ struct SequenceInput {
 
 struct EngineOptions {
   kernels::BackendOptions backend;
+  // Tensor-parallel degree T: T ranks (threads here, one collective group)
+  // each hold a slice of every layer (docs/numerics.md, "Tensor
+  // parallelism"). T must divide the model's reduction block count B and
+  // n_kv_heads; logits are bit-identical for every valid T. backend.threads
+  // is shared among the ranks.
+  int tensor_parallel = 1;
+  std::string collective = "cpu";  // collective backend registry name
   // Upper bound on the new tokens of one Forward call (scratch is sized for
   // it once); larger batches are rejected with InvalidArgument.
   int64_t max_batch_tokens = 4096;
 };
+
+// The number of fixed reduction blocks B of the model's row-parallel products
+// (o_proj over q_dim, down_proj over hidden_dim): the largest of 8, 4, 2, 1
+// dividing both. Part of the numerics definition, independent of the degree.
+int ReductionBlocks(const ModelConfig& config);
+// OK iff `degree` is a valid tensor-parallel degree for the model: >= 1,
+// dividing ReductionBlocks(config) and n_kv_heads.
+[[nodiscard]] absl::Status CheckTensorParallel(const ModelConfig& config, int degree);
 
 class Engine {
  public:
@@ -64,17 +87,21 @@ class Engine {
   const Model& model() const { return model_; }
   const ModelConfig& config() const { return model_.config(); }
   int64_t max_batch_tokens() const { return options_.max_batch_tokens; }
-  kernels::KernelBackend& backend() { return *backend_; }
+  int tensor_parallel() const { return options_.tensor_parallel; }
+  // Rank 0's backend.
+  kernels::KernelBackend& backend();
 
  private:
-  Engine(const Model& model, std::unique_ptr<kernels::KernelBackend> backend,
-         const EngineOptions& options);
   struct Scratch;
+  struct Rank;
+  struct Pass;
+  Engine(const Model& model, const EngineOptions& options);
+  absl::Status RankForward(int rank, const Pass& pass);
 
   const Model& model_;
-  std::unique_ptr<kernels::KernelBackend> backend_;
   EngineOptions options_;
-  std::unique_ptr<Scratch> scratch_;
+  std::vector<Rank> ranks_;
+  std::unique_ptr<Scratch> scratch_;  // shared per-row inputs of a pass
 };
 
 }  // namespace vc

@@ -43,8 +43,10 @@ struct ChunkKeyOptions {
   // Per-tenant salt; default empty (shared). Derived from the caller's
   // identity once authentication exists, never trusted from a request.
   std::string tenant_salt;
-  // Version of the numerics contract (kernels' exactness); default 1.
-  uint32_t numerics_version = 1;
+  // Version of the numerics contract (kernels' exactness); default the
+  // engine's current one, vc::kNumericsVersion (2: row-parallel products
+  // over B fixed blocks, docs/numerics.md). Kept equal by a test.
+  uint32_t numerics_version = 2;
   // Version of the KV dtype and layout (f32, [kv_heads][tokens][head_dim]);
   // default 1.
   uint32_t kv_layout_version = 1;

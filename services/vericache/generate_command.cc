@@ -41,6 +41,7 @@ struct GenerateFlags {
   bool no_kv_refresh = false;
   bool online_update = false;
   int threads = 0;
+  int tensor_parallel = 1;
   std::string simd = "auto";
   std::string backend = "cpu";
   bool json = false;
@@ -167,6 +168,9 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--top-p", &f.top_p, "P", "nucleus filter when sampling (1 = off)");
   flags.Add("--seed", &f.seed, "S", "sampling seed; noise is keyed by (seed, position, token)");
   flags.Add("--threads", &f.threads, "N", "compute threads (0 = all cores); never changes results");
+  flags.Add("--tensor-parallel", &f.tensor_parallel, "N",
+            "tensor-parallel degree (ranks as threads); must divide the model's reduction block "
+            "count and n_kv_heads; never changes results");
   flags.Add("--simd", &f.simd, "LEVEL", "scalar | avx2 | avx512 | auto; never changes results");
   flags.Add("--backend", &f.backend, "NAME", "kernel backend");
   flags.AddBool("--json", &f.json, "print one JSON object on stdout instead of text");
@@ -235,6 +239,7 @@ int RunGenerate(int argc, char** argv) {
   engine_options.backend.name = f.backend;
   engine_options.backend.threads = f.threads;
   engine_options.backend.simd = f.simd;
+  engine_options.tensor_parallel = f.tensor_parallel;
   auto engine = Engine::Create(**model, engine_options);
   if (!engine.ok()) return Fail("generate", engine.status());
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/cluster/remote_session.h"
+#include "common/engine/engine.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
@@ -46,7 +47,7 @@ struct DrafterOptions {
   int max_open_queue = 256;       // Open calls waiting for their fetch
   std::chrono::seconds session_idle{120};
   std::string data_plane = "tcp";
-  uint32_t numerics_version = 1;
+  uint32_t numerics_version = kNumericsVersion;
 };
 
 class DrafterService final : public vericache::v1::Drafter::CallbackService {

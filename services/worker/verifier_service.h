@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/cluster/remote_session.h"
+#include "common/engine/engine.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
@@ -49,7 +50,7 @@ struct VerifierOptions {
   // Sessions untouched this long are released (their coordinator is gone).
   std::chrono::seconds session_idle{120};
   std::string data_plane = "tcp";
-  uint32_t numerics_version = 1;
+  uint32_t numerics_version = kNumericsVersion;
 };
 
 class VerifierService final : public vericache::v1::Verifier::CallbackService {

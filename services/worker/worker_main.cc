@@ -30,6 +30,7 @@ struct Flags {
   // empty = plaintext.
   transport::DataPlaneTlsOptions data_tls;
   int threads = 0;
+  int tensor_parallel = 1;
   int64_t max_batch_tokens = 4096;
   int max_requests = 256;
   int64_t arena_bytes = int64_t{1} << 30;
@@ -61,6 +62,9 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   flags.Add("--kvstore", &f.kvstore, "HOST:PORT", "vc-kvstore gRPC address (required)");
   flags.Add("--data-plane", &f.data_plane, "tcp|ucx", "data plane transport (must match the store)");
   flags.Add("--threads", &f.threads, "N", "compute threads (0 = all cores); never changes results");
+  flags.Add("--tensor-parallel", &f.tensor_parallel, "N",
+            "tensor-parallel degree (ranks as threads on the cpu; N GPUs with nccl); must divide "
+            "the model's reduction block count and n_kv_heads; never changes results");
   flags.Add("--max-batch-tokens", &f.max_batch_tokens, "N", "largest forward pass in tokens");
   flags.Add("--max-requests", &f.max_requests, "N", "request sessions held at once");
   flags.Add("--arena-bytes", &f.arena_bytes, "N", "KV bytes this worker may hold");
@@ -131,8 +135,12 @@ int RunWorkerMain(Role role, int argc, char** argv) {
 
   auto model = Model::Load(f.model);
   if (!model.ok()) return daemon::Fail(name, model.status().ToString());
+  if (absl::Status s = CheckTensorParallel((*model)->config(), f.tensor_parallel); !s.ok()) {
+    return daemon::BadFlags(name, std::string(s.message()));
+  }
   EngineOptions eo;
   eo.backend.threads = f.threads;
+  eo.tensor_parallel = f.tensor_parallel;
   eo.max_batch_tokens = f.max_batch_tokens;
   auto engine = Engine::Create(**model, eo);
   if (!engine.ok()) return daemon::Fail(name, engine.status().ToString());

@@ -16,6 +16,8 @@
 
 #include "absl/status/status.h"
 #include "common/compress/attention_stats.h"
+#include "common/engine/engine.h"
+#include "common/kvstore/chunk_key.h"
 #include "common/kvstore/chunk_codec.h"
 #include "common/kvstore/variant_codec.h"
 #include "gmock/gmock.h"
@@ -423,7 +425,7 @@ TEST(BuildPrefixEntriesTest, KeysChangeWithEveryInput) {
   salt.tenant_salt = "tenant-b";
   all_keys_differ(*BuildPrefixEntries(*f.ingest_engine, tokens, salt, f.id, variants), "salt");
   kvstore::ChunkKeyOptions numerics = KeyOptions();
-  numerics.numerics_version = 2;
+  numerics.numerics_version = numerics.numerics_version + 1;
   all_keys_differ(*BuildPrefixEntries(*f.ingest_engine, tokens, numerics, f.id, variants),
                   "numerics version");
   kvstore::ChunkKeyOptions layout = KeyOptions();
@@ -549,6 +551,14 @@ TEST(BuildPrefixEntriesTest, ExactOnStories260K) {
   CheckIngestExactness(f, prompt, prefix, KeyOptions(32),
                        *ParseVariantList("snapkv:0.25,kivi:4,snapkv+kivi:0.5:4,streamingllm:0.3,"
                                          "int8,h2o+kivi:0.5:2"));
+}
+
+// Chunk keys carry the engine's numerics version by default, so KV computed
+// under version 1 (before the fixed-block row-parallel reductions) is never
+// served to an engine of version 2.
+TEST(NumericsVersionTest, ChunkKeysDefaultToTheEnginesVersion) {
+  EXPECT_EQ(kvstore::ChunkKeyOptions().numerics_version, kNumericsVersion);
+  EXPECT_EQ(kNumericsVersion, 2u);
 }
 
 }  // namespace

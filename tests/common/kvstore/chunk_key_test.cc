@@ -69,7 +69,7 @@ TEST(ChunkKeyTest, EveryFieldChangesTheKey) {
       {"numerics",
        [&] {
          auto o = base;
-         o.numerics_version = 2;
+         o.numerics_version = base.numerics_version + 1;
          return FullChunkKey(o, model, &prev, tokens);
        }},
       {"layout",

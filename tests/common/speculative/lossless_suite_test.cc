@@ -87,7 +87,10 @@ class LosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
 
 // online_update: the drafter folds settled tokens into its compressed view
 // by the method's online rule (a smaller grid of draft lengths then).
-void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update = false) {
+// tensor_parallel: the draft/verify engine's degree; the expected tokens
+// always come from full-KV decoding at degree 1.
+void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update = false,
+              int tensor_parallel = 1) {
   const std::string path = ModelPath(mc.file);
   if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << mc.file;
   auto model = Model::Load(path);
@@ -97,6 +100,10 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
   eo.backend.threads = 1;
   auto engine = Engine::Create(**model, eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
+  EngineOptions tp_options = eo;
+  tp_options.tensor_parallel = tensor_parallel;
+  auto tp_engine = Engine::Create(**model, tp_options);
+  ASSERT_TRUE(tp_engine.ok()) << tp_engine.status();
   const int ctx = (*model)->config().max_seq_len;
 
   struct Job {
@@ -139,11 +146,11 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     ro.draft.adaptive = job.draft_len == 0;
     ro.draft.draft_len = job.draft_len == 0 ? 8 : job.draft_len;
     ro.online_update = online_update;
-    auto r = SpeculativeRequest::Create(**engine, job.prompt, ro);
+    auto r = SpeculativeRequest::Create(**tp_engine, job.prompt, ro);
     ASSERT_TRUE(r.ok()) << r.status();
     requests.push_back(std::move(r).value());
   }
-  auto run = RunBatch(**engine, requests);
+  auto run = RunBatch(**tp_engine, requests);
   ASSERT_TRUE(run.ok()) << run.status();
   int64_t rounds = 0, accepted = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -175,8 +182,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
                                 int64_t{0});
   }
-  std::printf("[ %s | %s%s ] %zu requests, %lld rounds, mean accepted drafts/round %.2f\n",
-              mc.file, CaseName(cc).c_str(), online_update ? " online" : "", jobs.size(),
+  std::printf("[ %s | %s%s tp=%d ] %zu requests, %lld rounds, mean accepted drafts/round %.2f\n",
+              mc.file, CaseName(cc).c_str(), online_update ? " online" : "", tensor_parallel,
+              jobs.size(),
               static_cast<long long>(rounds),
               rounds ? static_cast<double>(accepted) / rounds : 0.0);
 }
@@ -216,6 +224,19 @@ TEST_P(OnlineLosslessSuite, TinyStories656K) {
 INSTANTIATE_TEST_SUITE_P(OnlineCompressors, OnlineLosslessSuite,
                          ::testing::ValuesIn(OnlineCompressorCases()),
                          [](const auto& info) { return CaseName(info.param); });
+
+// Draft/verify at tensor-parallel degree > 1 against full-KV decoding at
+// degree 1: the same tokens (a smaller grid keeps it short).
+TEST(LosslessTensorParallel, Stories260KAtDegree2) {
+  RunModel({"stories260K.bin", {400}}, {"snapkv", 0.25, 0}, false, /*tensor_parallel=*/2);
+}
+TEST(LosslessTensorParallel, Aidreams260KAtDegree4) {
+  RunModel({"aidreams260K.bin", {16, 80}}, {"kivi", 0, 2}, false, /*tensor_parallel=*/4);
+}
+TEST(LosslessTensorParallel, Aidreams260KOnlineAtDegree2) {
+  RunModel({"aidreams260K.bin", {48}}, {"h2o", 0.25, 0}, /*online_update=*/true,
+           /*tensor_parallel=*/2);
+}
 
 // The acceptance bands of ../shared/models/README.md (greedy, KV refresh on).
 double MeanAccepted(const char* file, const std::vector<int>& prompt_lengths, int x,

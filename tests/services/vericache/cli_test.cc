@@ -93,6 +93,36 @@ TEST_F(CliTest, ThreadsAndSimdNeverChangeTokens) {
   }
 }
 
+// Tensor parallelism changes no token (docs/numerics.md section 6), in full
+// and VeriCache mode, on both test models.
+TEST_F(CliTest, TensorParallelNeverChangesTokens) {
+  for (const std::string& model : {stories_, aidreams_}) {
+    const std::string base = "generate --model " + model +
+                             " --prompt-ids \"$(yes '1 306 461 260' | head -n 10 | tr '\\n' ' ')\""
+                             " --max-new-tokens 80 --ignore-eos --json";
+    for (const std::string& mode :
+         {std::string(""), std::string(" --mode vericache --compressor snapkv --ratio 0.25 --draft-len 8"),
+          std::string(" --mode vericache --compressor kivi --bits 2 --draft-len auto")}) {
+      RunResult ref = RunCli(base + mode + " --tensor-parallel 1");
+      ASSERT_EQ(ref.exit_code, 0) << model << mode << ": " << ref.err;
+      const auto tokens = nlohmann::json::parse(ref.out)["tokens"];
+      ASSERT_EQ(tokens.size(), 80u);
+      for (const char* tp : {" --tensor-parallel 2", " --tensor-parallel 4 --threads 2"}) {
+        RunResult r = RunCli(base + mode + tp);
+        ASSERT_EQ(r.exit_code, 0) << model << mode << tp << ": " << r.err;
+        EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], tokens) << model << mode << tp;
+      }
+    }
+  }
+  // And the independent float64 continuation of ../shared/models/README.md.
+  RunResult r = RunCli("generate --model " + aidreams_ + " --tokenizer " + tok_ +
+                       " --prompt 'I dream of' --max-new-tokens 40 --tensor-parallel 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("I dream of 0.000000. Dimensions unfold, as I softly refine"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(CliTest, SeededSamplingIsReproducibleAndSeedDependent) {
   const std::string base = "generate --model " + stories_ +
                            " --prompt-ids '1 306' --max-new-tokens 60 --ignore-eos --json "
@@ -136,6 +166,10 @@ TEST_F(CliTest, BadInputExitsTwoWithOneLine) {
       {"generate --model " + stories_ + " --prompt-ids '1' --top-k 5", "--temperature"},
       {"generate --model " + stories_ + " --prompt 'hi'", "--tokenizer"},
       {"generate --model " + stories_ + " --prompt-ids '1' --simd avx9", "avx9"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --tensor-parallel 3",
+       "tensor-parallel degree 3"},
+      {"generate --model " + stories_ + " --prompt-ids '1' --tensor-parallel 8",
+       "n_kv_heads 4"},
       {"generate --prompt-ids '1'", "--model is required"},
       {"frobnicate", "unknown command"},
   };
@@ -263,7 +297,8 @@ TEST_F(CliTest, HelpDescribesEveryFlag) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--model", "--prompt-ids", "--prompt", "--tokenizer", "--max-new-tokens",
                            "--ignore-eos", "--temperature", "--top-k", "--top-p", "--seed",
-                           "--threads", "--simd", "--json", "--mode", "--compressor", "--ratio",
+                           "--threads", "--tensor-parallel", "--simd", "--json", "--mode",
+                           "--compressor", "--ratio",
                            "--bits", "--draft-len", "--sampling", "--no-kv-refresh",
                            "--online-update"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
