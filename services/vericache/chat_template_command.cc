@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
 #include "common/chat/chat_template.h"
+#include "common/tokenizer/tokenizer_config.h"
 #include "nlohmann/json.hpp"
 #include "services/vericache/commands.h"
 
@@ -40,62 +41,25 @@ absl::StatusOr<std::string> ReadFileBounded(const std::string& path) {
   return data;
 }
 
-// A special token in tokenizer_config.json: a string, or an AddedToken
-// object whose "content" is the string.
-absl::StatusOr<std::string> TokenString(const Json& root, const char* key, const std::string& path) {
-  auto it = root.find(key);
-  if (it == root.end() || it->is_null()) return std::string();
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
-    return (*it)["content"].get<std::string>();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": field '", key, "' must be a string or an object with a string \"content\""));
-}
-
 struct TemplateSource {
   std::string source;
   std::string bos_token;
   std::string eos_token;
 };
 
-// The chat template of a tokenizer_config.json: "chat_template" as a string,
-// or the "default" entry of a list of {"name", "template"}.
+// The chat template and special-token strings of a tokenizer_config.json,
+// read by the one parser of that file (LoadTokenizerConfig).
 absl::StatusOr<TemplateSource> FromTokenizerConfig(const std::string& path) {
-  auto text = ReadFileBounded(path);
-  if (!text.ok()) return text.status();
-  const Json root = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!root.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
-  TemplateSource out;
-  auto it = root.find("chat_template");
-  if (it == root.end() || it->is_null()) {
+  absl::StatusOr<TokenizerConfig> config = LoadTokenizerConfig(path);
+  if (!config.ok()) return config.status();
+  if (!config->chat_template.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " has no chat_template: this model has no chat format (give one with --template)"));
   }
-  if (it->is_string()) {
-    out.source = it->get<std::string>();
-  } else if (it->is_array()) {
-    bool found = false;
-    for (const Json& t : *it) {
-      if (t.is_object() && t.contains("name") && t["name"] == "default" && t.contains("template") &&
-          t["template"].is_string()) {
-        out.source = t["template"].get<std::string>();
-        found = true;
-      }
-    }
-    if (!found) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": chat_template lists named templates but none is \"default\""));
-    }
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": chat_template must be a string or a list"));
-  }
-  auto bos = TokenString(root, "bos_token", path);
-  if (!bos.ok()) return bos.status();
-  auto eos = TokenString(root, "eos_token", path);
-  if (!eos.ok()) return eos.status();
-  out.bos_token = *bos;
-  out.eos_token = *eos;
+  TemplateSource out;
+  out.source = *config->chat_template;
+  out.bos_token = config->bos_token.value_or("");
+  out.eos_token = config->eos_token.value_or("");
   return out;
 }
 

@@ -19,7 +19,10 @@ const { Tokenizer } = await import(
 
 const endpoints = JSON.parse(fs.readFileSync(endpointsFile, "utf8"));
 assert.match(endpoints.openai, /^http:\/\/127\.0\.0\.1:\d+\/v1$/, "endpoints file has the openai URL");
-const client = new OpenAI({ baseURL: endpoints.openai, apiKey: "any-key", maxRetries: 0, timeout: 300000 });
+// A demo tenant's key when the cluster has API keys (the default); any value
+// otherwise (vericache local --insecure).
+const apiKey = endpoints.api_keys ? endpoints.api_keys["tenant-a"] : "any-key";
+const client = new OpenAI({ baseURL: endpoints.openai, apiKey, maxRetries: 0, timeout: 300000 });
 const modelName = path.basename(modelDir);
 const tokenizer = new Tokenizer(
   JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer.json"), "utf8")),

@@ -30,12 +30,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# vc-openai speaks plain gRPC to the coordinator until it learns the
-# cluster's TLS (a follow-up to issue 11): run the cluster insecure where
-# `vericache local` is secure by default.
-insecure=()
-if "$vericache" local --help 2>/dev/null | grep -q -- '--insecure'; then insecure=(--insecure); fi
-"$vericache" local "${insecure[@]}" --model "$model" --chat-template "$repo/tests/data/openai/tinystories_chat.jinja" \
+# The cluster as `vericache local` starts it: secure by default (mutual TLS
+# between the daemons, TLS and API keys on the coordinator, which vc-openai
+# reaches with the cluster's CA and each caller's own key).
+"$vericache" local --model "$model" --chat-template "$repo/tests/data/openai/tinystories_chat.jinja" \
   --endpoints-file "$tmp/endpoints.json" --log-dir "$tmp/logs" --worker-threads 1 >"$tmp/local.out" 2>&1 &
 pid=$!
 for _ in $(seq 1200); do
