@@ -49,12 +49,16 @@ class KvIntegrityTest : public ::testing::Test {
     o.model = ModelPath();
     o.chunk_tokens = kChunkTokens;
     o.ingest_variants = "int8";
+    // Seals are what this suite tests, and they are on either way; without
+    // authentication the test can compute the chunk keys itself (with API
+    // keys the coordinator salts them with a secret the test does not hold).
+    o.insecure = true;
     o.log_dir = ::testing::TempDir() + "/kv-integrity-logs-" + std::to_string(getpid());
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
     cluster_ = std::move(*c);
-    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->coordinator(), 64 << 20));
-    store_ = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->client(), 64 << 20));
+    store_ = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
   }
 
   std::vector<int32_t> Text(int n, uint64_t seed) {
@@ -233,7 +237,7 @@ TEST_F(KvIntegrityTest, ChunkCorruptedOnDiskIsQuarantinedAndHeals) {
     ASSERT_TRUE(db->Close().ok());
   }
   ASSERT_TRUE(cluster_->RestartKvStore().ok());
-  store_ = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->Find("kvstore")->address, 64 << 20));
+  store_ = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
   // The first request sees the corruption: exact tokens (fallback or
   // re-ingest) or a clean error, never tokens from the flipped chunk.
   const grpc::Status first = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE);
