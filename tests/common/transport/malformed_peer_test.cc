@@ -297,10 +297,22 @@ TEST(ConnectionLimitTest, ANewConnectionPushesOutTheIdlest) {
   auto first = ClientFor((*server)->address());
   ASSERT_TRUE(first->Fetch({"k"}, In(30)).ok());  // holds the one connection (pooled)
   auto second = ClientFor((*server)->address());
+  // The first connection turns idle only once the server's worker has
+  // finished with it, which may be just after the first client has its
+  // answer; until then every established connection is busy and a new one
+  // is refused. Once it is idle, the new connection must push it out.
   auto v = second->Fetch({"k"}, In(30));
+  for (int attempt = 0; !v.ok() && attempt < 100; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    v = second->Fetch({"k"}, In(30));
+  }
   EXPECT_TRUE(v.ok()) << v.status();
   EXPECT_EQ((*server)->established_connections(), 1);
   auto again = first->Fetch({"k"}, In(30));  // its pooled connection was closed: retried
+  for (int attempt = 0; !again.ok() && attempt < 100; ++attempt) {  // the same race, reversed
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    again = first->Fetch({"k"}, In(30));
+  }
   EXPECT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*server)->established_connections(), 1);
 }
