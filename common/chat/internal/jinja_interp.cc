@@ -261,8 +261,16 @@ class Interp {
 
   Value MakeMacro(const Node& n) {
     const Node* node = &n;
-    Scope root = scopes_.front();
-    return Value::Function(n.name, [this, node, root](std::vector<Value>& pos, KwArgs& kw) -> absl::StatusOr<Value> {
+    // The macro is stored in the scope it captures: a weak reference breaks
+    // that cycle (the root scope outlives every call, which happen during
+    // the render that owns it).
+    std::weak_ptr<std::unordered_map<std::string, Value>> weak_root = scopes_.front();
+    return Value::Function(n.name, [this, node, weak_root](std::vector<Value>& pos, KwArgs& kw) -> absl::StatusOr<Value> {
+      Scope root = weak_root.lock();
+      if (root == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("macro '", node->name, "' called after its template finished rendering"));
+      }
       if (depth_ >= limits_.max_call_depth) {
         return absl::ResourceExhaustedError(absl::StrCat("chat template line ", node->line,
                                                          ": macro calls nested deeper than ",
