@@ -12,33 +12,13 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/services/vericache/cli_runner.h"
 #include "tests/common/tokenizer/hf_reference.h"
 
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-RunResult RunCli(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/vc_tok_cli_stderr_" + std::to_string(getpid()) + ".txt";
-  const std::string cmd = std::string(VC_CLI_PATH) + " " + args + " 2>" + err_path;
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (FILE* e = fopen(err_path.c_str(), "r")) {
-    while ((n = fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
-    fclose(e);
-  }
-  return r;
-}
+using vc::testing_cli::RunCli;
+using vc::testing_cli::RunResult;
 
 std::string WriteFile(const std::string& name, const std::string& bytes) {
   std::string path = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
