@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/internal/http_accept_loop.h"
 #include "common/metrics/internal/httplib_wrapper.h"
 
 namespace vc::metrics {
@@ -69,17 +70,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Regist
         absl::StrCat("MetricsServer: cannot bind ", options.address, ":", options.port));
   }
   impl->port = port;
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  impl->thread = std::thread([&srv, done] {
-    srv.listen_after_bind();
-    done->store(true);
-  });
-  // httplib's stop() is a no-op until the accept loop runs, so wait for it
-  // before handing out a server that can be stopped.
-  while (!srv.is_running() && !done->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!srv.is_running()) {
-    impl->thread.join();
-    return absl::InternalError("MetricsServer: the HTTP accept loop exited at start");
+  if (absl::Status s = internal::StartAcceptLoop(srv, &impl->thread, "MetricsServer"); !s.ok()) {
+    return s;
   }
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }

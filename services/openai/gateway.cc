@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/metrics/internal/http_accept_loop.h"
 #include "common/metrics/internal/httplib_wrapper.h"
 #include "services/common/daemon.h"
 #include "services/openai/internal/bounded_server.h"
@@ -603,16 +604,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
     return absl::UnavailableError(absl::StrCat("vc-openai: cannot bind ", options.host, ":", options.port));
   }
   impl->port = port;
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  impl->thread = std::thread([&srv, done] {
-    srv.listen_after_bind();
-    done->store(true);
-  });
-  while (!srv.is_running() && !done->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!srv.is_running()) {
-    impl->thread.join();
-    return absl::InternalError("vc-openai: the HTTP accept loop exited at start");
-  }
+  VC_RETURN_IF_ERROR(metrics::internal::StartAcceptLoop(srv, &impl->thread, "vc-openai"));
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 
