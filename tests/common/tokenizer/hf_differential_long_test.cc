@@ -111,15 +111,8 @@ TEST_P(HfDifferentialLongTest, GeneratedCorpus) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shared, HfDifferentialLongTest,
-                         ::testing::Values("gpt2", "dolma2", "minimind", "tinystories656K", "llama2", "phi3",
-                                           "nmt-unigram"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+                         ::testing::ValuesIn(kSharedTokenizerNames),
+                         [](const auto& info) { return SharedTokenizerTestName(info.param); });
 
 }  // namespace
 }  // namespace vc::testing

@@ -111,15 +111,8 @@ TEST(HfDifferentialPrecompiled, DocumentedDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shared, HfDifferentialTest,
-                         ::testing::Values("gpt2", "dolma2", "minimind", "tinystories656K", "llama2", "phi3",
-                                           "nmt-unigram"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+                         ::testing::ValuesIn(kSharedTokenizerNames),
+                         [](const auto& info) { return SharedTokenizerTestName(info.param); });
 
 }  // namespace
 }  // namespace vc::testing

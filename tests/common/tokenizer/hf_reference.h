@@ -3,6 +3,7 @@
 // node process, and compares its answers with ours.
 #pragma once
 
+#include <cctype>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,5 +46,19 @@ std::vector<std::string> Compare(const TextTokenizer& ours, const std::vector<st
 
 // JSON-escaped form of a string, for messages.
 std::string Quote(const std::string& s);
+
+// The shared tokenizers every differential suite runs over (directories in
+// ../shared/tokenizers, and the tinystories656K checkpoint).
+inline const std::vector<std::string> kSharedTokenizerNames = {
+    "gpt2", "dolma2", "minimind", "tinystories656K", "llama2", "phi3", "nmt-unigram"};
+
+// A gtest parameter name for one of them ("nmt-unigram" -> "nmt_unigram").
+inline std::string SharedTokenizerTestName(const std::string& name) {
+  std::string n = name;
+  for (char& c : n) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
 
 }  // namespace vc::testing
