@@ -905,7 +905,8 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
     // The verifier died under the ingest: look again (the prefix may be
     // stored by now) and ingest on a live one.
     if (ingest_on != nullptr && IsWorkerLost(status) &&
-        CheckWorkerAfterFailure(WorkerPool::kVerifier, *ingest_on, status) && attempt < 2) {
+        CheckWorkerAfterFailure(WorkerPool::kVerifier, *ingest_on, status) &&
+        attempt < std::min(2, options_.max_worker_retries)) {
       metrics_->retries->Labels({"verifier"}).Inc();
       continue;
     }
@@ -1044,21 +1045,25 @@ absl::Status CoordinatorService::Run(Plan& plan, Request& r,
     if (s.ok() || r.gone() || !IsWorkerLost(s)) return s;
     // Which of its workers died? (Probed now: the next round is too late
     // for the requests placed meanwhile.)
-    std::string died;
+    std::vector<std::string> died;
+    const char* pool = plan.verifier ? "verifier" : "drafter";
     if (plan.verifier && CheckWorkerAfterFailure(WorkerPool::kVerifier, *plan.verifier, s)) {
-      died = "verifier";
+      died.push_back(absl::StrCat("verifier ", plan.verifier->address, " is down"));
     }
     if (plan.drafter && CheckWorkerAfterFailure(WorkerPool::kDrafter, *plan.drafter, s)) {
-      died = died.empty() ? "drafter" : "verifier and drafter";
+      died.push_back(absl::StrCat("drafter ", plan.drafter->address, " is down"));
+      if (died.size() == 1) pool = "drafter";
     }
-    if (died.empty()) died = plan.verifier ? "verifier" : "drafter";  // it restarted already
+    // Both answer: the worker came back already (its sessions are gone), or
+    // something behind it (the store) failed; a retry is bounded either way.
+    if (died.empty()) died.push_back("its workers answer again");
     if (attempt >= options_.max_worker_retries) {
-      return absl::UnavailableError(absl::StrCat(s.message(), " (", died, " lost; gave up after ",
-                                                 attempt, " retries)"));
+      return absl::UnavailableError(absl::StrCat(s.message(), " (", absl::StrJoin(died, ", "),
+                                                 "; gave up after ", attempt, " retries)"));
     }
     if (Clock::now() >= r.deadline) return s;
     ReleaseSessions(plan);
-    metrics_->retries->Labels({died == "drafter" ? "drafter" : "verifier"}).Inc();
+    metrics_->retries->Labels({pool}).Inc();
     // Re-establish the request from its exact state: the prompt plus every
     // token accepted so far (sampling is keyed by absolute position, so the
     // continuation is the same). A new session id is a new epoch: nothing

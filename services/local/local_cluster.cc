@@ -363,10 +363,9 @@ LocalCluster::~LocalCluster() { Stop(); }
 void LocalCluster::Stop(std::chrono::milliseconds grace) {
   // No restarts from here on: the supervisor is gone before anything is
   // signalled.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_.store(true);
-  }
+  // Set before taking mu_: a restart in progress holds it and watches this
+  // flag to give up early.
+  stopping_.store(true);
   cv_.notify_all();
   if (supervisor_.joinable()) supervisor_.join();
   std::lock_guard<std::mutex> lock(mu_);

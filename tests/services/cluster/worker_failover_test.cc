@@ -155,6 +155,11 @@ class WorkerFailoverTest : public ::testing::Test {
     o.drafters = 2;
     o.supervise = true;
     o.restart_backoff = std::chrono::milliseconds(300);
+    // VC_FAILOVER_MAX_RETRIES=0 (by hand): no retries, so the requests on
+    // the killed workers fail, and must fail cleanly.
+    if (const char* retries = std::getenv("VC_FAILOVER_MAX_RETRIES")) {
+      o.extra_flags["vc-coordinator"] = {std::string("--max-worker-retries=") + retries};
+    }
     o.log_dir = ::testing::TempDir() + "/failover-logs-" + std::to_string(getpid());
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
@@ -232,6 +237,7 @@ TEST_F(WorkerFailoverTest, KillADrafterAndAVerifierUnder24RequestsNoWrongTokens)
       EXPECT_TRUE(ok) << "wrong tokens from " << r.args;
       ok ? ++exact : ++wrong;
     } else {
+      if (failed == 0) std::printf("[failover] first failure: %s", r.err.c_str());
       ++failed;
       EXPECT_EQ(Lines(r.err), 1) << "a failed request prints one line, got: " << r.err;
       EXPECT_NE(r.err.find("vericache"), std::string::npos) << r.err;
