@@ -75,7 +75,7 @@ struct Endpoint {
   std::string address;  // gRPC HOST:PORT
   std::string metrics;  // HOST:PORT of /metrics, "" if off
   std::string data;     // the store's data plane HOST:PORT
-  std::string url;      // HTTP endpoints (vc-openai): the API's base URL
+  std::string url;      // HTTP endpoints (vc-openai): the API's base URL (https unless insecure)
   pid_t pid = -1;
 };
 
@@ -102,8 +102,10 @@ class LocalCluster {
   const ClusterCredentials* credentials() const { return creds_ ? &*creds_ : nullptr; }
   // The endpoints as one JSON object: {"coordinator": "127.0.0.1:PORT", ...,
   // "coordinator_metrics": "127.0.0.1:PORT", ..., "kvstore_data":
-  // "HOST:PORT", "openai": "http://127.0.0.1:PORT/v1"} and, when secure,
-  // "tls_ca": PATH and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}.
+  // "HOST:PORT", "openai": "https://127.0.0.1:PORT/v1"} and, when secure,
+  // "tls_ca": PATH (it verifies the coordinator's public port and the
+  // openai URL) and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}; when
+  // insecure the openai URL is http.
   std::string EndpointsJson() const;
 
   // Test seams for fault injection: kill -9 a daemon, and start the store
@@ -113,11 +115,14 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
-  // `grpc_health`: ready means grpc.health.v1 SERVING; vc-openai (HTTP) is
-  // ready once it printed its listening line (it binds before printing).
+  // `grpc_health`: ready means grpc.health.v1 SERVING; without it (vc-openai)
+  // Spawn returns once the daemon printed its listening line.
   absl::StatusOr<Endpoint> Spawn(const std::string& name, const std::string& role,
                                  const std::string& binary, const std::vector<std::string>& args,
                                  bool grpc_health = true);
+  // Waits until GET url/health answers 200 (HTTPS verified by the cluster CA
+  // when secure), up to the start timeout.
+  absl::Status WaitHttpHealthy(const std::string& url) const;
 
   LocalClusterOptions options_;
   std::string bin_dir_;
