@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
 #include "common/kvstore/seal.h"
+#include "common/metrics/internal/httplib_wrapper.h"
 #include "common/rpc/rpc.h"
 #include "nlohmann/json.hpp"
 
@@ -205,6 +206,27 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   return ep;
 }
 
+absl::Status LocalCluster::WaitHttpHealthy(const std::string& url) const {
+  // Over TLS the check verifies the gateway's certificate against the
+  // cluster CA by the address clients use, as the endpoints file promises.
+  httplib::Client client(url);
+  if (creds_) {
+    client.set_ca_cert_path(creds_->ca.c_str());
+    client.enable_server_certificate_verification(true);
+  }
+  client.set_connection_timeout(1, 0);
+  client.set_read_timeout(5, 0);
+  const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
+  std::string last = "not checked";
+  while (std::chrono::steady_clock::now() < deadline) {
+    httplib::Result res = client.Get("/health");
+    if (res && res->status == 200) return absl::OkStatus();
+    last = res ? absl::StrCat("HTTP ", res->status, " ", res->body) : httplib::to_string(res.error());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::UnavailableError(absl::StrCat("vc-openai at ", url, " is not healthy: ", last));
+}
+
 // A throwaway seal key pair for this cluster in `dir`: the private key
 // (PEM, mode 0600) for the workers that write KV, the trust file (its
 // public key) for the store and the readers.
@@ -348,11 +370,19 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     if (!o.tokenizer.empty()) args.push_back("--tokenizer=" + o.tokenizer);
     if (!o.chat_template.empty()) args.push_back("--chat-template=" + o.chat_template);
     // The gateway is a client of the public port: TLS to it, no certificate
-    // of its own (each HTTP caller's API key rides on its calls).
-    if (cluster->creds_) args.push_back("--coordinator-tls-ca=" + cluster->creds_->ca);
+    // of its own (each HTTP caller's API key rides on its calls). Its own
+    // listener is public too: HTTPS with the daemons' certificate (SANs
+    // 127.0.0.1 and localhost), no client certificate asked for.
+    if (cluster->creds_) {
+      args.push_back("--coordinator-tls-ca=" + cluster->creds_->ca);
+      args.push_back("--tls-cert=" + cluster->creds_->daemon.cert);
+      args.push_back("--tls-key=" + cluster->creds_->daemon.key);
+    }
     absl::StatusOr<Endpoint> gw = cluster->Spawn("openai", "openai", "vc-openai", args, /*grpc_health=*/false);
     if (!gw.ok()) return fail(gw.status());
-    cluster->endpoints_.back().url = absl::StrCat("http://", gw->address, "/v1");
+    const std::string url = absl::StrCat(cluster->creds_ ? "https://" : "http://", gw->address);
+    if (absl::Status s = cluster->WaitHttpHealthy(url); !s.ok()) return fail(s);
+    cluster->endpoints_.back().url = url + "/v1";
   }
   if (o.supervise) cluster->supervisor_ = std::thread([c = cluster.get()] { c->Supervise(); });
   return cluster;

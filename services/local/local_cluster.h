@@ -89,7 +89,7 @@ struct Endpoint {
   std::string address;  // gRPC HOST:PORT
   std::string metrics;  // HOST:PORT of /metrics, "" if off
   std::string data;     // the store's data plane HOST:PORT
-  std::string url;      // HTTP endpoints (vc-openai): the API's base URL
+  std::string url;      // HTTP endpoints (vc-openai): the API's base URL (https unless insecure)
   pid_t pid = -1;
 };
 
@@ -116,8 +116,10 @@ class LocalCluster {
   const ClusterCredentials* credentials() const { return creds_ ? &*creds_ : nullptr; }
   // The endpoints as one JSON object: {"coordinator": "127.0.0.1:PORT", ...,
   // "coordinator_metrics": "127.0.0.1:PORT", ..., "kvstore_data":
-  // "HOST:PORT", "openai": "http://127.0.0.1:PORT/v1"} and, when secure,
-  // "tls_ca": PATH and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}.
+  // "HOST:PORT", "openai": "https://127.0.0.1:PORT/v1"} and, when secure,
+  // "tls_ca": PATH (it verifies the coordinator's public port and the
+  // openai URL) and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}; when
+  // insecure the openai URL is http.
   std::string EndpointsJson() const;
 
   // Fault injection (tests, chaos tooling): kill -9 the daemon `name`
@@ -146,6 +148,9 @@ class LocalCluster {
   // Kills (if running) and starts endpoint i again; mu_ held.
   absl::Status RestartLocked(size_t i);
   void Supervise();
+  // Waits until GET url/health answers 200 (HTTPS verified by the cluster CA
+  // when secure), up to the start timeout.
+  absl::Status WaitHttpHealthy(const std::string& url) const;
 
   // How each endpoint (same index) was started, and its supervision state.
   struct Child {
