@@ -266,6 +266,10 @@ struct QuantizedDrafterCase {
   CompressorCase compressor;
 };
 
+void PrintTo(const QuantizedDrafterCase& c, std::ostream* os) {
+  *os << kernels::WeightFormatName(c.weights) << "_" << CaseName(c.compressor);
+}
+
 class LosslessQuantizedDrafter : public ::testing::TestWithParam<QuantizedDrafterCase> {};
 
 // Fewer prompts and settings than the f32 suite keep it short: int8
