@@ -3,8 +3,13 @@
 // load; K/V rows are rounded to the model's dtype before anything reads
 // them; and the engine matches the float64 reference that rounds K/V the
 // same way.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -13,6 +18,7 @@
 
 #include "common/base/dtype.h"
 #include "common/engine/engine.h"
+#include "common/kvstore/chunk_codec.h"
 #include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
@@ -214,6 +220,125 @@ TEST(DtypeTest, RoundingIsNearestEven) {
           << f << " " << DtypeName(d);
     }
   }
+}
+
+// A bf16 copy of tinystories656K (every tensor rounded to nearest even,
+// written as BF16 safetensors with the tokenizer files, into a temporary
+// directory): it loads as a bf16 model, its greedy tokens equal the float64
+// reference that rounds K/V, and its KV chunks take half the f32 bytes per
+// token. Prints the bytes per token and the decode step time of both.
+TEST(Tinystories656KBf16Test, ConvertedCopyMatchesReferenceAndHalvesChunks) {
+  const char* models = std::getenv("VC_MODELS_DIR");
+  const std::string src = models == nullptr ? "" : std::string(models) + "/tinystories656K";
+  if (src.empty() || !std::filesystem::exists(src + "/config.json")) {
+    GTEST_SKIP() << "VC_MODELS_DIR/tinystories656K not present";
+  }
+  auto f32 = Model::Load(src);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_EQ((*f32)->config().dtype, Dtype::kF32);
+  std::ifstream cf(src + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(cf);
+  config["torch_dtype"] = "bfloat16";
+  HfCheckpoint ck;
+  ck.config = config;
+  for (const testing::TestTensor& t : testing::MakeCheckpoint(config, WireDtype::kF32, 1).tensors) {
+    const WeightMatrix w = testing::FindWeight(**f32, t.name);
+    ASSERT_TRUE(w) << t.name;
+    std::vector<uint16_t> bits(t.values.size());
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = F32ToBf16Bits(w.At(static_cast<int64_t>(i)));
+    testing::TestTensor b = testing::HalfBitsTensor(t.name, "BF16", bits);
+    b.shape = t.shape;
+    ck.tensors.push_back(std::move(b));
+  }
+  testing::TempDir tmp;
+  const std::string dst = tmp.Subdir("tinystories656K-bf16");
+  testing::WriteCheckpoint(ck, dst);
+  for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json"}) {
+    if (std::filesystem::exists(src + "/" + f)) {
+      std::filesystem::copy_file(src + "/" + f, dst + "/" + f);
+    }
+  }
+  auto bf16 = Model::Load(dst);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const Model& model = **bf16;
+  ASSERT_EQ(model.config().dtype, Dtype::kBf16);
+  EXPECT_EQ(model.weights().layers[0].w1.dtype, Dtype::kBf16);
+  EXPECT_NE(NumericsVersionFor(model.config()), NumericsVersionFor((*f32)->config()));
+
+  // Greedy from a short prompt: the engine's tokens equal the rounding
+  // reference's (away from near-ties, which this run does not meet).
+  const std::vector<int32_t> prompt = {1, 415, 1032, 263, 931};
+  constexpr int kTotal = 64;
+  const reference::GreedyRun ref = reference::ReferenceGreedy(model, prompt, kTotal);
+  EngineOptions eo;
+  eo.backend.threads = 2;
+  auto engine = Engine::Create(model, eo);
+  ASSERT_TRUE(engine.ok());
+  PagedKvCache kv(model.config());
+  std::vector<int32_t> tokens = prompt;
+  std::vector<float> logits;
+  const int vocab = model.config().vocab_size;
+  size_t fed = 0;
+  while (static_cast<int>(tokens.size()) < kTotal) {
+    SequenceInput in;
+    in.kv = &kv;
+    in.tokens = std::span<const int32_t>(tokens).subspan(fed);
+    in.first_logit = static_cast<int64_t>(tokens.size() - fed) - 1;
+    ASSERT_TRUE((*engine)->Forward(std::span<const SequenceInput>(&in, 1), &logits).ok());
+    fed = tokens.size();
+    int32_t best = 0;
+    for (int j = 1; j < vocab; ++j) {
+      if (logits[j] > logits[best]) best = j;
+    }
+    tokens.push_back(best);
+  }
+  int near_ties = 0;
+  for (size_t p = prompt.size() - 1; p + 1 < ref.tokens.size(); ++p) {
+    if (reference::TopTwoOf(ref.logits[p]).margin < 1e-4) ++near_ties;
+  }
+  std::cout << "greedy over " << kTotal << " tokens: " << near_ties << " near-ties\n";
+  if (near_ties == 0) {
+    EXPECT_EQ(tokens, ref.tokens);
+  }
+
+  // Store bytes per token (a 64-token chunk) and the decode step time.
+  auto measure = [&](const Model& m, const char* label, size_t* payload_out) {
+    auto e = Engine::Create(m, eo);
+    ASSERT_TRUE(e.ok());
+    PagedKvCache cache(m.config());
+    SequenceInput in;
+    in.kv = &cache;
+    in.tokens = std::span<const int32_t>(tokens).first(kTotal);
+    in.first_logit = kTotal - 1;
+    ASSERT_TRUE((*e)->Forward(std::span<const SequenceInput>(&in, 1), &logits).ok());
+    auto chunk = kvstore::EncodeChunk(cache, 0, kTotal);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    const size_t payload = chunk->size() - kvstore::kChunkHeaderBytes - kvstore::kChunkChecksumBytes;
+    // Decode steps at positions 64..191, each timed (printed, not asserted;
+    // min and median, since a loaded machine adds long outliers).
+    const int32_t next = 7;
+    constexpr int kSteps = 128;
+    std::vector<double> us;
+    for (int i = 0; i < kSteps; ++i) {
+      SequenceInput d;
+      d.kv = &cache;
+      d.tokens = std::span<const int32_t>(&next, 1);
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSERT_TRUE((*e)->Forward(std::span<const SequenceInput>(&d, 1), &logits).ok());
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    std::cout << label << ": store chunk payload " << payload / kTotal << " bytes/token (chunk "
+              << chunk->size() << " bytes for " << kTotal << " tokens), decode step min "
+              << us.front() << " us, median " << us[us.size() / 2] << " us\n";
+    *payload_out = payload;
+  };
+  size_t payload_f32 = 0, payload_bf16 = 0;
+  ASSERT_NO_FATAL_FAILURE(measure(**f32, "tinystories656K f32", &payload_f32));
+  ASSERT_NO_FATAL_FAILURE(measure(model, "tinystories656K bf16", &payload_bf16));
+  EXPECT_EQ(payload_bf16 * 2, payload_f32);
 }
 
 }  // namespace
