@@ -19,6 +19,7 @@
 #include "common/base/dtype.h"
 #include "common/engine/engine.h"
 #include "common/kvstore/chunk_codec.h"
+#include "common/kvstore/chunk_key.h"
 #include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
@@ -120,7 +121,8 @@ TEST_P(ModelDtypeTest, NarrowWeightsEqualWideningAtLoad) {
           << c.name << " simd=" << simd << " tp=" << tp;
     }
   }
-  // The same model id either way (the id hashes the widened values).
+  // One model id either way (the id hashes the widened values and the dtype).
+  EXPECT_EQ(kvstore::ComputeModelId(*m.narrow).Hex(), kvstore::ComputeModelId(*m.wide).Hex());
 }
 
 TEST_P(ModelDtypeTest, KvRowsAreRoundedToTheModelDtype) {
