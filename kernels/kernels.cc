@@ -1,9 +1,11 @@
 #include "kernels/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +33,27 @@ Registry& GetRegistry() {
 }
 
 }  // namespace
+
+void KernelBackend::MatmulTyped(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
+                                const float* bias, int64_t in, int64_t out, float* y) {
+  if (w_dtype == Dtype::kF32) {
+    Matmul(x, tokens, static_cast<const float*>(w), bias, in, out, y);
+    return;
+  }
+  // Tiles of rows of at most ~256 KiB widened; each output element is still
+  // one Matmul element over its whole (widened) row.
+  const int64_t tile = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, in));
+  std::vector<float> wide, part;
+  const auto* h = static_cast<const uint16_t*>(w);
+  for (int64_t o0 = 0; o0 < out; o0 += tile) {
+    const int64_t n = std::min(tile, out - o0);
+    wide.resize(static_cast<size_t>(n * in));
+    for (int64_t i = 0; i < n * in; ++i) wide[i] = WidenBits(h[o0 * in + i], w_dtype);
+    part.resize(static_cast<size_t>(tokens * n));
+    Matmul(x, tokens, wide.data(), bias != nullptr ? bias + o0 : nullptr, in, n, part.data());
+    for (int64_t t = 0; t < tokens; ++t) std::copy_n(&part[t * n], n, y + t * out + o0);
+  }
+}
 
 bool RegisterBackend(const std::string& name, BackendFactory factory) {
   Registry& r = GetRegistry();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/dtype.h"
 
 namespace vc {
 class ThreadPool;
@@ -68,6 +69,13 @@ class KernelBackend {
   // (With no bias the add is skipped, not done with 0.)
   virtual void Matmul(const float* x, int64_t tokens, const float* w, const float* bias,
                       int64_t in, int64_t out, float* y) = 0;
+
+  // Matmul with w stored in `w_dtype` (f32, bf16 or f16): each element is
+  // widened (exactly) as it is read, so y is bit-identical to Matmul on the
+  // widened matrix. This default widens bounded tiles of rows and calls
+  // Matmul; backends may fuse the widening into their kernels.
+  virtual void MatmulTyped(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
+                           const float* bias, int64_t in, int64_t out, float* y);
 
   // scores[j] = Dot(q, k + j*head_dim, head_dim) * scale, j < n.
   virtual void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim,

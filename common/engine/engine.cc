@@ -62,9 +62,10 @@ struct Engine::Rank {
   std::vector<float> x, xb, q, k, v, att, proj, gate, up, final_norm, local, gathered, kv_row;
   std::vector<float> xblk, partials;
   // This rank's blocks of o_proj and down_proj per layer, packed
-  // [block][out][len/B] so that each block is one plain Matmul (the
-  // register-tiled kernel) rather than a strided Dot per element.
-  std::vector<std::vector<float>> wo_blocks, w2_blocks;
+  // [block][out][len/B] in the weights' dtype (raw bytes) so that each block
+  // is one plain Matmul (the register-tiled kernel) rather than a strided Dot
+  // per element.
+  std::vector<std::vector<uint8_t>> wo_blocks, w2_blocks;
 };
 
 struct Engine::Pass {
@@ -72,6 +73,10 @@ struct Engine::Pass {
   int64_t n_rows = 0, n_logit_rows = 0;
   std::vector<float>* logits = nullptr;
 };
+
+uint32_t NumericsVersionFor(const ModelConfig& c) {
+  return kNumericsVersion + 256 * static_cast<uint32_t>(c.dtype);
+}
 
 int ReductionBlocks(const ModelConfig& c) {
   for (int b : {8, 4, 2}) {
@@ -101,6 +106,11 @@ float TreeSum(const float* p, int n, int64_t stride) {
   if (n == 1) return p[0];
   const int half = n / 2;
   return TreeSum(p, half, stride) + TreeSum(p + half * stride, half, stride);
+}
+
+// Row `token` of the embedding, widened to f32 (exact).
+void EmbeddingRow(const WeightMatrix& e, int64_t token, int64_t dim, float* out) {
+  for (int64_t i = 0; i < dim; ++i) out[i] = e.At(token * dim + i);
 }
 
 // First vocabulary id of rank r's slice (slices differ in size by at most 1).
@@ -164,13 +174,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   const ModelConfig& c = model.config();
   const int blocks = ReductionBlocks(c), my_blocks = blocks / tp;
   // Packs rank r's blocks of a [n_out, len] row-parallel weight.
-  auto pack = [&](const float* w, int64_t len, int64_t n_out, int r) {
-    const int64_t blk = len / blocks;
-    std::vector<float> out(static_cast<size_t>(my_blocks * n_out * blk));
+  auto pack = [&](const WeightMatrix& w, int64_t len, int64_t n_out, int r) {
+    const int64_t blk = len / blocks, eb = DtypeBytes(w.dtype);
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    std::vector<uint8_t> out(static_cast<size_t>(my_blocks * n_out * blk * eb));
     for (int b = 0; b < my_blocks; ++b) {
       const int64_t col = (int64_t{r} * my_blocks + b) * blk;
       for (int64_t o = 0; o < n_out; ++o) {
-        std::copy_n(w + o * len + col, blk, &out[(b * n_out + o) * blk]);
+        std::copy_n(src + (o * len + col) * eb, blk * eb, &out[((b * n_out + o) * blk) * eb]);
       }
     }
     return out;
@@ -332,8 +343,8 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
   // this rank holds columns [col0, col0 + len/T) of x (as `x_local`, rows of
   // len/T). Each rank sums its aligned run of blocks; the T roots are
   // gathered and combined by the same tree, in rank order.
-  auto row_parallel = [&](const float* x_local, const std::vector<float>& packed, int64_t len,
-                          int64_t n_out, float* out) -> absl::Status {
+  auto row_parallel = [&](const float* x_local, const std::vector<uint8_t>& packed, Dtype dtype,
+                          int64_t len, int64_t n_out, float* out) -> absl::Status {
     const int64_t blk = len / blocks, local_len = len / tp, n = n_rows * n_out;
     me.xblk.resize(n_rows * blk);
     me.partials.resize(my_blocks * n);
@@ -342,8 +353,8 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
         std::copy_n(x_local + t * local_len + b * blk, blk, &me.xblk[t * blk]);
       }
       // Element (t, o) is exactly Dot(block b of x[t], block b of w[o]).
-      be.Matmul(me.xblk.data(), n_rows, &packed[b * n_out * blk], nullptr, blk, n_out,
-                &me.partials[b * n]);
+      be.MatmulTyped(me.xblk.data(), n_rows, &packed[b * n_out * blk * DtypeBytes(dtype)], dtype,
+                     nullptr, blk, n_out, &me.partials[b * n]);
     }
     me.local.resize(n);
     for (int64_t i = 0; i < n; ++i) me.local[i] = TreeSum(&me.partials[i], my_blocks, n);
@@ -363,13 +374,13 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     const int64_t v0 = VocabBegin(c.vocab_size, rank, tp), v1 = VocabBegin(c.vocab_size, rank + 1, tp);
     if (tp == 1) {
       for (int64_t r = 0; r < n_rows; ++r) {
-        std::copy_n(w.token_embedding + int64_t{s.row_token[r]} * dim, dim, &me.x[r * dim]);
+        EmbeddingRow(w.token_embedding, s.row_token[r], dim, &me.x[r * dim]);
       }
     } else {
       me.local.assign(n_rows * dim, 0.0f);
       for (int64_t r = 0; r < n_rows; ++r) {
         const int64_t tok = s.row_token[r];
-        if (tok >= v0 && tok < v1) std::copy_n(w.token_embedding + tok * dim, dim, &me.local[r * dim]);
+        if (tok >= v0 && tok < v1) EmbeddingRow(w.token_embedding, tok, dim, &me.local[r * dim]);
       }
       me.gathered.resize(tp * n_rows * dim);
       VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n_rows * dim, me.gathered.data()));
@@ -401,16 +412,24 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       qmatmul(me.xb.data(), n_rows, ql->wv, lw.bv, me.v.data());
     } else {
       // Column-parallel Q/K/V: this rank's heads are a contiguous run of rows.
-      be.Matmul(me.xb.data(), n_rows, lw.wq + int64_t{h0} * hd * dim,
-                lw.bq ? lw.bq + int64_t{h0} * hd : nullptr, dim, qd_r, me.q.data());
-      be.Matmul(me.xb.data(), n_rows, lw.wk + int64_t{kvh0} * hd * dim,
-                lw.bk ? lw.bk + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.k.data());
-      be.Matmul(me.xb.data(), n_rows, lw.wv + int64_t{kvh0} * hd * dim,
-                lw.bv ? lw.bv + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.v.data());
+      be.MatmulTyped(me.xb.data(), n_rows, lw.wq.Row(int64_t{h0} * hd, dim), lw.wq.dtype,
+                     lw.bq ? lw.bq + int64_t{h0} * hd : nullptr, dim, qd_r, me.q.data());
+      be.MatmulTyped(me.xb.data(), n_rows, lw.wk.Row(int64_t{kvh0} * hd, dim), lw.wk.dtype,
+                     lw.bk ? lw.bk + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.k.data());
+      be.MatmulTyped(me.xb.data(), n_rows, lw.wv.Row(int64_t{kvh0} * hd, dim), lw.wv.dtype,
+                     lw.bv ? lw.bv + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.v.data());
     }
     for (int64_t r = 0; r < n_rows; ++r) {
       rope(&me.q[r * qd_r], r, heads);
       rope(&me.k[r * kvd_r], r, kv_heads);
+    }
+    // KV in the model's dtype (docs/numerics.md, "Model dtype"): K after
+    // RoPE and V as projected are rounded before anything reads them, so a
+    // token attends to the same rounded rows that later tokens, the store
+    // and the links see.
+    if (c.dtype != Dtype::kF32) {
+      for (float& f : me.k) f = RoundToDtype(f, c.dtype);
+      for (float& f : me.v) f = RoundToDtype(f, c.dtype);
     }
     if (tp == 1) {
       for (int64_t r = 0; r < n_rows; ++r) {
@@ -469,7 +488,8 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     if (ql != nullptr) {
       qmatmul(me.att.data(), n_rows, ql->wo, nullptr, me.proj.data());
     } else {
-      VC_RETURN_IF_ERROR(row_parallel(me.att.data(), me.wo_blocks[l], qd, dim, me.proj.data()));
+      VC_RETURN_IF_ERROR(
+          row_parallel(me.att.data(), me.wo_blocks[l], lw.wo.dtype, qd, dim, me.proj.data()));
     }
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
 
@@ -482,14 +502,17 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       qmatmul(me.xb.data(), n_rows, ql->w1, nullptr, me.gate.data());
       qmatmul(me.xb.data(), n_rows, ql->w3, nullptr, me.up.data());
     } else {
-      be.Matmul(me.xb.data(), n_rows, lw.w1 + j0 * dim, nullptr, dim, hid_r, me.gate.data());
-      be.Matmul(me.xb.data(), n_rows, lw.w3 + j0 * dim, nullptr, dim, hid_r, me.up.data());
+      be.MatmulTyped(me.xb.data(), n_rows, lw.w1.Row(j0, dim), lw.w1.dtype, nullptr, dim, hid_r,
+                     me.gate.data());
+      be.MatmulTyped(me.xb.data(), n_rows, lw.w3.Row(j0, dim), lw.w3.dtype, nullptr, dim, hid_r,
+                     me.up.data());
     }
     for (int64_t i = 0; i < n_rows * hid_r; ++i) me.gate[i] = kernels::Silu(me.gate[i]) * me.up[i];
     if (ql != nullptr) {
       qmatmul(me.gate.data(), n_rows, ql->w2, nullptr, me.proj.data());
     } else {
-      VC_RETURN_IF_ERROR(row_parallel(me.gate.data(), me.w2_blocks[l], hid, dim, me.proj.data()));
+      VC_RETURN_IF_ERROR(
+          row_parallel(me.gate.data(), me.w2_blocks[l], lw.w2.dtype, hid, dim, me.proj.data()));
     }
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
   }
@@ -516,15 +539,15 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     return absl::OkStatus();
   }
   if (tp == 1) {
-    be.Matmul(me.final_norm.data(), n_logit_rows, w.classifier, nullptr, dim, vocab,
-              pass.logits->data());
+    be.MatmulTyped(me.final_norm.data(), n_logit_rows, w.classifier.data, w.classifier.dtype,
+                   nullptr, dim, vocab, pass.logits->data());
     return absl::OkStatus();
   }
   const int64_t v0 = VocabBegin(vocab, rank, tp), v1 = VocabBegin(vocab, rank + 1, tp);
   const int64_t slice = (vocab + tp - 1) / tp;  // padded so every rank sends the same size
   me.local.assign(n_logit_rows * slice, 0.0f);
-  be.Matmul(me.final_norm.data(), n_logit_rows, w.classifier + v0 * dim, nullptr, dim, v1 - v0,
-            me.local.data());
+  be.MatmulTyped(me.final_norm.data(), n_logit_rows, w.classifier.Row(v0, dim), w.classifier.dtype,
+                 nullptr, dim, v1 - v0, me.local.data());
   me.gathered.resize(tp * n_logit_rows * slice);
   VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n_logit_rows * slice, me.gathered.data()));
   if (rank == 0) {

@@ -29,6 +29,11 @@ namespace vc {
 // (tensor-parallel invariant). Does not depend on the tensor-parallel degree.
 inline constexpr uint32_t kNumericsVersion = 2;
 
+// The numerics version of a model: kNumericsVersion + 256 * its dtype
+// (f32 0, bf16 1, f16 2), because a bf16/f16 model's KV is rounded to its
+// dtype (docs/numerics.md, "Model dtype"). f32 models: kNumericsVersion.
+uint32_t NumericsVersionFor(const ModelConfig& config);
+
 // Sees the attention probabilities of a pass, e.g. to gather the statistics
 // that token-dropping compressors rank keys by. Observe is called
 // concurrently for different (row, head) pairs, never twice for one pair.

@@ -14,9 +14,11 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
       kv_heads_(config.n_kv_heads),
       head_dim_(config.head_dim),
       block_tokens_(std::max(1, options.block_tokens)),
+      dtype_(config.dtype),
       max_tokens_(options.max_tokens > 0 ? options.max_tokens : config.max_seq_len),
       first_position_(options.first_position),
-      bytes_per_token_(config.kv_bytes_per_token()),
+      // Held as f32 in memory (see dtype()), so memory is counted at 4 bytes.
+      bytes_per_token_(int64_t{2} * config.n_layers * config.kv_dim() * int64_t{sizeof(float)}),
       block_floats_(int64_t{config.n_kv_heads} * std::max(1, options.block_tokens) *
                     config.head_dim),
       blocks_(config.n_layers),
@@ -65,7 +67,7 @@ void PagedKvCache::Truncate(int32_t length) {
 
 absl::StatusOr<int64_t> PagedKvCache::CopyFrom(const PagedKvCache& src) {
   if (length_ != 0 || src.first_position_ != first_position_ || src.n_layers_ != n_layers_ ||
-      src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_) {
+      src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_ || src.dtype_ != dtype_) {
     return absl::InvalidArgumentError("CopyFrom needs an empty cache of the same shape");
   }
   VC_RETURN_IF_ERROR(Append(src.length_));

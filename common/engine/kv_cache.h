@@ -98,6 +98,10 @@ class PagedKvCache final : public SequenceKv {
   int n_layers() const { return n_layers_; }
   int kv_heads() const { return kv_heads_; }
   int head_dim() const { return head_dim_; }
+  // The model's KV dtype: every stored value is exactly representable in it
+  // (the engine rounds K/V before writing), so encoders may send the rows
+  // in this dtype without loss.
+  Dtype dtype() const { return dtype_; }
   // Bytes of K and V that attention has read from this cache so far (lets
   // tests prove which cache a pass read; relaxed atomic, cheap).
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
@@ -106,6 +110,7 @@ class PagedKvCache final : public SequenceKv {
   float* Row(int layer, bool value, int kv_head, int32_t pos) const;
 
   int n_layers_, kv_heads_, head_dim_, block_tokens_;
+  Dtype dtype_;
   int32_t max_tokens_;
   int32_t first_position_;
   int32_t length_ = 0;

@@ -29,10 +29,15 @@ std::array<uint8_t, 32> Digest(const char* data, size_t size) {
   return h.Finish();
 }
 
+// Bytes per element of a verified (known-dtype) header.
+size_t ElementBytes(const ChunkHeader& h) {
+  return static_cast<size_t>(DtypeBytes(static_cast<Dtype>(h.dtype)));
+}
+
 // Payload bytes for a shape, or -1 if it overflows.
 int64_t PayloadBytes(const ChunkHeader& h) {
   const unsigned __int128 n = static_cast<unsigned __int128>(2) * h.layers * h.kv_heads *
-                              h.head_dim * h.tokens * sizeof(float);
+                              h.head_dim * h.tokens * ElementBytes(h);
   if (n > static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max() / 2)) return -1;
   return static_cast<int64_t>(n);
 }
@@ -58,6 +63,7 @@ absl::StatusOr<std::string> EncodeChunk(const PagedKvCache& cache, int32_t first
   h.head_dim = static_cast<uint32_t>(cache.head_dim());
   h.tokens = static_cast<uint32_t>(tokens);
   h.first_position = first_position;
+  h.dtype = static_cast<uint32_t>(cache.dtype());
   const int64_t payload = PayloadBytes(h);
   if (payload < 0) return absl::InvalidArgumentError("EncodeChunk: chunk too large");
 
@@ -73,12 +79,20 @@ absl::StatusOr<std::string> EncodeChunk(const PagedKvCache& cache, int32_t first
   PutU32(out, static_cast<uint32_t>(h.first_position));
   PutU32(out, 0);
   const size_t row_bytes = static_cast<size_t>(h.head_dim) * sizeof(float);
+  const Dtype dtype = cache.dtype();
+  std::vector<uint16_t> narrow(h.head_dim);
   for (int l = 0; l < cache.n_layers(); ++l) {
     for (int v = 0; v < 2; ++v) {
       for (int kh = 0; kh < cache.kv_heads(); ++kh) {
         for (int32_t p = first_position; p < first_position + tokens; ++p) {
           const float* row = v == 0 ? cache.KeyAt(l, kh, p) : cache.ValueAt(l, kh, p);
-          out.append(reinterpret_cast<const char*>(row), row_bytes);
+          if (dtype == Dtype::kF32) {
+            out.append(reinterpret_cast<const char*>(row), row_bytes);
+            continue;
+          }
+          // Exact: the engine stored values already rounded to the dtype.
+          for (uint32_t d = 0; d < h.head_dim; ++d) narrow[d] = NarrowBits(row[d], dtype);
+          out.append(reinterpret_cast<const char*>(narrow.data()), narrow.size() * 2);
         }
       }
     }
@@ -111,8 +125,9 @@ absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes) {
                                                    h.format_version, " (expected ",
                                                    kChunkFormatVersion, ")"));
   }
-  if (h.dtype != kChunkDtypeF32) {
-    return absl::InvalidArgumentError(absl::StrCat("KV chunk: unsupported dtype ", h.dtype));
+  if (h.dtype > 255 || !DtypeFromByte(static_cast<uint8_t>(h.dtype)).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV chunk: unsupported dtype ", h.dtype, " (known: 0 = f32, 1 = bf16, 2 = f16)"));
   }
   if (reserved != 0) return absl::InvalidArgumentError("KV chunk: reserved header field not 0");
   const int32_t max_i32 = std::numeric_limits<int32_t>::max();
@@ -151,6 +166,11 @@ absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache) {
         ") does not match the cache (layers=", cache.n_layers(), " kv_heads=", cache.kv_heads(),
         " head_dim=", cache.head_dim(), ")"));
   }
+  if (static_cast<Dtype>(h.dtype) != cache.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV chunk dtype ", DtypeName(static_cast<Dtype>(h.dtype)),
+        " does not match the model's KV dtype ", DtypeName(cache.dtype())));
+  }
   if (h.first_position != cache.next_position()) {
     return absl::InvalidArgumentError(absl::StrCat("KV chunk starts at position ", h.first_position,
                                                    " but the cache's next is ",
@@ -160,17 +180,30 @@ absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache) {
   const size_t hd = h.head_dim;
   const size_t T = h.tokens;
   const size_t H = h.kv_heads;
-  const size_t plane = H * T * hd;  // floats in one K (or V) of one layer
+  const size_t plane = H * T * hd;  // elements in one K (or V) of one layer
+  const Dtype dtype = cache.dtype();
+  const size_t eb = ElementBytes(h);
   std::vector<float> k(H * hd), v(H * hd);
   const char* payload = bytes.data() + kChunkHeaderBytes;
+  auto read_row = [&](const char* src, float* dst) {
+    if (dtype == Dtype::kF32) {
+      std::memcpy(dst, src, hd * sizeof(float));
+      return;
+    }
+    for (size_t d = 0; d < hd; ++d) {
+      uint16_t bits;
+      std::memcpy(&bits, src + 2 * d, 2);
+      dst[d] = WidenBits(bits, dtype);
+    }
+  };
   for (size_t l = 0; l < h.layers; ++l) {
-    const char* kbase = payload + (2 * l) * plane * sizeof(float);
-    const char* vbase = kbase + plane * sizeof(float);
+    const char* kbase = payload + (2 * l) * plane * eb;
+    const char* vbase = kbase + plane * eb;
     for (size_t t = 0; t < T; ++t) {
       for (size_t kh = 0; kh < H; ++kh) {
-        const size_t off = ((kh * T) + t) * hd * sizeof(float);
-        std::memcpy(k.data() + kh * hd, kbase + off, hd * sizeof(float));
-        std::memcpy(v.data() + kh * hd, vbase + off, hd * sizeof(float));
+        const size_t off = ((kh * T) + t) * hd * eb;
+        read_row(kbase + off, k.data() + kh * hd);
+        read_row(vbase + off, v.data() + kh * hd);
       }
       cache.Write(static_cast<int>(l), h.first_position + static_cast<int32_t>(t), k.data(),
                   v.data());

@@ -4,9 +4,11 @@
 //
 // Layout (all integers little-endian):
 //   header (36 bytes): magic "VCKC", u32 format version (1), u32 layers,
-//     u32 kv_heads, u32 head_dim, u32 tokens, u32 dtype (0 = f32),
-//     i32 first_position, u32 reserved (0)
-//   payload: for each layer, K then V, each [kv_heads][tokens][head_dim] f32
+//     u32 kv_heads, u32 head_dim, u32 tokens, u32 dtype (vc::Dtype: 0 = f32,
+//     1 = bf16, 2 = f16; the model's KV dtype), i32 first_position,
+//     u32 reserved (0)
+//   payload: for each layer, K then V, each [kv_heads][tokens][head_dim] in
+//     the dtype (bf16/f16 rows are the model's rounded values, bit-exact)
 //   checksum (32 bytes): SHA-256 over header + payload. SHA-256 rather than
 //     CRC32C: it detects every corruption we can produce in practice and is
 //     already a dependency (chunk keys); its cost is small next to the copy.
@@ -42,6 +44,8 @@ absl::StatusOr<std::string> EncodeChunk(const PagedKvCache& cache, int32_t first
                                         int32_t tokens);
 
 // Parses and verifies `bytes` (size, magic, version, dtype, shape, checksum).
+// The dtype must be a known one; DecodeChunkInto also requires it to equal
+// the cache's.
 // DataLoss for a checksum mismatch or truncation, InvalidArgument for a
 // malformed header.
 absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes);

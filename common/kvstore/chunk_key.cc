@@ -1,5 +1,6 @@
 #include "common/kvstore/chunk_key.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -117,7 +118,19 @@ ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,
   return ToKey(h.Finish());
 }
 
-ModelId ComputeModelId(const ModelConfig& c, absl::Span<const absl::Span<const float>> tensors) {
+namespace {
+
+// A weight tensor of n elements in its stored dtype.
+struct TensorView {
+  const void* data;
+  Dtype dtype;
+  size_t n;
+};
+
+// Every tensor is hashed as its f32 values, so a bf16 checkpoint loaded
+// narrow or widened has one id; narrow ones are widened in bounded chunks.
+ModelId HashModel(const ModelConfig& c, absl::Span<const TensorView> tensors) {
+
   Sha256 h;
   h.Field(std::string(kModelDomain));
   h.Field(c.architecture);
@@ -139,12 +152,36 @@ ModelId ComputeModelId(const ModelConfig& c, absl::Span<const absl::Span<const f
   FieldInt(h, c.sliding_window);
   FieldInt(h, c.qkv_bias ? 1 : 0);
   FieldInt(h, c.tied_embeddings ? 1 : 0);
+  // The model's dtype rounds KV (and so changes the math); f32 adds no field
+  // so that f32 models keep their ids.
+  if (c.dtype != Dtype::kF32) FieldInt(h, 1000 + static_cast<int64_t>(c.dtype));
   h.U64(tensors.size());
-  for (const auto& t : tensors) {
-    // f32 bytes as stored (little-endian hosts only, like the loaders).
-    h.Field(t.data(), t.size() * sizeof(float));
+  std::vector<float> wide;
+  for (const TensorView& t : tensors) {
+    // f32 bytes (little-endian hosts only, like the loaders).
+    if (t.dtype == Dtype::kF32) {
+      h.Field(t.data, t.n * sizeof(float));
+      continue;
+    }
+    h.U64(t.n * sizeof(float));
+    const auto* src = static_cast<const uint16_t*>(t.data);
+    constexpr size_t kChunk = 1 << 14;
+    for (size_t i = 0; i < t.n; i += kChunk) {
+      const size_t m = std::min(kChunk, t.n - i);
+      wide.resize(m);
+      for (size_t j = 0; j < m; ++j) wide[j] = WidenBits(src[i + j], t.dtype);
+      h.UpdateRaw(wide.data(), m * sizeof(float));
+    }
   }
   return ToKey(h.Finish());
+}
+
+}  // namespace
+
+ModelId ComputeModelId(const ModelConfig& c, absl::Span<const absl::Span<const float>> tensors) {
+  std::vector<TensorView> views;
+  for (const auto& t : tensors) views.push_back({t.data(), Dtype::kF32, t.size()});
+  return HashModel(c, views);
 }
 
 ModelId ComputeModelId(const Model& model) {
@@ -155,9 +192,9 @@ ModelId ComputeModelId(const Model& model) {
   const size_t q = static_cast<size_t>(c.q_dim());
   const size_t kv = static_cast<size_t>(c.kv_dim());
   const size_t vocab = static_cast<size_t>(c.vocab_size);
-  std::vector<absl::Span<const float>> t;
-  auto add = [&t](const float* p, size_t n) {
-    if (p != nullptr) t.emplace_back(p, n);
+  std::vector<TensorView> t;
+  auto add = [&t](WeightMatrix m, size_t n) {
+    if (m) t.push_back({m.data, m.dtype, n});
   };
   add(w.token_embedding, vocab * dim);
   for (const LayerWeights& l : w.layers) {
@@ -176,7 +213,7 @@ ModelId ComputeModelId(const Model& model) {
   }
   add(w.rms_final, dim);
   if (w.classifier != w.token_embedding) add(w.classifier, vocab * dim);
-  return ComputeModelId(c, t);
+  return HashModel(c, t);
 }
 
 }  // namespace vc::kvstore

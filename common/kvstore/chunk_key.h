@@ -44,11 +44,14 @@ struct ChunkKeyOptions {
   // identity once authentication exists, never trusted from a request.
   std::string tenant_salt;
   // Version of the numerics contract (kernels' exactness); default the
-  // engine's current one, vc::kNumericsVersion (2: row-parallel products
-  // over B fixed blocks, docs/numerics.md). Kept equal by a test.
+  // engine's current one for f32 models, vc::kNumericsVersion (2:
+  // row-parallel products over B fixed blocks, docs/numerics.md; kept equal
+  // by a test). bf16/f16 models use vc::NumericsVersionFor(config) (258,
+  // 514: KV rounded to the model dtype), which the workers and the
+  // coordinator set here.
   uint32_t numerics_version = 2;
-  // Version of the KV dtype and layout (f32, [kv_heads][tokens][head_dim]);
-  // default 1.
+  // Version of the KV layout ([kv_heads][tokens][head_dim]; the dtype is the
+  // model's, named by the numerics version and the model id); default 1.
   uint32_t kv_layout_version = 1;
 };
 

@@ -463,33 +463,6 @@ absl::StatusOr<HfConfig> ParseConfig(const Json& root, const std::string& path) 
 
 // --- Tensors ---------------------------------------------------------------
 
-float Bf16ToF32(uint16_t h) {
-  const uint32_t bits = uint32_t{h} << 16;  // bf16 is the top half of an f32
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float F16ToF32(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf, or NaN keeping its payload
-  } else if (exp != 0) {
-    bits = sign | ((exp + (127 - 15)) << 23) | (mant << 13);
-  } else {
-    // Zero or subnormal: mant * 2^-24, exact in f32.
-    const float magnitude = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -magnitude : magnitude;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// All tensors of a checkpoint, by name, across its safetensors files.
 class Checkpoint {
  public:
   static absl::StatusOr<Checkpoint> Open(const std::string& dir);
@@ -498,6 +471,12 @@ class Checkpoint {
   // 4-byte-aligned f32, otherwise converted into storage->owned.
   absl::StatusOr<const float*> Take(const std::string& name, const std::vector<int64_t>& shape,
                                     Model::Storage* storage);
+  // A weight matrix: f32 as Take gives it; bf16/f16 kept in its dtype (in
+  // place when 2-byte-aligned, else copied into storage->owned16), or
+  // widened to f32 when `widen`.
+  absl::StatusOr<WeightMatrix> TakeMatrix(const std::string& name,
+                                          const std::vector<int64_t>& shape,
+                                          Model::Storage* storage, bool widen);
   bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
   // The stored tensor that `name` was saved as a duplicate of (safetensors'
   // save_model drops shared tensors and names them in __metadata__), or ""
@@ -519,8 +498,21 @@ class Checkpoint {
   // unmaps the others.
   void KeepMappings(Model::Storage* storage) &&;
   const std::string& FilesDescription() const { return files_description_; }
+  // The model's dtype: bf16 or f16 when every matrix taken so far is stored
+  // in it, else f32.
+  Dtype MatrixDtype() const {
+    if (matrix_dtypes_.size() != 1) return Dtype::kF32;
+    if (*matrix_dtypes_.begin() == "BF16") return Dtype::kBf16;
+    if (*matrix_dtypes_.begin() == "F16") return Dtype::kF16;
+    return Dtype::kF32;
+  }
 
  private:
+  // The entry of `name` (or its alias), checked against `shape`, marked used.
+  absl::StatusOr<const safetensors::TensorInfo*> Find(const std::string& name,
+                                                      const std::vector<int64_t>& shape,
+                                                      size_t* file);
+
   struct Entry {
     size_t file = 0;
     const safetensors::TensorInfo* info = nullptr;
@@ -532,6 +524,7 @@ class Checkpoint {
   std::vector<bool> in_place_;
   std::map<std::string, Entry> tensors_;  // ordered: error listings are stable
   std::map<std::string, std::string> aliases_;  // dropped duplicate -> stored tensor
+  std::set<std::string> matrix_dtypes_;
 };
 
 absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
@@ -634,9 +627,8 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
   return ck;
 }
 
-absl::StatusOr<const float*> Checkpoint::Take(const std::string& name,
-                                              const std::vector<int64_t>& shape,
-                                              Model::Storage* storage) {
+absl::StatusOr<const safetensors::TensorInfo*> Checkpoint::Find(
+    const std::string& name, const std::vector<int64_t>& shape, size_t* file) {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     if (auto alias = aliases_.find(name); alias != aliases_.end()) {
@@ -656,11 +648,43 @@ absl::StatusOr<const float*> Checkpoint::Take(const std::string& name,
         absl::StrCat(path, ": tensor '", name, "' has shape ", safetensors::ShapeString(t.shape),
                      ", but config.json implies ", safetensors::ShapeString(shape)));
   }
-  const size_t n = static_cast<size_t>(t.num_elements);
   e.used = true;
+  *file = e.file;
+  return &t;
+}
+
+absl::StatusOr<WeightMatrix> Checkpoint::TakeMatrix(const std::string& name,
+                                                    const std::vector<int64_t>& shape,
+                                                    Model::Storage* storage, bool widen) {
+  size_t file = 0;
+  VC_ASSIGN_OR_RETURN(const safetensors::TensorInfo* t, Find(name, shape, &file));
+  const bool bf16 = t->dtype == "BF16";
+  matrix_dtypes_.insert(t->dtype);
+  if (widen || (!bf16 && t->dtype != "F16")) {
+    return Take(name, shape, storage);
+  }
+  const Dtype dtype = bf16 ? Dtype::kBf16 : Dtype::kF16;
+  if (reinterpret_cast<uintptr_t>(t->data) % alignof(uint16_t) == 0) {
+    in_place_[file] = true;
+    return WeightMatrix(reinterpret_cast<const uint16_t*>(t->data), dtype);
+  }
+  const size_t n = static_cast<size_t>(t->num_elements);
+  auto& v = storage->owned16.emplace_back(n);
+  std::memcpy(v.data(), t->data, n * sizeof(uint16_t));
+  return WeightMatrix(v.data(), dtype);
+}
+
+absl::StatusOr<const float*> Checkpoint::Take(const std::string& name,
+                                              const std::vector<int64_t>& shape,
+                                              Model::Storage* storage) {
+  size_t file = 0;
+  VC_ASSIGN_OR_RETURN(const safetensors::TensorInfo* info, Find(name, shape, &file));
+  const safetensors::TensorInfo& t = *info;
+  const std::string& path = files_[file].path();
+  const size_t n = static_cast<size_t>(t.num_elements);
   if (t.dtype == "F32") {
     if (reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
-      in_place_[e.file] = true;
+      in_place_[file] = true;
       return reinterpret_cast<const float*>(t.data);
     }
     // A header length that is not a multiple of 4 misaligns the data.
@@ -678,7 +702,7 @@ absl::StatusOr<const float*> Checkpoint::Take(const std::string& name,
   for (size_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, t.data + 2 * i, 2);  // 2-byte data may sit at any address
-    v[i] = bf16 ? Bf16ToF32(h) : F16ToF32(h);
+    v[i] = bf16 ? Bf16BitsToF32(h) : F16BitsToF32(h);
   }
   return v.data();
 }
@@ -723,7 +747,7 @@ constexpr const char* kLmHead = "lm_head.weight";
 // untied checkpoint needs both, unless __metadata__ says one is the other
 // (then the two are one matrix, whatever config.json says).
 absl::Status TakeEmbeddings(Checkpoint& ck, ModelConfig* config, const std::string& dir,
-                            Model::Storage* storage, ModelWeights* w) {
+                            Model::Storage* storage, bool widen, ModelWeights* w) {
   const ModelConfig& c = *config;
   const std::vector<int64_t> shape = {c.vocab_size, c.dim};
   const bool has_embed = ck.Has(kEmbed) || !ck.AliasOf(kEmbed).empty();
@@ -732,7 +756,7 @@ absl::Status TakeEmbeddings(Checkpoint& ck, ModelConfig* config, const std::stri
     // With both present transformers overwrites lm_head with the embedding
     // (the loader ignores the stored lm_head; see ignorable below).
     const char* name = has_embed || !has_head ? kEmbed : kLmHead;
-    auto t = ck.Take(name, shape, storage);
+    auto t = ck.TakeMatrix(name, shape, storage, widen);
     if (!t.ok() && !has_embed && !has_head) {
       return absl::InvalidArgumentError(absl::StrCat(
           dir, ": config.json sets tie_word_embeddings, but the checkpoint stores neither '",
@@ -751,14 +775,14 @@ absl::Status TakeEmbeddings(Checkpoint& ck, ModelConfig* config, const std::stri
         "', or name one as the other's duplicate in its safetensors __metadata__ (",
         ck.FilesDescription(), ")"));
   }
-  VC_ASSIGN_OR_RETURN(w->token_embedding, ck.Take(kEmbed, shape, storage));
-  VC_ASSIGN_OR_RETURN(w->classifier, ck.Take(kLmHead, shape, storage));
+  VC_ASSIGN_OR_RETURN(w->token_embedding, ck.TakeMatrix(kEmbed, shape, storage, widen));
+  VC_ASSIGN_OR_RETURN(w->classifier, ck.TakeMatrix(kLmHead, shape, storage, widen));
   // An alias made them one matrix: the model is tied in fact.
   if (w->classifier == w->token_embedding) config->tied_embeddings = true;
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir, const LoadOptions& options) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat(dir, ": no such file or directory"));
@@ -783,22 +807,25 @@ absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
   auto take = [&](const std::string& name, const std::vector<int64_t>& shape) {
     return ck.Take(name, shape, storage.get());
   };
+  auto matrix = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return ck.TakeMatrix(name, shape, storage.get(), options.widen_weights);
+  };
   const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim();
   ModelWeights w;
-  VC_RETURN_IF_ERROR(TakeEmbeddings(ck, &hf.model, dir, storage.get(), &w));
+  VC_RETURN_IF_ERROR(TakeEmbeddings(ck, &hf.model, dir, storage.get(), options.widen_weights, &w));
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     LayerWeights lw;
     VC_ASSIGN_OR_RETURN(lw.rms_att, take(p + "input_layernorm.weight", {d}));
-    VC_ASSIGN_OR_RETURN(lw.wq, take(p + "self_attn.q_proj.weight", {q, d}));
-    VC_ASSIGN_OR_RETURN(lw.wk, take(p + "self_attn.k_proj.weight", {kv, d}));
-    VC_ASSIGN_OR_RETURN(lw.wv, take(p + "self_attn.v_proj.weight", {kv, d}));
+    VC_ASSIGN_OR_RETURN(lw.wq, matrix(p + "self_attn.q_proj.weight", {q, d}));
+    VC_ASSIGN_OR_RETURN(lw.wk, matrix(p + "self_attn.k_proj.weight", {kv, d}));
+    VC_ASSIGN_OR_RETURN(lw.wv, matrix(p + "self_attn.v_proj.weight", {kv, d}));
     if (c.qkv_bias) {
       VC_ASSIGN_OR_RETURN(lw.bq, take(p + "self_attn.q_proj.bias", {q}));
       VC_ASSIGN_OR_RETURN(lw.bk, take(p + "self_attn.k_proj.bias", {kv}));
       VC_ASSIGN_OR_RETURN(lw.bv, take(p + "self_attn.v_proj.bias", {kv}));
     }
-    VC_ASSIGN_OR_RETURN(lw.wo, take(p + "self_attn.o_proj.weight", {d, q}));
+    VC_ASSIGN_OR_RETURN(lw.wo, matrix(p + "self_attn.o_proj.weight", {d, q}));
     if (hf.o_proj_bias) {
       // The engine has no output-projection bias; an all-zero one (common in
       // converted checkpoints) changes nothing, any other value would be lost.
@@ -813,9 +840,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
       }
     }
     VC_ASSIGN_OR_RETURN(lw.rms_ffn, take(p + "post_attention_layernorm.weight", {d}));
-    VC_ASSIGN_OR_RETURN(lw.w1, take(p + "mlp.gate_proj.weight", {h, d}));
-    VC_ASSIGN_OR_RETURN(lw.w2, take(p + "mlp.down_proj.weight", {d, h}));
-    VC_ASSIGN_OR_RETURN(lw.w3, take(p + "mlp.up_proj.weight", {h, d}));
+    VC_ASSIGN_OR_RETURN(lw.w1, matrix(p + "mlp.gate_proj.weight", {h, d}));
+    VC_ASSIGN_OR_RETURN(lw.w2, matrix(p + "mlp.down_proj.weight", {d, h}));
+    VC_ASSIGN_OR_RETURN(lw.w3, matrix(p + "mlp.up_proj.weight", {h, d}));
     w.layers.push_back(lw);
   }
   VC_ASSIGN_OR_RETURN(w.rms_final, take("model.norm.weight", {d}));
@@ -843,17 +870,19 @@ absl::StatusOr<std::unique_ptr<Model>> LoadDir(const std::string& dir) {
                                                    c.architecture,
                                                    " with this config.json does not use: ", list));
   }
+  hf.model.dtype = ck.MatrixDtype();
   std::move(ck).KeepMappings(storage.get());
   return ModelBuilder::Make(c, std::move(w), dir, std::move(storage));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::LoadHuggingFace(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Model>> Model::LoadHuggingFace(const std::string& dir,
+                                                              const LoadOptions& options) {
   // Every JSON access above is type-checked first; this only keeps a missed
   // case from escaping as an exception.
   try {
-    return LoadDir(dir);
+    return LoadDir(dir, options);
   } catch (const Json::exception& e) {
     return absl::InternalError(absl::StrCat(dir, ": unexpected JSON error: ", e.what()));
   }

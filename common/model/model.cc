@@ -71,12 +71,13 @@ absl::Status ModelConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
+                                                   const LoadOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat(path, ": no such file or directory"));
   }
-  if (S_ISDIR(st.st_mode)) return LoadHuggingFace(path);
+  if (S_ISDIR(st.st_mode)) return LoadHuggingFace(path, options);
   return LoadLlama2c(path);
 }
 

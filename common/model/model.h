@@ -2,9 +2,11 @@
 // a llama2.c checkpoint, a Hugging Face checkpoint directory (config.json +
 // safetensors), or random weights for tests and benchmarks.
 //
-// Weights are exposed as row-major f32 matrices [out, in]. f32 tensors are
-// used in place from the memory-mapped file; f16/bf16 tensors are widened to
-// f32 once at load (exactly: every f16/bf16 value is representable in f32).
+// Weight matrices are row-major [out, in] in the checkpoint's dtype
+// (WeightMatrix): f32 tensors are used in place from the memory-mapped file,
+// f16/bf16 matrices are kept 2 bytes wide and widened by the kernels as they
+// read them (LoadOptions::widen_weights widens them once at load instead; the
+// results are bit-identical). Norm weights and biases are always f32.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/dtype.h"
+#include "common/model/weight_matrix.h"
 
 namespace vc {
 
@@ -48,6 +52,10 @@ struct ModelConfig {
   int sliding_window = 0;     // 0: attend to the whole context
   bool qkv_bias = false;      // Qwen2, or Llama with attention_bias
   bool tied_embeddings = true;
+  // The model's dtype: its KV rows are rounded to it when written
+  // (docs/numerics.md, "Model dtype"). A checkpoint whose weight matrices
+  // are all bf16 (or all f16) has that dtype; anything else is f32.
+  Dtype dtype = Dtype::kF32;
   int bos_id = 1;
   int eos_id = 2;  // the model's end-of-sequence token
   // Every id that ends generation (eos_id among them when non-empty): a
@@ -62,42 +70,52 @@ struct ModelConfig {
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
-  // Bytes of full f32 KV for one token across all layers (K and V).
-  int64_t kv_bytes_per_token() const { return int64_t{2} * n_layers * kv_dim() * 4; }
+  // Bytes of full KV (in the model's dtype) for one token across all layers
+  // (K and V).
+  int64_t kv_bytes_per_token() const { return int64_t{2} * n_layers * kv_dim() * DtypeBytes(dtype); }
   int64_t num_parameters() const;
   // Returns InvalidArgument if the shape is inconsistent.
   absl::Status Validate() const;
 };
 
-// Pointers into the model's weight storage; all row-major f32.
+// Pointers into the model's weight storage; row-major, matrices in their
+// checkpoint's dtype, vectors f32.
 struct LayerWeights {
   const float* rms_att = nullptr;  // [dim]
-  const float* wq = nullptr;       // [q_dim, dim]
-  const float* wk = nullptr;       // [kv_dim, dim]
-  const float* wv = nullptr;       // [kv_dim, dim]
+  WeightMatrix wq;                 // [q_dim, dim]
+  WeightMatrix wk;                 // [kv_dim, dim]
+  WeightMatrix wv;                 // [kv_dim, dim]
   const float* bq = nullptr;       // [q_dim] or null
   const float* bk = nullptr;       // [kv_dim] or null
   const float* bv = nullptr;       // [kv_dim] or null
-  const float* wo = nullptr;       // [dim, q_dim]
+  WeightMatrix wo;                 // [dim, q_dim]
   const float* rms_ffn = nullptr;  // [dim]
-  const float* w1 = nullptr;       // gate [hidden, dim]
-  const float* w2 = nullptr;       // down [dim, hidden]
-  const float* w3 = nullptr;       // up   [hidden, dim]
+  WeightMatrix w1;                 // gate [hidden, dim]
+  WeightMatrix w2;                 // down [dim, hidden]
+  WeightMatrix w3;                 // up   [hidden, dim]
 };
 
 struct ModelWeights {
-  const float* token_embedding = nullptr;  // [vocab, dim]
+  WeightMatrix token_embedding;       // [vocab, dim]
   std::vector<LayerWeights> layers;
   const float* rms_final = nullptr;   // [dim]
-  const float* classifier = nullptr;  // [vocab, dim]; == token_embedding when tied
+  WeightMatrix classifier;            // [vocab, dim]; == token_embedding when tied
+};
+
+struct LoadOptions {
+  // Widen bf16/f16 weight matrices to f32 once at load (twice the memory;
+  // bit-identical results). The model's dtype, and so its KV, is unchanged.
+  bool widen_weights = false;
 };
 
 class Model {
  public:
   // Loads a llama2.c checkpoint file or a Hugging Face checkpoint directory.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const LoadOptions& options = {});
   static absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const std::string& path);
-  static absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Model>> LoadHuggingFace(const std::string& dir,
+                                                                const LoadOptions& options = {});
   // Weights drawn uniformly from [-scale, scale] (norm weights around 1), a
   // pure function of (config, seed).
   static absl::StatusOr<std::unique_ptr<Model>> CreateRandom(const ModelConfig& config,

@@ -1,5 +1,7 @@
 #include "common/model/quantized_weights.h"
 
+#include <vector>
+
 #include "common/base/status_macros.h"
 
 namespace vc {
@@ -15,8 +17,14 @@ absl::StatusOr<std::unique_ptr<QuantizedWeights>> QuantizedWeights::Create(
   q->options_ = options;
   q->config_ = c;
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
-  auto quantize = [&](const float* w, int64_t out, int64_t in) {
-    return kernels::Quantize(w, out, in, options.format, options.int4_group);
+  // bf16/f16 checkpoints are quantised from their widened values (exact).
+  auto quantize = [&](const WeightMatrix& w, int64_t out, int64_t in) {
+    if (const float* f32 = w.f32()) {
+      return kernels::Quantize(f32, out, in, options.format, options.int4_group);
+    }
+    std::vector<float> wide(static_cast<size_t>(out * in));
+    for (int64_t i = 0; i < out * in; ++i) wide[static_cast<size_t>(i)] = w.At(i);
+    return kernels::Quantize(wide.data(), out, in, options.format, options.int4_group);
   };
   for (const LayerWeights& lw : model.weights().layers) {
     QuantizedLayerWeights ql;

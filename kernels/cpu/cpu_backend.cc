@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/thread_pool.h"
@@ -46,11 +47,39 @@ class CpuBackend final : public KernelBackend {
   // late (~25 us on a VM).
   void Matmul(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
               int64_t out, float* y) override {
+    MatmulTyped(x, tokens, w, Dtype::kF32, bias, in, out, y);
+  }
+
+  // A bf16/f16 matrix is widened one block of kBlockRows rows at a time into
+  // a thread-local buffer (16 rows: 64 KiB per 1024 columns, in cache) right
+  // before the f32 kernel reads it: memory holds only the 2-byte weights, and
+  // every element is the f32 kernel's over the widened row, so results equal
+  // widening at load. (Widening inside the SIMD kernels' loads would save
+  // the buffer round trip; the results would be the same.)
+  void MatmulTyped(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
+                   const float* bias, int64_t in, int64_t out, float* y) override {
     constexpr int64_t kBlockRows = 16;
     const int64_t blocks = (out + kBlockRows - 1) / kBlockRows;
     auto rows = [&](int64_t b0, int64_t b1) {
-      ops_.matmul_rows(x, tokens, w, bias, in, b0 * kBlockRows, std::min(out, b1 * kBlockRows), out,
-                       y);
+      const int64_t o0 = b0 * kBlockRows, o1 = std::min(out, b1 * kBlockRows);
+      if (w_dtype == Dtype::kF32) {
+        ops_.matmul_rows(x, tokens, static_cast<const float*>(w), bias, in, o0, o1, out, y);
+        return;
+      }
+      thread_local std::vector<float> wide;
+      wide.resize(static_cast<size_t>(kBlockRows * in));
+      const auto* h = static_cast<const uint16_t*>(w);
+      for (int64_t o = o0; o < o1; o += kBlockRows) {
+        const int64_t n = std::min(kBlockRows, o1 - o);
+        const uint16_t* src = h + o * in;
+        if (w_dtype == Dtype::kBf16) {
+          for (int64_t i = 0; i < n * in; ++i) wide[i] = Bf16BitsToF32(src[i]);
+        } else {
+          for (int64_t i = 0; i < n * in; ++i) wide[i] = F16BitsToF32(src[i]);
+        }
+        ops_.matmul_rows(x, tokens, wide.data(), bias != nullptr ? bias + o : nullptr, in, 0, n,
+                         out, y + o);
+      }
     };
     // Keep each run above ~64K multiply-adds so small layers stay inline.
     const int64_t fma_per_block = std::max<int64_t>(1, kBlockRows * in * tokens);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <set>
 #include <thread>
@@ -223,6 +224,7 @@ struct CoordinatorService::Metrics {
   metrics::Counter* rounds;
   metrics::Counter* fallbacks;
   metrics::Counter* rejections;
+  metrics::Counter* workers_refused;
   metrics::Gauge* queue_depth;
   metrics::Gauge* active;
   metrics::GaugeFamily* link_occupancy;
@@ -264,6 +266,11 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                       "Generate calls and prefix registrations refused by admission (the queue "
                                       "full, or the tenant at --max-requests-per-tenant).")
                       ->Get();
+  m.workers_refused =
+      &daemon::MustCounter(registry, "vericache_workers_refused_total",
+                           "Workers refused at startup: another model id, numerics version or "
+                           "end-of-sequence set than the first worker's.")
+           ->Get();
   m.queue_depth = &daemon::MustGauge(registry, "vericache_queue_depth",
                                      "Requests waiting for admission.")
                        ->Get();
@@ -407,6 +414,7 @@ absl::Status CoordinatorService::Connect() {
                                                         ", listed as a ",
                                                         verifier ? "verifier" : "drafter"));
     }
+    absl::Status refused;
     if (model.empty()) {
       model = resp.model_id();
       VC_ASSIGN_OR_RETURN(model_id_, kvstore::ChunkKey::FromRaw(model));
@@ -414,19 +422,31 @@ absl::Status CoordinatorService::Connect() {
       context_ = resp.context_length();
       eos_ids_ = EosIdsOf(resp);
       kv_bytes_per_token_ = resp.kv_bytes_per_token();
+      numerics_version_ = resp.numerics_version();
     } else if (resp.model_id() != model) {
-      return absl::FailedPreconditionError(
+      refused = absl::FailedPreconditionError(
           absl::StrCat("worker ", w.address, " runs another model (id ", Hex(resp.model_id()),
                        ", expected ", Hex(model), ")"));
+    } else if (resp.numerics_version() != numerics_version_) {
+      // Same weights, another numerics definition (docs/numerics.md): its KV
+      // and logits would differ from the other workers' in the last bits.
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "worker ", w.address, " runs numerics version ", resp.numerics_version(),
+          ", the first worker ", numerics_version_, " (docs/numerics.md)"));
     } else if (EosIdsOf(resp) != eos_ids_) {
       // Same weights, different generation_config.json: requests would stop
       // at different tokens depending on placement.
-      return absl::FailedPreconditionError(
+      refused = absl::FailedPreconditionError(
           absl::StrCat("worker ", w.address, " stops at end-of-sequence ids {",
                        absl::StrJoin(EosIdsOf(resp), ","), "}, the first worker at {",
                        absl::StrJoin(eos_ids_, ","), "}"));
     }
-    return absl::OkStatus();
+    if (!refused.ok()) {
+      metrics_->workers_refused->Inc();
+      std::fprintf(stderr, "vc-coordinator: refusing a worker: %s\n",
+                   std::string(refused.message()).c_str());
+    }
+    return refused;
   };
   for (size_t i = 0; i < options_.verifiers.size(); ++i) {
     auto w = std::make_unique<Worker>();
@@ -768,6 +788,7 @@ absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std:
   // caller's key for these tokens, and answers exactly like an unknown id.
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
+  ko.numerics_version = numerics_version_;
   ko.tenant_salt = salt;
   if (kvstore::PrefixManifestKey(ko, model_id_, tokens).Raw() != raw) return not_found;
   return tokens;
@@ -813,6 +834,7 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
   if (plan.prefix_tokens > 0) {
     kvstore::ChunkKeyOptions ko;
     ko.chunk_tokens = options_.chunk_tokens;
+    ko.numerics_version = numerics_version_;
     ko.tenant_salt = req.tenant_salt();
     VC_ASSIGN_OR_RETURN(auto keys, kvstore::ChunkKeysForTokens(
                                        ko, model_id_,
@@ -1674,6 +1696,7 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
+  ko.numerics_version = numerics_version_;
   ko.tenant_salt = who->salt;
   const int32_t whole = static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
   absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
@@ -1776,6 +1799,7 @@ grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
   }
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
+  ko.numerics_version = numerics_version_;
   ko.tenant_salt = who->salt;
   const int32_t whole =
       static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;

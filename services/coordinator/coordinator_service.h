@@ -236,6 +236,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // must agree: a request may move between them).
   std::vector<int32_t> eos_ids_ = {2};
   int64_t kv_bytes_per_token_ = 0;
+  uint32_t numerics_version_ = 0;  // the first worker's; chunk keys use it
   std::vector<ingest::VariantSpec> default_variants_;
   std::unique_ptr<TenantAuth> auth_;
   std::unique_ptr<StreamWatch> watch_;

@@ -57,6 +57,7 @@ DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
       options_(options),
       arena_("drafter", options.arena_bytes),
       metrics_(RegisterWorkerMetrics(registry, "drafter")) {
+  if (options_.numerics_version == 0) options_.numerics_version = NumericsVersionFor(config_);
   continuation_hits_ = &daemon::MustCounter(registry, "vericache_drafter_continuation_drafts_total",
                                             "Drafts made during a verify that survived it "
                                             "(speculative continuation).")

@@ -47,7 +47,10 @@ struct DrafterOptions {
   int max_open_queue = 256;       // Open calls waiting for their fetch
   std::chrono::seconds session_idle{120};
   std::string data_plane = "tcp";
-  uint32_t numerics_version = kNumericsVersion;
+  // 0: the engine's model's, NumericsVersionFor(config) (what chunk keys,
+  // seals and Info carry; the coordinator refuses a worker whose version
+  // differs from the first worker's).
+  uint32_t numerics_version = 0;
 };
 
 class DrafterService final : public vericache::v1::Drafter::CallbackService {

@@ -62,6 +62,7 @@ VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_i
       options_(options),
       arena_("verifier", options.arena_bytes),
       metrics_(RegisterWorkerMetrics(registry, "verifier")) {
+  if (options_.numerics_version == 0) options_.numerics_version = NumericsVersionFor(config_);
   batch_requests_ = &daemon::MustHistogram(registry, "vericache_verify_batch_requests",
                                            "Requests verified together in one pass.", {},
                                            {1, 2, 4, 8, 16, 32, 64})

@@ -50,7 +50,10 @@ struct VerifierOptions {
   // Sessions untouched this long are released (their coordinator is gone).
   std::chrono::seconds session_idle{120};
   std::string data_plane = "tcp";
-  uint32_t numerics_version = kNumericsVersion;
+  // 0: the engine's model's, NumericsVersionFor(config) (what chunk keys,
+  // seals and Info carry; the coordinator refuses a worker whose version
+  // differs from the first worker's).
+  uint32_t numerics_version = 0;
 };
 
 class VerifierService final : public vericache::v1::Verifier::CallbackService {

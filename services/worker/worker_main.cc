@@ -159,7 +159,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   so.seal_signer = seal_signer;
   so.seal_trust = seal_trust;
   so.seal_context.model_id = model_id;
-  so.seal_context.numerics_version = VerifierOptions{}.numerics_version;
+  so.seal_context.numerics_version = NumericsVersionFor((*model)->config());
   so.tls = f.server.tls;  // mutual TLS towards the store with this worker's certificate
   auto store = daemon::StoreClient::Create(so);
   if (!store.ok()) return daemon::Fail(name, store.status().ToString());

@@ -35,9 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const vc::ModelWeights& w = (*model)->weights();
   VC_FUZZ_CHECK(static_cast<int>(w.layers.size()) == c.n_layers, "one entry per layer");
   volatile float sink = 0;
-  auto touch = [&](const float* p, int64_t n) {
-    VC_FUZZ_CHECK(p != nullptr, "weight present");
-    for (int64_t i = 0; i < n; ++i) sink = sink + p[i];
+  auto touch = [&](vc::WeightMatrix p, int64_t n) {
+    VC_FUZZ_CHECK(static_cast<bool>(p), "weight present");
+    for (int64_t i = 0; i < n; ++i) sink = sink + p.At(i);
   };
   const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim();
   touch(w.token_embedding, int64_t{c.vocab_size} * d);

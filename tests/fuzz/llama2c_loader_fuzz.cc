@@ -24,9 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   VC_FUZZ_CHECK(c.num_parameters() * 4 <= static_cast<int64_t>(size), "weights fit the file");
   const vc::ModelWeights& w = (*model)->weights();
   volatile float sink = 0;
-  auto touch = [&](const float* p, int64_t n) {
-    VC_FUZZ_CHECK(p != nullptr, "weight present");
-    sink = sink + p[0] + p[n - 1];
+  auto touch = [&](vc::WeightMatrix p, int64_t n) {
+    VC_FUZZ_CHECK(static_cast<bool>(p), "weight present");
+    sink = sink + p.At(0) + p.At(n - 1);
   };
   const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim();
   touch(w.token_embedding, int64_t{c.vocab_size} * d);

@@ -50,15 +50,29 @@ ReferenceLlama::ReferenceLlama(const Model& model)
   if (rope.scaling == RopeConfig::Scaling::kLinear) position_scale_ = 1.0 / rope.factor;
 }
 
-void ReferenceLlama::MatVec(const float* w, const float* bias, const double* x, int in, int out,
-                            double* y) const {
+void ReferenceLlama::MatVec(const WeightMatrix& w, const float* bias, const double* x, int in,
+                            int out, double* y) const {
   for (int o = 0; o < out; ++o) {
-    const float* row = w + static_cast<int64_t>(o) * in;
+    const int64_t row = static_cast<int64_t>(o) * in;
     double acc = 0.0;
-    for (int i = 0; i < in; ++i) acc += static_cast<double>(row[i]) * x[i];
+    for (int i = 0; i < in; ++i) acc += static_cast<double>(w.At(row + i)) * x[i];
     if (bias != nullptr) acc += static_cast<double>(bias[o]);
     y[o] = acc;
   }
+}
+
+double RoundToSignificand(double x, Dtype dtype) {
+  if (dtype == Dtype::kF32 || x == 0.0 || !std::isfinite(x)) return x;
+  // bf16: 8 significant bits, f32's exponent range. f16: 11 bits, steps
+  // never finer than 2^-24 (subnormals), at most 65504.
+  const int bits = dtype == Dtype::kBf16 ? 8 : 11;
+  int e = 0;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  int step_exp = e - bits;
+  if (dtype == Dtype::kF16) step_exp = std::max(step_exp, -24);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -step_exp)), step_exp);
+  if (dtype == Dtype::kF16 && std::fabs(r) > 65504.0) return std::copysign(INFINITY, x);
+  return r;
 }
 
 void ReferenceLlama::RmsNorm(const double* x, const float* g, double* out) const {
@@ -101,7 +115,7 @@ std::vector<double> ReferenceLlama::Step(int32_t token) {
 
   std::vector<double> x(static_cast<size_t>(dim));
   for (int i = 0; i < dim; ++i) {
-    x[i] = static_cast<double>(w.token_embedding[static_cast<int64_t>(token) * dim + i]);
+    x[i] = static_cast<double>(w.token_embedding.At(static_cast<int64_t>(token) * dim + i));
   }
   std::vector<double> xb(static_cast<size_t>(dim)), q(static_cast<size_t>(q_dim));
   std::vector<double> k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim));
@@ -120,6 +134,12 @@ std::vector<double> ReferenceLlama::Step(int32_t token) {
     MatVec(lw.wv, lw.bv, xb.data(), dim, kv_dim, v.data());
     for (int h = 0; h < cfg_.n_heads; ++h) Rope(q.data() + h * hd, pos);
     for (int h = 0; h < cfg_.n_kv_heads; ++h) Rope(k.data() + h * hd, pos);
+    // KV in the model's dtype: K after RoPE and V as projected, before this
+    // position attends to them.
+    for (int i = 0; i < kv_dim; ++i) {
+      k[i] = RoundToSignificand(k[i], cfg_.dtype);
+      v[i] = RoundToSignificand(v[i], cfg_.dtype);
+    }
 
     std::vector<double>& kc = k_[static_cast<size_t>(l)];
     std::vector<double>& vc = v_[static_cast<size_t>(l)];

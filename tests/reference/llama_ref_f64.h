@@ -7,6 +7,9 @@
 // half-split pairs, no/linear/Llama 3.1 scaling), grouped-query attention,
 // sliding-window causal attention, SwiGLU and an untied classifier.
 //
+// For a bf16/f16 model it rounds K (after RoPE) and V to the model's dtype
+// before attention (docs/numerics.md, "Model dtype").
+//
 // It is incremental (its own KV cache), so teacher-forcing a whole 512-token
 // context of a tiny model takes well under a second.
 #pragma once
@@ -35,7 +38,8 @@ class ReferenceLlama {
   void Truncate(int32_t length);
 
  private:
-  void MatVec(const float* w, const float* bias, const double* x, int in, int out, double* y) const;
+  void MatVec(const WeightMatrix& w, const float* bias, const double* x, int in, int out,
+              double* y) const;
   void RmsNorm(const double* x, const float* g, double* out) const;
   void Rope(double* head, int32_t pos) const;
 
@@ -47,6 +51,10 @@ class ReferenceLlama {
   std::vector<std::vector<double>> k_, v_;
   int32_t length_ = 0;
 };
+
+// x rounded to nearest even at the precision of `dtype` (identity for f32),
+// computed from the formats' definitions in double (not common/base/dtype.h).
+double RoundToSignificand(double x, Dtype dtype);
 
 // Logits of every position of `tokens`, teacher-forced from position 0.
 std::vector<std::vector<double>> ReferenceLogits(const Model& model,

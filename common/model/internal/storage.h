@@ -2,6 +2,7 @@
 // one way loaders assemble a Model.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@ namespace vc {
 struct Model::Storage {
   std::vector<MappedFile> files;           // f32 tensors are used in place
   std::vector<std::vector<float>> owned;   // widened or generated tensors
+  std::vector<std::vector<uint16_t>> owned16;  // bf16/f16 matrices not usable in place
 };
 
 class ModelBuilder {

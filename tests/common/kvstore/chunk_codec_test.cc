@@ -178,5 +178,54 @@ TEST(ChunkCodecTest, GarbageIsRejected) {
   }
 }
 
+// A bf16/f16 model's chunk carries its rows in the model's dtype: exactly
+// half the f32 payload, bit-exact, and refused by a cache of another dtype.
+TEST(ChunkCodecTest, NarrowDtypeHalvesThePayloadAndRoundTrips) {
+  for (Dtype dtype : {Dtype::kBf16, Dtype::kF16}) {
+    ModelConfig c = Config(3, 2, 8);
+    c.dtype = dtype;
+    PagedKvCache src(c);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    const size_t row = static_cast<size_t>(c.kv_dim());
+    std::vector<float> k(row), v(row);
+    ASSERT_TRUE(src.Append(20).ok());
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (int32_t p = 0; p < 20; ++p) {
+        for (size_t i = 0; i < row; ++i) {
+          k[i] = RoundToDtype(normal(rng), dtype);  // as the engine writes them
+          v[i] = RoundToDtype(normal(rng), dtype);
+        }
+        src.Write(l, p, k.data(), v.data());
+      }
+    }
+    auto bytes = EncodeChunk(src, 4, 16);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    const size_t f32_payload = size_t{2} * 3 * 2 * 8 * 16 * 4;
+    EXPECT_EQ(bytes->size(), kChunkHeaderBytes + f32_payload / 2 + kChunkChecksumBytes);
+    auto h = VerifyChunk(*bytes);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->dtype, static_cast<uint32_t>(dtype));
+
+    PagedKvCache::Options at4;
+    at4.first_position = 4;
+    PagedKvCache dst(c, at4);
+    ASSERT_TRUE(DecodeChunkInto(*bytes, dst).ok());
+    EXPECT_TRUE(SameRows(src, dst, 4, 20));
+
+    ModelConfig f32 = c;
+    f32.dtype = Dtype::kF32;
+    PagedKvCache wrong(f32, at4);
+    const absl::Status s = DecodeChunkInto(*bytes, wrong);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("dtype"), std::string::npos) << s.message();
+    EXPECT_EQ(wrong.next_position(), 4);  // unchanged
+
+    std::string bad = *bytes;
+    bad[24] = 7;  // an unknown dtype
+    EXPECT_EQ(VerifyChunk(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace vc::kvstore

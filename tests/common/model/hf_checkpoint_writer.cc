@@ -371,7 +371,7 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-const float* FindWeight(const Model& model, const std::string& name) {
+WeightMatrix FindWeight(const Model& model, const std::string& name) {
   const ModelWeights& w = model.weights();
   if (name == "model.embed_tokens.weight") return w.token_embedding;
   if (name == "model.norm.weight") return w.rms_final;

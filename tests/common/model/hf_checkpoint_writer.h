@@ -80,7 +80,7 @@ std::string ReadFile(const std::string& path);
 
 // The model's f32 weight under a Hugging Face tensor name; null if the model
 // exposes no such weight.
-const float* FindWeight(const Model& model, const std::string& hf_name);
+WeightMatrix FindWeight(const Model& model, const std::string& hf_name);
 
 // A fresh directory under $TEST_TMPDIR (or /tmp), removed with its contents.
 class TempDir {

@@ -63,11 +63,11 @@ void ExpectWeightsMatch(const Model& model, const HfCheckpoint& ck) {
     // when tied (the classifier is the embedding).
     if (EndsWith(t.name, "o_proj.bias")) continue;
     if (t.name == "lm_head.weight" && model.config().tied_embeddings) continue;
-    const float* w = FindWeight(model, t.name);
-    ASSERT_NE(w, nullptr) << t.name;
+    const WeightMatrix w = FindWeight(model, t.name);
+    ASSERT_TRUE(w) << t.name;
     for (size_t i = 0; i < t.values.size(); ++i) {
-      ASSERT_EQ(Bits(w[i]), Bits(t.values[i]))
-          << t.name << "[" << i << "]: loaded " << w[i] << ", written " << t.values[i];
+      ASSERT_EQ(Bits(w.At(i)), Bits(t.values[i]))
+          << t.name << "[" << i << "]: loaded " << w.At(i) << ", written " << t.values[i];
     }
   }
 }
@@ -84,11 +84,13 @@ void ExpectSameModel(const Model& a, const Model& b, const HfCheckpoint& ck) {
   EXPECT_EQ(ca.qkv_bias, cb.qkv_bias);
   EXPECT_EQ(ca.tied_embeddings, cb.tied_embeddings);
   for (const TestTensor& t : ck.tensors) {
-    const float* wa = FindWeight(a, t.name);
-    const float* wb = FindWeight(b, t.name);
-    if (wa == nullptr && wb == nullptr) continue;
-    ASSERT_TRUE(wa != nullptr && wb != nullptr) << t.name;
-    EXPECT_EQ(std::memcmp(wa, wb, t.values.size() * sizeof(float)), 0) << t.name;
+    const WeightMatrix wa = FindWeight(a, t.name);
+    const WeightMatrix wb = FindWeight(b, t.name);
+    if (!wa && !wb) continue;
+    ASSERT_TRUE(wa && wb) << t.name;
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      ASSERT_EQ(Bits(wa.At(i)), Bits(wb.At(i))) << t.name << "[" << i << "]";
+    }
   }
 }
 
@@ -323,7 +325,7 @@ TEST_F(HfLoaderTest, UntiedConfigWithAliasIsOneMatrix) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_TRUE((*model)->config().tied_embeddings);
   EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
-  EXPECT_EQ(std::memcmp((*model)->weights().classifier,
+  EXPECT_EQ(std::memcmp((*model)->weights().classifier.f32(),
                         embed_only.Get("model.embed_tokens.weight").values.data(), 320 * 56 * 4),
             0);
 
@@ -332,7 +334,7 @@ TEST_F(HfLoaderTest, UntiedConfigWithAliasIsOneMatrix) {
   model = WriteAndLoad(head_only, EmbedAliasOf("lm_head.weight"));
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->weights().classifier, (*model)->weights().token_embedding);
-  EXPECT_EQ(std::memcmp((*model)->weights().token_embedding,
+  EXPECT_EQ(std::memcmp((*model)->weights().token_embedding.f32(),
                         head_only.Get("lm_head.weight").values.data(), 320 * 56 * 4),
             0);
 }
@@ -407,7 +409,7 @@ TEST_F(HfLoaderTest, Tinystories656KLoadsAsPublished) {
   const ModelWeights& w = (*model)->weights();
   EXPECT_EQ(w.classifier, w.token_embedding);
   // In place from the mapping: the f32 lm_head.weight is the embedding.
-  EXPECT_TRUE(PointsInto(w.token_embedding, MappedRanges(dir + "/model.safetensors")));
+  EXPECT_TRUE(PointsInto(w.token_embedding.data, MappedRanges(dir + "/model.safetensors")));
 }
 
 // --- End-of-sequence ids: config.json and generation_config.json ----------------
@@ -521,15 +523,32 @@ TEST_F(HfLoaderTest, AlignedF32IsUsedInPlaceFromTheMapping) {
   ASSERT_TRUE(model.ok()) << model.status();
   const auto ranges = MappedRanges(dir + "/model.safetensors");
   ASSERT_FALSE(ranges.empty()) << "the f32 checkpoint should stay mapped";
-  EXPECT_TRUE(PointsInto((*model)->weights().token_embedding, ranges));
-  EXPECT_TRUE(PointsInto((*model)->weights().layers[1].w2, ranges));
+  EXPECT_TRUE(PointsInto((*model)->weights().token_embedding.data, ranges));
+  EXPECT_TRUE(PointsInto((*model)->weights().layers[1].w2.data, ranges));
 }
 
-TEST_F(HfLoaderTest, Bf16IsWidenedAndTheFileUnmapped) {
+TEST_F(HfLoaderTest, Bf16MatricesStayNarrowInPlace) {
   const HfCheckpoint ck = MakeCheckpoint(vc::testing::Qwen2_7BConfig(), WireDtype::kBF16, 15);
   const std::string dir = Write(ck);
   auto model = Model::LoadHuggingFace(dir);
   ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().dtype, Dtype::kBf16);
+  const auto ranges = MappedRanges(dir + "/model.safetensors");
+  ASSERT_FALSE(ranges.empty()) << "bf16 matrices are used in place";
+  EXPECT_EQ((*model)->weights().layers[1].w2.dtype, Dtype::kBf16);
+  EXPECT_TRUE(PointsInto((*model)->weights().layers[1].w2.data, ranges));
+  ExpectWeightsMatch(**model, ck);
+}
+
+TEST_F(HfLoaderTest, Bf16WidenedAtLoadUnmapsTheFile) {
+  const HfCheckpoint ck = MakeCheckpoint(vc::testing::Qwen2_7BConfig(), WireDtype::kBF16, 15);
+  const std::string dir = Write(ck);
+  LoadOptions lo;
+  lo.widen_weights = true;
+  auto model = Model::LoadHuggingFace(dir, lo);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().dtype, Dtype::kBf16);  // the KV dtype stays the model's
+  EXPECT_EQ((*model)->weights().layers[1].w2.dtype, Dtype::kF32);
   // Nothing points into the file, so keeping it mapped would only waste memory.
   EXPECT_TRUE(MappedRanges(dir + "/model.safetensors").empty());
   ExpectWeightsMatch(**model, ck);
@@ -542,7 +561,7 @@ TEST_F(HfLoaderTest, MisalignedF32IsCopied) {
   auto model = Model::LoadHuggingFace(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   for (const LayerWeights& lw : (*model)->weights().layers) {
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(lw.wq) % alignof(float), 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(lw.wq.data) % alignof(float), 0u);
   }
   ExpectWeightsMatch(**model, ck);
 }

@@ -80,14 +80,14 @@ TEST_F(Llama2cLoaderTest, LoadsStories260K) {
   for (size_t i = 0; i < kDim; ++i) {
     float x;
     std::memcpy(&x, raw.data() + kHeaderBytes + 4 * i, 4);
-    EXPECT_EQ(w.token_embedding[i], x) << i;
+    EXPECT_EQ(w.token_embedding.At(i), x) << i;
   }
   // File order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3.
   const size_t w3_offset = kHeaderBytes + kEmbeddingBytes + kRmsAttBytes + kWqBytes + 2 * kWkBytes +
                            kWqBytes + kRmsAttBytes + 2 * kW1Bytes;
   float last;
   std::memcpy(&last, raw.data() + w3_offset + kW1Bytes - 4, 4);
-  EXPECT_EQ(w.layers[kLayers - 1].w3[kHidden * kDim - 1], last);
+  EXPECT_EQ(w.layers[kLayers - 1].w3.At(kHidden * kDim - 1), last);
 }
 
 TEST_F(Llama2cLoaderTest, LoadDispatchesFilesToLlama2c) {

@@ -203,6 +203,76 @@ TEST(KernelsTest, MatmulMatchesCanonicalRuleOnEveryLevelAndThreadCount) {
   }
 }
 
+// bf16/f16 weights: MatmulTyped equals Matmul on the widened matrix, bit
+// for bit, on every level and thread count (the CPU backend's blockwise
+// widening), and so does the backend-independent default (KernelBackend's
+// own MatmulTyped, which a backend without a fused path inherits).
+class DefaultTypedBackend final : public KernelBackend {
+ public:
+  explicit DefaultTypedBackend(std::unique_ptr<KernelBackend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "default-typed"; }
+  int threads() const override { return inner_->threads(); }
+  ThreadPool& pool() override { return inner_->pool(); }
+  float Dot(const float* a, const float* b, int64_t n) const override { return inner_->Dot(a, b, n); }
+  void Matmul(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
+              int64_t out, float* y) override {
+    inner_->Matmul(x, tokens, w, bias, in, out, y);
+  }
+  void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim, float scale,
+                       float* scores) const override {
+    inner_->AttentionScores(q, k, n, head_dim, scale, scores);
+  }
+  void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
+                        float* out) const override {
+    inner_->AccumulateValues(p, v, n, head_dim, out);
+  }
+
+ private:
+  std::unique_ptr<KernelBackend> inner_;
+};
+
+TEST(KernelsTest, MatmulTypedEqualsMatmulOnWidenedWeights) {
+  const std::vector<MatmulShape> shapes = {
+      {1, 1, 1}, {1, 7, 3}, {2, 15, 17}, {3, 16, 16}, {5, 17, 33}, {1, 64, 512}, {7, 64, 172},
+      {4, 172, 64}, {33, 257, 300}, {1, 33, 1}, {9, 1, 40}, {2, 0, 5}, {0, 8, 8},
+  };
+  for (const auto& level : Levels()) {
+    for (int threads : {1, 2}) {
+      for (bool use_default : {false, true}) {
+        std::unique_ptr<KernelBackend> backend = MakeBackend(level, threads);
+        ASSERT_NE(backend, nullptr);
+        if (use_default) backend = std::make_unique<DefaultTypedBackend>(std::move(backend));
+        std::mt19937_64 rng(29);
+        for (const auto& s : shapes) {
+          const auto x = Spread(rng, s.tokens * s.in);
+          const auto wf = Spread(rng, s.out * s.in);
+          const auto bias = Spread(rng, s.out);
+          for (Dtype dtype : {Dtype::kBf16, Dtype::kF16}) {
+            std::vector<uint16_t> narrow(wf.size());
+            std::vector<float> wide(wf.size());
+            for (size_t i = 0; i < wf.size(); ++i) {
+              narrow[i] = NarrowBits(wf[i], dtype);
+              wide[i] = WidenBits(narrow[i], dtype);
+            }
+            for (bool with_bias : {false, true}) {
+              const float* b = with_bias ? bias.data() : nullptr;
+              std::vector<float> want(static_cast<size_t>(s.tokens * s.out), 0.0f);
+              std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+              backend->Matmul(x.data(), s.tokens, wide.data(), b, s.in, s.out, want.data());
+              backend->MatmulTyped(x.data(), s.tokens, narrow.data(), dtype, b, s.in, s.out,
+                                   got.data());
+              ASSERT_TRUE(SameBits(want, got))
+                  << level << " threads=" << threads << " default=" << use_default
+                  << " dtype=" << DtypeName(dtype) << " tokens=" << s.tokens << " in=" << s.in
+                  << " out=" << s.out << " bias=" << with_bias;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelsTest, MatmulRowIsIndependentOfTokenCount) {
   // The batch-invariance property in its smallest form: row t of a
   // multi-token matmul equals the one-token matmul of that row.
