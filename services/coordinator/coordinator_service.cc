@@ -547,7 +547,16 @@ absl::StatusOr<Identity> CoordinatorService::Caller(grpc::ServerContext* ctx,
   if (auto it = md.find("authorization"); it != md.end()) {
     authorization = absl::string_view(it->second.data(), it->second.size());
   }
-  VC_ASSIGN_OR_RETURN(Identity id, auth_->Authenticate(authorization, ctx->peer()));
+  // A client certificate on the public port is optional; gRPC has verified
+  // it against the cluster CA when the peer counts as authenticated.
+  std::string certificate_cn;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+      auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& cn : auth->FindPropertyValues("x509_common_name")) {
+      if (!cn.empty()) certificate_cn.assign(cn.data(), cn.size());
+    }
+  }
+  VC_ASSIGN_OR_RETURN(Identity id, auth_->Authenticate(authorization, ctx->peer(), certificate_cn));
   if (!request_salt.empty()) {
     return absl::InvalidArgumentError(
         "tenant_salt must be empty when authentication is on: the server derives the tenant's "

@@ -536,6 +536,73 @@ TEST_F(CoordinatorTrustTest, CaBundleIsReloadedWithoutARestart) {
   EXPECT_TRUE(Generate(kKeyA1, Prompt(5, 11)).status.ok());
 }
 
+// The public port asks for (never requires) a client certificate: one from
+// the cluster CA whose subject CN is a tenant of the keys file identifies
+// that tenant without a key; a key sent with it must name the same tenant;
+// a certificate whose CN is no tenant (the cluster's own client certificate)
+// identifies nobody.
+TEST_F(CoordinatorTrustTest, ClientCertificateNamesTheTenant) {
+  const auto& creds = *cluster_->credentials();
+  ASSERT_EQ(creds.tenant_certs.count("tenant-a"), 1u);
+  rpc::ClientConfig as_a = cluster_->client();
+  as_a.api_key.clear();
+  as_a.tls = creds.tenant_certs.at("tenant-a");
+  auto cert_a = pb::Coordinator::NewStub(rpc::MakeChannel(as_a, 64 << 20));
+  auto ctx_with = [](const std::string& key) {
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(60));
+    if (!key.empty()) ctx->AddMetadata("authorization", "Bearer " + key);
+    return ctx;
+  };
+  // Registered by certificate alone: the prefix is tenant A's (A's key
+  // reaches it, B's does not).
+  pb::RegisterPrefixRequest reg;
+  for (int32_t t : Tokens(40, 31)) reg.add_tokens(t);
+  pb::RegisterPrefixResponse reg_resp;
+  {
+    auto ctx = ctx_with("");
+    const grpc::Status s = cert_a->RegisterPrefix(ctx.get(), reg, &reg_resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ExpectError(Manage(kKeyB, reg_resp.prefix_id(), pb::ManagePrefixRequest::PIN),
+              grpc::StatusCode::NOT_FOUND, "not registered");
+  EXPECT_TRUE(Manage(kKeyA1, reg_resp.prefix_id(), pb::ManagePrefixRequest::PIN).ok());
+  EXPECT_TRUE(Manage(kKeyA1, reg_resp.prefix_id(), pb::ManagePrefixRequest::UNPIN).ok());
+  // Generate over it by certificate, and with the certificate and A's key.
+  pb::GenerateRequest gen;
+  gen.set_prefix_id(reg_resp.prefix_id());
+  gen.add_suffix_ids(42);
+  gen.set_max_new_tokens(4);
+  gen.set_ignore_eos(true);
+  for (const std::string& key : {std::string(), kKeyA1}) {
+    auto ctx = ctx_with(key);
+    auto reader = cert_a->Generate(ctx.get(), gen);
+    pb::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << (key.empty() ? "certificate only: " : "certificate and key: ")
+                        << s.error_message();
+  }
+  // Certificate A with B's key: they disagree.
+  {
+    auto ctx = ctx_with(kKeyB);
+    pb::RegisterPrefixResponse resp;
+    ExpectError(cert_a->RegisterPrefix(ctx.get(), reg, &resp), grpc::StatusCode::UNAUTHENTICATED,
+                "different tenants");
+  }
+  // The cluster's client certificate (CN vericache-client) is no tenant.
+  rpc::ClientConfig as_client = cluster_->client();
+  as_client.api_key.clear();
+  as_client.tls = creds.client;
+  auto cert_client = pb::Coordinator::NewStub(rpc::MakeChannel(as_client, 64 << 20));
+  {
+    auto ctx = ctx_with("");
+    pb::RegisterPrefixResponse resp;
+    ExpectError(cert_client->RegisterPrefix(ctx.get(), reg, &resp),
+                grpc::StatusCode::UNAUTHENTICATED, "no tenant");
+  }
+}
+
 // A cluster whose coordinator allows 2 requests per tenant and ends a
 // stream whose message has waited 10 s to be sent.
 class CoordinatorStreamLimitsTest : public ::testing::Test {
