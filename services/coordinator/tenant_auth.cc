@@ -373,7 +373,9 @@ absl::StatusOr<Identity> TenantAuth::Authenticate(absl::string_view authorizatio
     if (eq) match = &e;
   }
   if (match == nullptr) return fail("unknown API key");
-  if (!certificate_cn.empty() && certificate_cn != match->tenant) {
+  // A certificate that names no tenant (a daemon's, say, from a gateway
+  // forwarding its caller's key) says nothing about who is calling.
+  if (!cert_tenant.empty() && cert_tenant != match->tenant) {
     return fail("the API key and the client certificate name different tenants");
   }
   return identity(match->tenant);

@@ -60,7 +60,8 @@ class TenantAuth {
   // `certificate_cn`: the subject CN of the caller's verified TLS client
   // certificate ("" when it presented none). Without a key, a certificate
   // whose CN is a tenant of the keys file (one with at least one key) is
-  // that tenant; with both, they must name the same tenant. So the keys
+  // that tenant; with a key too, a certificate naming a tenant must name
+  // the key's (one whose CN is no tenant is ignored). So the keys
   // file decides which certificate names are tenants: a daemon's
   // certificate, from the same CA, is not one unless listed.
   // Unauthenticated when neither identifies a tenant, the key is unknown or

@@ -103,6 +103,11 @@ TEST_F(TenantAuthTest, ClientCertificateCnNamesAKnownTenant) {
             absl::StatusCode::kUnauthenticated);
   EXPECT_EQ((*auth)->Authenticate("", kPeer, "vericache-daemon").status().code(),
             absl::StatusCode::kUnauthenticated);
+  // A certificate naming no tenant next to a good key (a gateway with its
+  // own certificate forwarding its caller's key): the key decides.
+  auto gateway = (*auth)->Authenticate("Bearer key-bbbbbbbbbbbbbbbb", kPeer, "vericache-daemon");
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  EXPECT_EQ(gateway->tenant, "tenant-b");
   EXPECT_EQ((*auth)->Authenticate("Bearer key-cccccccccccccccc", kPeer, "tenant-a").status().code(),
             absl::StatusCode::kUnauthenticated);
   // A tenant removed from the keys file is no longer a certificate tenant.
