@@ -10,8 +10,13 @@
 //   prefix-aware verification on vs off            (shared-prefix batches)
 //   remote:local worker ratio 2 vs 1                (pool sizing)
 // Outputs are checked against full_local (lossless) in every scenario.
+// --compare-insecure instead runs the vericache scenario --runs times with
+// TLS, API keys and seals on (the default) and as many times with
+// --insecure, alternating, and prints the median throughput ratio (issue
+// 11: the secure cluster within 5% of the insecure one).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -106,6 +111,8 @@ int main(int argc, char** argv) {
   std::string compressor = "int8";
   bool synthetic = false;
   bool no_pin = false;
+  bool compare_insecure = false;
+  int runs = 5;
   vc::FlagSet flags("vc_cluster_bench",
                     "The four daemons on loopback with paced links: TTFT and throughput of the\n"
                     "modes, staggered vs lock-step, prefix-aware on/off, 1 vs 2 drafters.");
@@ -129,8 +136,17 @@ int main(int argc, char** argv) {
   flags.AddBool("--no-pin", &no_pin,
                 "do not pin the pools to cores (default: verifiers on CPU 0, drafters on CPU 1, "
                 "so the remote pool is extra capacity as on separate machines)");
+  flags.AddBool("--compare-insecure", &compare_insecure,
+                "only the vericache scenario, --runs times secure (TLS, API keys, seals: the "
+                "default) and --runs times --insecure, alternating; prints every run and the "
+                "median throughput ratio secure / insecure");
+  flags.Add("--runs", &runs, "N", "runs of each kind with --compare-insecure (default 5, 1..100)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "vc_cluster_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (runs < 1 || runs > 100) {
+    std::fprintf(stderr, "vc_cluster_bench: --runs must be in [1, 100]\n");
     return 2;
   }
   if (flags.help_requested()) {
@@ -223,10 +239,14 @@ int main(int argc, char** argv) {
     d.ignore_eos = true;
     reference.push_back(std::move(vc::DecodeFull(*engine, prompt, d)).value().tokens);
   }
-  std::vector<Row> rows;
-  for (const Scenario& sc : scenarios) {
+  // One scenario on a fresh cluster; false (after saying why) if the
+  // cluster does not start or a prefix cannot be registered.
+  auto run_scenario = [&](const Scenario& sc, bool insecure, Row* row) -> bool {
     vc::local::LocalClusterOptions o;
     o.model = model;
+    // Insecure is the whole old setup: plaintext, no API keys, no seals.
+    o.insecure = insecure;
+    o.seal_kv = !insecure;
     o.chunk_tokens = 32;
     o.ingest_variants = compressor;
     o.draft_len = draft_len;
@@ -249,7 +269,7 @@ int main(int argc, char** argv) {
     auto cluster = vc::local::LocalCluster::Start(o);
     if (!cluster.ok()) {
       std::fprintf(stderr, "vc_cluster_bench: %s\n", cluster.status().ToString().c_str());
-      return 1;
+      return false;
     }
     const vc::rpc::ClientConfig coordinator = (*cluster)->client();  // TLS + API key unless insecure
     std::vector<std::string> ids;
@@ -258,7 +278,7 @@ int main(int argc, char** argv) {
       ids.push_back(vc::local::RegisterPrefix(coordinator, p, &error));
       if (ids.back().empty()) {
         std::fprintf(stderr, "vc_cluster_bench: RegisterPrefix: %s\n", error.c_str());
-        return 1;
+        return false;
       }
     }
     std::vector<pb::GenerateRequest> reqs;
@@ -274,22 +294,74 @@ int main(int argc, char** argv) {
       reqs.push_back(r);
     }
     std::vector<WorkloadResult> results;
-    Row row;
-    row.scenario = sc;
-    row.sum = vc::local::RunWorkload(coordinator, reqs, concurrency, &results);
+    row->scenario = sc;
+    row->sum = vc::local::RunWorkload(coordinator, reqs, concurrency, &results);
     (*cluster)->Stop();
+    row->identical = 0;
     for (int i = 0; i < requests; ++i) {
-      if (results[i].error.empty() && results[i].tokens == reference[i]) ++row.identical;
+      if (results[i].error.empty() && results[i].tokens == reference[i]) ++row->identical;
     }
-    rows.push_back(row);
     std::printf("  %-26s %8.1f tok/s  TTFT mean %7.1f ms p50 %7.1f p90 %7.1f  %2d/%d identical%s\n",
-                sc.name.c_str(), row.sum.tokens_per_s, row.sum.mean_ttft_ms, row.sum.p50_ttft_ms,
-                row.sum.p90_ttft_ms, rows.back().identical, requests,
-                row.sum.errors > 0 ? absl::StrCat("  ERRORS: ", row.sum.errors, " (",
-                                                  row.sum.first_error, ")")
-                                         .c_str()
-                                   : "");
+                sc.name.c_str(), row->sum.tokens_per_s, row->sum.mean_ttft_ms, row->sum.p50_ttft_ms,
+                row->sum.p90_ttft_ms, row->identical, requests,
+                row->sum.errors > 0 ? absl::StrCat("  ERRORS: ", row->sum.errors, " (",
+                                                   row->sum.first_error, ")")
+                                          .c_str()
+                                    : "");
     std::fflush(stdout);
+    return true;
+  };
+  auto failures = [&](const std::vector<Row>& rows) {
+    int errors = 0, mismatches = 0;
+    for (const Row& r : rows) {
+      errors += r.sum.errors;
+      mismatches += requests - r.sum.errors - r.identical;
+    }
+    if (errors == 0 && mismatches == 0) {
+      std::printf("all outputs identical to full-KV decoding\n");
+    } else {
+      std::printf("%d requests failed (see the rows above); %d completed outputs differ from "
+                  "full-KV decoding\n", errors, mismatches);
+    }
+    return errors + mismatches;
+  };
+  if (compare_insecure) {
+    // Alternating, and which kind goes first alternates too, so a drift of
+    // the machine (another process, thermal) falls on both kinds alike.
+    std::vector<Row> all;
+    std::vector<double> secure_tps, insecure_tps, pair_ratio;
+    for (int run = 0; run < runs; ++run) {
+      double tps[2] = {0, 0};  // [secure, insecure]
+      for (int k = 0; k < 2; ++k) {
+        const bool insecure = (run % 2 == 0) ? k == 1 : k == 0;
+        Scenario sc = scenarios.front();
+        sc.name = absl::StrCat("run ", run + 1, insecure ? " insecure" : " secure");
+        Row row;
+        if (!run_scenario(sc, insecure, &row)) return 1;
+        tps[insecure ? 1 : 0] = row.sum.tokens_per_s;
+        all.push_back(row);
+      }
+      secure_tps.push_back(tps[0]);
+      insecure_tps.push_back(tps[1]);
+      pair_ratio.push_back(tps[1] > 0 ? tps[0] / tps[1] : 0.0);
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    };
+    const double ms = median(secure_tps), mi = median(insecure_tps);
+    std::printf("\nsecure vs insecure, %d runs each (vericache, %d requests):\n", runs, requests);
+    std::printf("  median throughput secure %.1f tok/s, insecure %.1f tok/s\n", ms, mi);
+    std::printf("  median secure / median insecure        %.3f\n", mi > 0 ? ms / mi : 0.0);
+    std::printf("  median of the per-run ratios           %.3f\n", median(pair_ratio));
+    return failures(all) == 0 ? 0 : 1;
+  }
+  std::vector<Row> rows;
+  for (const Scenario& sc : scenarios) {
+    Row row;
+    if (!run_scenario(sc, false, &row)) return 1;
+    rows.push_back(row);
   }
   auto find = [&](const std::string& name) -> const Row& {
     for (const Row& r : rows) {
@@ -336,16 +408,5 @@ int main(int argc, char** argv) {
           << step_seconds * 1e3 << "\n";
     }
   }
-  int errors = 0, mismatches = 0;
-  for (const Row& r : rows) {
-    errors += r.sum.errors;
-    mismatches += requests - r.sum.errors - r.identical;
-  }
-  if (errors == 0 && mismatches == 0) {
-    std::printf("all outputs identical to full-KV decoding\n");
-  } else {
-    std::printf("%d requests failed (see the rows above); %d completed outputs differ from "
-                "full-KV decoding\n", errors, mismatches);
-  }
-  return errors == 0 && mismatches == 0 ? 0 : 1;
+  return failures(rows) == 0 ? 0 : 1;
 }

@@ -136,7 +136,12 @@ int32_t StoredPrefixTokens(int32_t prompt_len, int chunk_tokens) {
 absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const int32_t> tokens,
                                                  const kvstore::ChunkKeyOptions& key_options,
                                                  const kvstore::ModelId& model_id,
-                                                 const std::vector<VariantSpec>& variants) {
+                                                 const std::vector<VariantSpec>& variants,
+                                                 const std::function<bool()>& cancelled) {
+  auto check_cancelled = [&]() -> absl::Status {
+    if (cancelled && cancelled()) return absl::CancelledError("ingest cancelled by its caller");
+    return absl::OkStatus();
+  };
   const ModelConfig& config = engine.config();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int ct = key_options.chunk_tokens;
@@ -183,6 +188,7 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
   const int64_t piece = std::max<int64_t>(1, engine.max_batch_tokens());
   for (int64_t start = 0; start < n; start += piece) {
     const std::span<const int32_t> part = tokens.subspan(start, std::min(piece, n - start));
+    VC_RETURN_IF_ERROR(check_cancelled());
     const SequenceInput input{&full, part, static_cast<int64_t>(part.size()), observer};
     VC_RETURN_IF_ERROR(engine.Forward({&input, 1}, &logits));
   }
@@ -193,12 +199,14 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
                                           key_options, model_id,
                                           absl::Span<const int32_t>(tokens.data(), tokens.size())));
   for (size_t c = 0; c < out.chunk_keys.size(); ++c) {
+    VC_RETURN_IF_ERROR(check_cancelled());
     VC_ASSIGN_OR_RETURN(std::string bytes,
                         kvstore::EncodeChunk(full, static_cast<int32_t>(c) * ct, ct));
     out.entries.emplace_back(out.chunk_keys[c].Raw(), std::move(bytes));
   }
   const AttentionStats no_stats(config, 0, 0);
   for (size_t i = 0; i < variants.size(); ++i) {
+    VC_RETURN_IF_ERROR(check_cancelled());
     const Compressor& c = *compressors[i];
     const AttentionStats& s =
         c.info().needs_attention_stats ? *stats.at(variants[i].compressor.window) : no_stats;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,11 +68,15 @@ struct PrefixEntries {
 // `tokens` must be a whole number (> 0) of key_options.chunk_tokens and fit
 // the model's context; `model_id` must identify the engine's model
 // (kvstore::ComputeModelId; not recomputed here). InvalidArgument for bad
-// input or variants; the engine's errors pass through.
+// input or variants; the engine's errors pass through. `cancelled`, if set,
+// is asked before each prefill piece, each chunk and each variant: once it
+// answers true the work stops with Cancelled (an ingest whose caller went
+// away does not run on for nobody).
 absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const int32_t> tokens,
                                                  const kvstore::ChunkKeyOptions& key_options,
                                                  const kvstore::ModelId& model_id,
-                                                 const std::vector<VariantSpec>& variants);
+                                                 const std::vector<VariantSpec>& variants,
+                                                 const std::function<bool()>& cancelled = {});
 
 // Verifies and decodes full chunks (in order) into a fresh PagedKvCache
 // holding positions [0, sum of their tokens). `options.first_position` must

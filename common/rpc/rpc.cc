@@ -83,9 +83,10 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls,
   grpc::experimental::TlsServerCredentialsOptions opts(Provider(tls));
   opts.watch_root_certs();
   opts.watch_identity_key_cert_pairs();
-  opts.set_cert_request_type(client == ClientCerts::kRequire
-                                 ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  opts.set_cert_request_type(
+      client == ClientCerts::kRequire   ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+      : client == ClientCerts::kRequest ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+                                        : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   return grpc::experimental::TlsServerCredentials(opts);
 }
 

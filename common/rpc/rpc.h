@@ -52,9 +52,10 @@ inline constexpr unsigned kTlsRefreshSeconds = 10;
 
 // Whether a TLS server asks its clients for a certificate. kRequire: mutual
 // TLS, the client's certificate must chain to --tls-ca (internal ports);
-// kNone: server-only TLS (the coordinator's public port, whose callers
-// present API keys instead).
-enum class ClientCerts { kRequire, kNone };
+// kRequest: a client may present one (it must then chain to --tls-ca) or
+// none (the coordinator's public port: API keys, or a client certificate
+// naming the tenant); kNone: server-only TLS.
+enum class ClientCerts { kRequire, kRequest, kNone };
 
 // Server credentials for `tls` (insecure when !tls.enabled()).
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls, ClientCerts client);

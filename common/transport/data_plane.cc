@@ -69,6 +69,9 @@ absl::Status CheckServerOptions(const DataPlaneServerOptions& o) {
   }
   if (o.max_tracked_slots < 1) return absl::InvalidArgumentError("max_tracked_slots must be >= 1");
   if (o.max_connections < 1) return absl::InvalidArgumentError("max_connections must be >= 1");
+  if (o.max_connections_per_identity < 1) {
+    return absl::InvalidArgumentError("max_connections_per_identity must be >= 1");
+  }
   if (o.max_pending_connections < 1) {
     return absl::InvalidArgumentError("max_pending_connections must be >= 1");
   }

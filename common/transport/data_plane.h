@@ -159,6 +159,12 @@ struct DataPlaneServerOptions {
   // new one is admitted past it, the one idle longest is closed (if every
   // one is busy, the new one is closed). Default 256.
   int max_connections = 256;
+  // Established connections of one identity (PeerInfo::Owner(): the
+  // certificate's under TLS, else the peer's address), held at once: past
+  // it the idlest of that identity's own is closed (if all of them are
+  // busy, the new one is), so one worker cannot take the places of the
+  // others. Clamped to max_connections. Default 64.
+  int max_connections_per_identity = 64;
   // Connections that have not yet sent a valid request (not authenticated,
   // once the data plane authenticates), held at once, separately from
   // max_connections: past it the oldest of them is dropped, so a flood of

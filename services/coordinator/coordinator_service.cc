@@ -213,6 +213,7 @@ struct CoordinatorService::Plan {
   Clock::time_point first_token_time;
   // Output tokens already folded into `prompt` by a retry on other workers.
   size_t resumed = 0;
+  bool healed = false;  // PrepareHeal ran once
 };
 
 struct CoordinatorService::Metrics {
@@ -234,6 +235,7 @@ struct CoordinatorService::Metrics {
   metrics::CounterFamily* lossless_check;
   metrics::GaugeFamily* worker_up;
   metrics::CounterFamily* retries;
+  metrics::Counter* kv_heals;
 };
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
@@ -301,6 +303,11 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                   "Requests re-established on live workers after a worker they "
                                   "ran on died, by the pool of the worker that died.",
                                   {"pool"});
+  m.kv_heals = &daemon::MustCounter(registry, "vericache_kv_heals_total",
+                                    "Requests whose stored prefix went missing while they were served "
+                                    "(an entry quarantined for failing its seal, or evicted): the "
+                                    "prefix was ingested again and the request run again.")
+                    ->Get();
 }
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
@@ -604,7 +611,16 @@ absl::StatusOr<Identity> CoordinatorService::Caller(grpc::ServerContext* ctx,
   if (auto it = md.find("authorization"); it != md.end()) {
     authorization = absl::string_view(it->second.data(), it->second.size());
   }
-  VC_ASSIGN_OR_RETURN(Identity id, auth_->Authenticate(authorization, ctx->peer()));
+  // A client certificate on the public port is optional; gRPC has verified
+  // it against the cluster CA when the peer counts as authenticated.
+  std::string certificate_cn;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+      auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& cn : auth->FindPropertyValues("x509_common_name")) {
+      if (!cn.empty()) certificate_cn.assign(cn.data(), cn.size());
+    }
+  }
+  VC_ASSIGN_OR_RETURN(Identity id, auth_->Authenticate(authorization, ctx->peer(), certificate_cn));
   if (!request_salt.empty()) {
     return absl::InvalidArgumentError(
         "tenant_salt must be empty when authentication is on: the server derives the tenant's "
@@ -744,6 +760,10 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   VC_RETURN_IF_ERROR(Admit(r));
   absl::Status status = EnsureStored(plan, r);
   if (status.ok()) status = Run(plan, r, sink);
+  if (!status.ok() && PrepareHeal(plan, r, status)) {
+    status = EnsureStored(plan, r);
+    if (status.ok()) status = Run(plan, r, sink);
+  }
   ReleaseSessions(plan);
   Leave(r);
   VC_RETURN_IF_ERROR(status);
@@ -935,6 +955,41 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
     return status;
   }
   return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
+}
+
+bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status& failed) {
+  // Only before the first token: every token already streamed was verified,
+  // but a second run could not take them back. Once is enough; a prefix that
+  // goes missing again fails the request cleanly.
+  if (plan.prefix_tokens == 0 || !plan.output.empty() || plan.healed || r.gone() ||
+      Clock::now() >= r.deadline) {
+    return false;
+  }
+  switch (failed.code()) {
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kResourceExhausted:
+      return false;
+    default:
+      break;
+  }
+  // The store is the witness: a reader that finds a bad seal deletes the
+  // entry before it answers, and the store deletes one that fails its check
+  // on a disk read, so a miss here means "ingest again", whatever error
+  // text the worker chose.
+  std::vector<std::string> keys = plan.chunk_keys;
+  keys.push_back(plan.variant_key);
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
+  if (!hits.ok() || std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) return false;
+  ReleaseSessions(plan);
+  plan.healed = true;
+  plan.session = next_session_.fetch_add(1);
+  plan.recent_accepted.clear();
+  metrics_->kv_heals->Inc();
+  return true;
 }
 
 grpc::Status CoordinatorService::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,

@@ -187,6 +187,12 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // Drops a tenant's bookkeeping once it holds nothing (mu_ held).
   void ForgetTenantIfIdle(const std::string& tenant);
   absl::Status EnsureStored(Plan& plan, Request& r);
+  // After `failed` ended a run before any token was sent: true (and the
+  // plan's sessions released, a fresh session id taken) when one of the
+  // prefix's entries is missing from the store — evicted, or quarantined by
+  // the store or a reader because it failed its seal — so the caller ingests
+  // again and runs once more instead of failing the request.
+  bool PrepareHeal(Plan& plan, Request& r, const absl::Status& failed);
   // Places the request on live workers and runs it; re-establishes it on
   // live workers (bounded) when a worker it runs on dies.
   absl::Status Run(Plan& plan, Request& r,

@@ -141,10 +141,11 @@ int main(int argc, char** argv) {
   o.health_check_interval = std::chrono::milliseconds(health_check_interval_ms);
   o.health_check_timeout = std::chrono::milliseconds(health_check_timeout_ms);
   o.pack_reloads = !no_packing;
-  // The public port: TLS without client certificates (callers present API
-  // keys); the same certificate is this daemon's identity towards the
-  // store and the workers.
-  server.client_certs = vc::rpc::ClientCerts::kNone;
+  // The public port: TLS that asks for, but never requires, a client
+  // certificate (callers present an API key, or a certificate from the
+  // cluster CA whose subject CN names their tenant); the same certificate is
+  // this daemon's identity towards the store and the workers.
+  server.client_certs = vc::rpc::ClientCerts::kRequest;
   o.tls = server.tls;
   if (absl::Status s = vc::daemon::ValidateServerOptions(server); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));

@@ -314,7 +314,8 @@ int TenantAuth::key_count() const {
 }
 
 absl::StatusOr<Identity> TenantAuth::Authenticate(absl::string_view authorization,
-                                                   absl::string_view peer) {
+                                                   absl::string_view peer,
+                                                   absl::string_view certificate_cn) {
   if (!enabled()) return Identity{};
   Impl& impl = *impl_;
   const std::string host = PeerHost(peer);
@@ -334,8 +335,27 @@ absl::StatusOr<Identity> TenantAuth::Authenticate(absl::string_view authorizatio
     impl.BucketFor(host, Clock::now()).tokens -= 1;
     return absl::UnauthenticatedError(why);
   };
+  auto identity = [&](const std::string& tenant) {
+    Identity id;
+    id.tenant = tenant;
+    id.salt = DeriveTenantSalt(impl.secret, id.tenant);
+    return id;
+  };
+  // The tenant a verified client certificate names, if the keys file knows
+  // it ("" otherwise).
+  std::string cert_tenant;
+  if (!certificate_cn.empty()) {
+    for (const Entry& e : *keys) {
+      if (e.tenant == certificate_cn) cert_tenant = e.tenant;
+    }
+  }
   constexpr absl::string_view kBearer = "Bearer ";
   if (authorization.empty()) {
+    if (!cert_tenant.empty()) return identity(cert_tenant);
+    if (!certificate_cn.empty()) {
+      return fail("the client certificate's subject CN is no tenant of the keys file, and no "
+                  "API key was sent");
+    }
     return fail("missing API key: send metadata 'authorization: Bearer KEY'");
   }
   if (authorization.size() <= kBearer.size() ||
@@ -353,10 +373,12 @@ absl::StatusOr<Identity> TenantAuth::Authenticate(absl::string_view authorizatio
     if (eq) match = &e;
   }
   if (match == nullptr) return fail("unknown API key");
-  Identity id;
-  id.tenant = match->tenant;
-  id.salt = DeriveTenantSalt(impl.secret, id.tenant);
-  return id;
+  // A certificate that names no tenant (a daemon's, say, from a gateway
+  // forwarding its caller's key) says nothing about who is calling.
+  if (!cert_tenant.empty() && cert_tenant != match->tenant) {
+    return fail("the API key and the client certificate name different tenants");
+  }
+  return identity(match->tenant);
 }
 
 }  // namespace vc::coordinator

@@ -56,11 +56,21 @@ class TenantAuth {
   bool enabled() const;
 
   // `authorization`: the metadata value ("" when absent); `peer`: the gRPC
-  // peer string (ipv4:HOST:PORT), used only for rate limiting.
-  // Unauthenticated when the key is missing or unknown, ResourceExhausted
-  // when the peer failed too often. With authentication off: the anonymous
-  // identity (salt left empty for the caller to fill).
-  [[nodiscard]] absl::StatusOr<Identity> Authenticate(absl::string_view authorization, absl::string_view peer);
+  // peer string (ipv4:HOST:PORT), used only for rate limiting;
+  // `certificate_cn`: the subject CN of the caller's verified TLS client
+  // certificate ("" when it presented none). Without a key, a certificate
+  // whose CN is a tenant of the keys file (one with at least one key) is
+  // that tenant; with a key too, a certificate naming a tenant must name
+  // the key's (one whose CN is no tenant is ignored). So the keys
+  // file decides which certificate names are tenants: a daemon's
+  // certificate, from the same CA, is not one unless listed.
+  // Unauthenticated when neither identifies a tenant, the key is unknown or
+  // the two disagree; ResourceExhausted when the peer failed too often.
+  // With authentication off: the anonymous identity (salt left empty for
+  // the caller to fill).
+  [[nodiscard]] absl::StatusOr<Identity> Authenticate(absl::string_view authorization,
+                                                      absl::string_view peer,
+                                                      absl::string_view certificate_cn = "");
 
   // Number of keys currently accepted (tests, startup line).
   int key_count() const;

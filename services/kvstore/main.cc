@@ -64,6 +64,7 @@ struct Options {
   double data_idle_timeout_seconds = 60;
   double data_handshake_timeout_seconds = 2;
   int64_t data_max_connections = 256;
+  int64_t data_max_connections_per_identity = 64;
   int64_t data_max_pending_connections = 64;
   int64_t data_worker_threads = 16;
   double data_max_request_seconds = 600;
@@ -132,6 +133,9 @@ int main(int argc, char** argv) {
             "a new data plane connection's first request header must arrive within X (<= 2)");
   flags.Add("--data-max-connections", &opts.data_max_connections, "N",
             "data plane connections that sent a valid request (the idlest is closed past it)");
+  flags.Add("--data-max-connections-per-identity", &opts.data_max_connections_per_identity, "N",
+            "of those, held by one identity (client certificate, else address): past it the "
+            "idlest of its own is closed");
   flags.Add("--data-max-pending-connections", &opts.data_max_pending_connections, "N",
             "data plane connections yet to send a valid request (the oldest is dropped past it)");
   flags.Add("--data-worker-threads", &opts.data_worker_threads, "N",
@@ -184,6 +188,10 @@ int main(int argc, char** argv) {
   if (opts.data_max_connections < 1 || opts.data_max_connections > 65536 ||
       opts.data_max_pending_connections < 1 || opts.data_max_pending_connections > 65536) {
     return BadFlags("--data-max-connections and --data-max-pending-connections must be in [1, 65536]");
+  }
+  if (opts.data_max_connections_per_identity < 1 ||
+      opts.data_max_connections_per_identity > 65536) {
+    return BadFlags("--data-max-connections-per-identity must be in [1, 65536]");
   }
   if (opts.data_worker_threads < 1 || opts.data_worker_threads > 1024) {
     return BadFlags("--data-worker-threads must be in [1, 1024]");
@@ -272,6 +280,7 @@ int main(int argc, char** argv) {
   dp_opts.handshake_timeout_seconds = opts.data_handshake_timeout_seconds;
   dp_opts.max_connections = static_cast<int>(opts.data_max_connections);
   dp_opts.max_pending_connections = static_cast<int>(opts.data_max_pending_connections);
+  dp_opts.max_connections_per_identity = static_cast<int>(opts.data_max_connections_per_identity);
   dp_opts.worker_threads = static_cast<int>(opts.data_worker_threads);
   dp_opts.max_request_seconds = opts.data_max_request_seconds;
   dp_opts.tls = opts.data_tls;

@@ -151,12 +151,14 @@ absl::Status WriteKey(const std::string& path, EVP_PKEY* key) {
   return WritePrivate(path, *pem);
 }
 
-// A leaf certificate `name` signed by the CA: writes NAME.crt and NAME.key.
-absl::StatusOr<rpc::TlsFiles> Leaf(const std::string& dir, const std::string& name, X509* ca,
-                                   EVP_PKEY* ca_key, const std::string& ca_path) {
+// A leaf certificate `name` (subject CN `cn`) signed by the CA: writes
+// NAME.crt and NAME.key.
+absl::StatusOr<rpc::TlsFiles> Leaf(const std::string& dir, const std::string& name,
+                                   const std::string& cn, X509* ca, EVP_PKEY* ca_key,
+                                   const std::string& ca_path) {
   absl::StatusOr<Pkey> key = NewKey();
   if (!key.ok()) return key.status();
-  absl::StatusOr<Cert> cert = NewCert(key->get(), "vericache-" + name, ca, ca_key, false);
+  absl::StatusOr<Cert> cert = NewCert(key->get(), cn, ca, ca_key, false);
   if (!cert.ok()) return cert.status();
   rpc::TlsFiles f;
   f.cert = dir + "/" + name + ".crt";
@@ -178,10 +180,12 @@ absl::StatusOr<ClusterCredentials> MakeClusterCredentials(const std::string& dir
   out.ca = dir + "/ca.crt";
   if (absl::Status s = WriteCert(out.ca, ca->get()); !s.ok()) return s;
   // The CA key is not written: nothing after this call signs with it.
-  absl::StatusOr<rpc::TlsFiles> daemon = Leaf(dir, "daemon", ca->get(), ca_key->get(), out.ca);
+  absl::StatusOr<rpc::TlsFiles> daemon =
+      Leaf(dir, "daemon", "vericache-daemon", ca->get(), ca_key->get(), out.ca);
   if (!daemon.ok()) return daemon.status();
   out.daemon = *daemon;
-  absl::StatusOr<rpc::TlsFiles> client = Leaf(dir, "client", ca->get(), ca_key->get(), out.ca);
+  absl::StatusOr<rpc::TlsFiles> client =
+      Leaf(dir, "client", "vericache-client", ca->get(), ca_key->get(), out.ca);
   if (!client.ok()) return client.status();
   out.client = *client;
   std::string keys;
@@ -190,6 +194,10 @@ absl::StatusOr<ClusterCredentials> MakeClusterCredentials(const std::string& dir
     if (!key.ok()) return key.status();
     out.api_keys[tenant] = "vc-" + *key;
     absl::StrAppend(&keys, tenant, " ", out.api_keys[tenant], "\n");
+    // The tenant's client certificate: its CN is the tenant's name.
+    absl::StatusOr<rpc::TlsFiles> cert = Leaf(dir, tenant, tenant, ca->get(), ca_key->get(), out.ca);
+    if (!cert.ok()) return cert.status();
+    out.tenant_certs[tenant] = *cert;
   }
   out.api_keys_file = dir + "/api_keys";
   if (absl::Status s = WritePrivate(out.api_keys_file, keys); !s.ok()) return s;

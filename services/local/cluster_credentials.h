@@ -2,7 +2,9 @@
 // tests and bench; issue 11 item 6): a CA, one certificate for the daemons
 // and one for local clients (both with SANs IP:127.0.0.1 and DNS:localhost,
 // usable as server and client certificates, signed by the CA), a cluster
-// secret and two demo tenants with random API keys. Made with OpenSSL in a
+// secret and two demo tenants with random API keys and a client certificate
+// each (subject CN = the tenant: an alternative to the key on the public
+// port). Made with OpenSSL in a
 // directory the caller owns; every file mode 0600. The CA's private key
 // never leaves memory (nothing signs with it later). Not for production:
 // one certificate serves every daemon, and it lives for 30 days.
@@ -23,6 +25,7 @@ struct ClusterCredentials {
   std::string api_keys_file;        // "TENANT KEY" lines
   std::string cluster_secret_file;  // keys the tenant salts
   std::map<std::string, std::string> api_keys;  // "tenant-a"/"tenant-b" -> key
+  std::map<std::string, rpc::TlsFiles> tenant_certs;  // "tenant-a"/"tenant-b" -> CN=tenant
 };
 
 // Writes the files into `dir` (which must exist). Internal on an OpenSSL

@@ -71,6 +71,11 @@ VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_i
                                         "Verifies that used a prefix loaded for another request "
                                         "(loads saved by prefix-aware verification).")
                         ->Get();
+  ingests_cancelled_ = &daemon::MustCounter(registry, "vericache_ingests_cancelled_total",
+                                            "Ingests stopped because their caller cancelled "
+                                            "(before, during or right after the prefill; nothing "
+                                            "of them is written).")
+                            ->Get();
   for (int i = 0; i < std::max(1, options_.loader_threads); ++i) {
     loaders_.emplace_back([this] { LoaderLoop(); });
   }
@@ -525,7 +530,13 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
 
 void VerifierService::RunIngest(Job& job) {
   const pb::IngestRequest& req = *job.ingest_req;
+  // The coordinator's call is a child of its client's: when that client
+  // cancels (or its deadline passes) this context is cancelled too, and the
+  // ingest stops at the next piece, chunk or variant instead of finishing
+  // and writing for nobody.
+  auto cancelled = [&job] { return job.ctx->IsCancelled(); };
   absl::Status status = [&]() -> absl::Status {
+    if (cancelled()) return absl::CancelledError("ingest cancelled by its caller before it started");
     VC_ASSIGN_OR_RETURN(auto variants, ingest::ParseVariantList(req.variants()));
     kvstore::ChunkKeyOptions ko;
     ko.chunk_tokens = req.chunk_tokens();
@@ -534,8 +545,10 @@ void VerifierService::RunIngest(Job& job) {
     std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
     const auto t0 = Clock::now();
     VC_ASSIGN_OR_RETURN(ingest::PrefixEntries entries,
-                        ingest::BuildPrefixEntries(*engine_, tokens, ko, model_id_, variants));
+                        ingest::BuildPrefixEntries(*engine_, tokens, ko, model_id_, variants,
+                                                   cancelled));
     job.ingest_resp->set_prefill_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (cancelled()) return absl::CancelledError("ingest cancelled by its caller before its put");
     VC_RETURN_IF_ERROR(store_->PutAll(entries.entries));
     int64_t bytes = 0;
     for (const auto& e : entries.entries) bytes += static_cast<int64_t>(e.second.size());
@@ -551,6 +564,7 @@ void VerifierService::RunIngest(Job& job) {
     }
     return absl::OkStatus();
   }();
+  if (status.code() == absl::StatusCode::kCancelled) ingests_cancelled_->Inc();
   job.reactor->Finish(rpc::ToGrpcStatus(status));
 }
 

@@ -123,6 +123,7 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   WorkerMetrics metrics_;  // the vericache_worker_* children of this role
   metrics::Histogram* batch_requests_;
   metrics::Counter* prefix_shared_;
+  metrics::Counter* ingests_cancelled_;
 };
 
 }  // namespace vc::worker

@@ -228,6 +228,7 @@ class StreamServer : public DataPlaneServer {
     int fd = -1;  // readiness fd; -1: served by its own thread
     enum class State { kIdle, kQueued, kBusy } state = State::kIdle;
     bool established = false;    // sent a valid request
+    std::string owner;           // peer.Owner(), set when established
     bool authenticated = false;  // its handshake (TLS) is done
     bool dropped = false;
     bool in_epoll = false;
@@ -322,6 +323,8 @@ class StreamServer : public DataPlaneServer {
     c->dropped = true;
     if (c->established) {
       --established_;
+      auto it = established_by_owner_.find(c->owner);
+      if (it != established_by_owner_.end() && --it->second <= 0) established_by_owner_.erase(it);
     } else {
       --pending_;
     }
@@ -424,16 +427,33 @@ class StreamServer : public DataPlaneServer {
     std::lock_guard<std::mutex> lock(mu_);
     if (c->dropped) return false;
     if (c->established) return true;
-    if (established_ >= options_.max_connections) {
+    // The idlest established connection (of `owner` only, unless empty).
+    auto idlest = [&](const std::string* owner) {
       std::shared_ptr<Conn> lru;
       for (auto& [id, other] : conns_) {
         if (!other->established || other->state != Conn::State::kIdle) continue;
+        if (owner != nullptr && other->owner != *owner) continue;
         if (lru == nullptr || other->last_active < lru->last_active) lru = other;
       }
+      return lru;
+    };
+    std::string owner = c->peer.Owner();
+    const int per_identity = std::min(options_.max_connections_per_identity, options_.max_connections);
+    if (auto it = established_by_owner_.find(owner);
+        it != established_by_owner_.end() && it->second >= per_identity) {
+      // At its own cap: it gives up one of its own, never another's place.
+      std::shared_ptr<Conn> lru = idlest(&owner);
+      if (lru == nullptr) return false;
+      DropLocked(lru);
+    }
+    if (established_ >= options_.max_connections) {
+      std::shared_ptr<Conn> lru = idlest(nullptr);
       if (lru == nullptr) return false;
       DropLocked(lru);
     }
     c->established = true;
+    c->owner = std::move(owner);
+    ++established_by_owner_[c->owner];
     --pending_;
     ++established_;
     return true;
@@ -756,6 +776,7 @@ class StreamServer : public DataPlaneServer {
   std::condition_variable ready_cv_;
   uint64_t next_id_ = 1;
   int established_ = 0;
+  std::map<std::string, int> established_by_owner_;  // established connections per PeerInfo::Owner()
   int pending_ = 0;
   int64_t dropped_pending_ = 0;
   std::vector<std::thread> workers_;

@@ -405,6 +405,31 @@ TEST(BuildPrefixEntriesTest, NoVariantsAndOneChunk) {
   CheckIngestExactness(f, prompt, kChunk, KeyOptions(), {});
 }
 
+// The caller going away stops the ingest at the next prefill piece, chunk or
+// variant: whenever `cancelled` first answers true, the result is Cancelled
+// and nothing is returned to be written.
+TEST(BuildPrefixEntriesTest, StopsOnceCancelled) {
+  Fixture& f = RandomFixture();
+  const std::vector<int32_t> tokens = RandomTokens(kPrefix, f.engine->config(), 8);
+  const std::vector<VariantSpec> variants = *ParseVariantList("snapkv:0.25,kivi:4");
+  // Never cancelled: asked before each of 3 prefill pieces (24 + 24 + 16
+  // tokens), each of the 4 chunks and each of the 2 variants.
+  int asked = 0;
+  auto counted = BuildPrefixEntries(*f.ingest_engine, tokens, KeyOptions(), f.id, variants, [&] {
+    ++asked;
+    return false;
+  });
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_EQ(asked, 3 + kChunks + 2);
+  for (int stop_at = 1; stop_at <= asked; ++stop_at) {
+    int calls = 0;
+    auto r = BuildPrefixEntries(*f.ingest_engine, tokens, KeyOptions(), f.id, variants,
+                                [&] { return ++calls >= stop_at; });
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << "cancelled at ask " << stop_at;
+    EXPECT_EQ(calls, stop_at) << "went on after the cancellation";
+  }
+}
+
 TEST(BuildPrefixEntriesTest, KeysChangeWithEveryInput) {
   Fixture& f = RandomFixture();
   const std::vector<int32_t> tokens = RandomTokens(kPrefix, f.engine->config(), 7);

@@ -53,12 +53,30 @@ TEST(SealTest, EveryFlippedByteIsRefused) {
   auto signer = NewSigner();
   const std::string sealed = *signer->Seal(kKey, Ctx(7), "short payload");
   const SealTrust trust = TrustOf(*signer);
+  // Opened once first: the trust remembers seals that verified, and that
+  // must not let any changed byte through afterwards.
+  ASSERT_TRUE(trust.OpenFor(kKey, Ctx(7), sealed).ok());
   for (size_t i = 0; i < sealed.size(); ++i) {
     std::string bad = sealed;
     bad[i] = static_cast<char>(bad[i] ^ 0x01);
     auto opened = trust.OpenFor(kKey, Ctx(7), bad);
     EXPECT_EQ(opened.status().code(), absl::StatusCode::kUnauthenticated) << "byte " << i;
   }
+}
+
+TEST(SealTest, RememberedSealsStillBindKeyAndContext) {
+  auto signer = NewSigner();
+  const std::string sealed = *signer->Seal(kKey, Ctx(7), kPayload);
+  const SealTrust trust = TrustOf(*signer);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(trust.OpenFor(kKey, Ctx(7), sealed).ok());
+  EXPECT_EQ(trust.Open(std::string(32, 'x'), sealed).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(trust.OpenFor(kKey, Ctx(8), sealed).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // Another trust set without the signer's key refuses it, whatever this
+  // one remembers.
+  auto other = NewSigner();
+  EXPECT_EQ(TrustOf(*other).Open(kKey, sealed).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST(SealTest, TransplantToAnotherKeyIsRefused) {

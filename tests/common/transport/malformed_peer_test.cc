@@ -317,6 +317,69 @@ TEST(ConnectionLimitTest, ANewConnectionPushesOutTheIdlest) {
   EXPECT_EQ((*server)->established_connections(), 1);
 }
 
+bool ClosedByPeer(int fd);
+
+// A raw connection from `source` (a loopback address other than 127.0.0.1
+// is another identity on a plaintext data plane: PeerInfo::Owner() is
+// "addr:" + the source) that sends one fetch and reads its answer, so the
+// server holds it established and idle.
+int EstablishedFrom(const std::string& server, const char* source) {
+  const size_t colon = server.rfind(':');
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(std::stoi(server.substr(colon + 1))));
+  ::inet_pton(AF_INET, server.substr(0, colon).c_str(), &to.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  SendAll(fd, *internal::EncodeRequest({"k"}, LinkClass::kFast, 0, 1 << 20));
+  char reply[internal::kResponseHeaderBytes];
+  EXPECT_EQ(::recv(fd, reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
+  return fd;  // the value's bytes stay unread: the server is done with them
+}
+
+TEST(ConnectionLimitTest, OneIdentityCannotTakeTheOthersPlaces) {
+  // 4 places, at most 2 per identity: identity A (127.0.0.1) opening 4
+  // connections keeps 2 (each new one closes A's idlest, not anyone
+  // else's), and identity B (127.0.0.2) still gets its 2.
+  DataPlaneServerOptions o;
+  o.max_connections = 4;
+  o.max_connections_per_identity = 2;
+  o.idle_timeout_seconds = 600;
+  auto server = DataPlaneServer::Create(
+      o, [](const std::string&) -> absl::StatusOr<std::string> { return std::string("v"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  std::vector<int> fds;
+  // A connection turns idle a moment after its answer is sent (the worker
+  // hands it back); until then a third one of A finds both of A's busy and
+  // is refused. Wait for the server to count each one before the next.
+  auto settle = [&](int want) {
+    for (int i = 0; i < 500 && (*server)->established_connections() != want; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  };
+  for (int i = 0; i < 4; ++i) {
+    fds.push_back(EstablishedFrom(address, "127.0.0.1"));
+    settle(std::min(i + 1, 2));
+  }
+  EXPECT_EQ((*server)->established_connections(), 2) << "identity A holds more than its cap";
+  // A's first two were closed by the server (A's own newer ones took them).
+  EXPECT_TRUE(ClosedByPeer(fds[0]));
+  EXPECT_TRUE(ClosedByPeer(fds[1]));
+  for (int i = 0; i < 2; ++i) {
+    fds.push_back(EstablishedFrom(address, "127.0.0.2"));
+    settle(3 + i);
+  }
+  EXPECT_EQ((*server)->established_connections(), 4);
+  for (int fd : fds) ::close(fd);
+}
+
 // Reads until the peer closes (or 10 s pass); true if it closed.
 bool ClosedByPeer(int fd) {
   char buf[256];

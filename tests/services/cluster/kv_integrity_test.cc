@@ -2,11 +2,14 @@
 // daemons (LocalCluster, seals on as `vericache local` starts them): a
 // forged chunk (valid checksum, no seal / an untrusted signer's seal), a
 // chunk transplanted from another prefix at the same position (a valid seal
-// for another key) and a chunk bit-flipped on disk underneath the store.
-// The forged and transplanted ones are refused at commit; the corrupted one
-// is quarantined when read; every request over the prefix gives exactly the
-// full-KV output or a clean error, never other tokens, and the prefix heals
-// (a later request is served correctly).
+// for another key), a chunk or variant bit-flipped on disk underneath the
+// store, and entries the store accepts but a reader refuses (a trusted seal
+// for another numerics version). The forged and transplanted ones are
+// refused at commit; the corrupted ones are quarantined when read (by the
+// store or by the reader) and the prefix heals: the request that meets one
+// still returns exactly the full-KV tokens (the coordinator ingests the
+// prefix again and runs it once more, or the drafter's failure falls back to
+// the verifier), later requests too, never other tokens.
 #include <rocksdb/db.h>
 
 #include <cstdio>
@@ -14,10 +17,12 @@
 #include <fstream>
 
 #include "common/decode/full_decode.h"
+#include "common/ingest/prefix_ingest.h"
 #include "common/kvstore/chunk_codec.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
+#include "common/metrics/internal/httplib_wrapper.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -136,10 +141,81 @@ class KvIntegrityTest : public ::testing::Test {
     return store_->CommitPut(ctx.get(), req, &resp);
   }
 
+  // The raw key of the prefix's int8 variant (the cluster's ingest variant).
+  std::string VariantKey(const std::vector<int32_t>& tokens) {
+    kvstore::ChunkKeyOptions ko;
+    ko.chunk_tokens = kChunkTokens;
+    auto keys = kvstore::ChunkKeysForTokens(ko, model_id_, tokens);
+    EXPECT_TRUE(keys.ok()) << keys.status();
+    auto specs = ingest::ParseVariantList("int8");
+    EXPECT_TRUE(specs.ok()) << specs.status();
+    auto vk = ingest::VariantKeyFor(keys->back(), specs->front());
+    EXPECT_TRUE(vk.ok()) << vk.status();
+    return vk->Raw();
+  }
+
+  // Flips one bit of `key`'s value (at `offset`) in RocksDB underneath the
+  // stopped store (the DRAM tier goes with the process), then restarts it.
+  void FlipOnDisk(const std::string& key, size_t offset) {
+    ASSERT_TRUE(cluster_->Kill("kvstore").ok());
+    {
+      const std::string path = (std::filesystem::path(cluster_->data_dir()) / "kvstore").string();
+      rocksdb::DB* raw = nullptr;
+      ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, &raw).ok());
+      std::unique_ptr<rocksdb::DB> db(raw);
+      const std::string data_key = "d" + key;
+      std::string value;
+      ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), data_key, &value).ok());
+      ASSERT_LT(offset, value.size());
+      value[offset] ^= 0x10;
+      rocksdb::WriteOptions wo;
+      wo.sync = true;
+      ASSERT_TRUE(db->Put(wo, data_key, value).ok());
+      ASSERT_TRUE(db->Close().ok());
+    }
+    ASSERT_TRUE(cluster_->RestartKvStore().ok());
+    store_ = pb::KvStore::NewStub(
+        rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
+  }
+
+  // `value`'s payload sealed again with the cluster's own (trusted) seal key
+  // but for numerics version 2: the store accepts it (a trusted seal for
+  // its key), every reader refuses it (not its numerics).
+  std::string ResealForOtherNumerics(const std::string& key, const std::string& value) {
+    const std::filesystem::path dir(cluster_->data_dir());
+    auto trust = kvstore::SealTrust::FromFile((dir / "seal-trust.txt").string());
+    EXPECT_TRUE(trust.ok()) << trust.status();
+    auto opened = trust->Open(key, value);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    auto signer = kvstore::SealSigner::FromPemFile((dir / "seal-key.pem").string());
+    EXPECT_TRUE(signer.ok()) << signer.status();
+    kvstore::SealContext other = opened->context;
+    other.numerics_version = opened->context.numerics_version + 1;
+    auto resealed = (*signer)->Seal(key, other, std::string(opened->payload));
+    EXPECT_TRUE(resealed.ok()) << resealed.status();
+    return *resealed;
+  }
+
+  // The coordinator's vericache_kv_heals_total.
+  double Heals() {
+    const std::string addr = cluster_->Find("coordinator")->metrics;
+    const size_t colon = addr.rfind(':');
+    httplib::Client client(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)));
+    client.set_read_timeout(10, 0);
+    auto res = client.Get("/metrics");
+    EXPECT_TRUE(res && res->status == 200);
+    if (!res) return -1;
+    const std::string name = "vericache_kv_heals_total ";
+    const size_t at = res->body.find("\n" + name);
+    EXPECT_NE(at, std::string::npos) << res->body;
+    if (at == std::string::npos) return -1;
+    return std::stod(res->body.substr(at + 1 + name.size()));
+  }
+
   // Generates over the registered prefix + one suffix token; the request
   // either fails cleanly or returns exactly the full-KV tokens.
   grpc::Status GenerateAndCheck(const std::string& id, const std::vector<int32_t>& prefix,
-                                pb::Mode mode) {
+                                pb::Mode mode, pb::GenerateTotals* totals_out = nullptr) {
     constexpr int kMaxNew = 24;
     pb::GenerateRequest req;
     req.set_prefix_id(id);
@@ -152,7 +228,10 @@ class KvIntegrityTest : public ::testing::Test {
     pb::GenerateResponse msg;
     std::vector<int32_t> tokens;
     while (reader->Read(&msg)) {
-      if (msg.final()) tokens.assign(msg.totals().tokens().begin(), msg.totals().tokens().end());
+      if (msg.final()) {
+        tokens.assign(msg.totals().tokens().begin(), msg.totals().tokens().end());
+        if (totals_out != nullptr) *totals_out = msg.totals();
+      }
     }
     const grpc::Status status = reader->Finish();
     if (status.ok()) {
@@ -219,59 +298,96 @@ TEST_F(KvIntegrityTest, ChunkCorruptedOnDiskIsQuarantinedAndHeals) {
   const std::string id = Register(prefix);
   const std::vector<std::string> keys = ChunkKeys(prefix);
   ASSERT_EQ(keys.size(), 2u);
-  // Flip one payload bit of chunk 1 in RocksDB underneath the stopped store
-  // (the DRAM tier goes with the process).
-  ASSERT_TRUE(cluster_->Kill("kvstore").ok());
-  {
-    const std::string path = (std::filesystem::path(cluster_->data_dir()) / "kvstore").string();
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    const std::string data_key = "d" + keys[1];
-    std::string value;
-    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), data_key, &value).ok());
-    value[kvstore::kChunkHeaderBytes + 17] ^= 0x10;
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    ASSERT_TRUE(db->Put(wo, data_key, value).ok());
-    ASSERT_TRUE(db->Close().ok());
+  const double heals_before = Heals();
+  const std::string original = GetEntry(keys[1]);
+  FlipOnDisk(keys[1], kvstore::kChunkHeaderBytes + 17);
+  // The first request meets the corruption: the store quarantines the entry
+  // when the verifier fetches it, the coordinator ingests the prefix again
+  // and runs the request once more — the exact full-KV tokens, no error.
+  pb::GenerateTotals totals;
+  const grpc::Status first = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE, &totals);
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(totals.ingested()) << "the prefix was not ingested again";
+  EXPECT_EQ(Heals(), heals_before + 1);
+  // The entry was written again by the re-ingest: a valid seal.
+  auto trust = kvstore::SealTrust::FromFile(
+      (std::filesystem::path(cluster_->data_dir()) / "seal-trust.txt").string());
+  ASSERT_TRUE(trust.ok()) << trust.status();
+  auto before = trust->Open(keys[1], original);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string rewritten = GetEntry(keys[1]);
+  EXPECT_TRUE(trust->OpenFor(keys[1], before->context, rewritten).ok());
+  EXPECT_EQ(rewritten, original);  // the same bytes as before the flip
+  // Later requests are exact too, in every mode that reads full KV, without
+  // another heal.
+  for (pb::Mode mode : {pb::MODE_VERICACHE, pb::MODE_FULL_LOCAL, pb::MODE_FULL_REMOTE}) {
+    const grpc::Status later = GenerateAndCheck(id, prefix, mode);
+    EXPECT_TRUE(later.ok()) << later.error_message();
   }
-  ASSERT_TRUE(cluster_->RestartKvStore().ok());
-  store_ = pb::KvStore::NewStub(rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
-  // The first request sees the corruption: exact tokens (fallback or
-  // re-ingest) or a clean error, never tokens from the flipped chunk.
-  const grpc::Status first = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE);
-  if (!first.ok()) {
-    EXPECT_NE(first.error_code(), grpc::StatusCode::UNKNOWN) << first.error_message();
-  }
-  std::printf("first request after the corruption: %s\n",
-              first.ok() ? "OK (exact tokens)" : first.error_message().c_str());
-  // The entry was quarantined: it is gone or written again, never the flip.
-  pb::StatResponse stat;
-  {
-    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
-    ASSERT_TRUE(store_->Stat(ctx.get(), pb::StatRequest(), &stat).ok());
-  }
-  pb::GetRequest get;
-  get.set_key(keys[1]);
-  pb::GetResponse got;
-  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
-  const grpc::Status after = store_->Get(ctx.get(), get, &got);
-  if (after.ok()) {  // written again by a re-ingest: a valid seal
-    auto trust = kvstore::SealTrust::FromFile(
-        (std::filesystem::path(cluster_->data_dir()) / "seal-trust.txt").string());
-    ASSERT_TRUE(trust.ok()) << trust.status();
-    kvstore::SealContext sc;
-    sc.model_id = model_id_;
-    EXPECT_TRUE(trust->OpenFor(keys[1], sc, got.value()).ok());
-  } else {
-    EXPECT_EQ(after.error_code(), grpc::StatusCode::NOT_FOUND) << after.error_message();
-  }
-  EXPECT_GE(stat.disk_entries(), 1);
-  // Healed: re-registering writes the prefix again and requests are exact.
-  Register(prefix);
-  const grpc::Status healed = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE);
-  EXPECT_TRUE(healed.ok()) << healed.error_message();
+  EXPECT_EQ(Heals(), heals_before + 1);
+}
+
+TEST_F(KvIntegrityTest, VariantCorruptedOnDiskHeals) {
+  const std::vector<int32_t> prefix = Text(2 * kChunkTokens + 5, 9);
+  const std::string id = Register(prefix);
+  const std::string variant = VariantKey(prefix);
+  ASSERT_FALSE(GetEntry(variant).empty());
+  FlipOnDisk(variant, 40);
+  // The drafter's fetch of the variant misses (quarantined by the store):
+  // the request falls back to full-KV decoding on the verifier — exact.
+  pb::GenerateTotals totals;
+  const grpc::Status first = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE, &totals);
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_GE(totals.fallbacks(), 1);
+  // The next request finds the variant missing, ingests it again and drafts
+  // from it (no fallback).
+  const grpc::Status second = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE, &totals);
+  EXPECT_TRUE(second.ok()) << second.error_message();
+  EXPECT_TRUE(totals.ingested());
+  EXPECT_EQ(totals.fallbacks(), 0);
+  EXPECT_GE(totals.verify_rounds(), 1);
+}
+
+// A reader, not the store, finds the bad seal: a chunk and a variant sealed
+// by the cluster's own key for another numerics version pass the store's
+// check on commit (a trusted seal for their keys) but not a worker's. The
+// worker deletes the entry from the store before it answers, and the request
+// is served exactly anyway.
+TEST_F(KvIntegrityTest, EntriesAReaderRefusesAreDroppedAndHealed) {
+  const std::vector<int32_t> prefix = Text(2 * kChunkTokens + 5, 11);
+  const std::string id = Register(prefix);
+  const std::vector<std::string> keys = ChunkKeys(prefix);
+  ASSERT_EQ(keys.size(), 2u);
+  const double heals_before = Heals();
+  // A chunk: the verifier refuses it; the coordinator heals.
+  const std::string bad_chunk = ResealForOtherNumerics(keys[0], GetEntry(keys[0]));
+  ASSERT_TRUE(Write(keys[0], bad_chunk).ok()) << "the store should accept a trusted seal";
+  EXPECT_EQ(GetEntry(keys[0]), bad_chunk);
+  pb::GenerateTotals totals;
+  grpc::Status s = GenerateAndCheck(id, prefix, pb::MODE_FULL_LOCAL, &totals);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(totals.ingested());
+  EXPECT_EQ(Heals(), heals_before + 1);
+  EXPECT_NE(GetEntry(keys[0]), bad_chunk);
+  // The same chunk again, read by the drafter (full_remote): it refuses it
+  // and the coordinator heals.
+  ASSERT_TRUE(Write(keys[0], bad_chunk).ok());
+  s = GenerateAndCheck(id, prefix, pb::MODE_FULL_REMOTE, &totals);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Heals(), heals_before + 2);
+  EXPECT_NE(GetEntry(keys[0]), bad_chunk);
+  // A variant: the drafter refuses it and the request falls back; the next
+  // one ingests it again.
+  const std::string variant = VariantKey(prefix);
+  const std::string bad_variant = ResealForOtherNumerics(variant, GetEntry(variant));
+  ASSERT_TRUE(Write(variant, bad_variant).ok());
+  s = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE, &totals);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GE(totals.fallbacks(), 1);
+  s = GenerateAndCheck(id, prefix, pb::MODE_VERICACHE, &totals);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(totals.fallbacks(), 0);
+  EXPECT_NE(GetEntry(variant), bad_variant);
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 // limit and keeping nothing; API-key authentication (missing, wrong, key
 // rotation through the keys file without a restart, rate limiting of
 // failures); and tenant isolation (no cross-tenant generate, cancel, query,
-// pin or delete; no existence oracle in already_stored).
+// pin or delete; no existence oracle in already_stored). A second cluster
+// with small limits: a Generate stream whose reader stops reading is ended
+// after --stream-write-timeout-ms, and --max-requests-per-tenant holds one
+// tenant at its limit without touching another.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,11 +16,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <thread>
 
 #include "common/rpc/rpc.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -529,6 +534,258 @@ TEST_F(CoordinatorTrustTest, CaBundleIsReloadedWithoutARestart) {
   EXPECT_TRUE(accepted) << "the store did not pick up the new CA bundle";
   // The cluster itself still works (the old CA is still in the bundle).
   EXPECT_TRUE(Generate(kKeyA1, Prompt(5, 11)).status.ok());
+}
+
+// The public port asks for (never requires) a client certificate: one from
+// the cluster CA whose subject CN is a tenant of the keys file identifies
+// that tenant without a key; a key sent with it must name the same tenant;
+// a certificate whose CN is no tenant (the cluster's own client certificate)
+// identifies nobody.
+TEST_F(CoordinatorTrustTest, ClientCertificateNamesTheTenant) {
+  const auto& creds = *cluster_->credentials();
+  ASSERT_EQ(creds.tenant_certs.count("tenant-a"), 1u);
+  rpc::ClientConfig as_a = cluster_->client();
+  as_a.api_key.clear();
+  as_a.tls = creds.tenant_certs.at("tenant-a");
+  auto cert_a = pb::Coordinator::NewStub(rpc::MakeChannel(as_a, 64 << 20));
+  auto ctx_with = [](const std::string& key) {
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(60));
+    if (!key.empty()) ctx->AddMetadata("authorization", "Bearer " + key);
+    return ctx;
+  };
+  // Registered by certificate alone: the prefix is tenant A's (A's key
+  // reaches it, B's does not).
+  pb::RegisterPrefixRequest reg;
+  for (int32_t t : Tokens(40, 31)) reg.add_tokens(t);
+  pb::RegisterPrefixResponse reg_resp;
+  {
+    auto ctx = ctx_with("");
+    const grpc::Status s = cert_a->RegisterPrefix(ctx.get(), reg, &reg_resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ExpectError(Manage(kKeyB, reg_resp.prefix_id(), pb::ManagePrefixRequest::PIN),
+              grpc::StatusCode::NOT_FOUND, "not registered");
+  EXPECT_TRUE(Manage(kKeyA1, reg_resp.prefix_id(), pb::ManagePrefixRequest::PIN).ok());
+  EXPECT_TRUE(Manage(kKeyA1, reg_resp.prefix_id(), pb::ManagePrefixRequest::UNPIN).ok());
+  // Generate over it by certificate, and with the certificate and A's key.
+  pb::GenerateRequest gen;
+  gen.set_prefix_id(reg_resp.prefix_id());
+  gen.add_suffix_ids(42);
+  gen.set_max_new_tokens(4);
+  gen.set_ignore_eos(true);
+  for (const std::string& key : {std::string(), kKeyA1}) {
+    auto ctx = ctx_with(key);
+    auto reader = cert_a->Generate(ctx.get(), gen);
+    pb::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << (key.empty() ? "certificate only: " : "certificate and key: ")
+                        << s.error_message();
+  }
+  // Certificate A with B's key: they disagree.
+  {
+    auto ctx = ctx_with(kKeyB);
+    pb::RegisterPrefixResponse resp;
+    ExpectError(cert_a->RegisterPrefix(ctx.get(), reg, &resp), grpc::StatusCode::UNAUTHENTICATED,
+                "different tenants");
+  }
+  // The cluster's client certificate (CN vericache-client) is no tenant.
+  rpc::ClientConfig as_client = cluster_->client();
+  as_client.api_key.clear();
+  as_client.tls = creds.client;
+  auto cert_client = pb::Coordinator::NewStub(rpc::MakeChannel(as_client, 64 << 20));
+  {
+    auto ctx = ctx_with("");
+    pb::RegisterPrefixResponse resp;
+    ExpectError(cert_client->RegisterPrefix(ctx.get(), reg, &resp),
+                grpc::StatusCode::UNAUTHENTICATED, "no tenant");
+  }
+}
+
+// A cluster whose coordinator allows 2 requests per tenant and ends a
+// stream whose message has waited 10 s to be sent.
+class CoordinatorStreamLimitsTest : public ::testing::Test {
+ protected:
+  static constexpr int kMaxNew = 480;  // the model's context is 512
+
+  static void SetUpTestSuite() {
+    if (!std::ifstream(ModelPath()).good()) return;
+    dir_ = ::testing::TempDir() + "/coordinator-limits-" + std::to_string(getpid());
+    ::mkdir(dir_.c_str(), 0700);
+    local::LocalClusterOptions o;
+    o.bin_dir = VC_DAEMON_DIR;
+    o.model = ModelPath();
+    o.chunk_tokens = 32;
+    o.ingest_variants = "int8";
+    o.log_dir = dir_ + "/logs";
+    o.extra_flags["vc-coordinator"] = {"--max-requests-per-tenant=2",
+                                       "--stream-write-timeout-ms=10000"};
+    auto c = local::LocalCluster::Start(o);
+    if (!c.ok()) {
+      start_error_ = c.status().ToString();
+      return;
+    }
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
+    ASSERT_NE(cluster_, nullptr) << start_error_ << " (logs in " << dir_ << "/logs)";
+    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->client(), 64 << 20));
+    // A reader that stops reading: the smallest receive window gRPC allows
+    // and no window growth, so the coordinator's writes of one long request
+    // (480 messages, each carrying a 128-byte request id) soon wait.
+    const rpc::ClientConfig c = cluster_->client();
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.http2.lookahead_bytes", 1024);
+    args.SetInt("grpc.http2.bdp_probe", 0);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    slow_stub_ = pb::Coordinator::NewStub(
+        grpc::CreateCustomChannel(c.address, rpc::ChannelCredentials(c.tls), args));
+  }
+
+  std::string Key(const std::string& tenant) const {
+    return cluster_->credentials()->api_keys.at(tenant);
+  }
+  std::unique_ptr<grpc::ClientContext> Ctx(const std::string& tenant,
+                                           std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    auto ctx = rpc::ContextWithTimeout(timeout);
+    ctx->AddMetadata("authorization", "Bearer " + Key(tenant));
+    return ctx;
+  }
+
+  static pb::GenerateRequest LongRequest(const std::string& id) {
+    pb::GenerateRequest req;
+    req.set_request_id(id + std::string(128 - id.size(), '.'));
+    req.add_prompt_ids(1);
+    req.add_prompt_ids(300);
+    req.set_mode(pb::MODE_FULL_LOCAL);
+    req.set_max_new_tokens(kMaxNew);
+    req.set_ignore_eos(true);
+    return req;
+  }
+
+  // A stream of `tenant` that is never read.
+  struct Stalled {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReader<pb::GenerateResponse>> reader;
+    std::string id;
+  };
+  Stalled Stall(const std::string& tenant, const std::string& id) {
+    Stalled s;
+    s.ctx = Ctx(tenant, std::chrono::seconds(600));
+    pb::GenerateRequest req = LongRequest(id);
+    s.id = req.request_id();
+    s.reader = slow_stub_->Generate(s.ctx.get(), req);
+    return s;
+  }
+
+  pb::RequestStatus Get(const std::string& tenant, const std::string& id) {
+    pb::GetRequestRequest req;
+    req.set_request_id(id);
+    pb::RequestStatus resp;
+    auto ctx = Ctx(tenant);
+    const grpc::Status s = stub_->GetRequest(ctx.get(), req, &resp);
+    if (!s.ok()) resp.set_state("(GetRequest: " + s.error_message() + ")");
+    return resp;
+  }
+
+  // Polls until `pred` holds for the request's state (at most `limit`).
+  bool WaitFor(const std::string& tenant, const std::string& id,
+               const std::function<bool(const pb::RequestStatus&)>& pred,
+               std::chrono::seconds limit, pb::RequestStatus* last) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      *last = Get(tenant, id);
+      if (pred(*last)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return false;
+  }
+
+  grpc::Status Generate(const std::string& tenant, int seed) {
+    pb::GenerateRequest req;
+    req.add_prompt_ids(1);
+    req.add_prompt_ids(100 + seed);
+    req.set_max_new_tokens(8);
+    req.set_ignore_eos(true);
+    auto ctx = Ctx(tenant);
+    auto reader = stub_->Generate(ctx.get(), req);
+    pb::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  }
+
+  static inline std::string dir_;
+  static inline std::string start_error_;
+  static inline local::LocalCluster* cluster_ = nullptr;
+  std::unique_ptr<pb::Coordinator::Stub> stub_;
+  std::unique_ptr<pb::Coordinator::Stub> slow_stub_;
+};
+
+TEST_F(CoordinatorStreamLimitsTest, AStreamWhoseReaderStopsIsEnded) {
+  Stalled s = Stall("tenant-a", "stalled-reader");
+  pb::RequestStatus last;
+  // Not finished by itself (the writes wait for the reader), and ended by the
+  // coordinator after the write timeout: generous bounds for a loaded machine.
+  const bool ended = WaitFor(
+      "tenant-a", s.id,
+      [](const pb::RequestStatus& r) {
+        return r.state() != "running" && r.state() != "queued" && r.state().rfind("(", 0) != 0;
+      },
+      std::chrono::seconds(180), &last);
+  ASSERT_TRUE(ended) << "still " << last.state() << " after 180 s, " << last.generated()
+                     << " tokens generated";
+  EXPECT_EQ(last.state(), "cancelled") << last.error();
+  EXPECT_LT(last.generated(), kMaxNew) << "the request finished: the reader did not hold it up";
+  // The client sees the stream end (what arrived before, then an error).
+  pb::GenerateResponse msg;
+  while (s.reader->Read(&msg)) {
+  }
+  EXPECT_FALSE(s.reader->Finish().ok());
+  // The coordinator serves on.
+  EXPECT_TRUE(Generate("tenant-a", 1).ok());
+}
+
+TEST_F(CoordinatorStreamLimitsTest, ActiveRequestsAreLimitedPerTenant) {
+  // Two requests of tenant A that stay running (their reader stalls).
+  Stalled s1 = Stall("tenant-a", "limit-1");
+  Stalled s2 = Stall("tenant-a", "limit-2");
+  pb::RequestStatus last;
+  for (const Stalled* s : {&s1, &s2}) {
+    ASSERT_TRUE(WaitFor(
+        "tenant-a", s->id,
+        [](const pb::RequestStatus& r) { return r.state() == "running" && r.generated() > 0; },
+        std::chrono::seconds(60), &last))
+        << s->id.substr(0, 7) << ": " << last.state();
+  }
+  // A is at its limit; B is not affected.
+  const grpc::Status third = Generate("tenant-a", 2);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.error_message();
+  EXPECT_NE(third.error_message().find("--max-requests-per-tenant"), std::string::npos)
+      << third.error_message();
+  const grpc::Status other = Generate("tenant-b", 3);
+  EXPECT_TRUE(other.ok()) << other.error_message();
+  // Both of A's requests were still holding their places meanwhile.
+  EXPECT_EQ(Get("tenant-a", s1.id).state(), "running");
+  EXPECT_EQ(Get("tenant-a", s2.id).state(), "running");
+  // A's clients give up: its places come back.
+  s1.ctx->TryCancel();
+  s2.ctx->TryCancel();
+  for (const Stalled* s : {&s1, &s2}) {
+    EXPECT_TRUE(WaitFor(
+        "tenant-a", s->id,
+        [](const pb::RequestStatus& r) { return r.state() != "running" && r.state() != "queued"; },
+        std::chrono::seconds(60), &last));
+  }
+  (void)s1.reader->Finish();
+  (void)s2.reader->Finish();
+  EXPECT_TRUE(Generate("tenant-a", 4).ok());
 }
 
 }  // namespace

@@ -83,6 +83,39 @@ TEST_F(TenantAuthTest, MissingWrongAndMalformedKeysAreUnauthenticated) {
             absl::StatusCode::kUnauthenticated);
 }
 
+TEST_F(TenantAuthTest, ClientCertificateCnNamesAKnownTenant) {
+  Write("keys", "tenant-a key-aaaaaaaaaaaaaaaa\ntenant-b key-bbbbbbbbbbbbbbbb\n");
+  auto auth = TenantAuth::Create(Options());
+  ASSERT_TRUE(auth.ok());
+  auto by_key = (*auth)->Authenticate("Bearer key-aaaaaaaaaaaaaaaa", kPeer);
+  ASSERT_TRUE(by_key.ok());
+  // A certificate alone: the tenant it names, with that tenant's salt.
+  auto by_cert = (*auth)->Authenticate("", kPeer, "tenant-a");
+  ASSERT_TRUE(by_cert.ok()) << by_cert.status();
+  EXPECT_EQ(by_cert->tenant, "tenant-a");
+  EXPECT_EQ(by_cert->salt, by_key->salt);
+  // Both, agreeing.
+  auto both = (*auth)->Authenticate("Bearer key-aaaaaaaaaaaaaaaa", kPeer, "tenant-a");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->tenant, "tenant-a");
+  // Both, disagreeing; a CN that is no tenant; a wrong key with a good CN.
+  EXPECT_EQ((*auth)->Authenticate("Bearer key-bbbbbbbbbbbbbbbb", kPeer, "tenant-a").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate("", kPeer, "vericache-daemon").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // A certificate naming no tenant next to a good key (a gateway with its
+  // own certificate forwarding its caller's key): the key decides.
+  auto gateway = (*auth)->Authenticate("Bearer key-bbbbbbbbbbbbbbbb", kPeer, "vericache-daemon");
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  EXPECT_EQ(gateway->tenant, "tenant-b");
+  EXPECT_EQ((*auth)->Authenticate("Bearer key-cccccccccccccccc", kPeer, "tenant-a").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // A tenant removed from the keys file is no longer a certificate tenant.
+  Write("keys", "tenant-b key-bbbbbbbbbbbbbbbb\n# tenant-a gone\n");
+  EXPECT_EQ((*auth)->Authenticate("", kPeer, "tenant-a").status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 TEST_F(TenantAuthTest, BadFilesAreRefusedWithoutEchoingKeys) {
   const std::string key = "secret-key-0123456789";
   auto refused = [&](const std::string& text, const std::string& needle) {
