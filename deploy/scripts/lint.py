@@ -8,6 +8,11 @@ finding the baseline does not accept (a file's clang-format count grows, or a
 clang-tidy check fires more often in a file than the baseline says); fixing
 findings never fails, and --update-baseline records the smaller counts.
 
+  lint.py internal-includes
+      A header under D/internal/ is private to component D: only files under
+      D (and tests, which test internals) may include it; the few edges
+      allowed across (a dispatcher choosing its backend's tables) are listed
+      in INTERNAL_INCLUDE_EXCEPTIONS. No baseline: the tree is clean.
   lint.py format [--update-baseline]
       clang-format-14 --dry-run over every tracked C++ file (seconds).
   lint.py tidy --build-dir DIR [--all] [--jobs N] [--update-baseline]
@@ -83,6 +88,36 @@ def check_tool(tool):
         subprocess.run([tool, "--version"], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError):
         die(f"{tool} not found (deploy/scripts/install_deps.sh installs it)")
+
+
+# (including directory prefix, private component) pairs allowed to cross.
+INTERNAL_INCLUDE_EXCEPTIONS = {
+    # The kernel registry picks the CPU backend's SIMD tables at start-up.
+    ("kernels/kernels.cc", "kernels/cpu"),
+}
+INTERNAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"(?P<component>[^"]+)/internal/[^"]+"')
+
+
+def run_internal_includes(_args):
+    bad = []
+    files = tracked_files("*.cc", "*.h", "*.cu", "*.cuh")
+    for path in files:
+        if path.startswith("tests/"):
+            continue
+        with open(os.path.join(REPO, path), errors="replace") as f:
+            for number, line in enumerate(f, start=1):
+                m = INTERNAL_INCLUDE.match(line)
+                if not m:
+                    continue
+                component = m["component"]
+                if path.startswith(component + "/") or (path, component) in INTERNAL_INCLUDE_EXCEPTIONS:
+                    continue
+                bad.append(f"{path}:{number}: includes a private header of {component}/ "
+                           f"({line.strip()}); use the component's public header")
+    for b in bad:
+        print(b)
+    print(f"lint internal-includes: {len(files)} files, {len(bad)} private includes across components")
+    return 1 if bad else 0
 
 
 def run_format(args):
@@ -186,6 +221,7 @@ def run_tidy(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("internal-includes", help="internal/ headers stay inside their component")
     fmt = sub.add_parser("format", help="clang-format against the baseline")
     fmt.add_argument("--update-baseline", action="store_true")
     tidy = sub.add_parser("tidy", help="clang-tidy against the baseline")
@@ -196,6 +232,8 @@ def main():
     args = parser.parse_args()
     if args.command == "format":
         return run_format(args)
+    if args.command == "internal-includes":
+        return run_internal_includes(args)
     args.build_dir = os.path.abspath(args.build_dir)
     return run_tidy(args)
 

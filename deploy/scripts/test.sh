@@ -4,8 +4,9 @@
 #   deploy/scripts/test.sh          per-commit tier (what CI runs, .ci/run):
 #     1. build-test/  RelWithDebInfo (-O3, line tables only), -Werror,
 #                     everything: every test except label "long"; then
-#                     lint: clang-format over the tree and clang-tidy over
-#                     the files changed since deploy/lint/'s baseline
+#                     lint: private internal/ headers, clang-format over the
+#                     tree, clang-tidy over the files changed since
+#                     deploy/lint/'s baseline
 #     2. build-asan/  ASan+UBSan, only the unit tests' targets: label "unit"
 #     3. build-tsan/  TSan, the concurrency-heavy unit tests
 #     4. build-fuzz/  clang libFuzzer+ASan+UBSan: every fuzz target for
@@ -25,7 +26,7 @@ tier=commit
 case "${1:-}" in
   "") ;;
   --long) tier=long ;;
-  -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
+  -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
   *) echo "test.sh: unknown argument '$1' (use --long or nothing)" >&2; exit 2 ;;
 esac
 # Debug info: line tables only (-g1). Sanitizer reports and backtraces need
@@ -103,7 +104,8 @@ fi
 
 stage "build (build-test/, RelWithDebInfo, -Werror)"
 configure_and_build build-test "${REL_FLAGS[@]}" -DVC_MODELS_DIR="$VC_MODELS_DIR"
-stage "lint (clang-format; clang-tidy on files changed since deploy/lint/)"
+stage "lint (internal/ includes; clang-format; clang-tidy on files changed since deploy/lint/)"
+python3 "$REPO_ROOT/deploy/scripts/lint.py" internal-includes
 python3 "$REPO_ROOT/deploy/scripts/lint.py" format
 python3 "$REPO_ROOT/deploy/scripts/lint.py" tidy --build-dir "$REPO_ROOT/build-test" --jobs "$JOBS"
 stage "tests (all but label long)"
