@@ -12,6 +12,7 @@
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "common/sampling/sampler.h"
+#include "common/speculative/accept_rule.h"
 #include "common/speculative/draft_verify.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
@@ -206,7 +207,9 @@ struct CoordinatorService::Plan {
   std::vector<int32_t> output;
   bool stopped_at_eos = false;
   pb::GenerateTotals totals;
-  std::deque<int> recent_accepted;
+  // Acceptance collapse (rounds with at least two drafts): common/speculative's
+  // one fallback rule, with the coordinator's window and minimum.
+  FallbackPolicy fallback{FallbackOptions{}};
   bool first_token_sent = false;
   Clock::time_point first_token_time;
 };
@@ -753,6 +756,8 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     }
   }
   plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
+  plan.fallback = FallbackPolicy(FallbackOptions{.window = options_.fallback_window,
+                                                 .min_accepted = options_.fallback_min_accepted});
   // A request that names its x keeps it; the coordinator's default adapts.
   plan.adaptive = req.draft_len() == 0 && options_.max_draft_len > options_.draft_len;
   // The compressed variant the drafter uses.
@@ -1154,15 +1159,8 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     }
     // Acceptance collapse: decoding on the verifier alone is faster.
     if (take >= 2) {
-      plan.recent_accepted.push_back(vresp.accepted());
-      if (static_cast<int>(plan.recent_accepted.size()) > options_.fallback_window) {
-        plan.recent_accepted.pop_front();
-      }
-      if (static_cast<int>(plan.recent_accepted.size()) == options_.fallback_window) {
-        double sum = 0;
-        for (int a : plan.recent_accepted) sum += a;
-        if (sum / options_.fallback_window < options_.fallback_min_accepted) drafter_ok = false;
-      }
+      plan.fallback.RecordRound(vresp.accepted());
+      if (plan.fallback.ShouldFallBack()) drafter_ok = false;
     }
   }
   // Fallback: plain full-KV decoding on the verifier.
