@@ -132,11 +132,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
         "collective backend '", options.collective,
         "': the engine exchanges host buffers and supports only 'cpu' for now"));
   }
+  if (options.quantized != nullptr) {
+    const ModelConfig& qc = options.quantized->config();
+    const ModelConfig& mc = model.config();
+    if (tp != 1 || options.backend.name != "cpu") {
+      return absl::InvalidArgumentError(
+          "quantised drafter weights need the cpu backend and tensor-parallel degree 1");
+    }
+    if (qc.dim != mc.dim || qc.hidden_dim != mc.hidden_dim || qc.n_layers != mc.n_layers ||
+        qc.n_heads != mc.n_heads || qc.n_kv_heads != mc.n_kv_heads ||
+        qc.head_dim != mc.head_dim || qc.vocab_size != mc.vocab_size) {
+      return absl::InvalidArgumentError("quantised weights were made from a model of another shape");
+    }
+  }
   collective::CollectiveOptions co;
   co.backend = options.collective;
   co.size = tp;
   VC_ASSIGN_OR_RETURN(auto comms, collective::CreateGroup(co));
   auto engine = std::unique_ptr<Engine>(new Engine(model, options));
+  if (options.quantized != nullptr) {
+    VC_ASSIGN_OR_RETURN(engine->quant_level_, kernels::ParseSimdLevel(options.backend.simd));
+  }
   // The ranks share the thread budget: each gets its share, at least one.
   kernels::BackendOptions bo = options.backend;
   if (tp > 1) {
@@ -163,7 +179,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
     Rank& rank = engine->ranks_[r];
     VC_ASSIGN_OR_RETURN(rank.backend, kernels::CreateBackend(bo));
     rank.comm = std::move(comms[r]);
-    for (int l = 0; l < c.n_layers; ++l) {
+    // (A quantised engine runs o_proj/down_proj on its own copies.)
+    for (int l = 0; l < c.n_layers && options.quantized == nullptr; ++l) {
       const LayerWeights& lw = model.weights().layers[l];
       rank.wo_blocks.push_back(pack(lw.wo, c.q_dim(), c.dim, r));
       rank.w2_blocks.push_back(pack(lw.w2, c.hidden_dim, c.dim, r));
@@ -366,19 +383,31 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
 
   const int group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const QuantizedWeights* quant = options_.quantized;  // tp == 1 when set
+  auto qmatmul = [&](const float* x, int64_t rows, const kernels::QuantizedMatrix& m,
+                     const float* bias, float* y) {
+    kernels::QuantizedMatmul(quant_level_, &pool, x, rows, m, bias, y);
+  };
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     for (int64_t r = 0; r < n_rows; ++r) {
       kernels::RmsNorm(be, &me.x[r * dim], lw.rms_att, dim, c.rms_norm_eps, &me.xb[r * dim]);
     }
-    // Column-parallel Q/K/V: this rank's heads are a contiguous run of rows.
-    be.Matmul(me.xb.data(), n_rows, lw.wq + int64_t{h0} * hd * dim,
-              lw.bq ? lw.bq + int64_t{h0} * hd : nullptr, dim, qd_r, me.q.data());
-    be.Matmul(me.xb.data(), n_rows, lw.wk + int64_t{kvh0} * hd * dim,
-              lw.bk ? lw.bk + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.k.data());
-    be.Matmul(me.xb.data(), n_rows, lw.wv + int64_t{kvh0} * hd * dim,
-              lw.bv ? lw.bv + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.v.data());
+    const QuantizedLayerWeights* ql = quant ? &quant->layers()[l] : nullptr;
+    if (ql != nullptr) {
+      qmatmul(me.xb.data(), n_rows, ql->wq, lw.bq, me.q.data());
+      qmatmul(me.xb.data(), n_rows, ql->wk, lw.bk, me.k.data());
+      qmatmul(me.xb.data(), n_rows, ql->wv, lw.bv, me.v.data());
+    } else {
+      // Column-parallel Q/K/V: this rank's heads are a contiguous run of rows.
+      be.Matmul(me.xb.data(), n_rows, lw.wq + int64_t{h0} * hd * dim,
+                lw.bq ? lw.bq + int64_t{h0} * hd : nullptr, dim, qd_r, me.q.data());
+      be.Matmul(me.xb.data(), n_rows, lw.wk + int64_t{kvh0} * hd * dim,
+                lw.bk ? lw.bk + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.k.data());
+      be.Matmul(me.xb.data(), n_rows, lw.wv + int64_t{kvh0} * hd * dim,
+                lw.bv ? lw.bv + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.v.data());
+    }
     for (int64_t r = 0; r < n_rows; ++r) {
       rope(&me.q[r * qd_r], r, heads);
       rope(&me.k[r * kvd_r], r, kv_heads);
@@ -437,7 +466,11 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       }
     });
     // o_proj, row-parallel over q_dim.
-    VC_RETURN_IF_ERROR(row_parallel(me.att.data(), me.wo_blocks[l], qd, dim, me.proj.data()));
+    if (ql != nullptr) {
+      qmatmul(me.att.data(), n_rows, ql->wo, nullptr, me.proj.data());
+    } else {
+      VC_RETURN_IF_ERROR(row_parallel(me.att.data(), me.wo_blocks[l], qd, dim, me.proj.data()));
+    }
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
 
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -445,10 +478,19 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     }
     // gate/up column-parallel over hidden units, down_proj row-parallel.
     const int64_t j0 = rank * hid_r;
-    be.Matmul(me.xb.data(), n_rows, lw.w1 + j0 * dim, nullptr, dim, hid_r, me.gate.data());
-    be.Matmul(me.xb.data(), n_rows, lw.w3 + j0 * dim, nullptr, dim, hid_r, me.up.data());
+    if (ql != nullptr) {
+      qmatmul(me.xb.data(), n_rows, ql->w1, nullptr, me.gate.data());
+      qmatmul(me.xb.data(), n_rows, ql->w3, nullptr, me.up.data());
+    } else {
+      be.Matmul(me.xb.data(), n_rows, lw.w1 + j0 * dim, nullptr, dim, hid_r, me.gate.data());
+      be.Matmul(me.xb.data(), n_rows, lw.w3 + j0 * dim, nullptr, dim, hid_r, me.up.data());
+    }
     for (int64_t i = 0; i < n_rows * hid_r; ++i) me.gate[i] = kernels::Silu(me.gate[i]) * me.up[i];
-    VC_RETURN_IF_ERROR(row_parallel(me.gate.data(), me.w2_blocks[l], hid, dim, me.proj.data()));
+    if (ql != nullptr) {
+      qmatmul(me.gate.data(), n_rows, ql->w2, nullptr, me.proj.data());
+    } else {
+      VC_RETURN_IF_ERROR(row_parallel(me.gate.data(), me.w2_blocks[l], hid, dim, me.proj.data()));
+    }
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
   }
 
@@ -469,6 +511,10 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     }
   }
   const int64_t vocab = c.vocab_size;
+  if (quant != nullptr) {
+    qmatmul(me.final_norm.data(), n_logit_rows, quant->classifier(), nullptr, pass.logits->data());
+    return absl::OkStatus();
+  }
   if (tp == 1) {
     be.Matmul(me.final_norm.data(), n_logit_rows, w.classifier, nullptr, dim, vocab,
               pass.logits->data());

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "common/engine/kv_cache.h"
 #include "common/model/model.h"
+#include "common/model/quantized_weights.h"
 #include "kernels/kernels.h"
 
 namespace vc {
@@ -61,6 +62,12 @@ struct EngineOptions {
   // Upper bound on the new tokens of one Forward call (scratch is sized for
   // it once); larger batches are rejected with InvalidArgument.
   int64_t max_batch_tokens = 4096;
+  // A drafter's engine: the projections and the classifier run on these
+  // weight-quantised copies of the model's (which must outlive the engine)
+  // instead of the f32 weights. Its logits are only for drafting: they are
+  // still batch-, thread- and SIMD-invariant, but not the model's exact
+  // numerics. Needs the cpu backend and tensor_parallel 1. Null: f32.
+  const QuantizedWeights* quantized = nullptr;
 };
 
 // The number of fixed reduction blocks B of the model's row-parallel products
@@ -100,6 +107,7 @@ class Engine {
 
   const Model& model_;
   EngineOptions options_;
+  kernels::SimdLevel quant_level_ = kernels::SimdLevel::kScalar;  // with options_.quantized
   std::vector<Rank> ranks_;
   std::unique_ptr<Scratch> scratch_;  // shared per-row inputs of a pass
 };

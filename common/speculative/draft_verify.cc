@@ -234,6 +234,7 @@ bool SpeculativeRequest::Emit(std::span<const int32_t> tokens) {
 
 absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
   const auto t0 = std::chrono::steady_clock::now();
+  stats_.prefill_pass_end = t0;
   const int64_t pos = static_cast<int64_t>(prompt_.size());
   const int32_t first = Choose(last_row, pos, 0);
   if (options_.mode != DecodeMode::kFull) {
@@ -269,7 +270,7 @@ absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
       ReleaseFullKv();
     }
   }
-  stats_.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.after_prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (Emit({&first, 1})) return absl::OkStatus();
   pending_ = first;
   draft_feed_ = {first};
@@ -462,36 +463,36 @@ bool SpeculativeRequest::ShouldFallBack() const { return fallback_.ShouldFallBac
 absl::StatusOr<BatchResult> RunBatch(Engine& engine,
                                      std::span<const std::unique_ptr<SpeculativeRequest>> requests,
                                      const std::function<void()>& after_step) {
+  return RunBatch(engine, nullptr, requests, after_step);
+}
+
+absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
+                                     std::span<const std::unique_ptr<SpeculativeRequest>> requests,
+                                     const std::function<void()>& after_step) {
+  if (draft_engine != nullptr &&
+      draft_engine->config().vocab_size != engine.config().vocab_size) {
+    return absl::InvalidArgumentError("the draft engine's vocabulary differs from the target's");
+  }
   BatchResult result;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t vocab = engine.config().vocab_size;
   std::vector<SequenceInput> inputs;
   std::vector<SpeculativeRequest*> owners;
   std::vector<float> logits;
-  for (;;) {
-    // Every unfinished request advances one step of its phase; packed into
-    // Forward calls of at most the engine's batch-token limit (a request that
-    // alone exceeds it fails in Forward with a clear error).
-    inputs.clear();
-    owners.clear();
-    for (const auto& r : requests) {
-      if (!r->done()) {
-        inputs.push_back(r->NextInput());
-        owners.push_back(r.get());
-      }
-    }
-    if (inputs.empty()) break;
-    size_t begin = 0;
-    while (begin < inputs.size()) {
+  // Runs inputs[begin, end) (all for `e`) packed into Forward calls of at most
+  // the engine's batch-token limit (a request that alone exceeds it fails in
+  // Forward with a clear error).
+  auto run = [&](Engine& e, size_t begin, size_t stop) -> absl::Status {
+    while (begin < stop) {
       size_t end = begin;
       int64_t tokens = 0;
-      while (end < inputs.size() &&
+      while (end < stop &&
              (end == begin || tokens + static_cast<int64_t>(inputs[end].tokens.size()) <=
-                                  engine.max_batch_tokens())) {
+                                  e.max_batch_tokens())) {
         tokens += static_cast<int64_t>(inputs[end].tokens.size());
         ++end;
       }
-      VC_RETURN_IF_ERROR(engine.Forward({inputs.data() + begin, end - begin}, &logits));
+      VC_RETURN_IF_ERROR(e.Forward({inputs.data() + begin, end - begin}, &logits));
       ++result.forward_calls;
       size_t offset = 0;
       for (size_t i = begin; i < end; ++i) {
@@ -503,6 +504,30 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine,
       if (after_step) after_step();
       begin = end;
     }
+    return absl::OkStatus();
+  };
+  for (;;) {
+    // Every unfinished request advances one step of its phase; with a draft
+    // engine the drafting requests come first, as their own group.
+    inputs.clear();
+    owners.clear();
+    size_t drafting = 0;
+    for (const auto& r : requests) {
+      if (!r->done() && draft_engine != nullptr && r->phase() == SpeculativeRequest::Phase::kDraft) {
+        inputs.push_back(r->NextInput());
+        owners.push_back(r.get());
+        ++drafting;
+      }
+    }
+    for (const auto& r : requests) {
+      if (!r->done() && (draft_engine == nullptr || r->phase() != SpeculativeRequest::Phase::kDraft)) {
+        inputs.push_back(r->NextInput());
+        owners.push_back(r.get());
+      }
+    }
+    if (inputs.empty()) break;
+    if (drafting > 0) VC_RETURN_IF_ERROR(run(*draft_engine, 0, drafting));
+    VC_RETURN_IF_ERROR(run(engine, drafting, inputs.size()));
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;

@@ -20,6 +20,7 @@
 // distribution-identical for rejection sampling.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -98,7 +99,13 @@ struct RequestStats {
   int64_t compressed_kv_bytes = 0;  // compressed prompt KV
   double compression_ratio = 1.0;   // achieved c of the prompt KV
   std::string compressor;           // Describe() of the compressor used
-  double prefill_seconds = 0;
+  // The work after the prompt's prefill pass, inside OnLogits: choosing the
+  // first token and (vericache, lossy) compressing the prompt's KV.
+  double after_prefill_seconds = 0;
+  // When the prompt's prefill pass ended (its logits arrived): where decode
+  // time starts, in every mode alike, so that everything VeriCache adds
+  // after it (compressing the prompt's KV, drafting, verifying) is decode.
+  std::chrono::steady_clock::time_point prefill_pass_end{};
   // The drafter's view (compressed prefix + exact tail, bytes as
   // CompressedSequenceKv::bytes()), sampled after every pass and fold: its
   // high-water mark and its size when the request finished (or fell back).
@@ -215,6 +222,14 @@ struct BatchResult {
 // `after_step`, if set, runs after each Forward call's logits are consumed
 // (e.g. to stream newly accepted tokens).
 absl::StatusOr<BatchResult> RunBatch(Engine& engine,
+                                     std::span<const std::unique_ptr<SpeculativeRequest>> requests,
+                                     const std::function<void()>& after_step = nullptr);
+// The same with the draft steps run on `draft_engine` (e.g. one with
+// weight-quantised copies of the model, EngineOptions::quantized), and the
+// prefill, verify and full-decode passes on `engine`. Draft steps and the
+// other passes then go into separate Forward calls. The output is unchanged:
+// only the verifier's logits decide tokens. Null: everything on `engine`.
+absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
                                      std::span<const std::unique_ptr<SpeculativeRequest>> requests,
                                      const std::function<void()>& after_step = nullptr);
 

@@ -65,7 +65,8 @@ run_one() {
   [[ -d "$seeds" ]] || { echo "$t: no seed corpus at $seeds" > "$log"; echo "$t 0 0 0 0 no-seeds" > "$WORK/$t.sum"; return; }
   local rc=0
   # -timeout: one input running 10 s is a hang; -rss_limit_mb: a leak or a
-  # runaway allocation; -max_len covers the largest seeds (a few KB).
+  # runaway allocation; -max_len covers the largest seeds (a few KB; the
+  # Unigram tokenizer.json with its Precompiled charsmap, ~47 KB).
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     "$BUILD/bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 \

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -212,6 +213,8 @@ struct CoordinatorService::Plan {
   FallbackPolicy fallback{FallbackOptions{}};
   bool first_token_sent = false;
   Clock::time_point first_token_time;
+  // Output tokens already folded into `prompt` by a retry on other workers.
+  size_t resumed = 0;
 };
 
 struct CoordinatorService::Metrics {
@@ -230,6 +233,8 @@ struct CoordinatorService::Metrics {
   metrics::GaugeFamily* memory_resident;
   metrics::Counter* scheduler_queued;
   metrics::CounterFamily* lossless_check;
+  metrics::GaugeFamily* worker_up;
+  metrics::CounterFamily* retries;
 };
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
@@ -284,6 +289,14 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
   m.lossless_check = daemon::MustCounter(registry, "vericache_lossless_check_total",
                                          "Shadow checks of vericache output against full_local.",
                                          {"result"});
+  m.worker_up = daemon::MustGauge(registry, "vericache_worker_up",
+                                  "1 while a worker answers its health checks, 0 while it is "
+                                  "down (placement skips it).",
+                                  {"pool", "index"});
+  m.retries = daemon::MustCounter(registry, "vericache_request_retries_total",
+                                  "Requests re-established on live workers after a worker they "
+                                  "ran on died, by the pool of the worker that died.",
+                                  {"pool"});
 }
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
@@ -302,6 +315,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     return absl::InvalidArgumentError("--lossless-check-fraction must be in [0, 1]");
   }
   if (options.max_draft_len < 1) return absl::InvalidArgumentError("--max-draft-len must be >= 1");
+  if (options.health_check_interval.count() < 1 || options.health_check_timeout.count() < 1 ||
+      options.max_worker_retries < 0) {
+    return absl::InvalidArgumentError(
+        "--health-check-interval-ms and --health-check-timeout-ms must be >= 1, "
+        "--max-worker-retries >= 0");
+  }
   if (options.stream_write_timeout.count() < 1) {
     return absl::InvalidArgumentError("--stream-write-timeout-ms must be >= 1");
   }
@@ -336,6 +355,30 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   }
   VC_ASSIGN_OR_RETURN(service->clock_, SlotClock::Create(ro));
   service->watch_ = std::make_unique<StreamWatch>(options.stream_write_timeout);
+  CoordinatorService* self = service.get();
+  WorkerHealthOptions ho;
+  ho.interval = options.health_check_interval;
+  service->health_ = std::make_unique<WorkerHealth>(
+      static_cast<int>(service->verifiers_.size()), static_cast<int>(service->drafters_.size()),
+      [self](WorkerPool pool, int i) { return self->ProbeWorker(pool, i); }, ho,
+      [self](WorkerPool pool, int i, bool up, const absl::Status& why) {
+        self->metrics_->worker_up->Labels({WorkerPoolName(pool), absl::StrCat(i)}).Set(up ? 1 : 0);
+        const auto& workers = pool == WorkerPool::kVerifier ? self->verifiers_ : self->drafters_;
+        const std::string address = workers[static_cast<size_t>(i)]->address;
+        if (up) {
+          std::fprintf(stderr, "vc-coordinator: %s %s is up again\n", WorkerPoolName(pool), address.c_str());
+        } else {
+          std::fprintf(stderr, "vc-coordinator: %s %s is down: %s\n", WorkerPoolName(pool),
+                       address.c_str(), std::string(why.message()).c_str());
+        }
+      });
+  for (size_t i = 0; i < service->verifiers_.size(); ++i) {
+    service->metrics_->worker_up->Labels({"verifier", absl::StrCat(i)}).Set(1);
+  }
+  for (size_t i = 0; i < service->drafters_.size(); ++i) {
+    service->metrics_->worker_up->Labels({"drafter", absl::StrCat(i)}).Set(1);
+  }
+  service->health_->Start();
   return service;
 }
 
@@ -416,6 +459,7 @@ void CoordinatorService::Shutdown() {
     for (auto& [id, r] : requests_) r->cancelled = true;
   }
   admit_cv_.notify_all();
+  if (health_) health_->Stop();
   // Shadow checks run on their own threads; wait for them (bounded by their
   // requests' deadlines) before the service goes away.
   while (shadow_checks_running_.load() > 0) {
@@ -818,10 +862,12 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
       }
       continue;
     }
+    Worker* ingest_on = nullptr;
     absl::Status status = [&]() -> absl::Status {
       VC_RETURN_IF_ERROR(CheckStoredBudget(r.tenant));
       // Ingest on the verifier this prefix is placed on.
-      Worker& v = *verifiers_[std::hash<std::string>{}(plan.prefix_key) % verifiers_.size()];
+      VC_ASSIGN_OR_RETURN(ingest_on, PlaceVerifier(plan.prefix_key));
+      Worker& v = *ingest_on;
       pb::IngestRequest req;
       for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
       req.set_chunk_tokens(options_.chunk_tokens);
@@ -861,6 +907,14 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
       ingesting_.erase(ingest_key);
     }
     wait->cv.notify_all();
+    // The verifier died under the ingest: look again (the prefix may be
+    // stored by now) and ingest on a live one.
+    if (ingest_on != nullptr && IsWorkerLost(status) &&
+        CheckWorkerAfterFailure(WorkerPool::kVerifier, *ingest_on, status) &&
+        attempt < std::min(2, options_.max_worker_retries)) {
+      metrics_->retries->Labels({"verifier"}).Inc();
+      continue;
+    }
     return status;
   }
   return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
@@ -915,27 +969,132 @@ bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>
   return !done;
 }
 
+absl::StatusOr<CoordinatorService::Worker*> CoordinatorService::PlaceVerifier(const std::string& key) {
+  std::optional<int> i = health_->PickByKey(WorkerPool::kVerifier, key);
+  if (!i) {
+    std::vector<std::string> down;
+    for (const auto& v : verifiers_) {
+      down.push_back(absl::StrCat(v->address, " (", health_->DownReason(WorkerPool::kVerifier, v->index), ")"));
+    }
+    return absl::UnavailableError(absl::StrCat("no live verifier: ", absl::StrJoin(down, ", ")));
+  }
+  return verifiers_[static_cast<size_t>(*i)].get();
+}
+
+absl::Status CoordinatorService::Place(Plan& plan, pb::Mode mode) {
+  const bool needs_verifier = mode != pb::MODE_FULL_REMOTE && mode != pb::MODE_LOSSY_REMOTE;
+  const bool needs_drafter = mode != pb::MODE_FULL_LOCAL;
+  plan.verifier = nullptr;
+  plan.drafter = nullptr;
+  if (needs_verifier) {
+    // By prefix (requests over one prefix meet there); a prompt without a
+    // stored prefix by its session.
+    const std::string key =
+        plan.prefix_key.empty() ? absl::StrCat("session:", plan.session) : plan.prefix_key;
+    VC_ASSIGN_OR_RETURN(plan.verifier, PlaceVerifier(key));
+  }
+  if (needs_drafter) {
+    std::vector<int> loads;
+    for (const auto& d : drafters_) loads.push_back(d->active.load());
+    std::optional<int> i = health_->PickLeastLoaded(WorkerPool::kDrafter, loads);
+    if (i) {
+      plan.drafter = drafters_[static_cast<size_t>(*i)].get();
+    } else if (mode != pb::MODE_VERICACHE) {
+      return absl::UnavailableError(absl::StrCat(
+          "no live drafter: ", drafters_[0]->address, " (",
+          health_->DownReason(WorkerPool::kDrafter, 0), ")", drafters_.size() > 1 ? " and the others" : ""));
+    }
+    // vericache without a live drafter: the verifier decodes alone.
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::ProbeWorker(WorkerPool pool, int index) {
+  const auto& workers = pool == WorkerPool::kVerifier ? verifiers_ : drafters_;
+  Worker& w = *workers[static_cast<size_t>(index)];
+  pb::WorkerInfoRequest req;
+  pb::WorkerInfoResponse resp;
+  auto ctx = rpc::ContextWithTimeout(options_.health_check_timeout);
+  const grpc::Status s = pool == WorkerPool::kVerifier ? w.verifier->Info(ctx.get(), req, &resp)
+                                                       : w.drafter->Info(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    // Any failed probe means down, whatever its code (a hung worker times out).
+    return absl::UnavailableError(absl::StrCat(WorkerPoolName(pool), " ", w.address,
+                                               " health check: ", s.error_message()));
+  }
+  // A worker restarted on the same address must still be the same model.
+  if (resp.model_id() != model_id_.Raw() || EosIdsOf(resp) != eos_ids_) {
+    return absl::UnavailableError(
+        absl::StrCat(WorkerPoolName(pool), " ", w.address, " now runs another model"));
+  }
+  return absl::OkStatus();
+}
+
+bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s) {
+  if (!IsWorkerLost(s)) return false;
+  const absl::Status probe = ProbeWorker(pool, w.index);
+  if (probe.ok()) {
+    // It answers: the call failed for another reason, or the worker came
+    // back already (its sessions are gone either way).
+    return false;
+  }
+  health_->MarkDown(pool, w.index, s);
+  return true;
+}
+
 absl::Status CoordinatorService::Run(Plan& plan, Request& r,
                                      Sink* writer) {
-  // Placement: the verifier by prefix (requests over one prefix meet there),
-  // the least loaded drafter.
-  plan.verifier = verifiers_[plan.prefix_key.empty()
-                                 ? plan.session % verifiers_.size()
-                                 : std::hash<std::string>{}(plan.prefix_key) % verifiers_.size()]
-                      .get();
-  plan.drafter = drafters_[0].get();
-  for (auto& d : drafters_) {
-    if (d->active.load() < plan.drafter->active.load()) plan.drafter = d.get();
+  for (int attempt = 0;; ++attempt) {
+    VC_RETURN_IF_ERROR(Place(plan, r.mode));
+    absl::Status s = RunOnce(plan, r, writer);
+    if (s.ok() || r.gone() || !IsWorkerLost(s)) return s;
+    // Which of its workers died? (Probed now: the next round is too late
+    // for the requests placed meanwhile.)
+    std::vector<std::string> died;
+    const char* pool = plan.verifier ? "verifier" : "drafter";
+    if (plan.verifier && CheckWorkerAfterFailure(WorkerPool::kVerifier, *plan.verifier, s)) {
+      died.push_back(absl::StrCat("verifier ", plan.verifier->address, " is down"));
+    }
+    if (plan.drafter && CheckWorkerAfterFailure(WorkerPool::kDrafter, *plan.drafter, s)) {
+      died.push_back(absl::StrCat("drafter ", plan.drafter->address, " is down"));
+      if (died.size() == 1) pool = "drafter";
+    }
+    // Both answer: the worker came back already (its sessions are gone), or
+    // something behind it (the store) failed; a retry is bounded either way.
+    if (died.empty()) died.push_back("its workers answer again");
+    if (attempt >= options_.max_worker_retries) {
+      return absl::UnavailableError(absl::StrCat(s.message(), " (", absl::StrJoin(died, ", "),
+                                                 "; gave up after ", attempt, " retries)"));
+    }
+    if (Clock::now() >= r.deadline) return s;
+    ReleaseSessions(plan);
+    metrics_->retries->Labels({pool}).Inc();
+    // Re-establish the request from its exact state: the prompt plus every
+    // token accepted so far (sampling is keyed by absolute position, so the
+    // continuation is the same). A new session id is a new epoch: nothing
+    // from the old sessions is read again.
+    plan.prompt.insert(plan.prompt.end(), plan.output.begin() + static_cast<std::ptrdiff_t>(plan.resumed),
+                       plan.output.end());
+    plan.resumed = plan.output.size();
+    plan.session = next_session_.fetch_add(1);
+    plan.recent_accepted.clear();
   }
+}
+
+absl::Status CoordinatorService::RunOnce(Plan& plan, Request& r, Sink* writer) {
   switch (r.mode) {
     case pb::MODE_FULL_LOCAL:
-      plan.drafter = nullptr;
       return RunVerifierOnly(plan, r, writer, false);
     case pb::MODE_FULL_REMOTE:
     case pb::MODE_LOSSY_REMOTE:
-      plan.verifier = nullptr;
       return RunDrafterOnly(plan, r, writer);
     default:
+      if (plan.drafter == nullptr) {
+        // No live drafter: the verifier decodes alone (a fallback).
+        plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
+        metrics_->fallbacks->Inc();
+        return RunVerifierOnly(plan, r, writer, false);
+      }
       return RunVeriCache(plan, r, writer);
   }
 }
@@ -998,13 +1157,15 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     req.set_variant_key(plan.variant_key);
     SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
     req.set_lookahead(plan.x);
-    req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()));
+    req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
+                         static_cast<int32_t>(plan.resumed));
     pb::DrafterOpenResponse resp;
     auto ctx = CallContext(r);
     const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
     if (!s.ok()) {
       const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
       if (!Retryable(st)) return st;
+      CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
       drafter_ok = false;  // fall back to full-KV decoding on the verifier
     } else {
       plan.drafter_open = true;
@@ -1095,6 +1256,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
         const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
         if (booked) (void)clock_->Release(booking_id);
         if (!Retryable(st)) return st;
+        CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
         drafter_ok = false;
         break;
       }
@@ -1148,6 +1310,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
       if (!s.ok()) {
         const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
         if (!Retryable(st)) return st;
+        CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
         drafter_ok = false;
         break;
       }
@@ -1256,7 +1419,8 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
       SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
     }
     req.set_lookahead(options_.baseline_chunk);
-    req.set_end_position(static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens()));
+    req.set_end_position(static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() -
+                                              plan.resumed));
     pb::DrafterOpenResponse resp;
     auto ctx = CallContext(r);
     const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
@@ -1542,7 +1706,12 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   }
   if (absl::Status s = CheckStoredBudget(r.tenant); !s.ok()) return rpc::ToGrpcStatus(s);
   if (absl::Status s = Admit(r); !s.ok()) return rpc::ToGrpcStatus(s);
-  Worker& v = *verifiers_[std::hash<std::string>{}(keys->back().Hex()) % verifiers_.size()];
+  absl::StatusOr<Worker*> placed = PlaceVerifier(keys->back().Hex());
+  if (!placed.ok()) {
+    Leave(r);
+    return rpc::ToGrpcStatus(placed.status());
+  }
+  Worker& v = **placed;
   pb::IngestRequest ireq;
   for (int32_t i = 0; i < whole; ++i) ireq.add_tokens(tokens[i]);
   ireq.set_chunk_tokens(options_.chunk_tokens);
@@ -1551,7 +1720,11 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   pb::IngestResponse iresp;
   const grpc::Status s = CallIngest(v, r, ireq, &iresp);
   Leave(r);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    (void)CheckWorkerAfterFailure(WorkerPool::kVerifier, v,
+                                  rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest")));
+    return s;
+  }
   ChargeStored(r.tenant, iresp.bytes());
   *resp->mutable_variants() = iresp.variants();
   // The manifest last: a registered id always names a stored prefix.

@@ -39,6 +39,7 @@
 #include "services/common/store_client.h"
 #include "services/coordinator/slot_clock.h"
 #include "services/coordinator/tenant_auth.h"
+#include "services/coordinator/worker_health.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
@@ -94,6 +95,16 @@ struct CoordinatorOptions {
   // (0: no limit). Counted since the coordinator started; a DELETE through
   // ManagePrefix gives back what that prefix's ingest added.
   int64_t max_stored_bytes_per_tenant = 0;
+  // Worker health (services/coordinator/worker_health.h): every worker's
+  // Info is probed each health_check_interval with health_check_timeout as
+  // its deadline; a failed probe or a call failing with UNAVAILABLE marks
+  // the worker down (placement skips it) until a probe succeeds again.
+  std::chrono::milliseconds health_check_interval{1000};
+  std::chrono::milliseconds health_check_timeout{2000};
+  // A request whose worker died is re-established on live workers from its
+  // prompt plus the tokens accepted so far (they are exact), at most this
+  // many times; then it fails with UNAVAILABLE naming what died.
+  int max_worker_retries = 2;
 };
 
 // Bounds on request fields, checked before anything is allocated for them.
@@ -176,8 +187,21 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // Drops a tenant's bookkeeping once it holds nothing (mu_ held).
   void ForgetTenantIfIdle(const std::string& tenant);
   absl::Status EnsureStored(Plan& plan, Request& r);
+  // Places the request on live workers and runs it; re-establishes it on
+  // live workers (bounded) when a worker it runs on dies.
   absl::Status Run(Plan& plan, Request& r,
                    Sink* writer);
+  absl::Status RunOnce(Plan& plan, Request& r, Sink* writer);
+  // Placement among the live workers: the verifier by `key` (a prefix's
+  // last chunk key in hex: requests over one prefix meet on one verifier),
+  // the drafter least loaded. UNAVAILABLE when the pool has no live worker.
+  absl::StatusOr<Worker*> PlaceVerifier(const std::string& key);
+  absl::Status Place(Plan& plan, vericache::v1::Mode mode);
+  // One health probe of a worker (Info, with a deadline; same model).
+  absl::Status ProbeWorker(WorkerPool pool, int index);
+  // Probes a worker a call to which failed with `s` (now, not at the next
+  // round) and marks it down if it is gone; returns true if it is down.
+  bool CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);
   absl::Status RunVeriCache(Plan& plan, Request& r,
                             Sink* writer);
   absl::Status RunVerifierOnly(Plan& plan, Request& r,
@@ -215,6 +239,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   std::vector<ingest::VariantSpec> default_variants_;
   std::unique_ptr<TenantAuth> auth_;
   std::unique_ptr<StreamWatch> watch_;
+  std::unique_ptr<WorkerHealth> health_;
 
   std::mutex mu_;
   std::condition_variable admit_cv_;

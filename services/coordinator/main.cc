@@ -97,6 +97,14 @@ int main(int argc, char** argv) {
             "prefixes one tenant may pin");
   flags.Add("--max-stored-bytes-per-tenant", &o.max_stored_bytes_per_tenant, "N",
             "KV bytes one tenant's ingests may add (0: no limit)");
+  int64_t health_check_interval_ms = 1000;
+  int64_t health_check_timeout_ms = 2000;
+  flags.Add("--health-check-interval-ms", &health_check_interval_ms, "N",
+            "probe every worker's Info this often; a failed probe marks it down (placement "
+            "skips it) until one succeeds");
+  flags.Add("--health-check-timeout-ms", &health_check_timeout_ms, "N", "deadline of one health probe");
+  flags.Add("--max-worker-retries", &o.max_worker_retries, "N",
+            "times a request whose worker died is re-established on live workers");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));
   }
@@ -125,6 +133,13 @@ int main(int argc, char** argv) {
     return vc::daemon::BadFlags(kName, "--stream-write-timeout-ms must be >= 1");
   }
   o.stream_write_timeout = std::chrono::milliseconds(stream_write_timeout_ms);
+  if (health_check_interval_ms < 1 || health_check_timeout_ms < 1 || o.max_worker_retries < 0) {
+    return vc::daemon::BadFlags(kName,
+                                "--health-check-interval-ms and --health-check-timeout-ms must be "
+                                ">= 1, --max-worker-retries >= 0");
+  }
+  o.health_check_interval = std::chrono::milliseconds(health_check_interval_ms);
+  o.health_check_timeout = std::chrono::milliseconds(health_check_timeout_ms);
   o.pack_reloads = !no_packing;
   // The public port: TLS without client certificates (callers present API
   // keys); the same certificate is this daemon's identity towards the

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
 #include "common/kvstore/seal.h"
+#include "common/metrics/internal/httplib_wrapper.h"
 #include "common/rpc/rpc.h"
 #include "nlohmann/json.hpp"
 
@@ -139,7 +141,31 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   Endpoint ep;
   ep.name = name;
   ep.pid = pid;
-  endpoints_.push_back(ep);  // so Stop() reaps it even if it never gets ready
+  // Recorded at once so Stop() reaps it even if it never gets ready.
+  size_t index = endpoints_.size();
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    if (endpoints_[i].name == name) index = i;
+  }
+  if (index == endpoints_.size()) {
+    endpoints_.push_back(ep);
+    children_.emplace_back();
+  } else {
+    endpoints_[index].pid = pid;
+  }
+  Child& child = children_[index];
+  child.role = role;
+  child.binary = binary;
+  child.args = args;
+  child.grpc_health = grpc_health;
+  child.started = std::chrono::steady_clock::now();
+  // Later starts come back on the ports this one got.
+  auto pin_ports = [&] {
+    for (std::string& a : child.args) {
+      if (a.starts_with("--listen=")) a = "--listen=" + ep.address;
+      if (a.starts_with("--metrics-listen=") && !ep.metrics.empty()) a = "--metrics-listen=" + ep.metrics;
+      if (a.starts_with("--data-listen=") && !ep.data.empty()) a = "--data-listen=" + ep.data;
+    }
+  };
   const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
   absl::StatusOr<std::string> line = ReadLine(out[0], deadline, binary);
   if (!line.ok()) {
@@ -157,15 +183,17 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
   if (ep.address.empty()) {
     return absl::InternalError(absl::StrCat(binary, " printed an unexpected line: ", *line));
   }
+  ep.url = endpoints_[index].url;  // set by Start() for HTTP endpoints
+  pin_ports();
   if (!grpc_health) {
-    endpoints_.back() = ep;
+    endpoints_[index] = ep;
     return ep;
   }
   // Ready means healthy over gRPC, not just bound (over mTLS when secure:
   // the client certificate works on every port).
   auto channel = rpc::MakeChannel(internal(ep.address), 4 << 20);
   absl::Status health = absl::UnavailableError("not checked");
-  while (std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline && !stopping_.load()) {
     health = rpc::CheckHealth(channel, std::chrono::milliseconds(1000));
     if (health.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -174,8 +202,29 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
     return absl::UnavailableError(absl::StrCat(binary, " at ", ep.address,
                                                " is not healthy: ", health.message()));
   }
-  endpoints_.back() = ep;
+  endpoints_[index] = ep;
   return ep;
+}
+
+absl::Status LocalCluster::WaitHttpHealthy(const std::string& url) const {
+  // Over TLS the check verifies the gateway's certificate against the
+  // cluster CA by the address clients use, as the endpoints file promises.
+  httplib::Client client(url);
+  if (creds_) {
+    client.set_ca_cert_path(creds_->ca.c_str());
+    client.enable_server_certificate_verification(true);
+  }
+  client.set_connection_timeout(1, 0);
+  client.set_read_timeout(5, 0);
+  const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
+  std::string last = "not checked";
+  while (std::chrono::steady_clock::now() < deadline) {
+    httplib::Result res = client.Get("/health");
+    if (res && res->status == 200) return absl::OkStatus();
+    last = res ? absl::StrCat("HTTP ", res->status, " ", res->body) : httplib::to_string(res.error());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::UnavailableError(absl::StrCat("vc-openai at ", url, " is not healthy: ", last));
 }
 
 // A throwaway seal key pair for this cluster in `dir`: the private key
@@ -245,7 +294,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     args.insert(args.end(), tls_args.begin(), tls_args.end());
     return args;
   };
-  cluster->kvstore_args_ = {
+  std::vector<std::string> kvstore_args = {
       "--listen=127.0.0.1:0",
       "--data-listen=127.0.0.1:0",
       "--data-dir=" + (fs::path(cluster->data_dir_) / "kvstore").string(),
@@ -262,16 +311,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     if (absl::Status s = WriteSealKeyPair(cluster->data_dir_, &key_path, &trust_path); !s.ok()) {
       return fail(s);
     }
-    cluster->kvstore_args_.push_back("--seal-trust=" + trust_path);
+    kvstore_args.push_back("--seal-trust=" + trust_path);
     verifier_seal = {"--seal-key=" + key_path, "--seal-trust=" + trust_path};
     drafter_seal = {"--seal-trust=" + trust_path};  // drafters only read KV
   }
-  cluster->kvstore_args_ = with_tls(cluster->kvstore_args_);
-  absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", cluster->kvstore_args_);
+  absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", with_tls(kvstore_args));
   if (!store.ok()) return fail(store.status());
-  // Restart on the same ports (fault tests): pin the ports it picked.
-  cluster->kvstore_args_[0] = "--listen=" + store->address;
-  cluster->kvstore_args_[1] = "--data-listen=" + store->data;
   std::vector<std::string> verifiers, drafters;
   for (int i = 0; i < o.verifiers; ++i) {
     const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
@@ -325,18 +370,35 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     if (!o.tokenizer.empty()) args.push_back("--tokenizer=" + o.tokenizer);
     if (!o.chat_template.empty()) args.push_back("--chat-template=" + o.chat_template);
     // The gateway is a client of the public port: TLS to it, no certificate
-    // of its own (each HTTP caller's API key rides on its calls).
-    if (cluster->creds_) args.push_back("--coordinator-tls-ca=" + cluster->creds_->ca);
+    // of its own (each HTTP caller's API key rides on its calls). Its own
+    // listener is public too: HTTPS with the daemons' certificate (SANs
+    // 127.0.0.1 and localhost), no client certificate asked for.
+    if (cluster->creds_) {
+      args.push_back("--coordinator-tls-ca=" + cluster->creds_->ca);
+      args.push_back("--tls-cert=" + cluster->creds_->daemon.cert);
+      args.push_back("--tls-key=" + cluster->creds_->daemon.key);
+    }
     absl::StatusOr<Endpoint> gw = cluster->Spawn("openai", "openai", "vc-openai", args, /*grpc_health=*/false);
     if (!gw.ok()) return fail(gw.status());
-    cluster->endpoints_.back().url = absl::StrCat("http://", gw->address, "/v1");
+    const std::string url = absl::StrCat(cluster->creds_ ? "https://" : "http://", gw->address);
+    if (absl::Status s = cluster->WaitHttpHealthy(url); !s.ok()) return fail(s);
+    cluster->endpoints_.back().url = url + "/v1";
   }
+  if (o.supervise) cluster->supervisor_ = std::thread([c = cluster.get()] { c->Supervise(); });
   return cluster;
 }
 
 LocalCluster::~LocalCluster() { Stop(); }
 
 void LocalCluster::Stop(std::chrono::milliseconds grace) {
+  // No restarts from here on: the supervisor is gone before anything is
+  // signalled.
+  // Set before taking mu_: a restart in progress holds it and watches this
+  // flag to give up early.
+  stopping_.store(true);
+  cv_.notify_all();
+  if (supervisor_.joinable()) supervisor_.join();
+  std::lock_guard<std::mutex> lock(mu_);
   // Coordinator first (it releases sessions), store last.
   for (auto it = endpoints_.rbegin(); it != endpoints_.rend(); ++it) {
     if (it->pid > 0) kill(it->pid, SIGTERM);
@@ -407,30 +469,122 @@ std::string LocalCluster::EndpointsJson() const {
 }
 
 absl::Status LocalCluster::Kill(const std::string& name) {
-  for (auto& ep : endpoints_) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    Endpoint& ep = endpoints_[i];
     if (ep.name == name && ep.pid > 0) {
       kill(ep.pid, SIGKILL);
       int status = 0;
       waitpid(ep.pid, &status, 0);
       ep.pid = -1;
+      if (options_.supervise && !stopping_.load()) {
+        // An unexpected death as far as the supervisor is concerned.
+        Child& child = children_[i];
+        const auto now = std::chrono::steady_clock::now();
+        ScheduleRestart(&child, now);
+        child.exit_reason = "killed by Kill()";
+        cv_.notify_all();
+      }
       return absl::OkStatus();
     }
   }
   return absl::NotFoundError(absl::StrCat("no running daemon '", name, "'"));
 }
 
-absl::Status LocalCluster::RestartKvStore() {
-  for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
-    if (it->name == "kvstore") {
-      if (it->pid > 0) return absl::FailedPreconditionError("the store is still running");
-      endpoints_.erase(it);
-      // Same ports: the workers know the addresses from the first start.
-      absl::StatusOr<Endpoint> ep = Spawn("kvstore", "kvstore", "vc-kvstore", kvstore_args_);
-      if (!ep.ok()) return ep.status();
-      return absl::OkStatus();
+std::chrono::milliseconds LocalCluster::ScheduleRestart(Child* child,
+                                                        std::chrono::steady_clock::time_point died) {
+  const auto now = std::chrono::steady_clock::now();
+  // A daemon that ran a good while is not crash-looping: start over.
+  if (died != std::chrono::steady_clock::time_point{} &&
+      died - child->started >= options_.restart_backoff_reset) {
+    child->crashes = 0;
+  }
+  std::chrono::milliseconds delay = options_.restart_backoff;
+  for (int i = 0; i < child->crashes && delay < options_.restart_backoff_max; ++i) delay *= 2;
+  delay = std::min(delay, options_.restart_backoff_max);
+  ++child->crashes;
+  child->restart_pending = true;
+  child->restart_at = now + delay;
+  return delay;
+}
+
+absl::Status LocalCluster::RestartLocked(size_t i) {
+  if (stopping_.load()) return absl::FailedPreconditionError("the cluster is stopping");
+  Endpoint& ep = endpoints_[i];
+  if (ep.pid > 0) {
+    kill(ep.pid, SIGKILL);
+    int status = 0;
+    waitpid(ep.pid, &status, 0);
+    ep.pid = -1;
+  }
+  const Child child = children_[i];  // Spawn rewrites the slot
+  absl::StatusOr<Endpoint> started = Spawn(ep.name, child.role, child.binary, child.args, child.grpc_health);
+  children_[i].crashes = child.crashes;
+  children_[i].restart_pending = false;
+  if (!started.ok()) {
+    // Not healthy in time: do not leave a half-started daemon behind.
+    if (endpoints_[i].pid > 0) {
+      kill(endpoints_[i].pid, SIGKILL);
+      int status = 0;
+      waitpid(endpoints_[i].pid, &status, 0);
+      endpoints_[i].pid = -1;
+    }
+    return started.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::Restart(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    if (endpoints_[i].name == name) return RestartLocked(i);
+  }
+  return absl::NotFoundError(absl::StrCat("no daemon '", name, "' in this cluster"));
+}
+
+void LocalCluster::Supervise() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_.load()) {
+    // Polls the children a few times a second (WNOHANG on our own pids
+    // only: the embedding process may have other children).
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (stopping_.load()) break;
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < endpoints_.size(); ++i) {
+      Endpoint& ep = endpoints_[i];
+      Child& child = children_[i];
+      if (ep.pid > 0) {
+        int status = 0;
+        const pid_t r = waitpid(ep.pid, &status, WNOHANG);
+        if (r == 0 || (r < 0 && errno != ECHILD)) continue;
+        ep.pid = -1;
+        if (r > 0 && WIFSIGNALED(status)) {
+          child.exit_reason = absl::StrCat("killed by signal ", WTERMSIG(status));
+        } else if (r > 0 && WIFEXITED(status)) {
+          child.exit_reason = absl::StrCat("exited with status ", WEXITSTATUS(status));
+        } else {
+          child.exit_reason = "gone";
+        }
+        ScheduleRestart(&child, now);
+      }
+      if (ep.pid > 0 || !child.restart_pending || now < child.restart_at) continue;
+      const std::string reason = child.exit_reason;
+      const int attempt = child.crashes;
+      absl::Status s = RestartLocked(i);
+      if (stopping_.load()) break;
+      if (s.ok()) {
+        supervisor_restarts_.fetch_add(1);
+        std::fprintf(stderr, "vericache local: %s %s; restarted on %s (pid %d, restart %d in a row)\n",
+                     ep.name.c_str(), reason.c_str(), ep.address.c_str(), static_cast<int>(ep.pid),
+                     attempt);
+      } else {
+        const auto delay = ScheduleRestart(&child, std::chrono::steady_clock::time_point{});
+        std::fprintf(stderr, "vericache local: %s %s; restart failed (%s), next try in %lld ms\n",
+                     ep.name.c_str(), reason.c_str(), std::string(s.message()).c_str(),
+                     static_cast<long long>(delay.count()));
+      }
     }
   }
-  return absl::NotFoundError("no store in this cluster");
 }
 
 }  // namespace vc::local

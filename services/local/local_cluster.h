@@ -8,11 +8,15 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,6 +72,16 @@ struct LocalClusterOptions {
   // Children's stderr goes here (one file per daemon) if set; else inherited.
   std::string log_dir;
   std::chrono::seconds start_timeout{60};
+  // Supervision: restart a daemon that exited unexpectedly (crash, kill -9,
+  // Kill()) on the same addresses with the same flags. The delay before a
+  // restart doubles from restart_backoff up to restart_backoff_max while a
+  // daemon keeps dying (like Kubernetes' CrashLoopBackOff) and goes back to
+  // restart_backoff once it has run for restart_backoff_reset. Off by default
+  // so fault tests can keep a killed daemon dead; `vericache local` turns it on.
+  bool supervise = false;
+  std::chrono::milliseconds restart_backoff{500};
+  std::chrono::milliseconds restart_backoff_max{30000};
+  std::chrono::milliseconds restart_backoff_reset{60000};
 };
 
 struct Endpoint {
@@ -75,7 +89,7 @@ struct Endpoint {
   std::string address;  // gRPC HOST:PORT
   std::string metrics;  // HOST:PORT of /metrics, "" if off
   std::string data;     // the store's data plane HOST:PORT
-  std::string url;      // HTTP endpoints (vc-openai): the API's base URL
+  std::string url;      // HTTP endpoints (vc-openai): the API's base URL (https unless insecure)
   pid_t pid = -1;
 };
 
@@ -102,30 +116,73 @@ class LocalCluster {
   const ClusterCredentials* credentials() const { return creds_ ? &*creds_ : nullptr; }
   // The endpoints as one JSON object: {"coordinator": "127.0.0.1:PORT", ...,
   // "coordinator_metrics": "127.0.0.1:PORT", ..., "kvstore_data":
-  // "HOST:PORT", "openai": "http://127.0.0.1:PORT/v1"} and, when secure,
-  // "tls_ca": PATH and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}.
+  // "HOST:PORT", "openai": "https://127.0.0.1:PORT/v1"} and, when secure,
+  // "tls_ca": PATH (it verifies the coordinator's public port and the
+  // openai URL) and "api_keys": {"tenant-a": KEY, "tenant-b": KEY}; when
+  // insecure the openai URL is http.
   std::string EndpointsJson() const;
 
-  // Test seams for fault injection: kill -9 a daemon, and start the store
-  // again on the same data dir and ports.
+  // Fault injection (tests, chaos tooling): kill -9 the daemon `name`
+  // ("kvstore", "verifier-1", "coordinator", "openai", ...) and reap it.
+  // With supervise on, the supervisor restarts it after its backoff.
   absl::Status Kill(const std::string& name);
-  absl::Status RestartKvStore();
+  // Start `name` again now on the same addresses, data dir and flags (killed
+  // first if it is still running). Its Endpoint keeps its addresses and gets
+  // the new pid.
+  absl::Status Restart(const std::string& name);
+  absl::Status RestartKvStore() { return Restart("kvstore"); }
+  // Restarts done by the supervisor so far (all daemons), counted once the
+  // new process is healthy.
+  int supervisor_restarts() const { return supervisor_restarts_.load(); }
 
  private:
   LocalCluster() = default;
   // `grpc_health`: ready means grpc.health.v1 SERVING; vc-openai (HTTP) is
   // ready once it printed its listening line (it binds before printing).
+  // Replaces the endpoint of the same name in place (a restart) or appends
+  // one; remembers how it was started, with "127.0.0.1:0" listen flags
+  // pinned to the ports it got, so that a restart comes back on them.
   absl::StatusOr<Endpoint> Spawn(const std::string& name, const std::string& role,
                                  const std::string& binary, const std::vector<std::string>& args,
                                  bool grpc_health = true);
+  // Kills (if running) and starts endpoint i again; mu_ held.
+  absl::Status RestartLocked(size_t i);
+  void Supervise();
+  // Waits until GET url/health answers 200 (HTTPS verified by the cluster CA
+  // when secure), up to the start timeout.
+  absl::Status WaitHttpHealthy(const std::string& url) const;
+
+  // How each endpoint (same index) was started, and its supervision state.
+  struct Child {
+    std::string role;
+    std::string binary;
+    std::vector<std::string> args;
+    bool grpc_health = true;
+    std::chrono::steady_clock::time_point started;
+    int crashes = 0;  // consecutive short-lived runs: the backoff exponent
+    bool restart_pending = false;
+    std::chrono::steady_clock::time_point restart_at;
+    std::string exit_reason;
+  };
+  // Books the next restart of a child that died at `died` (a zero time
+  // point: a failed restart); returns the backoff chosen.
+  std::chrono::milliseconds ScheduleRestart(Child* child, std::chrono::steady_clock::time_point died);
 
   LocalClusterOptions options_;
   std::string bin_dir_;
   std::string data_dir_;
   bool own_data_dir_ = false;
   std::vector<Endpoint> endpoints_;
-  std::vector<std::string> kvstore_args_;
+  std::vector<Child> children_;
   std::optional<ClusterCredentials> creds_;
+  // Serialises Kill/Restart/Stop and the supervisor's reaping and restarts.
+  // The endpoints vector never changes size after Start(); a restart only
+  // changes the pid of its entry.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> supervisor_restarts_{0};
+  std::thread supervisor_;
 };
 
 // Default model for `vericache local`: $VC_MODELS_DIR/stories260K.bin, else

@@ -95,6 +95,7 @@ struct Gateway::Impl {
   GatewayModel model;
   CoordinatorClient* client = nullptr;
   int64_t created = 0;
+  std::shared_ptr<internal::TlsServerContext> tls;  // null: plain HTTP
   std::unique_ptr<internal::BoundedServer> server_holder;
   std::thread thread;
   int port = 0;
@@ -483,6 +484,7 @@ struct Gateway::Impl {
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gateway::~Gateway() { Stop(); }
 int Gateway::port() const { return impl_->port; }
+int Gateway::tls_reloads() const { return impl_->tls ? impl_->tls->reloads() : 0; }
 
 absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& options,
                                                        const GatewayModel& model,
@@ -495,13 +497,19 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
   if (options.threads < 1 || options.max_queued_connections < 1 || options.max_body_bytes < 1 ||
       options.read_timeout_s < 1 || options.write_timeout_s < 1 || options.idle_timeout_s < 1 ||
       options.request_timeout_s < 1 || options.keep_alive_max_requests < 1 || options.retry_after_s < 0 ||
-      options.max_header_bytes < 1024) {
+      options.max_header_bytes < 1024 || options.tls_handshake_timeout_ms < 1) {
     return absl::InvalidArgumentError("vc-openai: thread, queue, size and timeout settings must be >= 1");
   }
   if (options.served_model_name.empty()) {
     return absl::InvalidArgumentError("--served-model-name must not be empty");
   }
   auto impl = std::make_unique<Impl>();
+  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+    absl::StatusOr<std::shared_ptr<internal::TlsServerContext>> tls =
+        internal::TlsServerContext::Create(options.tls_cert, options.tls_key);
+    if (!tls.ok()) return tls.status();
+    impl->tls = *std::move(tls);
+  }
   impl->options = options;
   impl->model = model;
   impl->client = client;
@@ -518,7 +526,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
                                       "Requests cancelled because their client hung up.");
   Impl* self = impl.get();
   impl->server_holder = std::make_unique<internal::BoundedServer>(
-      static_cast<size_t>(options.max_header_bytes), static_cast<size_t>(options.max_body_bytes));
+      static_cast<size_t>(options.max_header_bytes), static_cast<size_t>(options.max_body_bytes), impl->tls,
+      options.tls_handshake_timeout_ms);
   httplib::Server& srv = *impl->server_holder;
   const size_t threads = static_cast<size_t>(options.threads);
   const size_t queued = static_cast<size_t>(options.max_queued_connections);

@@ -9,7 +9,10 @@
 // HTTP is cpp-httplib (Debian's libcpp-httplib) with bounded threads, a
 // bounded connection queue, a body-size limit (413), a limit on the whole
 // request head (request line + headers; cpp-httplib itself bounds only each
-// line), read/write/idle timeouts.
+// line), read/write/idle timeouts. With a certificate it serves HTTPS only
+// (OpenSSL, TLS 1.2+, no client certificate asked for; the certificate is
+// re-read when its files change), with the same limits and a bounded
+// handshake.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +44,11 @@ struct GatewayOptions {
   int request_timeout_s = 600;      // deadline of each coordinator call
   int retry_after_s = 1;            // Retry-After when the coordinator is full (429)
   int disconnect_poll_ms = 100;     // how often hung-up clients are looked for
+  // HTTPS: PEM certificate chain and key (both or neither; neither: plain
+  // HTTP). Re-read when they change; new connections get the new pair.
+  std::string tls_cert;
+  std::string tls_key;
+  int tls_handshake_timeout_ms = 5000;  // a connection not through its handshake by then is dropped
   // Where the gateway's metrics go (vericache_openai_*); null: a private registry.
   metrics::Registry* registry = nullptr;
 };
@@ -60,8 +68,8 @@ struct GatewayModel {
 class Gateway {
  public:
   // Binds and starts serving. `model`'s pointers and `client` must outlive
-  // the gateway. InvalidArgument for bad options, Unavailable if the bind
-  // fails.
+  // the gateway. InvalidArgument for bad options (a certificate or key that
+  // does not load included), Unavailable if the bind fails.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Gateway>> Start(const GatewayOptions& options,
                                                                      const GatewayModel& model,
                                                                      CoordinatorClient* client);
@@ -70,6 +78,8 @@ class Gateway {
   Gateway& operator=(const Gateway&) = delete;
 
   int port() const;
+  // Certificate reloads since start (HTTPS; 0 for plain HTTP).
+  int tls_reloads() const;
   // Stops accepting, cancels nothing itself (running requests finish or
   // their clients go), joins the threads. Idempotent.
   void Stop();

@@ -61,7 +61,13 @@ int main(int argc, char** argv) {
   vc::FlagSet flags(kName,
                     "VeriCache OpenAI-compatible HTTP API: /v1/models, /v1/completions,\n"
                     "/v1/chat/completions (streamed or not), /health, served through vc-coordinator.");
-  flags.Add("--listen", &listen, "HOST:PORT", "HTTP address (port 0 picks one)");
+  flags.Add("--listen", &listen, "HOST:PORT", "HTTP(S) address (port 0 picks one)");
+  flags.Add("--tls-cert", &o.tls_cert, "PATH",
+            "PEM certificate chain of the HTTPS listener (with --tls-key: HTTPS only, no client "
+            "certificate asked for; empty: plain HTTP); re-read when it changes");
+  flags.Add("--tls-key", &o.tls_key, "PATH", "PEM private key of --tls-cert");
+  flags.Add("--tls-handshake-timeout-ms", &o.tls_handshake_timeout_ms, "N",
+            "drop a connection whose TLS handshake is not done by then");
   flags.Add("--coordinator", &coordinator, "HOST:PORT", "vc-coordinator's gRPC address");
   std::string coordinator_tls_ca, coordinator_tls_server_name;
   flags.Add("--coordinator-tls-ca", &coordinator_tls_ca, "PATH",
@@ -103,6 +109,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (model.empty()) return vc::daemon::BadFlags(kName, "--model is required");
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return vc::daemon::BadFlags(kName, "--tls-cert and --tls-key go together");
+  }
   if (absl::Status s = vc::rpc::SplitHostPort("--listen", listen, &o.host, &o.port); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));
   }
@@ -196,8 +205,9 @@ int main(int argc, char** argv) {
   std::printf("%s listening on %s:%d metrics %s\n", kName, o.host.c_str(), (*gateway)->port(),
               metrics ? absl::StrCat(metrics_host, ":", metrics->port()).c_str() : "disabled");
   std::fflush(stdout);
-  std::fprintf(stderr, "%s: serving '%s' (%s chat template) through coordinator %s\n", kName,
-               o.served_model_name.c_str(), tmpl ? "with a" : "no", coordinator.c_str());
+  std::fprintf(stderr, "%s: serving '%s' over %s (%s chat template) through coordinator %s\n", kName,
+               o.served_model_name.c_str(), o.tls_cert.empty() ? "HTTP" : "HTTPS", tmpl ? "with a" : "no",
+               coordinator.c_str());
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);

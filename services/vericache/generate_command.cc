@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
@@ -10,6 +11,7 @@
 #include "common/base/flags.h"
 #include "common/engine/engine.h"
 #include "common/model/model.h"
+#include "common/model/quantized_weights.h"
 #include "common/speculative/draft_verify.h"
 #include <filesystem>
 
@@ -38,6 +40,7 @@ struct GenerateFlags {
   int bits = 0;
   std::string draft_len = "8";
   int max_draft_len = 64;
+  std::string draft_weights = "f32";
   bool no_kv_refresh = false;
   bool online_update = false;
   int threads = 0;
@@ -150,6 +153,10 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--bits", &f.bits, "B", "quantiser bits (2, 4 or 8)");
   flags.Add("--draft-len", &f.draft_len, "X|auto", "drafts per verify round, or auto (adaptive)");
   flags.Add("--max-draft-len", &f.max_draft_len, "N", "upper bound for --draft-len auto");
+  flags.Add("--draft-weights", &f.draft_weights, "FORMAT",
+            "f32 | int8 | int4: the drafter runs a copy of the model with weights quantised at "
+            "load (int8 per output row, int4 in groups of 32 inputs; docs/numerics.md); "
+            "verification always uses the f32 model, so the output is unchanged");
   flags.AddBool("--no-kv-refresh", &f.no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
   flags.AddBool("--online-update", &f.online_update,
@@ -196,6 +203,12 @@ int RunGenerate(int argc, char** argv) {
   }
   auto request_options = BuildRequestOptions(f, flags);
   if (!request_options.ok()) return Fail("generate", request_options.status());
+  auto draft_weights = kernels::ParseWeightFormat(f.draft_weights);
+  if (!draft_weights.ok()) return Fail("generate", draft_weights.status());
+  if (*draft_weights != kernels::WeightFormat::kF32 &&
+      request_options->mode != DecodeMode::kVeriCache) {
+    return BadInput("generate", "--draft-weights int8/int4 applies to --mode vericache");
+  }
   if (request_options->mode != DecodeMode::kFull) {
     // Validate the compressor before the (possibly large) model loads.
     auto c = CreateCompressor(request_options->compressor);
@@ -242,6 +255,21 @@ int RunGenerate(int argc, char** argv) {
   engine_options.tensor_parallel = f.tensor_parallel;
   auto engine = Engine::Create(**model, engine_options);
   if (!engine.ok()) return Fail("generate", engine.status());
+  // The drafter's engine over a weight-quantised copy (made here, at load).
+  std::unique_ptr<QuantizedWeights> quantized;
+  std::unique_ptr<Engine> draft_engine;
+  if (*draft_weights != kernels::WeightFormat::kF32) {
+    QuantizeOptions qo;
+    qo.format = *draft_weights;
+    auto q = QuantizedWeights::Create(**model, qo);
+    if (!q.ok()) return Fail("generate", q.status());
+    quantized = std::move(q).value();
+    EngineOptions draft_options = engine_options;
+    draft_options.quantized = quantized.get();
+    auto de = Engine::Create(**model, draft_options);
+    if (!de.ok()) return Fail("generate", de.status());
+    draft_engine = std::move(de).value();
+  }
 
   auto request = SpeculativeRequest::Create(**engine, prompt, *request_options);
   if (!request.ok()) return Fail("generate", request.status());
@@ -254,7 +282,7 @@ int RunGenerate(int argc, char** argv) {
   // decoded in its context (word-initial spaces, multi-byte characters).
   size_t printed = 0;
   std::optional<IncrementalDetokenizer> detok;
-  std::function<void()> stream;
+  std::function<void()> print;
   if (!f.json) {
     if (tokenizer) {
       detok.emplace(*tokenizer, /*skip_special_tokens=*/true);
@@ -262,7 +290,7 @@ int RunGenerate(int argc, char** argv) {
         if (auto piece = detok->Push(id); piece.ok()) std::fputs(piece->c_str(), stdout);
       }
     }
-    stream = [&] {
+    print = [&] {
       for (; printed < r.output().size(); ++printed) {
         const int32_t id = r.output()[printed];
         if (detok) {
@@ -274,11 +302,21 @@ int RunGenerate(int argc, char** argv) {
       std::fflush(stdout);
     };
   }
-  auto run = RunBatch(**engine, batch, stream);
+  // Decode time starts where the prompt's prefill pass ends
+  // (RequestStats::prefill_pass_end), in every mode alike.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  auto run = RunBatch(**engine, draft_engine.get(), batch, print);
+  const Clock::time_point end = Clock::now();
   if (!run.ok()) return Fail("generate", run.status());
   const RequestStats& st = r.stats();
   const double total = run->seconds;
   const double tps = total > 0 ? r.output().size() / total : 0.0;
+  const double prefill_seconds =
+      std::max(0.0, std::chrono::duration<double>(st.prefill_pass_end - start).count());
+  const double decode_seconds =
+      std::max(0.0, std::chrono::duration<double>(end - st.prefill_pass_end).count());
+  const double decode_tps = decode_seconds > 0 ? r.output().size() / decode_seconds : 0.0;
   const bool speculative = request_options->mode == DecodeMode::kVeriCache;
   const double mean_accept =
       st.accept_lengths.empty()
@@ -292,6 +330,11 @@ int RunGenerate(int argc, char** argv) {
     j["tokens"] = r.output();
     j["tokens_per_s"] = tps;
     j["seconds"] = total;
+    j["prefill_seconds"] = prefill_seconds;
+    j["decode_seconds"] = decode_seconds;
+    j["decode_tokens_per_s"] = decode_tps;
+    j["mean_accepted"] = mean_accept;
+    j["draft_weights"] = std::string(kernels::WeightFormatName(*draft_weights));
     j["stopped_at_eos"] = r.stopped_at_eos();
     j["backend"] = (*engine)->backend().name();
     j["threads"] = (*engine)->backend().threads();
@@ -309,7 +352,6 @@ int RunGenerate(int argc, char** argv) {
     if (speculative) {
       j["accept_lengths"] = st.accept_lengths;
       j["draft_lengths"] = st.draft_lengths;
-      j["mean_accepted"] = mean_accept;
       j["verify_rounds"] = st.verify_rounds;
       j["fallbacks"] = st.fallbacks;
       j["drafted_tokens"] = st.drafted_tokens;

@@ -22,6 +22,7 @@ int RunLocal(int argc, char** argv) {
   const std::string cmd = "local";
   local::LocalClusterOptions o;
   o.model = local::DefaultModelPath();
+  o.supervise = true;
   std::string endpoints_file;
   bool no_metrics = false;
   bool no_openai = false;
@@ -62,6 +63,9 @@ int RunLocal(int argc, char** argv) {
             "drafter's speculative continuation (0 off)");
   flags.Add("--lossless-check-fraction", &o.lossless_check_fraction, "X",
             "share of vericache requests re-run in full_local and compared");
+  flags.AddBool("--supervise", &o.supervise,
+                "restart a daemon that exits unexpectedly, on the same addresses, with a "
+                "doubling backoff (--supervise=false: leave it dead)");
   flags.Add("--log-dir", &o.log_dir, "DIR", "write each daemon's stderr to DIR/<name>.log");
   flags.Add("--endpoints-file", &endpoints_file, "PATH",
             "write the endpoints as one JSON object once all daemons are healthy");

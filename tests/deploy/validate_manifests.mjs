@@ -178,7 +178,7 @@ const workloads = objects.filter((o) => ['Deployment', 'StatefulSet'].includes(o
 const matches = (selector, labels) =>
   Object.entries(selector ?? {}).every(([k, v]) => (labels ?? {})[k] === v);
 const DAEMONS = ['vc-kvstore', 'vc-coordinator', 'vc-verifier', 'vc-drafter'];
-// HTTP daemons: probed over HTTP (readiness GET /health) instead of gRPC.
+// HTTP daemons: probed over HTTP(S) (readiness GET /health) instead of gRPC.
 const HTTP_DAEMONS = ['vc-openai'];
 const daemonArgs = [];
 
@@ -268,10 +268,20 @@ function checkContainer(o, podSpec, c, isInit, claimNames) {
       }
     } else if (HTTP_DAEMONS.includes(daemon)) {
       daemonArgs.push({ daemon, container: c.name, object: describe(o), args });
-      if (!(c.ports ?? []).some((p) => p.name === 'http')) problem(o, `${where}: no port named http`);
+      // With a certificate the listener is HTTPS only: the port is named
+      // https and the readiness probe speaks HTTPS; the coordinator (TLS
+      // then too) is reached with the CA.
+      const tls = args.some((a) => a.startsWith('--tls-cert='));
+      if (tls !== args.some((a) => a.startsWith('--tls-key='))) problem(o, `${where}: --tls-cert and --tls-key go together`);
+      if (tls && !args.some((a) => a.startsWith('--coordinator-tls-ca='))) {
+        problem(o, `${where}: HTTPS on but no --coordinator-tls-ca for the coordinator's TLS port`);
+      }
+      const portName = tls ? 'https' : 'http';
+      const scheme = tls ? 'HTTPS' : 'HTTP';
+      if (!(c.ports ?? []).some((p) => p.name === portName)) problem(o, `${where}: no port named ${portName}`);
       const ready = c.readinessProbe?.httpGet;
-      if (!ready || ready.path !== '/health' || ready.port !== 'http') {
-        problem(o, `${where}: readinessProbe is not GET /health on port http`);
+      if (!ready || ready.path !== '/health' || ready.port !== portName || (ready.scheme ?? 'HTTP') !== scheme) {
+        problem(o, `${where}: readinessProbe is not ${scheme} GET /health on port ${portName}`);
       }
       if (!c.livenessProbe) problem(o, `${where}: no livenessProbe`);
     }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/decode/full_decode.h"
+#include "common/model/quantized_weights.h"
 #include "common/speculative/draft_verify.h"
 #include "gtest/gtest.h"
 
@@ -88,9 +89,11 @@ class LosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
 // online_update: the drafter folds settled tokens into its compressed view
 // by the method's online rule (a smaller grid of draft lengths then).
 // tensor_parallel: the draft/verify engine's degree; the expected tokens
-// always come from full-KV decoding at degree 1.
+// always come from full-KV decoding at degree 1. draft_weights: the drafter
+// runs a weight-quantised copy of the model (verification never does).
 void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update = false,
-              int tensor_parallel = 1) {
+              int tensor_parallel = 1,
+              kernels::WeightFormat draft_weights = kernels::WeightFormat::kF32) {
   const std::string path = ModelPath(mc.file);
   if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << mc.file;
   auto model = Model::Load(path);
@@ -104,6 +107,20 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
   tp_options.tensor_parallel = tensor_parallel;
   auto tp_engine = Engine::Create(**model, tp_options);
   ASSERT_TRUE(tp_engine.ok()) << tp_engine.status();
+  std::unique_ptr<QuantizedWeights> quantized;
+  std::unique_ptr<Engine> draft_engine;
+  if (draft_weights != kernels::WeightFormat::kF32) {
+    QuantizeOptions qo;
+    qo.format = draft_weights;
+    auto q = QuantizedWeights::Create(**model, qo);
+    ASSERT_TRUE(q.ok()) << q.status();
+    quantized = std::move(q).value();
+    EngineOptions draft_options = eo;
+    draft_options.quantized = quantized.get();
+    auto de = Engine::Create(**model, draft_options);
+    ASSERT_TRUE(de.ok()) << de.status();
+    draft_engine = std::move(de).value();
+  }
   const int ctx = (*model)->config().max_seq_len;
 
   struct Job {
@@ -150,7 +167,7 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     ASSERT_TRUE(r.ok()) << r.status();
     requests.push_back(std::move(r).value());
   }
-  auto run = RunBatch(**tp_engine, requests);
+  auto run = RunBatch(**tp_engine, draft_engine.get(), requests);
   ASSERT_TRUE(run.ok()) << run.status();
   int64_t rounds = 0, accepted = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -182,8 +199,10 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
                                 int64_t{0});
   }
-  std::printf("[ %s | %s%s tp=%d ] %zu requests, %lld rounds, mean accepted drafts/round %.2f\n",
+  std::printf("[ %s | %s%s tp=%d draft weights %s ] %zu requests, %lld rounds, mean accepted "
+              "drafts/round %.2f\n",
               mc.file, CaseName(cc).c_str(), online_update ? " online" : "", tensor_parallel,
+              std::string(kernels::WeightFormatName(draft_weights)).c_str(),
               jobs.size(),
               static_cast<long long>(rounds),
               rounds ? static_cast<double>(accepted) / rounds : 0.0);
@@ -236,6 +255,53 @@ TEST(LosslessTensorParallel, Aidreams260KAtDegree4) {
 TEST(LosslessTensorParallel, Aidreams260KOnlineAtDegree2) {
   RunModel({"aidreams260K.bin", {48}}, {"h2o", 0.25, 0}, /*online_update=*/true,
            /*tensor_parallel=*/2);
+}
+
+// A weight-quantised drafter (int8 per row, int4 in groups of 32, which
+// leaves a partial group on stories260K's FFN width 172) on the draft side
+// only: the output still equals full-KV decoding, with quantisers, a
+// dropper and a composite, and online update on one of them.
+struct QuantizedDrafterCase {
+  kernels::WeightFormat weights;
+  CompressorCase compressor;
+};
+
+void PrintTo(const QuantizedDrafterCase& c, std::ostream* os) {
+  *os << kernels::WeightFormatName(c.weights) << "_" << CaseName(c.compressor);
+}
+
+class LosslessQuantizedDrafter : public ::testing::TestWithParam<QuantizedDrafterCase> {};
+
+// Fewer prompts and settings than the f32 suite keep it short: int8
+// weights with a quantiser, a dropper and a composite; int4 with two.
+std::vector<QuantizedDrafterCase> QuantizedDrafterCases() {
+  using kernels::WeightFormat;
+  return {{WeightFormat::kInt8, {"int8", 0, 8}},
+          {WeightFormat::kInt8, {"kivi", 0, 2}},
+          {WeightFormat::kInt8, {"snapkv", 0.25, 0}},
+          {WeightFormat::kInt4, {"int8", 0, 8}},
+          {WeightFormat::kInt4, {"h2o+int8", 0.5, 8}}};
+}
+
+TEST_P(LosslessQuantizedDrafter, Stories260K) {
+  RunModel({"stories260K.bin", {16, 400}}, GetParam().compressor, false, 1,
+           GetParam().weights);
+}
+TEST_P(LosslessQuantizedDrafter, Aidreams260K) {
+  RunModel({"aidreams260K.bin", {16, 100}}, GetParam().compressor, false, 1,
+           GetParam().weights);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WeightsAndCompressors, LosslessQuantizedDrafter, ::testing::ValuesIn(QuantizedDrafterCases()),
+    [](const auto& info) {
+      return std::string(kernels::WeightFormatName(info.param.weights)) + "_" +
+             CaseName(info.param.compressor);
+    });
+
+TEST(LosslessQuantizedDrafterOnline, Stories260KInt4) {
+  RunModel({"stories260K.bin", {200}}, {"int8", 0, 8}, /*online_update=*/true, 1,
+           kernels::WeightFormat::kInt4);
 }
 
 // The acceptance bands of ../shared/models/README.md (greedy, KV refresh on).

@@ -592,6 +592,44 @@ TEST_F(ClusterTest, StoreRestartKeepsCommittedPrefixesAndDropsHalfWrittenPuts) {
   EXPECT_EQ(out.tokens, Reference(prompt, s));
 }
 
+TEST_F(ClusterTest, SupervisorAndRestartBringDaemonsBackOnTheirAddresses) {
+  local::LocalClusterOptions o;
+  o.supervise = true;
+  o.restart_backoff = std::chrono::milliseconds(100);
+  StartCluster(o);
+  // kill -9 (Kill()): the supervisor starts it again on the same address.
+  int restarts = 0;
+  for (const std::string name : {"drafter", "verifier"}) {
+    const std::string address = cluster_->Find(name)->address;
+    const pid_t old_pid = cluster_->Find(name)->pid;
+    ASSERT_TRUE(cluster_->Kill(name).ok());
+    ++restarts;
+    // Counted once the new process is healthy.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (cluster_->supervisor_restarts() < restarts) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << name << " was not restarted";
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(cluster_->Find(name)->address, address);
+    EXPECT_NE(cluster_->Find(name)->pid, old_pid);
+    auto channel = rpc::MakeChannel(cluster_->internal(address), 4 << 20);
+    EXPECT_TRUE(rpc::CheckHealth(channel, std::chrono::seconds(10)).ok()) << name;
+  }
+  // An explicit restart of a running daemon (the coordinator): same port,
+  // and it serves exact tokens again.
+  const std::string coordinator = cluster_->coordinator();
+  ASSERT_TRUE(cluster_->Restart("coordinator").ok());
+  EXPECT_EQ(cluster_->coordinator(), coordinator);
+  EXPECT_EQ(cluster_->Restart("no-such-daemon").code(), absl::StatusCode::kNotFound);
+  Spec s;
+  s.prompt = Text(70, 11);
+  s.max_new = 24;
+  s.compressor = "int8";
+  const Outcome out = Generate(ToRequest(s));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.tokens, Reference(s.prompt, s));
+}
+
 TEST_F(ClusterTest, StaggeredSchedulingKeepsThePacedFastLinkWithinCapacity) {
   // stories260K holds 1280 bytes of KV per token: a 96-token prefix is a
   // 123 kB reload, 31 ms on a 4 MB/s fast link, about 7 slots of 5 ms.

@@ -3,16 +3,23 @@
 // EOS ids, sampling, credentials), the responses and streams that come back
 // (usage, finish_reason, stop strings held back across events), error
 // mapping (400/401/404/413/429 + Retry-After/503), and a client that hangs up
-// mid-stream cancelling its coordinator call.
+// mid-stream cancelling its coordinator call. Over HTTPS (certificates from
+// the local cluster's throwaway CA): verification against the CA, plain HTTP
+// and silent clients dropped without harm, the same limits, certificate
+// reload.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -22,6 +29,7 @@
 #include "common/metrics/internal/httplib_wrapper.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/local/cluster_credentials.h"
 #include "services/openai/gateway.h"
 
 namespace vc::openai {
@@ -170,13 +178,16 @@ class FakeCoordinator final : public CoordinatorClient {
 
 class GatewayTest : public ::testing::Test {
  protected:
+  GatewayTest() {
+    options_.port = 0;
+    options_.served_model_name = "tiny";
+    options_.threads = 4;
+    options_.max_body_bytes = 4096;
+    options_.disconnect_poll_ms = 10;
+  }
+
   void Start(bool with_template = true, std::vector<int32_t> eos = {2, 7}) {
-    GatewayOptions o;
-    o.port = 0;
-    o.served_model_name = "tiny";
-    o.threads = 4;
-    o.max_body_bytes = 4096;
-    o.disconnect_poll_ms = 10;
+    const GatewayOptions& o = options_;
     GatewayModel m;
     m.tokenizer = &tokenizer_;
     m.chat_template = with_template ? &template_ : nullptr;
@@ -186,8 +197,23 @@ class GatewayTest : public ::testing::Test {
     auto g = Gateway::Start(o, m, &coordinator_);
     ASSERT_TRUE(g.ok()) << g.status();
     gateway_ = std::move(*g);
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", gateway_->port());
-    client_->set_read_timeout(30, 0);
+    client_ = NewClient();
+  }
+
+  // A client of the gateway: HTTPS trusting `ca` when the gateway has a
+  // certificate (the default: options_.tls_ca), plain HTTP otherwise.
+  std::unique_ptr<httplib::Client> NewClient(std::string ca = "") {
+    if (options_.tls_cert.empty()) {
+      auto c = std::make_unique<httplib::Client>("127.0.0.1", gateway_->port());
+      c->set_read_timeout(30, 0);
+      return c;
+    }
+    auto c = std::make_unique<httplib::Client>(absl::StrCat("https://127.0.0.1:", gateway_->port()));
+    c->set_ca_cert_path(ca.empty() ? tls_ca_.c_str() : ca.c_str());
+    c->enable_server_certificate_verification(true);
+    c->set_connection_timeout(30, 0);
+    c->set_read_timeout(30, 0);
+    return c;
   }
 
   httplib::Result Post(const std::string& path, const Json& body, httplib::Headers headers = {}) {
@@ -204,6 +230,8 @@ class GatewayTest : public ::testing::Test {
     return out;
   }
 
+  GatewayOptions options_;
+  std::string tls_ca_;  // the CA of options_.tls_cert
   ByteTokenizer tokenizer_;
   TestTemplate template_;
   FakeCoordinator coordinator_;
@@ -490,6 +518,238 @@ TEST_F(GatewayTest, ClientHangingUpMidStreamCancelsTheCall) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_GT(FakeStream::cancels.load(), before);
+}
+
+// ---- HTTPS ----
+
+namespace fs = std::filesystem;
+
+// A TCP connection to the gateway whose reads give up after 30 s (the bound
+// the server's own timeouts must beat by far).
+int ConnectRaw(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads until the server closes; what it sent. `timed_out` when the 30 s
+// receive timeout ran out first (the server kept the connection).
+std::string ReadUntilClosed(int fd, bool* timed_out) {
+  std::string got;
+  char buf[4096];
+  *timed_out = false;
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0) {
+      got.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) *timed_out = true;
+    return got;
+  }
+}
+
+void CopyFile(const std::string& from, const std::string& to) {
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+}
+
+class GatewayHttpsTest : public GatewayTest {
+ protected:
+  void SetUp() override {
+    signal(SIGPIPE, SIG_IGN);  // as the daemons do: OpenSSL writes with write(2)
+    dir_ = fs::path(::testing::TempDir()) /
+           absl::StrCat("gateway_https_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    for (const char* sub : {"a", "b"}) fs::create_directories(dir_ / sub);
+    auto a = local::MakeClusterCredentials((dir_ / "a").string());
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = local::MakeClusterCredentials((dir_ / "b").string());
+    ASSERT_TRUE(b.ok()) << b.status();
+    a_ = *a;
+    b_ = *b;
+    // The gateway's files are copies, so that a test can rotate them.
+    options_.tls_cert = (dir_ / "tls.crt").string();
+    options_.tls_key = (dir_ / "tls.key").string();
+    CopyFile(a_.daemon.cert, options_.tls_cert);
+    CopyFile(a_.daemon.key, options_.tls_key);
+    tls_ca_ = a_.ca;
+    options_.tls_handshake_timeout_ms = 500;
+    options_.idle_timeout_s = 1;
+  }
+  void TearDown() override {
+    if (gateway_) gateway_->Stop();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  fs::path dir_;
+  local::ClusterCredentials a_, b_;
+};
+
+TEST_F(GatewayHttpsTest, ServesRequestsVerifiedByTheClusterCa) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto res = client_->Get("/v1/models");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  coordinator_.script.batches = {Ids("Hel"), Ids("lo"), {2}};
+  coordinator_.script.stopped_at_eos = true;
+  res = Post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 5}}, {{"Authorization", "Bearer k1"}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(Json::parse(res->body)["choices"][0]["text"], "Hello");
+  EXPECT_EQ(coordinator_.last_auth, "Bearer k1");
+  // Streamed too (chunked over TLS).
+  res = Post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 5}, {"stream", true}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(Events(res->body).back(), "[DONE]");
+}
+
+TEST_F(GatewayHttpsTest, ClientNotTrustingTheCaFailsVerification) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto res = NewClient(b_.ca)->Get("/health");
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error(), httplib::Error::SSLServerVerification);
+  res = NewClient()->Get("/health");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(GatewayHttpsTest, WrongKeyGets401) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  coordinator_.status_error = absl::UnauthenticatedError("unknown API key");
+  auto res = client_->Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(Json::parse(res->body)["error"]["message"], "unknown API key");
+  EXPECT_EQ(coordinator_.last_auth, "Bearer wrong");
+  coordinator_.script.error = absl::UnauthenticatedError("unknown API key");
+  res = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}}, {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 401);
+}
+
+TEST_F(GatewayHttpsTest, PlainHttpIsClosedAndServingGoesOn) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // More plain requests than threads: none may keep one.
+  for (int i = 0; i < 2 * options_.threads; ++i) {
+    const int fd = ConnectRaw(gateway_->port());
+    ASSERT_GE(fd, 0);
+    const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    bool timed_out = false;
+    const std::string got = ReadUntilClosed(fd, &timed_out);
+    close(fd);
+    EXPECT_FALSE(timed_out);
+    EXPECT_FALSE(absl::StartsWith(got, "HTTP/")) << got;  // at most a TLS alert
+  }
+  httplib::Client plain("127.0.0.1", gateway_->port());
+  plain.set_read_timeout(30, 0);
+  EXPECT_FALSE(plain.Get("/health"));
+  auto res = client_->Get("/health");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(GatewayHttpsTest, SilentAndIdleConnectionsAreDropped) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // As many silent connections as threads: each is dropped at the handshake
+  // deadline (0.5 s), long before the client's 30 s.
+  std::vector<int> silent;
+  for (int i = 0; i < options_.threads; ++i) {
+    silent.push_back(ConnectRaw(gateway_->port()));
+    ASSERT_GE(silent.back(), 0);
+  }
+  for (int fd : silent) {
+    bool timed_out = false;
+    EXPECT_EQ(ReadUntilClosed(fd, &timed_out), "");
+    EXPECT_FALSE(timed_out);
+    close(fd);
+  }
+  // A connection through its handshake that sends no request: dropped at
+  // the idle timeout (1 s).
+  const int fd = ConnectRaw(gateway_->port());
+  ASSERT_GE(fd, 0);
+  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx(SSL_CTX_new(TLS_client_method()), &SSL_CTX_free);
+  ASSERT_NE(ctx, nullptr);
+  ASSERT_EQ(SSL_CTX_load_verify_locations(ctx.get(), tls_ca_.c_str(), nullptr), 1);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  std::unique_ptr<SSL, void (*)(SSL*)> ssl(SSL_new(ctx.get()), &SSL_free);
+  ASSERT_EQ(SSL_set_fd(ssl.get(), fd), 1);
+  ASSERT_EQ(SSL_connect(ssl.get()), 1);
+  char c;
+  const int n = SSL_read(ssl.get(), &c, 1);
+  EXPECT_LE(n, 0);
+  EXPECT_NE(SSL_get_error(ssl.get(), n), SSL_ERROR_WANT_READ);  // WANT_READ: our 30 s ran out
+  ssl.reset();
+  close(fd);
+  // Every thread is free again.
+  auto res = client_->Get("/health");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(GatewayHttpsTest, HeadAndBodyLimitsHold) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  httplib::Headers many;
+  for (int i = 0; i < 2000; ++i) many.emplace("X-Filler-" + std::to_string(i), std::string(100, 'v'));
+  auto res = client_->Get("/health", many);
+  if (res) {
+    EXPECT_EQ(res->status, 400);  // or the connection was closed: no result
+  }
+  res = NewClient()->Post("/v1/completions", std::string(5000, ' '), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 413);
+  res = NewClient()->Get("/health");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(GatewayHttpsTest, RotatedCertificateServesNewConnections) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_TRUE(NewClient(a_.ca)->Get("/health"));
+  EXPECT_EQ(gateway_->tls_reloads(), 0);
+  // Rotate as a Secret update does: new files renamed into place.
+  CopyFile(b_.daemon.cert, options_.tls_cert + ".new");
+  CopyFile(b_.daemon.key, options_.tls_key + ".new");
+  fs::rename(options_.tls_cert + ".new", options_.tls_cert);
+  fs::rename(options_.tls_key + ".new", options_.tls_key);
+  auto res = NewClient(b_.ca)->Get("/health");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_GE(gateway_->tls_reloads(), 1);
+  res = NewClient(a_.ca)->Get("/health");
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error(), httplib::Error::SSLServerVerification);
+}
+
+TEST_F(GatewayHttpsTest, UnusableCertificateIsInvalidArgument) {
+  GatewayModel m;
+  m.tokenizer = &tokenizer_;
+  GatewayOptions o = options_;
+  o.tls_key = b_.daemon.key;  // not the certificate's key
+  auto g = Gateway::Start(o, m, &coordinator_);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
+  o.tls_key = (dir_ / "missing.key").string();
+  g = Gateway::Start(o, m, &coordinator_);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
+  o.tls_key = "";
+  g = Gateway::Start(o, m, &coordinator_);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 // --mode full`) of the same prompt ids (ids and text from the independent
 // @huggingface/tokenizers); usage and finish_reason; bad requests get 400 (and
 // an unknown model 404); a client that disconnects mid-stream gets its
-// request cancelled and its KV freed (checked in the daemons' metrics).
+// request cancelled and its KV freed (checked in the daemons' metrics). On a
+// secure cluster the URL is https, verified by the cluster CA (the runner
+// sets NODE_EXTRA_CA_CERTS; a client without it is refused), and a wrong API
+// key gets 401. VC_OPENAI_QUICK=1 (the --insecure run): a short subset.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
@@ -18,7 +21,11 @@ const { Tokenizer } = await import(
   path.join(toolsDir, "node_modules/@huggingface/tokenizers/dist/tokenizers.mjs"));
 
 const endpoints = JSON.parse(fs.readFileSync(endpointsFile, "utf8"));
-assert.match(endpoints.openai, /^http:\/\/127\.0\.0\.1:\d+\/v1$/, "endpoints file has the openai URL");
+const secure = Boolean(endpoints.tls_ca);
+const quick = process.env.VC_OPENAI_QUICK === "1";
+// https exactly when the cluster has TLS (its CA in the endpoints file).
+assert.match(endpoints.openai, secure ? /^https:\/\/127\.0\.0\.1:\d+\/v1$/ : /^http:\/\/127\.0\.0\.1:\d+\/v1$/,
+  `endpoints file has the openai URL (${secure ? "https" : "http"})`);
 // A demo tenant's key when the cluster has API keys (the default); any value
 // otherwise (vericache local --insecure).
 const apiKey = endpoints.api_keys ? endpoints.api_keys["tenant-a"] : "any-key";
@@ -91,6 +98,14 @@ await check("completions (greedy) equal single-process decoding", async () => {
   assert.equal(r.usage.completion_tokens, ref.tokens.length);
   assert.equal(r.usage.total_tokens, promptIds.length + ref.tokens.length);
 });
+
+if (quick) {
+  await check("health", async () => {
+    const r = await fetch(`${endpoints.openai.replace(/\/v1$/, "")}/health`);
+    assert.equal(r.status, 200);
+  });
+  process.exit(failures ? 1 : 0);
+}
 
 await check("completions streamed equal the same text, with usage", async () => {
   const stream = await client.completions.create({ model: modelName, prompt, max_tokens: maxTokens,
@@ -232,6 +247,26 @@ await check("health", async () => {
   const r = await fetch(`${base}/health`);
   assert.equal(r.status, 200);
 });
+
+if (secure) {
+  await check("the https URL is verified by the cluster CA (a client without it is refused)", async () => {
+    // A fresh node without NODE_EXTRA_CA_CERTS: the system CAs only.
+    const env = { ...process.env };
+    delete env.NODE_EXTRA_CA_CERTS;
+    const probe = `fetch(${JSON.stringify(endpoints.openai + "/models")}).then(` +
+      `() => { console.log("connected"); process.exit(0); }, ` +
+      `(e) => { console.log(String(e.cause && e.cause.code)); process.exit(3); })`;
+    let code = 0, out = "";
+    try {
+      out = execFileSync(process.execPath, ["-e", probe], { env, encoding: "utf8" });
+    } catch (e) {
+      code = e.status;
+      out = e.stdout;
+    }
+    assert.equal(code, 3, `the probe connected: ${out}`);
+    assert.match(out, /CERT|SIGNED|ISSUER|VERIFY/, `a certificate error: ${out}`);
+  });
+}
 
 if (endpoints.api_keys) {
   await check("a wrong API key gets 401", async () => {

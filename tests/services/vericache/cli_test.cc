@@ -48,7 +48,37 @@ TEST_F(CliTest, JsonContract) {
   EXPECT_EQ(j["prompt_tokens"], 3);
   EXPECT_EQ(j["tokens"].size(), 20u);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+  // Decode time counts from the end of the prompt's prefill, in every mode.
+  EXPECT_GT(j["prefill_seconds"].get<double>(), 0.0);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_LE(j["prefill_seconds"].get<double>() + j["decode_seconds"].get<double>(),
+            j["seconds"].get<double>() * 1.01 + 1e-3);
+  EXPECT_EQ(j["mean_accepted"], 0.0);
+  EXPECT_EQ(j["draft_weights"], "f32");
   EXPECT_EQ(CountLines(r.out), 1);
+}
+
+TEST_F(CliTest, QuantisedDrafterWeightsNeverChangeTokens) {
+  for (const std::string& model : {stories_, aidreams_}) {
+    const std::string base = "generate --model " + model +
+                             " --prompt-ids \"$(yes '1 306 461 260' | head -n 12 | tr '\\n' ' ')\""
+                             " --max-new-tokens 72 --ignore-eos --json";  // aidreams: context 128
+    const auto full = nlohmann::json::parse(RunCli(base).out);
+    for (const std::string weights : {"int8", "int4"}) {
+      for (const std::string sampling : {"", " --temperature 0.8 --seed 3"}) {
+        const std::string extra =
+            " --mode vericache --compressor int8 --draft-len 8 --draft-weights " + weights + sampling;
+        RunResult r = RunCli(base + extra);
+        ASSERT_EQ(r.exit_code, 0) << extra << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        const auto ref = sampling.empty() ? full : nlohmann::json::parse(RunCli(base + sampling).out);
+        EXPECT_EQ(j["tokens"], ref["tokens"]) << model << extra;
+        EXPECT_EQ(j["draft_weights"], weights);
+        EXPECT_GT(j["verify_rounds"].get<int>(), 0);
+        EXPECT_GE(j["mean_accepted"].get<double>(), 0.0);
+      }
+    }
+  }
 }
 
 TEST_F(CliTest, ThreadsAndSimdNeverChangeTokens) {
@@ -224,6 +254,9 @@ TEST_F(CliTest, BadVeriCacheCombinationsExitTwo) {
       {" --sampling magic --temperature 1", "unknown sampling"},
       {" --mode vericache --compressor snapkv --ratio 0.5 --online-update", "no online rule"},
       {" --online-update", "--online-update applies to --mode vericache or lossy"},
+      {" --mode vericache --draft-weights int3", "int3"},
+      {" --draft-weights int8", "--draft-weights"},
+      {" --mode lossy --draft-weights int4", "--draft-weights"},
   };
   for (const auto& [extra, needle] : cases) {
     RunResult r = RunCli(base + extra);
@@ -273,7 +306,7 @@ TEST_F(CliTest, HelpDescribesEveryFlag) {
                            "--threads", "--tensor-parallel", "--simd", "--json", "--mode",
                            "--compressor", "--ratio",
                            "--bits", "--draft-len", "--sampling", "--no-kv-refresh",
-                           "--online-update"}) {
+                           "--online-update", "--draft-weights"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }

@@ -1,0 +1,144 @@
+// AVX-512 path of the quantised-weight products (kernels/quantized.h): one
+// zmm register holds the 16 logical lanes; a block of 16 weights is widened
+// to f32 exactly (int4: then scaled by one rounded multiply, as the
+// definition says). Compiled with -mavx512f; only called after
+// DetectSimdLevel() saw AVX-512F.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/internal/quant_ops.h"
+
+namespace vc::kernels::cpu {
+namespace {
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports falsely once inlined (see simd_avx512.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// The canonical lane tree (ReduceLanes16): the same pairs, lower lane first.
+inline float Reduce(__m512 v) {
+  alignas(64) float l[16];
+  _mm512_store_ps(l, v);
+  const __m256 a = _mm256_load_ps(l), b = _mm256_load_ps(l + 8);
+  const __m256 s8 = _mm256_add_ps(a, b);  // l[k] + l[k+8]
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
+}
+
+struct Int8Src {
+  const int8_t* q;
+  const float* scales;
+  int64_t padded_in;
+  __m512 Load(int64_t o, int64_t i) const {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + o * padded_in + i));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  }
+  float Finish(int64_t o, float sum) const { return scales[o] * sum; }
+};
+
+struct Int4Src {
+  const uint8_t* q;
+  const float* scales;
+  int64_t groups;
+  int group;
+  int64_t padded_in;
+  __m512 Load(int64_t o, int64_t i) const {
+    const __m128i b =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + o * (padded_in / 2) + i / 2));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    // Elements 0..7 from the low nibbles, 8..15 from the high ones.
+    const __m128i bytes =
+        _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m512i qi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(8));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(scales[o * groups + i / group]));
+  }
+  float Finish(int64_t, float sum) const { return sum; }
+};
+
+// R weight rows x T tokens: each row block is decoded once for all T tokens.
+template <int R, int T, class Src>
+void Tile(const Src& src, const float* x, int64_t ldx, const float* bias, int64_t o0,
+          int64_t ldy, float* y) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < src.padded_in; i += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = src.Load(o0 + r, i);
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float v = src.Finish(o0 + r, Reduce(acc[r][t]));
+      if (bias != nullptr) v += bias[o0 + r];
+      y[t * ldy + o0 + r] = v;
+    }
+  }
+}
+
+constexpr int kRows = 4;
+constexpr int kTokens = 4;
+
+template <class Src>
+using TileFn = void (*)(const Src&, const float*, int64_t, const float*, int64_t, int64_t, float*);
+
+template <class Src, int R>
+constexpr TileFn<Src> kTilesForRows[kTokens + 1] = {nullptr, Tile<R, 1, Src>, Tile<R, 2, Src>,
+                                                    Tile<R, 3, Src>, Tile<R, 4, Src>};
+
+// Rows outer, token spans inner: a group of rows stays in L1 while every
+// span of tokens passes over it, so the weights stream from memory once.
+template <class Src>
+void Rows(const Src& src, const float* x, int64_t tokens, int64_t ldx, const float* bias,
+          int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
+  static constexpr const TileFn<Src>* kTiles[kRows + 1] = {
+      nullptr, kTilesForRows<Src, 1>, kTilesForRows<Src, 2>, kTilesForRows<Src, 3>,
+      kTilesForRows<Src, 4>};
+  int64_t o = o_begin;
+  if (tokens == 1) {
+    for (; o + 8 <= o_end; o += 8) Tile<8, 1, Src>(src, x, ldx, bias, o, ldy, y);
+  }
+  for (; o < o_end; o += kRows) {
+    const int r = static_cast<int>(std::min<int64_t>(kRows, o_end - o));
+    for (int64_t t = 0; t < tokens; t += kTokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kTokens, tokens - t));
+      kTiles[r][n](src, x + t * ldx, ldx, bias, o, ldy, y + t * ldy);
+    }
+  }
+}
+
+void Int8Rows(const float* x, int64_t tokens, int64_t ldx, const int8_t* q, const float* scales,
+              const float* bias, int64_t padded_in, int64_t o_begin, int64_t o_end, int64_t ldy,
+              float* y) {
+  Rows(Int8Src{q, scales, padded_in}, x, tokens, ldx, bias, o_begin, o_end, ldy, y);
+}
+
+void Int4Rows(const float* x, int64_t tokens, int64_t ldx, const uint8_t* q, const float* scales,
+              int64_t groups, int group, const float* bias, int64_t padded_in, int64_t o_begin,
+              int64_t o_end, int64_t ldy, float* y) {
+  Rows(Int4Src{q, scales, groups, group, padded_in}, x, tokens, ldx, bias, o_begin, o_end, ldy,
+       y);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace
+
+const QuantOps* QuantAvx512Ops() {
+  static const QuantOps ops{Int8Rows, Int4Rows};
+  return &ops;
+}
+
+}  // namespace vc::kernels::cpu
