@@ -90,10 +90,11 @@ def check_tool(tool):
         die(f"{tool} not found (deploy/scripts/install_deps.sh installs it)")
 
 
-# (including directory prefix, private component) pairs allowed to cross.
+# (including file, private component) pairs allowed to cross.
 INTERNAL_INCLUDE_EXCEPTIONS = {
-    # The kernel registry picks the CPU backend's SIMD tables at start-up.
+    # The kernel dispatchers pick the CPU backend's SIMD tables at start-up.
     ("kernels/kernels.cc", "kernels/cpu"),
+    ("kernels/quantized.cc", "kernels/cpu"),
 }
 INTERNAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"(?P<component>[^"]+)/internal/[^"]+"')
 
