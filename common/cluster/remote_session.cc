@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/kvstore/chunk_codec.h"
+#include "common/speculative/accept_rule.h"
 
 namespace vc::cluster {
 namespace {
@@ -213,36 +214,23 @@ absl::StatusOr<VerifyOutcome> VerifySession::FinishPass(std::span<const float> r
   }
   // The pass appended [U, drafts]; positions start at `base`.
   const int32_t base = kv_.next_position() - static_cast<int32_t>(pass_input_.size());
+  AcceptInputs judge;
+  judge.rows = rows;
+  judge.vocab = vocab;
+  judge.drafts = std::span<const int32_t>(pass_input_).subspan(static_cast<size_t>(u));
+  judge.first_position = int64_t{base} + u;
+  judge.choose = [this](std::span<const float> row, int64_t position) {
+    return options_.sampling.Choose(row, position);
+  };
+  judge.rejection = options_.sampling.mode == SamplingMode::kRejection;
+  judge.rejection_params = options_.sampling.params;
+  judge.draft_probs = pass_probs_;
+  const AcceptDecision decision = AcceptDrafts(judge);
   VerifyOutcome out;
-  int32_t next = -1;
-  const bool rejection = options_.sampling.mode == SamplingMode::kRejection;
-  for (int32_t r = 0; r <= k; ++r) {
-    const std::span<const float> row = rows.subspan(int64_t{r} * vocab, vocab);
-    const int64_t position = int64_t{base} + u + r;
-    if (rejection && r < k) {
-      bool kept = false;
-      const int32_t t = JudgeRejectionDraft(row, pass_probs_[static_cast<size_t>(r)],
-                                            pass_input_[u + r], options_.sampling.params,
-                                            position, &kept);
-      if (kept) {
-        out.tokens.push_back(t);
-        ++out.accepted;
-        continue;
-      }
-      next = t;
-      break;
-    }
-    // The bonus token (and greedy/seeded choices) come from the target alone.
-    const int32_t t = options_.sampling.Choose(row, position);
-    if (r < k && t == pass_input_[u + r]) {
-      out.tokens.push_back(t);
-      ++out.accepted;
-      continue;
-    }
-    next = t;
-    break;
-  }
-  out.tokens.push_back(next);
+  out.accepted = decision.accepted;
+  out.tokens.assign(judge.drafts.begin(), judge.drafts.begin() + decision.accepted);
+  out.tokens.push_back(decision.next);
+  const int32_t next = decision.next;
   // Keep the exact K/V of [U, d1..dj]; the rejected drafts' rows go.
   const int32_t keep = base + u + out.accepted;
   kv_.Truncate(keep);

@@ -9,8 +9,8 @@
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics/internal/http_accept_loop.h"
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/accept_loop.h"
+#include "common/http/httplib.h"
 
 namespace vc::metrics {
 
@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Regist
         absl::StrCat("MetricsServer: cannot bind ", options.address, ":", options.port));
   }
   impl->port = port;
-  if (absl::Status s = internal::StartAcceptLoop(srv, &impl->thread, "MetricsServer"); !s.ok()) {
+  if (absl::Status s = http::StartAcceptLoop(srv, &impl->thread, "MetricsServer"); !s.ok()) {
     return s;
   }
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));

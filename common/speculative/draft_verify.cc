@@ -118,7 +118,10 @@ SpeculativeRequest::SpeculativeRequest(const Engine& engine, std::vector<int32_t
       options_(options),
       compressor_(std::move(compressor)),
       full_kv_(std::make_unique<PagedKvCache>(
-          engine.config(), PagedKvCache::Options{.arena = options.full_kv_arena})) {
+          engine.config(), PagedKvCache::Options{.arena = options.full_kv_arena})),
+      fallback_(FallbackOptions{.window = options.draft.fallback_window,
+                                .min_accepted = options.draft.fallback_min_accepted,
+                                .after_rounds = options.draft.fallback_after_rounds}) {
   x_ = options_.draft.adaptive
            ? std::clamp(options_.draft.draft_len, options_.draft.min_draft_len,
                         options_.draft.max_draft_len)
@@ -321,33 +324,22 @@ absl::Status SpeculativeRequest::AfterVerify(std::span<const float> rows) {
   }
   PagedKvCache& vkv = verify_kv_ ? *verify_kv_ : *full_kv_;
   const int32_t base = vkv.next_position() - (x + 1);  // position of p
-  auto row = [&](int i) { return rows.subspan(static_cast<size_t>(i) * vocab_, vocab_); };
-  int accepted = 0;
-  int32_t next = -1;
-  if (options_.sampling_mode == SamplingMode::kRejection) {
-    for (; accepted < x; ++accepted) {
-      const int64_t pos = base + 1 + accepted;
-      bool kept = false;
-      const int32_t t = JudgeRejectionDraft(row(accepted), draft_probs_[accepted],
-                                            drafts_[accepted], options_.sampling, pos, &kept);
-      if (kept) continue;
-      next = t;
-      break;
-    }
-    if (next < 0) next = Choose(row(x), base + 1 + x, 0);  // bonus from the target distribution
-  } else {
-    for (; accepted < x; ++accepted) {
-      const int32_t target = Choose(row(accepted), base + 1 + accepted, 0);
-      if (target != drafts_[accepted]) {
-        next = target;
-        break;
-      }
-    }
-    if (next < 0) next = Choose(row(x), base + 1 + x, 0);
-  }
+  AcceptInputs judge;
+  judge.rows = rows;
+  judge.vocab = vocab_;
+  judge.drafts = drafts_;
+  judge.first_position = base + 1;
+  judge.choose = [this](std::span<const float> r, int64_t pos) { return Choose(r, pos, 0); };
+  judge.rejection = options_.sampling_mode == SamplingMode::kRejection;
+  judge.rejection_params = options_.sampling;
+  judge.draft_probs = draft_probs_;
+  const AcceptDecision decision = AcceptDrafts(judge);
+  const int accepted = decision.accepted;
+  const int32_t next = decision.next;
 
   ++stats_.verify_rounds;
   stats_.accept_lengths.push_back(accepted);
+  fallback_.RecordRound(accepted);
   stats_.drafted_tokens += x;
   stats_.wasted_drafts += x - accepted;
 
@@ -466,15 +458,7 @@ void SpeculativeRequest::UpdateDraftLength(int accepted) {
                        options_.draft.min_draft_len, options_.draft.max_draft_len);
 }
 
-bool SpeculativeRequest::ShouldFallBack() const {
-  const DraftOptions& d = options_.draft;
-  if (d.fallback_after_rounds >= 0 && stats_.verify_rounds >= d.fallback_after_rounds) return true;
-  if (d.fallback_min_accepted < 0 || stats_.verify_rounds < d.fallback_window) return false;
-  double sum = 0;
-  const auto& a = stats_.accept_lengths;
-  for (size_t i = a.size() - d.fallback_window; i < a.size(); ++i) sum += a[i];
-  return sum / d.fallback_window < d.fallback_min_accepted;
-}
+bool SpeculativeRequest::ShouldFallBack() const { return fallback_.ShouldFallBack(); }
 
 absl::StatusOr<BatchResult> RunBatch(Engine& engine,
                                      std::span<const std::unique_ptr<SpeculativeRequest>> requests,

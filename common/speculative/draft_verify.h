@@ -33,6 +33,7 @@
 #include "common/engine/engine.h"
 #include "common/kv/compressed_kv.h"
 #include "common/sampling/sampler.h"
+#include "common/speculative/accept_rule.h"
 
 namespace vc {
 
@@ -202,6 +203,7 @@ class SpeculativeRequest {
   double accept_ewma_ = -1;
   RequestStats stats_;
   int64_t full_kv_read_mark_ = 0;
+  FallbackPolicy fallback_;
 };
 
 // Adaptive draft length: the x of the next round after a round of `x` drafts

@@ -14,6 +14,7 @@ packages=(
   prometheus unzip curl jq
   python3-matplotlib
   clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (deploy/scripts/fuzz.sh); llvm-symbolizer
+  clang-format-14 clang-tidy-14         # deploy/scripts/lint.py against deploy/lint/ baselines
 )
 
 missing=()

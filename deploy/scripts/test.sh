@@ -3,14 +3,17 @@
 #
 #   deploy/scripts/test.sh          per-commit tier (what CI runs, .ci/run):
 #     1. build-test/  RelWithDebInfo (-O3, line tables only), -Werror,
-#                     everything: every test except label "long"
+#                     everything: every test except label "long"; then
+#                     lint: private internal/ headers, clang-format over the
+#                     tree, clang-tidy over the files changed since
+#                     deploy/lint/'s baseline
 #     2. build-asan/  ASan+UBSan, only the unit tests' targets: label "unit"
 #     3. build-tsan/  TSan, the concurrency-heavy unit tests
 #     4. build-fuzz/  clang libFuzzer+ASan+UBSan: every fuzz target for
 #                     VC_FUZZ_SECONDS (default 10) over its seed corpus
 #   deploy/scripts/test.sh --long   the long tier (builds what it needs):
-#     ctest label "long" in build-test/, every fuzz target for
-#     VC_FUZZ_LONG_SECONDS (default 300), then every executable
+#     ctest label "long" in build-test/, clang-tidy over every file, every
+#     fuzz target for VC_FUZZ_LONG_SECONDS (default 300), then every executable
 #     deploy/scripts/long.d/*.sh in name order (stress, crash loops, chaos,
 #     soak: each is handed REPO_ROOT, VC_BUILD_DIR and VC_MODELS_DIR in the
 #     environment and must stop by itself; a non-zero exit fails the tier).
@@ -23,7 +26,7 @@ tier=commit
 case "${1:-}" in
   "") ;;
   --long) tier=long ;;
-  -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
+  -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
   *) echo "test.sh: unknown argument '$1' (use --long or nothing)" >&2; exit 2 ;;
 esac
 # Debug info: line tables only (-g1). Sanitizer reports and backtraces need
@@ -74,6 +77,9 @@ if [[ "$tier" == long ]]; then
   else
     echo "no tests labelled long"
   fi
+  stage "clang-tidy (every file, against deploy/lint/)"
+  python3 "$REPO_ROOT/deploy/scripts/lint.py" tidy --all --build-dir "$REPO_ROOT/build-test" --jobs "$JOBS" ||
+    failed+=("clang-tidy")
   stage "fuzzing (every target, ${VC_FUZZ_LONG_SECONDS:-300} s each)"
   bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --seconds "${VC_FUZZ_LONG_SECONDS:-300}" ||
     failed+=("fuzzing")
@@ -98,6 +104,10 @@ fi
 
 stage "build (build-test/, RelWithDebInfo, -Werror)"
 configure_and_build build-test "${REL_FLAGS[@]}" -DVC_MODELS_DIR="$VC_MODELS_DIR"
+stage "lint (internal/ includes; clang-format; clang-tidy on files changed since deploy/lint/)"
+python3 "$REPO_ROOT/deploy/scripts/lint.py" internal-includes
+python3 "$REPO_ROOT/deploy/scripts/lint.py" format
+python3 "$REPO_ROOT/deploy/scripts/lint.py" tidy --build-dir "$REPO_ROOT/build-test" --jobs "$JOBS"
 stage "tests (all but label long)"
 (cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS" -LE long --no-tests=error --output-on-failure --timeout 900)
 

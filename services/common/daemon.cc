@@ -145,7 +145,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (auto* health = impl.grpc->GetHealthCheckService()) health->SetServingStatus(true);
   std::string line = absl::StrCat(options.name, " listening on ", impl.host, ":", server->port_);
   // Extra words go after the address and before "metrics" (launchers parse
-  // "on ADDR" and "metrics ADDR").
+  // "on ADDR", "data KIND ADDR" and "metrics ADDR").
+  if (!options.listening_note.empty()) absl::StrAppend(&line, " ", options.listening_note);
   if (options.tls.enabled()) {
     absl::StrAppend(&line, options.client_certs == rpc::ClientCerts::kRequire ? " mtls" : " tls");
   }

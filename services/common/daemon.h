@@ -31,6 +31,9 @@ struct ServerOptions {
   // the coordinator's public port sets kNone (its callers use API keys).
   rpc::TlsFiles tls;
   rpc::ClientCerts client_certs = rpc::ClientCerts::kRequire;
+  // Words the listening line carries right after the gRPC address, e.g. the
+  // store's "data tcp HOST:PORT" (launchers read it word by word).
+  std::string listening_note;
 };
 
 // Registers --tls-cert, --tls-key and --tls-ca (the same files serve this
@@ -65,7 +68,8 @@ class Server {
  public:
   // Registers build info in `registry`, starts /metrics, builds and starts
   // the gRPC server with `services` and health SERVING. Prints
-  // "<name> listening on HOST:PORT metrics HOST:PORT" (or "metrics disabled").
+  // "<name> listening on HOST:PORT [note] [tls|mtls] metrics HOST:PORT" (or
+  // "metrics disabled").
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
                                                        const std::vector<grpc::Service*>& services,
                                                        metrics::Registry* registry);

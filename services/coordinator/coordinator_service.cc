@@ -14,6 +14,7 @@
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "common/sampling/sampler.h"
+#include "common/speculative/accept_rule.h"
 #include "common/speculative/draft_verify.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
@@ -208,13 +209,24 @@ struct CoordinatorService::Plan {
   std::vector<int32_t> output;
   bool stopped_at_eos = false;
   pb::GenerateTotals totals;
-  std::deque<int> recent_accepted;
+  // Acceptance collapse (rounds with at least two drafts): common/speculative's
+  // one fallback rule, with the coordinator's window and minimum.
+  FallbackPolicy fallback{FallbackOptions{}};
   bool first_token_sent = false;
   Clock::time_point first_token_time;
   // Output tokens already folded into `prompt` by a retry on other workers.
   size_t resumed = 0;
   bool healed = false;  // PrepareHeal ran once
 };
+
+namespace {
+// The coordinator's acceptance-collapse rule: common/speculative's policy
+// with its own window and minimum (rounds with at least two drafts).
+FallbackPolicy AcceptanceFallback(const CoordinatorOptions& o) {
+  return FallbackPolicy(
+      FallbackOptions{.window = o.fallback_window, .min_accepted = o.fallback_min_accepted});
+}
+}  // namespace
 
 struct CoordinatorService::Metrics {
   metrics::CounterFamily* requests;
@@ -838,6 +850,7 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     }
   }
   plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
+  plan.fallback = AcceptanceFallback(options_);
   // A request that names its x keeps it; the coordinator's default adapts.
   plan.adaptive = req.draft_len() == 0 && options_.max_draft_len > options_.draft_len;
   // The compressed variant the drafter uses.
@@ -987,7 +1000,7 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   ReleaseSessions(plan);
   plan.healed = true;
   plan.session = next_session_.fetch_add(1);
-  plan.recent_accepted.clear();
+  plan.fallback = AcceptanceFallback(options_);
   metrics_->kv_heals->Inc();
   return true;
 }
@@ -1149,7 +1162,7 @@ absl::Status CoordinatorService::Run(Plan& plan, Request& r,
                        plan.output.end());
     plan.resumed = plan.output.size();
     plan.session = next_session_.fetch_add(1);
-    plan.recent_accepted.clear();
+    plan.fallback = AcceptanceFallback(options_);
   }
 }
 
@@ -1394,15 +1407,8 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     }
     // Acceptance collapse: decoding on the verifier alone is faster.
     if (take >= 2) {
-      plan.recent_accepted.push_back(vresp.accepted());
-      if (static_cast<int>(plan.recent_accepted.size()) > options_.fallback_window) {
-        plan.recent_accepted.pop_front();
-      }
-      if (static_cast<int>(plan.recent_accepted.size()) == options_.fallback_window) {
-        double sum = 0;
-        for (int a : plan.recent_accepted) sum += a;
-        if (sum / options_.fallback_window < options_.fallback_min_accepted) drafter_ok = false;
-      }
+      plan.fallback.RecordRound(vresp.accepted());
+      if (plan.fallback.ShouldFallBack()) drafter_ok = false;
     }
   }
   // Fallback: plain full-KV decoding on the verifier.

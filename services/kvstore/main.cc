@@ -3,11 +3,10 @@
 // workers fetch chunk bytes over and upload the chunks of their puts over
 // (staged into the put named by the control plane's BeginPut), paced per
 // link class, grpc.health.v1, and
-// Prometheus /metrics. SIGTERM/SIGINT drain: health goes NOT_SERVING, the
-// server shuts down with a deadline, exit 0.
+// Prometheus /metrics, on the shared daemon runner (services/common/daemon.h).
+// SIGTERM/SIGINT drain: health goes NOT_SERVING, the server shuts down with a
+// deadline, exit 0.
 // Exit codes: 0 ok, 1 runtime failure, 2 bad flags.
-#include <signal.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -21,39 +20,29 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/flags.h"
 #include "common/kvstore/kv_store.h"
 #include "common/kvstore/seal.h"
 #include "common/metrics/metrics.h"
-#include "common/metrics/metrics_server.h"
 #include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
+#include "services/common/daemon.h"
 #include "services/kvstore/kvstore_service.h"
 
 namespace {
 
 constexpr char kName[] = "vc-kvstore";
 constexpr char kVersion[] = "0.1.0";
-constexpr int kShutdownDeadlineS = 5;
 
 struct Options {
-  std::string listen = "127.0.0.1:7070";
+  vc::daemon::ServerOptions server;
   std::string data_dir;
   int64_t disk_budget_bytes = int64_t{64} << 30;
   int64_t dram_budget_bytes = int64_t{1} << 30;
   int64_t ttl_seconds = 0;
-  std::string metrics_listen = "127.0.0.1:9470";
-  int64_t max_message_bytes = int64_t{64} << 20;
   std::string data_plane = "tcp";
-  // Data plane mutual TLS (tcp; an authenticated handshake + MACs on ucx):
-  // the same files as the gRPC port's --tls-cert/--tls-key/--tls-ca, so both
-  // planes name a put's owner by the same certificate; empty = plaintext.
-  vc::transport::DataPlaneTlsOptions data_tls;
   std::string data_listen = "127.0.0.1:7071";
   double fast_link_bytes_per_second = 0;
   double slow_link_bytes_per_second = 0;
@@ -71,46 +60,27 @@ struct Options {
   std::string seal_trust;
 };
 
-// Splits "host:port" at the last ':'; port must be 0..65535.
-absl::Status SplitHostPort(const std::string& flag, const std::string& value, std::string* host,
-                           int* port) {
-  const size_t colon = value.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": expected HOST:PORT, got '", value, "'"));
-  }
-  int p = -1;
-  if (!absl::SimpleAtoi(value.substr(colon + 1), &p) || p < 0 || p > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": bad port in '", value, "'"));
-  }
-  *host = value.substr(0, colon);
-  *port = p;
-  return absl::OkStatus();
-}
-
-int BadFlags(const std::string& message) {
-  std::fprintf(stderr, "%s: %s (see %s --help)\n", kName, message.c_str(), kName);
-  return 2;
-}
-
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "%s: %s\n", kName, message.c_str());
-  return 1;
-}
+int BadFlags(const std::string& message) { return vc::daemon::BadFlags(kName, message); }
+int Fail(const std::string& message) { return vc::daemon::Fail(kName, message); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opts;
+  opts.server.name = kName;
+  opts.server.version = kVersion;
+  opts.server.listen = "127.0.0.1:7070";
+  opts.server.metrics_listen = "127.0.0.1:9470";
   vc::FlagSet flags(kName, "VeriCache KV chunk store daemon: RocksDB + DRAM tiers, gRPC control plane, TCP/UCX data plane.");
-  flags.Add("--listen", &opts.listen, "HOST:PORT", "gRPC address (port 0 picks a free one)");
+  flags.Add("--listen", &opts.server.listen, "HOST:PORT", "gRPC address (port 0 picks a free one)");
   flags.Add("--data-dir", &opts.data_dir, "DIR", "RocksDB directory (required)");
   flags.Add("--disk-budget-bytes", &opts.disk_budget_bytes, "N", "bytes of values kept on disk");
   flags.Add("--dram-budget-bytes", &opts.dram_budget_bytes, "N",
             "bytes of values cached in DRAM (0 disables)");
   flags.Add("--ttl-seconds", &opts.ttl_seconds, "N", "expire entries after N seconds (0: never)");
-  flags.Add("--metrics-listen", &opts.metrics_listen, "HOST:PORT",
+  flags.Add("--metrics-listen", &opts.server.metrics_listen, "HOST:PORT",
             "Prometheus /metrics address (port 0 picks one; empty disables)");
-  flags.Add("--max-message-bytes", &opts.max_message_bytes, "N",
+  flags.Add("--max-message-bytes", &opts.server.max_message_bytes, "N",
             "largest gRPC message sent or received");
   flags.Add("--data-plane", &opts.data_plane, "tcp|ucx", "transport for chunk bytes");
   flags.Add("--data-listen", &opts.data_listen, "HOST:PORT",
@@ -145,30 +115,21 @@ int main(int argc, char** argv) {
             "and on disk reads (empty: entries are not checked)");
   flags.Add("--data-max-request-seconds", &opts.data_max_request_seconds, "X",
             "cap on the deadline a data plane client sends");
-  // gRPC control port: mutual TLS with the cluster CA (issue 11 item 2).
-  vc::rpc::TlsFiles tls;
-  flags.Add("--tls-cert", &tls.cert, "PATH",
-            "PEM certificate chain of the store's gRPC port; re-read when it changes");
-  flags.Add("--tls-key", &tls.key, "PATH", "PEM private key of --tls-cert");
-  flags.Add("--tls-ca", &tls.ca, "PATH",
-            "PEM CA bundle that clients' certificates must chain to (mutual TLS); empty (with "
-            "--tls-cert and --tls-key empty): plaintext gRPC");
+  // gRPC control port and data plane: mutual TLS with the cluster CA; the
+  // same files on both planes, so both name a put's owner by one certificate.
+  vc::daemon::AddTlsFlags(flags, &opts.server.tls);
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return BadFlags(std::string(s.message()));
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
   if (opts.data_dir.empty()) return BadFlags("--data-dir is required");
-  if (absl::Status s = vc::rpc::ValidateTlsFiles(tls, /*need_identity=*/true); !s.ok()) {
+  if (absl::Status s = vc::daemon::ValidateServerOptions(opts.server); !s.ok()) {
     return BadFlags(std::string(s.message()));
   }
-  opts.data_tls = {tls.cert, tls.key, tls.ca};
   if (opts.disk_budget_bytes <= 0) return BadFlags("--disk-budget-bytes must be > 0");
   if (opts.dram_budget_bytes < 0) return BadFlags("--dram-budget-bytes must be >= 0");
   if (opts.ttl_seconds < 0) return BadFlags("--ttl-seconds must be >= 0");
-  if (opts.max_message_bytes <= 0 || opts.max_message_bytes > INT_MAX) {
-    return BadFlags(absl::StrCat("--max-message-bytes must be in [1, ", INT_MAX, "]"));
-  }
   if (opts.fast_link_bytes_per_second < 0 || opts.slow_link_bytes_per_second < 0) {
     return BadFlags("link bandwidths must be >= 0");
   }
@@ -206,29 +167,7 @@ int main(int argc, char** argv) {
                                    "' (choose from: ", absl::StrJoin(kinds, ", "), ")"));
     }
   }
-  std::string listen_host;
-  int listen_port = 0;
-  if (absl::Status s = SplitHostPort("--listen", opts.listen, &listen_host, &listen_port); !s.ok()) {
-    return BadFlags(std::string(s.message()));
-  }
-  std::string metrics_host;
-  int metrics_port = 0;
-  if (!opts.metrics_listen.empty()) {
-    if (absl::Status s =
-            SplitHostPort("--metrics-listen", opts.metrics_listen, &metrics_host, &metrics_port);
-        !s.ok()) {
-      return BadFlags(std::string(s.message()));
-    }
-  }
-
-  // Block the drain signals in every thread (gRPC's and httplib's inherit the
-  // mask); the main thread takes them with sigwait.
-  sigset_t drain_signals;
-  sigemptyset(&drain_signals);
-  sigaddset(&drain_signals, SIGTERM);
-  sigaddset(&drain_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &drain_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  vc::daemon::BlockDrainSignals();
 
   vc::kvstore::KvStoreOptions store_opts;
   store_opts.path = opts.data_dir;
@@ -263,9 +202,6 @@ int main(int argc, char** argv) {
   auto store = vc::kvstore::KvStore::Open(store_opts);
   if (!store.ok()) return Fail(store.status().ToString());
 
-  if (absl::Status s = vc::metrics::RegisterBuildInfo(registry, kVersion); !s.ok()) {
-    return Fail(s.ToString());
-  }
   vc::kvstore::KvStoreService service(store->get(), &registry);
 
   vc::transport::DataPlaneServerOptions dp_opts;
@@ -283,7 +219,7 @@ int main(int argc, char** argv) {
   dp_opts.max_connections_per_identity = static_cast<int>(opts.data_max_connections_per_identity);
   dp_opts.worker_threads = static_cast<int>(opts.data_worker_threads);
   dp_opts.max_request_seconds = opts.data_max_request_seconds;
-  dp_opts.tls = opts.data_tls;
+  dp_opts.tls = {opts.server.tls.cert, opts.server.tls.key, opts.server.tls.ca};
   vc::kvstore::KvStore* raw_store = store->get();
   // Fetches read the store; uploads are admitted from their header (the
   // put is the peer's, its budget reserved) and go through the service's
@@ -293,32 +229,6 @@ int main(int argc, char** argv) {
       service.DataPlaneSink());
   if (!data_plane.ok()) return Fail(data_plane.status().ToString());
   service.AttachDataPlane(data_plane->get());
-
-  std::unique_ptr<vc::metrics::MetricsServer> metrics_server;
-  if (!opts.metrics_listen.empty()) {
-    vc::metrics::MetricsServerOptions mopts;
-    mopts.address = metrics_host;
-    mopts.port = metrics_port;
-    auto started = vc::metrics::MetricsServer::Start(&registry, mopts);
-    if (!started.ok()) return Fail(started.status().ToString());
-    metrics_server = std::move(*started);
-  }
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(opts.listen,
-                           vc::rpc::ServerCredentials(tls, vc::rpc::ClientCerts::kRequire),
-                           &bound_port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(opts.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(opts.max_message_bytes));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", opts.listen));
-  }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(true);
 
   // Data-plane traffic bypasses the RPCs: refresh its metrics on a timer.
   std::mutex refresher_mu;
@@ -332,35 +242,24 @@ int main(int argc, char** argv) {
     }
   });
 
-  std::string line = absl::StrCat(kName, " listening on ", listen_host, ":", bound_port, " data ",
-                                   opts.data_plane, " ", (*data_plane)->address());
-  if (metrics_server) {
-    absl::StrAppend(&line, " metrics ", metrics_host, ":", metrics_server->port());
-  } else {
-    absl::StrAppend(&line, " metrics disabled");
+  opts.server.listening_note = absl::StrCat("data ", opts.data_plane, " ", (*data_plane)->address());
+  auto server = vc::daemon::Server::Start(opts.server, {&service}, &registry);
+  auto stop_refresher = [&] {
+    {
+      std::lock_guard<std::mutex> lock(refresher_mu);
+      stopping = true;
+    }
+    refresher_cv.notify_all();
+    refresher.join();
+  };
+  if (!server.ok()) {
+    stop_refresher();
+    return Fail(server.status().ToString());
   }
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
-
-  int sig = 0;
-  while (sigwait(&drain_signals, &sig) != 0) {
-  }
-  std::fprintf(stderr, "%s: signal %d, draining\n", kName, sig);
-  const auto drain_start = std::chrono::steady_clock::now();
-  if (health != nullptr) health->SetServingStatus(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(kShutdownDeadlineS));
-  server->Wait();
-  {
-    std::lock_guard<std::mutex> lock(refresher_mu);
-    stopping = true;
-  }
-  refresher_cv.notify_all();
-  refresher.join();
+  // The data plane outlives the gRPC drain: a commit in flight may still be
+  // waiting for its staged bytes.
+  const int rc = (*server)->WaitForSignalAndDrain();
+  stop_refresher();
   data_plane->reset();
-  if (metrics_server) metrics_server->Stop();
-  const auto drain_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - drain_start)
-                            .count();
-  std::fprintf(stderr, "%s: stopped after %lld ms\n", kName, static_cast<long long>(drain_ms));
-  return 0;
+  return rc;
 }

@@ -21,7 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
 #include "common/kvstore/seal.h"
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/httplib.h"
 #include "common/rpc/rpc.h"
 #include "nlohmann/json.hpp"
 

@@ -18,8 +18,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
-#include "common/metrics/internal/http_accept_loop.h"
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/accept_loop.h"
+#include "common/http/httplib.h"
 #include "services/common/daemon.h"
 #include "services/openai/internal/bounded_server.h"
 #include "services/openai/internal/bounded_task_queue.h"
@@ -613,7 +613,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayOptions& op
     return absl::UnavailableError(absl::StrCat("vc-openai: cannot bind ", options.host, ":", options.port));
   }
   impl->port = port;
-  VC_RETURN_IF_ERROR(metrics::internal::StartAcceptLoop(srv, &impl->thread, "vc-openai"));
+  VC_RETURN_IF_ERROR(http::StartAcceptLoop(srv, &impl->thread, "vc-openai"));
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 

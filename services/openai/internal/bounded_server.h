@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/httplib.h"
 #include "services/openai/internal/tls_context.h"
 
 typedef struct ssl_st SSL;

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/httplib.h"
 
 namespace vc::openai::internal {
 

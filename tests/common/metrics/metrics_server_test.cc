@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/httplib.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/model/status_matchers.h"

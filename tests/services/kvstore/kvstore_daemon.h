@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,26 +74,29 @@ class Daemon {
       }
       line.append(buf, static_cast<size_t>(n));
     }
-    // "vc-kvstore listening on HOST:PORT data KIND HOST:PORT metrics HOST:PORT"
+    // "vc-kvstore listening on HOST:PORT data KIND HOST:PORT [tls|mtls]
+    // metrics HOST:PORT", read word by word as the launchers do.
     const std::string kListening = "vc-kvstore listening on ";
-    const std::string kData = " data ";
-    const std::string kMetrics = " metrics ";
     const size_t at = line.find(kListening);
-    const size_t data = line.find(kData);
-    const size_t mid = line.find(kMetrics);
-    const size_t end = line.find('\n');
-    if (at == std::string::npos || data == std::string::npos || mid == std::string::npos ||
-        data < at || mid < data) {
+    if (at == std::string::npos) {
       *error = "unexpected listening line: " + line;
       return false;
     }
-    grpc_addr_ = line.substr(at + kListening.size(), data - at - kListening.size());
-    {  // "KIND HOST:PORT"
-      const std::string kind_addr = line.substr(data + kData.size(), mid - data - kData.size());
-      const size_t space = kind_addr.find(' ');
-      if (space != std::string::npos) data_addr_ = kind_addr.substr(space + 1);
+    std::vector<std::string> words;
+    {
+      std::istringstream in(line.substr(at, line.find('\n', at) - at));
+      for (std::string w; in >> w;) words.push_back(w);
     }
-    const std::string metrics = line.substr(mid + kMetrics.size(), end - mid - kMetrics.size());
+    std::string metrics;
+    for (size_t i = 0; i + 1 < words.size(); ++i) {
+      if (words[i] == "on" && i == 2) grpc_addr_ = words[i + 1];
+      if (words[i] == "data" && i + 2 < words.size()) data_addr_ = words[i + 2];
+      if (words[i] == "metrics") metrics = words[i + 1];
+    }
+    if (data_addr_.empty()) {
+      *error = "unexpected listening line: " + line;
+      return false;
+    }
     const size_t colon = metrics.rfind(':');
     if (colon == std::string::npos || grpc_addr_.find(':') == std::string::npos) {
       *error = "unexpected listening line: " + line;

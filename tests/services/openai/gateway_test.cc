@@ -26,7 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/httplib.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/local/cluster_credentials.h"

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace vc::metrics::internal {
+namespace vc::http {
 
 // `server` must be bound (bind_to_port / bind_to_any_port) and outlive
 // `*thread`. Internal naming `who` if the loop exited at start (`*thread` is
@@ -35,4 +35,4 @@ template <typename Server>
   return absl::OkStatus();
 }
 
-}  // namespace vc::metrics::internal
+}  // namespace vc::http
