@@ -22,7 +22,7 @@
 #include "common/kvstore/chunk_key.h"
 #include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
-#include "common/metrics/internal/httplib_wrapper.h"
+#include "common/http/httplib.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
