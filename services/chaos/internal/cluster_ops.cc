@@ -205,7 +205,6 @@ absl::Status DaemonControl::Restart(const std::string& name, std::chrono::second
     std::lock_guard<std::mutex> lock(mu_);
     own_[name] = pid;
   }
-  auto channel = rpc::MakeChannel(cluster_->internal(ep->address), 4 << 20);
   const auto deadline = Clock::now() + timeout;
   absl::Status health = absl::UnavailableError("not checked");
   while (Clock::now() < deadline) {
@@ -215,7 +214,10 @@ absl::Status DaemonControl::Restart(const std::string& name, std::chrono::second
       own_.erase(name);
       return absl::UnavailableError(absl::StrCat(name, " exited while restarting (see ", log, ")"));
     }
-    health = rpc::CheckHealth(channel, std::chrono::milliseconds(1000));
+    // A fresh channel each time: one made before the daemon listens backs
+    // off for seconds (gRPC's reconnect backoff) after it does.
+    health = rpc::CheckHealth(rpc::MakeChannel(cluster_->internal(ep->address), 4 << 20),
+                              std::chrono::milliseconds(1000));
     if (health.ok()) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
