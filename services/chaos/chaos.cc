@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -241,6 +242,7 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
 
   // Requests: `concurrency` clients until the duration or the bound.
   std::atomic<int64_t> next{0};
+  std::map<std::string, int64_t> failure_kinds;
   const rpc::ClientConfig client = cluster.client();
   auto stub = pb::Coordinator::NewStub(rpc::MakeChannel(client, 64 << 20));
   std::vector<std::thread> clients;
@@ -261,6 +263,12 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         } else if (!out.cancelled) {
           ++report.failed;
           const std::string code = CodeName(out.status.error_code());
+          // Failure kinds, numbers and addresses masked, for the end report.
+          std::string kind = code + ": " + out.status.error_message().substr(0, 100);
+          for (char& ch : kind) {
+            if (ch >= '0' && ch <= '9') ch = '#';
+          }
+          ++failure_kinds[kind];
           if (++report.failures_by_code[code] == 1) {
             log << "chaos: first " << code << " failure: " << out.status.error_message() << std::endl;
           }
@@ -303,6 +311,14 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     report.problems.push_back(absl::StrCat(report.faults, " faults and ", report.requests,
                                            " requests, fewer than the minimum (", options.min_faults,
                                            " faults, ", options.min_requests, " requests)"));
+  }
+  {
+    std::vector<std::pair<int64_t, std::string>> kinds;
+    for (const auto& [k, n] : failure_kinds) kinds.emplace_back(n, k);
+    std::sort(kinds.rbegin(), kinds.rend());
+    for (size_t i = 0; i < kinds.size() && i < 10; ++i) {
+      log << "chaos: failures: " << kinds[i].first << " x " << kinds[i].second << std::endl;
+    }
   }
   for (const std::string& p : report.problems) log << "chaos: " << p << std::endl;
   control.StopOwn();
