@@ -109,9 +109,9 @@ std::string SummaryLine(const ChaosReport& r) {
   for (const auto& [code, n] : r.failures_by_code) absl::StrAppend(&codes, codes.empty() ? "" : ",", code, "=", n);
   return absl::StrFormat(
       "chaos: %s seed=%d requests=%d completed=%d (exact-checked %d) failed=%d [%s] cancelled=%d "
-      "faults=%d [%s] fault_errors=%d wrong_tokens=%d unclean_failures=%d leaks=%s wall=%.0fs",
+      "failed_after_recovery=%d faults=%d [%s] fault_errors=%d wrong_tokens=%d unclean_failures=%d leaks=%s wall=%.0fs",
       r.ok() ? "PASS" : "FAIL", r.seed, r.requests, r.completed, r.exact_checked, r.failed,
-      codes.empty() ? "none" : codes, r.cancelled, r.faults, faults.empty() ? "none" : faults,
+      codes.empty() ? "none" : codes, r.cancelled, r.failed_after_recovery, r.faults, faults.empty() ? "none" : faults,
       r.fault_errors, r.wrong_tokens, r.unclean_failures, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"",
       r.wall_seconds);
 }
@@ -142,6 +142,9 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
   o.chunk_tokens = 32;
   o.ingest_variants = MixedWorkload::IngestVariants();
   o.max_active_requests = std::max(64, setup.concurrency * 2);
+  const std::string idle = absl::StrCat("--session-idle-seconds=", setup.session_idle_seconds);
+  o.extra_flags["vc-verifier"] = {idle};
+  o.extra_flags["vc-drafter"] = {idle};
   log << "starting the cluster: " << setup.verifiers << " verifiers, " << setup.drafters << " drafters, "
       << (setup.insecure ? "insecure" : "mTLS + API keys") << " (daemon logs in " << *log_dir << ")"
       << std::endl;
@@ -192,6 +195,9 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
   std::mutex mu;
   std::condition_variable stop_cv;
   bool stopping = false;
+  std::atomic<bool> fault_active{false};
+  std::atomic<int64_t> faults_started{0};
+  std::atomic<int64_t> last_fault_end_ms{-1000000};
 
   // Faults: one at a time, in schedule order.
   std::thread faults([&] {
@@ -205,6 +211,8 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
       }
       if (Clock::now() >= end) return;
       const auto down = std::chrono::milliseconds(static_cast<int64_t>(f.down_s * 1000));
+      fault_active.store(true);
+      faults_started.fetch_add(1);
       absl::Status s;
       if (f.type == FaultType::kPause) {
         s = control.Pause(f.target);
@@ -225,6 +233,8 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
           report.problems.push_back(absl::StrCat("restart of ", f.target, " failed: ", r.message()));
         }
       }
+      last_fault_end_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+      fault_active.store(false);
       std::lock_guard<std::mutex> lock(mu);
       if (!s.ok()) {
         ++report.fault_errors;
@@ -252,7 +262,11 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         const int64_t i = next.fetch_add(1);
         if (i >= options.max_requests) return;
         const internal::RequestSpec spec = (*workload)->Draw(i);
+        const int64_t start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        const int64_t faults_before = faults_started.load();
+        bool recovered = !fault_active.load() && start_ms - last_fault_end_ms.load() >= 3000;
         const internal::Outcome out = (*workload)->Run(spec, client, stub.get());
+        recovered = recovered && faults_started.load() == faults_before;  // none began meanwhile
         const std::string wrong = (*workload)->Check(spec, out);
         std::lock_guard<std::mutex> lock(mu);
         ++report.requests;
@@ -262,6 +276,7 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
           if (spec.exact) ++report.exact_checked;
         } else if (!out.cancelled) {
           ++report.failed;
+          if (recovered) ++report.failed_after_recovery;
           const std::string code = CodeName(out.status.error_code());
           // Failure kinds, numbers and addresses masked, for the end report.
           std::string kind = code + ": " + out.status.error_message().substr(0, 100);

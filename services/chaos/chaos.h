@@ -32,6 +32,11 @@ struct ClusterSetup {
   double cancel_fraction = 0.1;  // share of requests the client cancels
   // Wait for requests to drain and daemons to report idle after the run.
   double drain_seconds = 60;
+  // Workers' --session-idle-seconds: the backstop that frees a session whose
+  // Release never arrived (the coordinator's Release is best effort, 2 s; a
+  // worker paused longer keeps the session until this). Below
+  // drain_seconds, so the idle check covers it.
+  int session_idle_seconds = 20;
   int64_t request_timeout_seconds = 120;  // gRPC deadline of each Generate
 };
 
@@ -81,6 +86,11 @@ struct ChaosReport {
   std::map<std::string, int64_t> failures_by_code;
   std::map<std::string, int64_t> faults_by_type;
   int64_t faults = 0;
+  // Failed requests that started at least 3 s after the last fault ended
+  // (restart done), with no fault active: a healthy cluster should serve
+  // them all. Reported, not (yet) a violation: the coordinator's worker
+  // health tracking is what makes it zero.
+  int64_t failed_after_recovery = 0;
   int64_t fault_errors = 0;     // a fault that could not be applied or undone (a restart failed)
   std::string leaks;            // "" = every daemon idle after the drain
   std::vector<std::string> problems;  // first few examples of each violation

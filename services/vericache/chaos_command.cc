@@ -25,6 +25,8 @@ void AddSetupFlags(FlagSet& flags, chaos::ClusterSetup* s, bool* insecure) {
             "largest max_new_tokens drawn for a request (default 32)");
   flags.Add("--drain-seconds", &s->drain_seconds, "S",
             "how long daemons get to release everything after the run (default 60)");
+  flags.Add("--session-idle-seconds", &s->session_idle_seconds, "N",
+            "workers release sessions untouched this long (default 20; below --drain-seconds)");
   flags.Add("--log-dir", &s->log_dir, "DIR",
             "daemon logs (default: a temporary dir, removed on success, kept on failure)");
 }
@@ -38,6 +40,9 @@ absl::Status CheckSetup(const chaos::ClusterSetup& s) {
   }
   if (s.drain_seconds <= 0 || s.drain_seconds > 3600) {
     return absl::InvalidArgumentError("--drain-seconds must be in (0, 3600]");
+  }
+  if (s.session_idle_seconds < 1 || s.session_idle_seconds > 86400) {
+    return absl::InvalidArgumentError("--session-idle-seconds must be 1..86400");
   }
   return absl::OkStatus();
 }
