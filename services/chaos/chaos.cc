@@ -169,7 +169,7 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
   if (!cluster_or.ok()) return cluster_or.status();
   local::LocalCluster& cluster = **cluster_or;
   if (absl::Status s = (*workload)->RegisterPrefixes(cluster); !s.ok()) return s;
-  internal::DaemonControl control(&cluster, log_dir);
+  internal::DaemonControl control(&cluster);
 
   std::vector<std::string> daemons;
   for (const auto& ep : cluster.endpoints()) daemons.push_back(ep.name);
@@ -225,7 +225,7 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         // stop: try a few times.
         absl::Status r = absl::UnknownError("not tried");
         for (int attempt = 0; attempt < 3 && !r.ok(); ++attempt) {
-          r = control.Restart(f.target, std::chrono::seconds(60));
+          r = control.Restart(f.target);
         }
         if (!r.ok()) {
           std::lock_guard<std::mutex> lock(mu);
@@ -336,7 +336,6 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     }
   }
   for (const std::string& p : report.problems) log << "chaos: " << p << std::endl;
-  control.StopOwn();
   cluster.Stop();
   if (report.ok() && options.setup.log_dir.empty()) {
     std::error_code ec;

@@ -80,7 +80,7 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
   if (!cluster_or.ok()) return cluster_or.status();
   local::LocalCluster& cluster = **cluster_or;
   if (absl::Status s = (*workload)->RegisterPrefixes(cluster); !s.ok()) return s;
-  internal::DaemonControl control(&cluster, log_dir);
+  internal::DaemonControl control(&cluster);
 
   struct Record {
     double start_s = 0;
@@ -316,7 +316,6 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     if (!idle.idle) report.leaks = idle.detail;
   }
   for (const std::string& p : report.problems) log << "soak: " << p << std::endl;
-  control.StopOwn();
   cluster.Stop();
   if (report.ok() && options.setup.log_dir.empty()) {
     std::error_code ec;

@@ -1,8 +1,6 @@
 #include "services/chaos/internal/cluster_ops.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,38 +29,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 bool StartsWith(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-
-std::vector<std::string> ReadCmdline(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> argv;
-  std::string cur;
-  for (char c : all) {
-    if (c == '\0') {
-      argv.push_back(cur);
-      cur.clear();
-    } else {
-      cur.push_back(c);
-    }
-  }
-  if (!cur.empty()) argv.push_back(cur);
-  return argv;
-}
-
-void StopPid(pid_t pid, std::chrono::milliseconds grace) {
-  if (pid <= 0) return;
-  kill(pid, SIGCONT);
-  kill(pid, SIGTERM);
-  const auto deadline = Clock::now() + grace;
-  int status = 0;
-  while (Clock::now() < deadline) {
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid || r < 0) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-}
 
 // Sum of every sample of `metric` (all label sets) in a Prometheus text page.
 double SumMetric(const std::string& page, const std::string& metric) {
@@ -127,8 +93,7 @@ double Percentile(std::vector<double> v, double p) {
 
 // --- DaemonControl ---------------------------------------------------------
 
-DaemonControl::DaemonControl(local::LocalCluster* cluster, std::string log_dir)
-    : cluster_(cluster), log_dir_(std::move(log_dir)) {}
+DaemonControl::DaemonControl(local::LocalCluster* cluster) : cluster_(cluster) {}
 
 DaemonControl::~DaemonControl() {
   std::vector<std::string> paused;
@@ -137,93 +102,22 @@ DaemonControl::~DaemonControl() {
     for (const auto& [name, pid] : paused_) paused.push_back(name);
   }
   for (const auto& name : paused) (void)Resume(name);
-  StopOwn();
 }
 
 pid_t DaemonControl::Pid(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = own_.find(name); it != own_.end()) return it->second;
   const local::Endpoint* ep = cluster_->Find(name);
   return ep ? ep->pid : -1;
 }
 
 absl::Status DaemonControl::Kill(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  paused_.erase(name);
-  if (auto it = own_.find(name); it != own_.end()) {
-    kill(it->second, SIGKILL);
-    int status = 0;
-    waitpid(it->second, &status, 0);
-    own_.erase(it);
-    return absl::OkStatus();
-  }
-  const local::Endpoint* ep = cluster_->Find(name);
-  if (ep == nullptr || ep->pid <= 0) return absl::NotFoundError(absl::StrCat("no running daemon ", name));
-  if (name != "kvstore" && !argv_.count(name)) {
-    std::vector<std::string> argv = ReadCmdline(ep->pid);
-    if (argv.empty()) return absl::InternalError(absl::StrCat("cannot read the command line of ", name));
-    // Pin what it bound: a restart must come back on the same addresses.
-    for (std::string& a : argv) {
-      if (StartsWith(a, "--listen=")) a = "--listen=" + ep->address;
-      if (StartsWith(a, "--metrics-listen=") && !ep->metrics.empty()) a = "--metrics-listen=" + ep->metrics;
-    }
-    argv_[name] = argv;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_.erase(name);
   }
   return cluster_->Kill(name);
 }
 
-absl::Status DaemonControl::Restart(const std::string& name, std::chrono::seconds timeout) {
-  if (name == "kvstore") return cluster_->RestartKvStore();
-  std::vector<std::string> argv;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (own_.count(name)) return absl::FailedPreconditionError(absl::StrCat(name, " is running"));
-    auto it = argv_.find(name);
-    if (it == argv_.end()) return absl::NotFoundError(absl::StrCat("no command line kept for ", name));
-    argv = it->second;
-  }
-  const local::Endpoint* ep = cluster_->Find(name);
-  if (ep == nullptr) return absl::NotFoundError(absl::StrCat("no daemon ", name));
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const std::string log = (fs::path(log_dir_) / (name + ".log")).string();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    const int null_fd = open("/dev/null", O_WRONLY);
-    const int err_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (null_fd >= 0) dup2(null_fd, STDOUT_FILENO);
-    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    own_[name] = pid;
-  }
-  const auto deadline = Clock::now() + timeout;
-  absl::Status health = absl::UnavailableError("not checked");
-  while (Clock::now() < deadline) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      std::lock_guard<std::mutex> lock(mu_);
-      own_.erase(name);
-      return absl::UnavailableError(absl::StrCat(name, " exited while restarting (see ", log, ")"));
-    }
-    // A fresh channel each time: one made before the daemon listens backs
-    // off for seconds (gRPC's reconnect backoff) after it does.
-    health = rpc::CheckHealth(rpc::MakeChannel(cluster_->internal(ep->address), 4 << 20),
-                              std::chrono::milliseconds(1000));
-    if (health.ok()) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat(name, " did not become healthy after a restart: ", health.message()));
-}
+absl::Status DaemonControl::Restart(const std::string& name) { return cluster_->Restart(name); }
 
 absl::Status DaemonControl::Pause(const std::string& name) {
   const pid_t pid = Pid(name);
@@ -245,15 +139,6 @@ absl::Status DaemonControl::Resume(const std::string& name) {
   }
   if (kill(pid, SIGCONT) != 0) return absl::InternalError(std::strerror(errno));
   return absl::OkStatus();
-}
-
-void DaemonControl::StopOwn() {
-  std::map<std::string, pid_t> own;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    own.swap(own_);
-  }
-  for (const auto& [name, pid] : own) StopPid(pid, std::chrono::milliseconds(5000));
 }
 
 // --- idle checks -------------------------------------------------------------

@@ -27,31 +27,22 @@
 
 namespace vc::chaos::internal {
 
-// Kill -9, restart on the same addresses, SIGSTOP/SIGCONT.
-//
-// Stand-in until LocalCluster::Restart(name) exists for every daemon: a
-// worker's command line is read from /proc before the kill and exec'd again
-// here with its bound addresses pinned; the store goes through
-// LocalCluster::RestartKvStore. Daemons restarted here are this object's
-// children: it stops them (SIGTERM, then SIGKILL) in StopOwn().
+// Kill -9, restart on the same addresses (LocalCluster::Kill / Restart),
+// SIGSTOP/SIGCONT; resumes whatever it paused when destroyed.
 class DaemonControl {
  public:
-  DaemonControl(local::LocalCluster* cluster, std::string log_dir);
-  ~DaemonControl();  // resumes paused daemons, StopOwn()
+  explicit DaemonControl(local::LocalCluster* cluster);
+  ~DaemonControl();
 
   pid_t Pid(const std::string& name) const;
   absl::Status Kill(const std::string& name);
-  absl::Status Restart(const std::string& name, std::chrono::seconds timeout);
+  absl::Status Restart(const std::string& name);
   absl::Status Pause(const std::string& name);
   absl::Status Resume(const std::string& name);
-  void StopOwn();
 
  private:
   local::LocalCluster* cluster_;
-  std::string log_dir_;
   mutable std::mutex mu_;
-  std::map<std::string, std::vector<std::string>> argv_;  // captured before a kill
-  std::map<std::string, pid_t> own_;                      // restarted here
   std::map<std::string, pid_t> paused_;
 };
 

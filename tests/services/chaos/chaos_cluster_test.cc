@@ -62,7 +62,7 @@ class ChaosClusterTest : public ::testing::Test {
 
 TEST_F(ChaosClusterTest, IdleCheckSeesHeldSessionsAndSilentDaemons) {
   EXPECT_TRUE(internal::CheckIdle(*cluster_).idle) << internal::CheckIdle(*cluster_).detail;
-  internal::DaemonControl control(cluster_.get(), log_dir_);
+  internal::DaemonControl control(cluster_.get());
   internal::WorkerProbe probe(*cluster_);
   // Freeze the coordinator in the middle of a request: the workers hold its
   // sessions and KV, and the idle check must say so.
@@ -101,13 +101,13 @@ TEST_F(ChaosClusterTest, WorkersFreeOrphanedSessionsWithinTheDrain) {
 }
 
 TEST_F(ChaosClusterTest, KilledWorkersComeBackOnTheirAddresses) {
-  internal::DaemonControl control(cluster_.get(), log_dir_);
+  internal::DaemonControl control(cluster_.get());
   for (const std::string name : {"verifier", "drafter-1", "verifier", "kvstore"}) {
     const std::string address = cluster_->Find(name)->address;
     const pid_t before = control.Pid(name);
     ASSERT_GT(before, 0) << name;
     ASSERT_TRUE(control.Kill(name).ok()) << name;
-    const absl::Status restarted = control.Restart(name, std::chrono::seconds(60));
+    const absl::Status restarted = control.Restart(name);
     ASSERT_TRUE(restarted.ok()) << name << ": " << restarted;
     EXPECT_EQ(cluster_->Find(name)->address, address);
     EXPECT_GT(control.Pid(name), 0);
