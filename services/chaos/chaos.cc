@@ -29,14 +29,12 @@ const char* FaultName(FaultType t) {
     case FaultType::kKillVerifier: return "kill_verifier";
     case FaultType::kKillStore: return "kill_store";
     case FaultType::kPause: return "pause";
-    case FaultType::kCutLink: return "cut_link";
-    case FaultType::kThrottleLink: return "throttle_link";
   }
   return "?";
 }
 
 std::vector<Fault> DrawFaultSchedule(uint64_t seed, const ChaosOptions& options,
-                                     const std::vector<std::string>& daemons, bool link_faults) {
+                                     const std::vector<std::string>& daemons) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
   std::vector<std::string> drafters, verifiers, pausable;
@@ -56,11 +54,7 @@ std::vector<Fault> DrawFaultSchedule(uint64_t seed, const ChaosOptions& options,
     Fault f;
     f.at_s = t;
     const double r = uniform(0, 1);
-    if (link_faults && r < 0.1) {
-      f.type = uniform(0, 1) < 0.5 ? FaultType::kCutLink : FaultType::kThrottleLink;
-      f.target = "kvstore";
-      f.down_s = uniform(0.5, 3.0);
-    } else if (r < 0.3 && !drafters.empty()) {
+    if (r < 0.3 && !drafters.empty()) {
       f.type = FaultType::kKillDrafter;
       f.target = pick(drafters);
       f.down_s = uniform(0.2, 2.0);
@@ -109,9 +103,9 @@ std::string SummaryLine(const ChaosReport& r) {
   for (const auto& [code, n] : r.failures_by_code) absl::StrAppend(&codes, codes.empty() ? "" : ",", code, "=", n);
   return absl::StrFormat(
       "chaos: %s seed=%d requests=%d completed=%d (exact-checked %d) failed=%d [%s] cancelled=%d "
-      "failed_after_recovery=%d faults=%d [%s] fault_errors=%d wrong_tokens=%d unclean_failures=%d leaks=%s wall=%.0fs",
+      "failed_after_recovery=%d/%d faults=%d [%s] fault_errors=%d wrong_tokens=%d unclean_failures=%d leaks=%s wall=%.0fs",
       r.ok() ? "PASS" : "FAIL", r.seed, r.requests, r.completed, r.exact_checked, r.failed,
-      codes.empty() ? "none" : codes, r.cancelled, r.failed_after_recovery, r.faults, faults.empty() ? "none" : faults,
+      codes.empty() ? "none" : codes, r.cancelled, r.failed_after_recovery, r.after_recovery, r.faults, faults.empty() ? "none" : faults,
       r.fault_errors, r.wrong_tokens, r.unclean_failures, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"",
       r.wall_seconds);
 }
@@ -173,16 +167,14 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
 
   std::vector<std::string> daemons;
   for (const auto& ep : cluster.endpoints()) daemons.push_back(ep.name);
-  if (options.link_faults) {
-    // The local cluster's daemons share the host's loopback: a tc or
-    // iptables rule there would also hit every other process on the
-    // machine. Link faults need the daemons in the netns topology
-    // (deploy/scripts/netns_topology.sh), which LocalCluster does not use yet.
-    log << "chaos: link faults skipped: the local cluster runs on the host's loopback, not in "
-           "network namespaces (needs root and the netns topology)"
-        << std::endl;
-  }
-  const std::vector<Fault> schedule = DrawFaultSchedule(report.seed, options, daemons, false);
+  // The local cluster's daemons share the host's loopback: a tc or iptables
+  // rule there would also hit every other process on the machine. Link
+  // faults need the daemons in the netns topology
+  // (deploy/scripts/netns_topology.sh), which LocalCluster does not use yet.
+  log << "chaos: link faults skipped: the local cluster runs on the host's loopback, not in "
+         "network namespaces (needs root and the netns topology)"
+      << std::endl;
+  const std::vector<Fault> schedule = DrawFaultSchedule(report.seed, options, daemons);
   log << "chaos: " << schedule.size() << " faults scheduled over " << options.duration_s << " s" << std::endl;
   for (size_t i = 0; i < schedule.size(); ++i) {
     log << absl::StrFormat("  fault %d at %.1fs: %s %s for %.1fs\n", i, schedule[i].at_s,
@@ -270,6 +262,7 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         const std::string wrong = (*workload)->Check(spec, out);
         std::lock_guard<std::mutex> lock(mu);
         ++report.requests;
+        if (recovered) ++report.after_recovery;
         if (out.cancelled) ++report.cancelled;
         if (out.status.ok()) {
           ++report.completed;
