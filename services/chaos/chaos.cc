@@ -25,10 +25,14 @@ using internal::CodeName;
 
 const char* FaultName(FaultType t) {
   switch (t) {
-    case FaultType::kKillDrafter: return "kill_drafter";
-    case FaultType::kKillVerifier: return "kill_verifier";
-    case FaultType::kKillStore: return "kill_store";
-    case FaultType::kPause: return "pause";
+    case FaultType::kKillDrafter:
+      return "kill_drafter";
+    case FaultType::kKillVerifier:
+      return "kill_verifier";
+    case FaultType::kKillStore:
+      return "kill_store";
+    case FaultType::kPause:
+      return "pause";
   }
   return "?";
 }
@@ -36,7 +40,9 @@ const char* FaultName(FaultType t) {
 std::vector<Fault> DrawFaultSchedule(uint64_t seed, const ChaosOptions& options,
                                      const std::vector<std::string>& daemons) {
   std::mt19937_64 rng(seed);
-  auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
+  auto uniform = [&](double a, double b) {
+    return std::uniform_real_distribution<double>(a, b)(rng);
+  };
   std::vector<std::string> drafters, verifiers, pausable;
   for (const std::string& d : daemons) {
     if (d.rfind("drafter", 0) == 0) drafters.push_back(d);
@@ -98,16 +104,19 @@ bool IsCleanFailure(const grpc::Status& status) {
 
 std::string SummaryLine(const ChaosReport& r) {
   std::string faults;
-  for (const auto& [type, n] : r.faults_by_type) absl::StrAppend(&faults, faults.empty() ? "" : ",", type, "=", n);
+  for (const auto& [type, n] : r.faults_by_type)
+    absl::StrAppend(&faults, faults.empty() ? "" : ",", type, "=", n);
   std::string codes;
-  for (const auto& [code, n] : r.failures_by_code) absl::StrAppend(&codes, codes.empty() ? "" : ",", code, "=", n);
+  for (const auto& [code, n] : r.failures_by_code)
+    absl::StrAppend(&codes, codes.empty() ? "" : ",", code, "=", n);
   return absl::StrFormat(
       "chaos: %s seed=%d requests=%d completed=%d (exact-checked %d) failed=%d [%s] cancelled=%d "
-      "failed_after_recovery=%d/%d faults=%d [%s] fault_errors=%d wrong_tokens=%d unclean_failures=%d leaks=%s wall=%.0fs",
+      "failed_after_recovery=%d/%d faults=%d [%s] fault_errors=%d wrong_tokens=%d "
+      "unclean_failures=%d leaks=%s wall=%.0fs",
       r.ok() ? "PASS" : "FAIL", r.seed, r.requests, r.completed, r.exact_checked, r.failed,
-      codes.empty() ? "none" : codes, r.cancelled, r.failed_after_recovery, r.after_recovery, r.faults, faults.empty() ? "none" : faults,
-      r.fault_errors, r.wrong_tokens, r.unclean_failures, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"",
-      r.wall_seconds);
+      codes.empty() ? "none" : codes, r.cancelled, r.failed_after_recovery, r.after_recovery,
+      r.faults, faults.empty() ? "none" : faults, r.fault_errors, r.wrong_tokens,
+      r.unclean_failures, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"", r.wall_seconds);
 }
 
 namespace internal {
@@ -122,7 +131,8 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
                                                                   std::string* log_dir,
                                                                   std::ostream& log) {
   if (log_dir->empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "vericache-chaos-logs-XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "vericache-chaos-logs-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("mkdtemp failed");
     *log_dir = tmpl;
   }
@@ -139,9 +149,9 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
   const std::string idle = absl::StrCat("--session-idle-seconds=", setup.session_idle_seconds);
   o.extra_flags["vc-verifier"] = {idle};
   o.extra_flags["vc-drafter"] = {idle};
-  log << "starting the cluster: " << setup.verifiers << " verifiers, " << setup.drafters << " drafters, "
-      << (setup.insecure ? "insecure" : "mTLS + API keys") << " (daemon logs in " << *log_dir << ")"
-      << std::endl;
+  log << "starting the cluster: " << setup.verifiers << " verifiers, " << setup.drafters
+      << " drafters, " << (setup.insecure ? "insecure" : "mTLS + API keys") << " (daemon logs in "
+      << *log_dir << ")" << std::endl;
   return local::LocalCluster::Start(o);
 }
 
@@ -150,7 +160,8 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
 absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log) {
   ChaosReport report;
   report.seed = internal::PickSeed(options.seed);
-  log << "chaos: seed " << report.seed << " (replay with --seed " << report.seed << ")" << std::endl;
+  log << "chaos: seed " << report.seed << " (replay with --seed " << report.seed << ")"
+      << std::endl;
   if (options.setup.concurrency < 1 || options.duration_s <= 0 || options.max_requests < 1 ||
       options.max_faults < 0) {
     return absl::InvalidArgumentError("--concurrency, --duration and --requests must be positive");
@@ -175,7 +186,8 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
          "network namespaces (needs root and the netns topology)"
       << std::endl;
   const std::vector<Fault> schedule = DrawFaultSchedule(report.seed, options, daemons);
-  log << "chaos: " << schedule.size() << " faults scheduled over " << options.duration_s << " s" << std::endl;
+  log << "chaos: " << schedule.size() << " faults scheduled over " << options.duration_s << " s"
+      << std::endl;
   for (size_t i = 0; i < schedule.size(); ++i) {
     log << absl::StrFormat("  fault %d at %.1fs: %s %s for %.1fs\n", i, schedule[i].at_s,
                            FaultName(schedule[i].type), schedule[i].target, schedule[i].down_s);
@@ -196,7 +208,8 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     for (const Fault& f : schedule) {
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (stop_cv.wait_until(lock, t0 + std::chrono::milliseconds(static_cast<int64_t>(f.at_s * 1000)),
+        if (stop_cv.wait_until(lock,
+                               t0 + std::chrono::milliseconds(static_cast<int64_t>(f.at_s * 1000)),
                                [&] { return stopping; })) {
           return;
         }
@@ -222,22 +235,25 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         if (!r.ok()) {
           std::lock_guard<std::mutex> lock(mu);
           ++report.fault_errors;
-          report.problems.push_back(absl::StrCat("restart of ", f.target, " failed: ", r.message()));
+          report.problems.push_back(
+              absl::StrCat("restart of ", f.target, " failed: ", r.message()));
         }
       }
-      last_fault_end_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+      last_fault_end_ms.store(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
       fault_active.store(false);
       std::lock_guard<std::mutex> lock(mu);
       if (!s.ok()) {
         ++report.fault_errors;
-        report.problems.push_back(absl::StrCat(FaultName(f.type), " ", f.target, ": ", s.message()));
+        report.problems.push_back(
+            absl::StrCat(FaultName(f.type), " ", f.target, ": ", s.message()));
         continue;
       }
       ++report.faults;
       ++report.faults_by_type[FaultName(f.type)];
       log << absl::StrFormat("chaos: t=%.1fs %s %s (%.1fs) done\n",
-                             std::chrono::duration<double>(Clock::now() - t0).count(), FaultName(f.type),
-                             f.target, f.down_s);
+                             std::chrono::duration<double>(Clock::now() - t0).count(),
+                             FaultName(f.type), f.target, f.down_s);
       log.flush();
     }
   });
@@ -254,7 +270,8 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         const int64_t i = next.fetch_add(1);
         if (i >= options.max_requests) return;
         const internal::RequestSpec spec = (*workload)->Draw(i);
-        const int64_t start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        const int64_t start_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
         const int64_t faults_before = faults_started.load();
         bool recovered = !fault_active.load() && start_ms - last_fault_end_ms.load() >= 3000;
         const internal::Outcome out = (*workload)->Run(spec, client, stub.get());
@@ -278,14 +295,15 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
           }
           ++failure_kinds[kind];
           if (++report.failures_by_code[code] == 1) {
-            log << "chaos: first " << code << " failure: " << out.status.error_message() << std::endl;
+            log << "chaos: first " << code << " failure: " << out.status.error_message()
+                << std::endl;
           }
         }
         if (!out.status.ok() && !IsCleanFailure(out.status)) {
           ++report.unclean_failures;
           if (report.problems.size() < 50) {
-            report.problems.push_back(absl::StrCat("unclean failure of ", spec.request.request_id(), ": ",
-                                                   CodeName(out.status.error_code()), " \"",
+            report.problems.push_back(absl::StrCat("unclean failure of ", spec.request.request_id(),
+                                                   ": ", CodeName(out.status.error_code()), " \"",
                                                    out.status.error_message(), "\""));
           }
         }
@@ -294,9 +312,10 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
           if (report.problems.size() < 50) report.problems.push_back("wrong tokens: " + wrong);
         }
         if (report.requests % 50 == 0) {
-          log << absl::StrFormat("chaos: t=%.0fs %d requests (%d ok, %d failed, %d cancelled, %d wrong)\n",
-                                 std::chrono::duration<double>(Clock::now() - t0).count(), report.requests,
-                                 report.completed, report.failed, report.cancelled, report.wrong_tokens);
+          log << absl::StrFormat(
+              "chaos: t=%.0fs %d requests (%d ok, %d failed, %d cancelled, %d wrong)\n",
+              std::chrono::duration<double>(Clock::now() - t0).count(), report.requests,
+              report.completed, report.failed, report.cancelled, report.wrong_tokens);
           log.flush();
         }
       }
@@ -316,9 +335,9 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
   report.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (report.faults < options.min_faults || report.requests < options.min_requests) {
     report.below_minimum = true;
-    report.problems.push_back(absl::StrCat(report.faults, " faults and ", report.requests,
-                                           " requests, fewer than the minimum (", options.min_faults,
-                                           " faults, ", options.min_requests, " requests)"));
+    report.problems.push_back(absl::StrCat(
+        report.faults, " faults and ", report.requests, " requests, fewer than the minimum (",
+        options.min_faults, " faults, ", options.min_requests, " requests)"));
   }
   {
     std::vector<std::pair<int64_t, std::string>> kinds;

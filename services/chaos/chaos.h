@@ -58,10 +58,10 @@ enum class FaultType { kKillDrafter, kKillVerifier, kKillStore, kPause };
 const char* FaultName(FaultType t);
 
 struct Fault {
-  double at_s = 0;       // start, seconds after the workload starts
+  double at_s = 0;  // start, seconds after the workload starts
   FaultType type = FaultType::kPause;
-  std::string target;    // daemon name ("drafter-1", "kvstore", ...)
-  double down_s = 0;     // how long it stays dead, paused or cut
+  std::string target;  // daemon name ("drafter-1", "kvstore", ...)
+  double down_s = 0;   // how long it stays dead, paused or cut
 };
 
 // The schedule is a pure function of (seed, options, daemon names): the same
@@ -77,11 +77,11 @@ bool IsCleanFailure(const grpc::Status& status);
 struct ChaosReport {
   uint64_t seed = 0;
   int64_t requests = 0;
-  int64_t completed = 0;        // OK, tokens compared
-  int64_t exact_checked = 0;    // of completed: compared token for token
-  int64_t failed = 0;           // non-OK, not cancelled by us
-  int64_t cancelled = 0;        // cancelled by the client (any outcome)
-  int64_t wrong_tokens = 0;     // requests whose tokens (or streamed prefix) differ
+  int64_t completed = 0;      // OK, tokens compared
+  int64_t exact_checked = 0;  // of completed: compared token for token
+  int64_t failed = 0;         // non-OK, not cancelled by us
+  int64_t cancelled = 0;      // cancelled by the client (any outcome)
+  int64_t wrong_tokens = 0;   // requests whose tokens (or streamed prefix) differ
   int64_t unclean_failures = 0;
   std::map<std::string, int64_t> failures_by_code;
   std::map<std::string, int64_t> faults_by_type;
@@ -92,11 +92,11 @@ struct ChaosReport {
   // health tracking is what makes it zero.
   int64_t after_recovery = 0;  // requests that qualified (any outcome)
   int64_t failed_after_recovery = 0;
-  int64_t fault_errors = 0;     // a fault that could not be applied or undone (a restart failed)
-  std::string leaks;            // "" = every daemon idle after the drain
+  int64_t fault_errors = 0;  // a fault that could not be applied or undone (a restart failed)
+  std::string leaks;         // "" = every daemon idle after the drain
   std::vector<std::string> problems;  // first few examples of each violation
   double wall_seconds = 0;
-  bool below_minimum = false;   // fewer faults or requests than asked for
+  bool below_minimum = false;  // fewer faults or requests than asked for
   bool ok() const {
     return wrong_tokens == 0 && unclean_failures == 0 && fault_errors == 0 && leaks.empty() &&
            !below_minimum;
@@ -113,12 +113,12 @@ struct SoakOptions {
   ClusterSetup setup;
   uint64_t seed = 0;
   double duration_s = 60;
-  double rate = 4;             // requests started per second (open loop)
-  double window_s = 10;        // TTFT and tokens/s reported per window
-  double rss_interval_s = 2;   // RSS sampling period
-  double warmup_s = 10;        // RSS samples before this are not in the slope
-  int64_t cancels = 100;       // random cancels spread over the run
-  int cancel_probes = 20;      // serial cancel-to-freed measurements after the run
+  double rate = 4;            // requests started per second (open loop)
+  double window_s = 10;       // TTFT and tokens/s reported per window
+  double rss_interval_s = 2;  // RSS sampling period
+  double warmup_s = 10;       // RSS samples before this are not in the slope
+  int64_t cancels = 100;      // random cancels spread over the run
+  int cancel_probes = 20;     // serial cancel-to-freed measurements after the run
   // Fail when a daemon's RSS slope exceeds this (MiB per 10 min; 0 = no
   // limit). Not applied to the store, whose DRAM tier fills up to its
   // budget by design as prompts are ingested.

@@ -51,23 +51,26 @@ std::string SummaryLine(const SoakReport& r) {
   for (const SoakWindow& w : r.windows) p99s.push_back(w.p99_ttft_ms);
   return absl::StrFormat(
       "soak: %s seed=%d duration=%.0fs requests=%d completed=%d failed=%d cancelled=%d dropped=%d "
-      "wrong_tokens=%d rss_slope_mib_per_10min=[%s] cancel_probes=%d p50/p99_cancel_to_freed_ms=%.1f/%.1f "
+      "wrong_tokens=%d rss_slope_mib_per_10min=[%s] cancel_probes=%d "
+      "p50/p99_cancel_to_freed_ms=%.1f/%.1f "
       "p99_cancel_to_end_ms=%.1f leaks=%s",
-      r.ok() ? "PASS" : "FAIL", r.seed, r.duration_s, r.requests, r.completed, r.failed, r.cancelled,
-      r.dropped, r.wrong_tokens, slopes, r.cancel_probes, r.p50_cancel_to_freed_ms,
-      r.p99_cancel_to_freed_ms, r.p99_cancel_to_end_ms, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"");
+      r.ok() ? "PASS" : "FAIL", r.seed, r.duration_s, r.requests, r.completed, r.failed,
+      r.cancelled, r.dropped, r.wrong_tokens, slopes, r.cancel_probes, r.p50_cancel_to_freed_ms,
+      r.p99_cancel_to_freed_ms, r.p99_cancel_to_end_ms,
+      r.leaks.empty() ? "none" : "\"" + r.leaks + "\"");
 }
 
 absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log) {
   SoakReport report;
   report.seed = internal::PickSeed(options.seed);
-  if (options.duration_s <= 0 || options.rate <= 0 || options.window_s <= 0 || options.rss_interval_s <= 0 ||
-      options.setup.concurrency < 1 || options.cancels < 0 || options.cancel_probes < 0) {
+  if (options.duration_s <= 0 || options.rate <= 0 || options.window_s <= 0 ||
+      options.rss_interval_s <= 0 || options.setup.concurrency < 1 || options.cancels < 0 ||
+      options.cancel_probes < 0) {
     return absl::InvalidArgumentError(
         "--duration, --rate, --window, --rss-interval and --concurrency must be positive");
   }
-  log << "soak: seed " << report.seed << ", " << options.rate << " requests/s for " << options.duration_s
-      << " s" << std::endl;
+  log << "soak: seed " << report.seed << ", " << options.rate << " requests/s for "
+      << options.duration_s << " s" << std::endl;
   signal(SIGPIPE, SIG_IGN);
   // The dispatcher decides which requests to cancel (paced so that
   // `cancels` land over the run), not the mix.
@@ -141,10 +144,11 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
           ++report.wrong_tokens;
           if (report.problems.size() < 50) report.problems.push_back("wrong tokens: " + wrong);
         }
-        if (!out.status.ok() && !out.cancelled && !IsCleanFailure(out.status) && report.problems.size() < 50) {
-          report.problems.push_back(absl::StrCat("unclean failure of ", spec.request.request_id(), ": ",
-                                                 internal::CodeName(out.status.error_code()), " \"",
-                                                 out.status.error_message(), "\""));
+        if (!out.status.ok() && !out.cancelled && !IsCleanFailure(out.status) &&
+            report.problems.size() < 50) {
+          report.problems.push_back(absl::StrCat("unclean failure of ", spec.request.request_id(),
+                                                 ": ", internal::CodeName(out.status.error_code()),
+                                                 " \"", out.status.error_message(), "\""));
         }
       }
     });
@@ -163,8 +167,10 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
         rss_t[ep.name].push_back(t);
         rss_mib[ep.name].push_back(*mib);
       }
-      const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.rss_interval_s * 1000));
-      while (sampling.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const auto until = Clock::now() + std::chrono::milliseconds(
+                                            static_cast<int64_t>(options.rss_interval_s * 1000));
+      while (sampling.load() && Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
 
@@ -186,7 +192,8 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
         // pace that reaches `cancels` at the end (a cancel that comes after
         // the request ended does not count, so the pace catches up).
         const double due = static_cast<double>(options.cancels) *
-                           std::min(1.0, since(tick) / options.duration_s + 1.0 / (options.rate * options.duration_s));
+                           std::min(1.0, since(tick) / options.duration_s +
+                                             1.0 / (options.rate * options.duration_s));
         const bool cancel = static_cast<double>(cancels_landed + cancels_pending) < due;
         if (cancel) ++cancels_pending;
         ++in_flight;
@@ -197,7 +204,8 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     if (since(Clock::now()) >= next_window) {
       // Progress for the finished window (the final table is below).
       std::lock_guard<std::mutex> lock(mu);
-      log << absl::StrFormat("soak: t=%.0fs %d requests done\n", since(Clock::now()), records.size() - window_from);
+      log << absl::StrFormat("soak: t=%.0fs %d requests done\n", since(Clock::now()),
+                             records.size() - window_from);
       window_from = records.size();
       next_window += options.window_s;
       log.flush();
@@ -258,12 +266,14 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     report.rss_last_mib[name] = rss_mib[name].empty() ? 0 : rss_mib[name].back();
     if (options.max_rss_slope > 0 && name != "kvstore" &&
         report.rss_slope_mib_per_10min[name] > options.max_rss_slope) {
-      report.problems.push_back(absl::StrFormat("%s RSS grows %.2f MiB per 10 min (limit %.2f)", name,
-                                                report.rss_slope_mib_per_10min[name], options.max_rss_slope));
+      report.problems.push_back(absl::StrFormat("%s RSS grows %.2f MiB per 10 min (limit %.2f)",
+                                                name, report.rss_slope_mib_per_10min[name],
+                                                options.max_rss_slope));
     }
-    log << absl::StrFormat("soak: rss %-12s last %.1f MiB, slope %+.3f MiB per 10 min (%d samples after %.0fs)\n",
-                           name, report.rss_last_mib[name], report.rss_slope_mib_per_10min[name], x.size(),
-                           options.warmup_s);
+    log << absl::StrFormat(
+        "soak: rss %-12s last %.1f MiB, slope %+.3f MiB per 10 min (%d samples after %.0fs)\n",
+        name, report.rss_last_mib[name], report.rss_slope_mib_per_10min[name], x.size(),
+        options.warmup_s);
   }
 
   // Everything the run cancelled or finished must be released.
@@ -283,7 +293,9 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     if (absl::Status s = (*probe_load)->RegisterPrefixes(cluster); !s.ok()) return s;
     std::mt19937_64 rng(report.seed);
     internal::WorkerProbe probe(cluster);
-    for (int k = 0; k < options.cancel_probes * 4 && static_cast<int>(freed.size()) < options.cancel_probes; ++k) {
+    for (int k = 0;
+         k < options.cancel_probes * 4 && static_cast<int>(freed.size()) < options.cancel_probes;
+         ++k) {
       internal::RequestSpec spec = (*probe_load)->Draw(1000000 + k);
       spec.cancel = true;
       spec.cancel_by_rpc = true;
@@ -302,17 +314,20 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
       if (!ok) {
-        report.problems.push_back(absl::StrCat("cancel probe ", k, ": workers not idle 30 s after Cancel"));
+        report.problems.push_back(
+            absl::StrCat("cancel probe ", k, ": workers not idle 30 s after Cancel"));
         break;
       }
-      freed.push_back(std::chrono::duration<double, std::milli>(Clock::now() - out.cancel_at).count());
+      freed.push_back(
+          std::chrono::duration<double, std::milli>(Clock::now() - out.cancel_at).count());
     }
   }
   report.cancel_probes = static_cast<int>(freed.size());
   report.p50_cancel_to_freed_ms = internal::Percentile(freed, 0.50);
   report.p99_cancel_to_freed_ms = internal::Percentile(freed, 0.99);
   if (report.leaks.empty()) {
-    idle = internal::WaitIdle(cluster, std::chrono::milliseconds(static_cast<int64_t>(setup.drain_seconds * 1000)));
+    idle = internal::WaitIdle(
+        cluster, std::chrono::milliseconds(static_cast<int64_t>(setup.drain_seconds * 1000)));
     if (!idle.idle) report.leaks = idle.detail;
   }
   for (const std::string& p : report.problems) log << "soak: " << p << std::endl;

@@ -48,7 +48,8 @@ double SumMetric(const std::string& page, const std::string& metric) {
 
 absl::StatusOr<std::string> Scrape(const std::string& hostport) {
   const size_t colon = hostport.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError("bad metrics address " + hostport);
+  if (colon == std::string::npos)
+    return absl::InvalidArgumentError("bad metrics address " + hostport);
   httplib::Client client(hostport.substr(0, colon), std::atoi(hostport.c_str() + colon + 1));
   client.set_connection_timeout(5, 0);
   client.set_read_timeout(5, 0);
@@ -63,24 +64,42 @@ absl::StatusOr<std::string> Scrape(const std::string& hostport) {
 
 std::string CodeName(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return absl::StrCat("CODE_", static_cast<int>(code));
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return absl::StrCat("CODE_", static_cast<int>(code));
   }
 }
 
@@ -160,8 +179,8 @@ IdleState CheckIdle(const local::LocalCluster& cluster) {
       if (!s.ok()) {
         held.push_back(absl::StrCat(ep.name, " Info: ", s.error_message()));
       } else if (resp.sessions() != 0 || resp.kv_bytes() != 0) {
-        held.push_back(absl::StrCat(ep.name, " holds ", resp.sessions(), " sessions, ", resp.kv_bytes(),
-                                    " KV bytes (Info)"));
+        held.push_back(absl::StrCat(ep.name, " holds ", resp.sessions(), " sessions, ",
+                                    resp.kv_bytes(), " KV bytes (Info)"));
       }
       if (!ep.metrics.empty()) {
         absl::StatusOr<std::string> page = Scrape(ep.metrics);
@@ -284,7 +303,7 @@ constexpr Compressor kCompressors[] = {
 const char* MixedWorkload::IngestVariants() { return "snapkv:0.3,int8,kivi:4"; }
 
 absl::StatusOr<std::unique_ptr<MixedWorkload>> MixedWorkload::Create(const ClusterSetup& setup,
-                                                                      uint64_t seed) {
+                                                                     uint64_t seed) {
   auto w = std::unique_ptr<MixedWorkload>(new MixedWorkload());
   w->setup_ = setup;
   w->seed_ = seed;
@@ -298,11 +317,13 @@ absl::StatusOr<std::unique_ptr<MixedWorkload>> MixedWorkload::Create(const Clust
   w->engine_ = std::move(*engine);
   const int need = kPrefixTokens + 16 + setup.max_new_tokens;
   if (need > w->model_->config().max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-new-tokens too large for the model's context (",
-                                                   w->model_->config().max_seq_len, " tokens)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-new-tokens too large for the model's context (",
+                     w->model_->config().max_seq_len, " tokens)"));
   }
   for (int p = 0; p < kPrefixes; ++p) {
-    absl::StatusOr<std::vector<int32_t>> text = local::ModelTextPrompt(*w->engine_, 5 + p, kPrefixTokens);
+    absl::StatusOr<std::vector<int32_t>> text =
+        local::ModelTextPrompt(*w->engine_, 5 + p, kPrefixTokens);
     if (!text.ok()) return text.status();
     w->prefixes_.push_back(*text);
   }
@@ -314,7 +335,8 @@ absl::Status MixedWorkload::RegisterPrefixes(const local::LocalCluster& cluster)
   for (size_t p = 0; p < prefixes_.size(); ++p) {
     std::string error;
     prefix_ids_[p] = local::RegisterPrefix(cluster.client(), prefixes_[p], &error);
-    if (prefix_ids_[p].empty()) return absl::UnavailableError("registering a prefix failed: " + error);
+    if (prefix_ids_[p].empty())
+      return absl::UnavailableError("registering a prefix failed: " + error);
   }
   return absl::OkStatus();
 }
@@ -322,14 +344,20 @@ absl::Status MixedWorkload::RegisterPrefixes(const local::LocalCluster& cluster)
 RequestSpec MixedWorkload::Draw(int64_t index) const {
   // Each request is a function of (seed, index): reruns draw the same mix.
   std::mt19937_64 rng(seed_ ^ (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(index + 1)));
-  auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
-  auto pick = [&](int n) { return static_cast<int>(std::uniform_int_distribution<int>(0, n - 1)(rng)); };
+  auto uniform = [&](double a, double b) {
+    return std::uniform_real_distribution<double>(a, b)(rng);
+  };
+  auto pick = [&](int n) {
+    return static_cast<int>(std::uniform_int_distribution<int>(0, n - 1)(rng));
+  };
   const int vocab = model_->config().vocab_size;
   RequestSpec spec;
   pb::GenerateRequest& req = spec.request;
   req.set_request_id(absl::StrFormat("chaos-%x-%d", seed_, index));
   const double m = uniform(0, 1);
-  req.set_mode(m < 0.5 ? pb::MODE_VERICACHE : m < 0.75 ? pb::MODE_FULL_REMOTE : pb::MODE_FULL_LOCAL);
+  req.set_mode(m < 0.5    ? pb::MODE_VERICACHE
+               : m < 0.75 ? pb::MODE_FULL_REMOTE
+                          : pb::MODE_FULL_LOCAL);
   if (req.mode() == pb::MODE_VERICACHE) {
     const Compressor& c = kCompressors[pick(4)];
     req.set_compressor(c.name);
@@ -373,7 +401,8 @@ RequestSpec MixedWorkload::Draw(int64_t index) const {
   }
   // Rejection sampling through drafts is distribution-identical, not
   // token-identical; without drafts it is seeded sampling.
-  spec.exact = !(req.sampling().mode() == pb::SamplingConfig::REJECTION && req.mode() == pb::MODE_VERICACHE);
+  spec.exact =
+      !(req.sampling().mode() == pb::SamplingConfig::REJECTION && req.mode() == pb::MODE_VERICACHE);
   spec.cancel = uniform(0, 1) < setup_.cancel_fraction;
   spec.cancel_by_rpc = uniform(0, 1) < 0.5;
   spec.cancel_after_ms = pick(250);
@@ -387,7 +416,8 @@ RequestSpec MixedWorkload::Draw(int64_t index) const {
 Outcome MixedWorkload::Run(const RequestSpec& spec, const rpc::ClientConfig& coordinator,
                            pb::Coordinator::Stub* stub) const {
   Outcome out;
-  auto ctx = rpc::ContextWithTimeout(coordinator, std::chrono::seconds(setup_.request_timeout_seconds));
+  auto ctx =
+      rpc::ContextWithTimeout(coordinator, std::chrono::seconds(setup_.request_timeout_seconds));
   const auto start = Clock::now();
   std::mutex mu;
   std::condition_variable cv;
@@ -397,7 +427,8 @@ Outcome MixedWorkload::Run(const RequestSpec& spec, const rpc::ClientConfig& coo
   if (spec.cancel) {
     canceller = std::thread([&] {
       std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, std::chrono::milliseconds(spec.cancel_after_ms), [&] { return done; })) return;
+      if (cv.wait_for(lock, std::chrono::milliseconds(spec.cancel_after_ms), [&] { return done; }))
+        return;
       cancel_at = Clock::now();
       lock.unlock();
       if (spec.cancel_by_rpc) {
@@ -418,7 +449,8 @@ Outcome MixedWorkload::Run(const RequestSpec& spec, const rpc::ClientConfig& coo
       out.tokens.assign(msg.totals().tokens().begin(), msg.totals().tokens().end());
     } else if (msg.tokens_size() > 0) {
       if (out.client_ttft_ms < 0) {
-        out.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        out.client_ttft_ms =
+            std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       }
       out.streamed.insert(out.streamed.end(), msg.tokens().begin(), msg.tokens().end());
     }
@@ -450,7 +482,8 @@ std::string MixedWorkload::Check(const RequestSpec& spec, const Outcome& out) {
                         ") differ from the streamed ones (", out.streamed.size(), ")");
   }
   for (int32_t t : out.streamed) {
-    if (t < 0 || t >= vocab) return absl::StrCat(req.request_id(), ": token ", t, " outside the vocabulary");
+    if (t < 0 || t >= vocab)
+      return absl::StrCat(req.request_id(), ": token ", t, " outside the vocabulary");
   }
   if (static_cast<int64_t>(out.streamed.size()) > req.max_new_tokens()) {
     return absl::StrCat(req.request_id(), ": ", out.streamed.size(), " tokens > max_new_tokens ",
@@ -459,8 +492,8 @@ std::string MixedWorkload::Check(const RequestSpec& spec, const Outcome& out) {
   if (!spec.exact) {
     if (out.status.ok() && req.ignore_eos() &&
         static_cast<int64_t>(out.tokens.size()) != req.max_new_tokens()) {
-      return absl::StrCat(req.request_id(), ": ", out.tokens.size(), " tokens with ignore_eos, wanted ",
-                          req.max_new_tokens());
+      return absl::StrCat(req.request_id(), ": ", out.tokens.size(),
+                          " tokens with ignore_eos, wanted ", req.max_new_tokens());
     }
     return "";
   }
@@ -479,19 +512,23 @@ std::string MixedWorkload::Check(const RequestSpec& spec, const Outcome& out) {
         d.sampling.seed = req.sampling().seed();
       }
       absl::StatusOr<DecodeResult> r = DecodeFull(*engine_, spec.prompt, d);
-      if (!r.ok()) return absl::StrCat(req.request_id(), ": reference decoding failed: ", r.status().message());
+      if (!r.ok())
+        return absl::StrCat(req.request_id(),
+                            ": reference decoding failed: ", r.status().message());
       it = references_.emplace(spec.shape, r->tokens).first;
     }
     ref = it->second;
   }
   const std::vector<int32_t>& got = out.status.ok() ? out.tokens : out.streamed;
-  const bool match = out.status.ok() ? got == ref
-                                     : got.size() <= ref.size() && std::equal(got.begin(), got.end(), ref.begin());
+  const bool match =
+      out.status.ok() ? got == ref
+                      : got.size() <= ref.size() && std::equal(got.begin(), got.end(), ref.begin());
   if (match) return "";
   size_t i = 0;
   while (i < got.size() && i < ref.size() && got[i] == ref[i]) ++i;
-  return absl::StrCat(req.request_id(), " (mode ", pb::Mode_Name(req.mode()), ", ", req.compressor(),
-                      "): ", got.size(), " tokens, full KV ", ref.size(), ", first difference at ", i,
+  return absl::StrCat(req.request_id(), " (mode ", pb::Mode_Name(req.mode()), ", ",
+                      req.compressor(), "): ", got.size(), " tokens, full KV ", ref.size(),
+                      ", first difference at ", i,
                       out.status.ok() ? "" : " (streamed before a failure)");
 }
 

@@ -79,9 +79,9 @@ struct RequestSpec {
   std::vector<int32_t> prompt;  // the effective prompt (prefix + suffix)
   bool exact = true;            // token-identical to full KV (not rejection in vericache)
   bool cancel = false;
-  bool cancel_by_rpc = false;   // Coordinator.Cancel (else the client drops the stream)
+  bool cancel_by_rpc = false;  // Coordinator.Cancel (else the client drops the stream)
   int cancel_after_ms = 0;
-  std::string shape;            // prompt, length, sampling: the reference cache key
+  std::string shape;  // prompt, length, sampling: the reference cache key
 };
 
 struct Outcome {
@@ -90,7 +90,7 @@ struct Outcome {
   std::vector<int32_t> tokens;    // final totals (OK only)
   double client_ttft_ms = -1;     // to the first streamed token
   double seconds = 0;
-  bool cancelled = false;         // the client cancelled it
+  bool cancelled = false;  // the client cancelled it
   double cancel_to_end_ms = -1;
   std::chrono::steady_clock::time_point cancel_at{};  // when the cancel was sent
 };

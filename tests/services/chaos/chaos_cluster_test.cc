@@ -24,7 +24,8 @@ class ChaosClusterTest : public ::testing::Test {
   void SetUp() override {
     const char* dir = std::getenv("VC_MODELS_DIR");
     setup_.model = std::string(dir ? dir : "/work/shared/models") + "/stories260K.bin";
-    if (!std::filesystem::exists(setup_.model)) GTEST_SKIP() << "test model not found: " << setup_.model;
+    if (!std::filesystem::exists(setup_.model))
+      GTEST_SKIP() << "test model not found: " << setup_.model;
     setup_.bin_dir = VC_DAEMON_DIR;
     setup_.verifiers = 1;
     setup_.drafters = 2;
@@ -78,7 +79,8 @@ TEST_F(ChaosClusterTest, IdleCheckSeesHeldSessionsAndSilentDaemons) {
   request.join();
   EXPECT_FALSE(held.idle);
   EXPECT_NE(held.detail.find("sessions"), std::string::npos) << held.detail;
-  EXPECT_NE(held.detail.find("coordinator"), std::string::npos) << held.detail;  // it did not answer
+  EXPECT_NE(held.detail.find("coordinator"), std::string::npos)
+      << held.detail;  // it did not answer
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();
   EXPECT_EQ(workload_->Check(spec, out), "");
   const internal::IdleState after = internal::WaitIdle(*cluster_, std::chrono::seconds(30));
@@ -94,7 +96,8 @@ TEST_F(ChaosClusterTest, WorkersFreeOrphanedSessionsWithinTheDrain) {
   for (const std::string name : {"verifier", "drafter", "drafter-1"}) {
     std::ifstream in("/proc/" + std::to_string(cluster_->Find(name)->pid) + "/cmdline");
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string flag = "--session-idle-seconds=" + std::to_string(setup_.session_idle_seconds);
+    const std::string flag =
+        "--session-idle-seconds=" + std::to_string(setup_.session_idle_seconds);
     EXPECT_NE(cmdline.find(flag), std::string::npos) << name;
   }
   EXPECT_LT(setup_.session_idle_seconds, setup_.drain_seconds);

@@ -17,8 +17,8 @@ namespace {
 
 namespace pb = ::vericache::v1;
 
-const std::vector<std::string> kDaemons = {"kvstore", "verifier", "verifier-1", "drafter", "drafter-1",
-                                           "coordinator"};
+const std::vector<std::string> kDaemons = {"kvstore", "verifier",  "verifier-1",
+                                           "drafter", "drafter-1", "coordinator"};
 
 TEST(FaultScheduleTest, SameSeedSameScheduleOtherSeedOther) {
   ChaosOptions o;
@@ -34,7 +34,8 @@ TEST(FaultScheduleTest, SameSeedSameScheduleOtherSeedOther) {
     EXPECT_EQ(a[i].down_s, b[i].down_s);
   }
   bool differs = a.size() != c.size();
-  for (size_t i = 0; !differs && i < a.size(); ++i) differs = a[i].at_s != c[i].at_s || a[i].target != c[i].target;
+  for (size_t i = 0; !differs && i < a.size(); ++i)
+    differs = a[i].at_s != c[i].at_s || a[i].target != c[i].target;
   EXPECT_TRUE(differs);
 }
 
@@ -78,7 +79,8 @@ TEST(FaultScheduleTest, BoundedSequentialAndCoversEveryFault) {
 }
 
 TEST(CleanFailureTest, KnownCodeAndMessage) {
-  EXPECT_TRUE(IsCleanFailure(grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier 1.2.3.4: Socket closed")));
+  EXPECT_TRUE(IsCleanFailure(
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier 1.2.3.4: Socket closed")));
   EXPECT_TRUE(IsCleanFailure(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")));
   EXPECT_TRUE(IsCleanFailure(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline")));
   EXPECT_FALSE(IsCleanFailure(grpc::Status::OK));
@@ -116,7 +118,8 @@ class WorkloadTest : public ::testing::Test {
   void SetUp() override {
     const char* dir = std::getenv("VC_MODELS_DIR");
     setup_.model = std::string(dir ? dir : "/work/shared/models") + "/stories260K.bin";
-    if (!std::filesystem::exists(setup_.model)) GTEST_SKIP() << "test model not found: " << setup_.model;
+    if (!std::filesystem::exists(setup_.model))
+      GTEST_SKIP() << "test model not found: " << setup_.model;
     auto w = internal::MixedWorkload::Create(setup_, 99);
     ASSERT_TRUE(w.ok()) << w.status();
     workload_ = std::move(*w);
