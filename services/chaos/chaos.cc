@@ -149,6 +149,7 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
   const std::string idle = absl::StrCat("--session-idle-seconds=", setup.session_idle_seconds);
   o.extra_flags["vc-verifier"] = {idle};
   o.extra_flags["vc-drafter"] = {idle};
+  o.extra_flags["vc-kvstore"] = {absl::StrCat("--put-lease-seconds=", setup.put_lease_seconds)};
   log << "starting the cluster: " << setup.verifiers << " verifiers, " << setup.drafters
       << " drafters, " << (setup.insecure ? "insecure" : "mTLS + API keys") << " (daemon logs in "
       << *log_dir << ")" << std::endl;

@@ -37,6 +37,10 @@ struct ClusterSetup {
   // worker paused longer keeps the session until this). Below
   // drain_seconds, so the idle check covers it.
   int session_idle_seconds = 20;
+  // The store's --put-lease-seconds, for the same reason: a put whose writer
+  // was killed mid-ingest stays open (staged bytes held) until its lease
+  // ends, 120 s by default.
+  int put_lease_seconds = 20;
   int64_t request_timeout_seconds = 120;  // gRPC deadline of each Generate
 };
 
