@@ -24,6 +24,8 @@ int RunSimulate(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunDetokenize(int argc, char** argv);
 int RunChatTemplate(int argc, char** argv);
+int RunChaos(int argc, char** argv);
+int RunSoak(int argc, char** argv);
 
 // One line "vericache <command>: <msg>" on stderr; returns kExitBadInput.
 int BadInput(const std::string& command, const std::string& msg);

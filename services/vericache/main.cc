@@ -27,6 +27,8 @@ constexpr char kUsage[] =
     "  ingest       register a prefix with a cluster (store its full and compressed KV)\n"
     "  prefix       pin, unpin or delete a registered prefix\n"
     "  chat-template  render a conversation with a model's chat template\n"
+    "  chaos        local cluster under seeded kill -9 / restart / pause faults, checked\n"
+    "  soak         local cluster at a fixed rate: RSS slopes, TTFT, cancel latency\n"
     "\n"
     "Run 'vericache <command> --help' for the flags of a command.\n";
 
@@ -50,6 +52,8 @@ int main(int argc, char** argv) {
   if (command == "ingest") return vc::cli::RunIngest(argc, argv);
   if (command == "prefix") return vc::cli::RunPrefix(argc, argv);
   if (command == "chat-template") return vc::cli::RunChatTemplate(argc, argv);
+  if (command == "chaos") return vc::cli::RunChaos(argc, argv);
+  if (command == "soak") return vc::cli::RunSoak(argc, argv);
   std::fprintf(stderr, "vericache: unknown command '%s' (see vericache --help)\n", command.c_str());
   return 2;
 }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Long tier: `vericache chaos` for 10 minutes (VC_CHAOS_SECONDS) against a
+# local cluster of 2 verifiers and 2 drafters: kill -9 / restart of
+# drafters, verifiers and the store and SIGSTOP pauses, from a fixed seed
+# (VC_CHAOS_SEED) so a failure replays. Fails on any wrong token, unclean
+# failure or leak, and unless at least 100 faults and 2,000 requests ran.
+set -euo pipefail
+: "${VC_BUILD_DIR:?}"
+seed="${VC_CHAOS_SEED:-424242}"
+seconds="${VC_CHAOS_SECONDS:-600}"
+exec "$VC_BUILD_DIR/bin/vericache" chaos --seed "$seed" --duration "$seconds" \
+  --faults 1000 --requests 1000000 --min-faults 100 --min-requests 2000

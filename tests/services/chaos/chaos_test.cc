@@ -1,0 +1,216 @@
+// The parts of the chaos tool that decide pass or fail, without a cluster:
+// the seeded fault schedule (replayable, bounded), which failures count as
+// clean, the RSS slope, and the token check against full-KV decoding.
+#include "services/chaos/chaos.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/chaos/internal/cluster_ops.h"
+
+namespace vc::chaos {
+namespace {
+
+namespace pb = ::vericache::v1;
+
+const std::vector<std::string> kDaemons = {"kvstore", "verifier",  "verifier-1",
+                                           "drafter", "drafter-1", "coordinator"};
+
+TEST(FaultScheduleTest, SameSeedSameScheduleOtherSeedOther) {
+  ChaosOptions o;
+  o.duration_s = 120;
+  const auto a = DrawFaultSchedule(7, o, kDaemons);
+  const auto b = DrawFaultSchedule(7, o, kDaemons);
+  const auto c = DrawFaultSchedule(8, o, kDaemons);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at_s, b[i].at_s);
+    EXPECT_EQ(a[i].type, b[i].type);
+    EXPECT_EQ(a[i].target, b[i].target);
+    EXPECT_EQ(a[i].down_s, b[i].down_s);
+  }
+  bool differs = a.size() != c.size();
+  for (size_t i = 0; !differs && i < a.size(); ++i)
+    differs = a[i].at_s != c[i].at_s || a[i].target != c[i].target;
+  EXPECT_TRUE(differs);
+}
+
+TEST(FaultScheduleTest, BoundedSequentialAndCoversEveryFault) {
+  ChaosOptions o;
+  o.duration_s = 600;
+  o.max_faults = 100;
+  const auto s = DrawFaultSchedule(42, o, kDaemons);
+  EXPECT_EQ(s.size(), 100u);  // 600 s hold more than 100 at the default gap
+  std::set<FaultType> types;
+  std::set<std::string> targets;
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_LT(s[i].at_s, o.duration_s);
+    EXPECT_GT(s[i].down_s, 0);
+    if (i > 0) {
+      EXPECT_GE(s[i].at_s, s[i - 1].at_s + s[i - 1].down_s);  // one at a time
+    }
+    types.insert(s[i].type);
+    targets.insert(s[i].target);
+    if (s[i].type == FaultType::kKillDrafter) {
+      EXPECT_EQ(s[i].target.rfind("drafter", 0), 0u);
+    }
+    if (s[i].type == FaultType::kKillVerifier) {
+      EXPECT_EQ(s[i].target.rfind("verifier", 0), 0u);
+    }
+    if (s[i].type == FaultType::kKillStore) {
+      EXPECT_EQ(s[i].target, "kvstore");
+    }
+  }
+  EXPECT_TRUE(types.count(FaultType::kKillDrafter));
+  EXPECT_TRUE(types.count(FaultType::kKillVerifier));
+  EXPECT_TRUE(types.count(FaultType::kKillStore));
+  EXPECT_TRUE(types.count(FaultType::kPause));
+  EXPECT_TRUE(targets.count("drafter-1"));
+  EXPECT_TRUE(targets.count("verifier-1"));
+
+  o.duration_s = 20;
+  EXPECT_LE(DrawFaultSchedule(42, o, kDaemons).size(), 10u);
+  o.max_faults = 0;
+  EXPECT_TRUE(DrawFaultSchedule(42, o, kDaemons).empty());
+}
+
+TEST(CleanFailureTest, KnownCodeAndMessage) {
+  EXPECT_TRUE(IsCleanFailure(
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier 1.2.3.4: Socket closed")));
+  EXPECT_TRUE(IsCleanFailure(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")));
+  EXPECT_TRUE(IsCleanFailure(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline")));
+  EXPECT_FALSE(IsCleanFailure(grpc::Status::OK));
+  EXPECT_FALSE(IsCleanFailure(grpc::Status(grpc::StatusCode::UNAVAILABLE, "")));
+  EXPECT_FALSE(IsCleanFailure(grpc::Status(grpc::StatusCode::UNKNOWN, "boom")));
+  EXPECT_FALSE(IsCleanFailure(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad prompt")));
+}
+
+TEST(SlopeTest, LeastSquares) {
+  EXPECT_DOUBLE_EQ(LeastSquaresSlope({0, 1, 2, 3}, {1, 3, 5, 7}), 2.0);
+  EXPECT_DOUBLE_EQ(LeastSquaresSlope({0, 1, 2}, {5, 5, 5}), 0.0);
+  EXPECT_DOUBLE_EQ(LeastSquaresSlope({1}, {5}), 0.0);
+  EXPECT_DOUBLE_EQ(LeastSquaresSlope({2, 2}, {1, 9}), 0.0);
+  EXPECT_NEAR(LeastSquaresSlope({0, 1, 2, 3}, {0, 1.1, 1.9, 3.0}), 0.98, 1e-9);
+}
+
+TEST(SummaryTest, FailsOnAnyViolation) {
+  ChaosReport r;
+  r.seed = 5;
+  EXPECT_TRUE(r.ok());
+  EXPECT_NE(SummaryLine(r).find("PASS seed=5"), std::string::npos);
+  r.wrong_tokens = 1;
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(SummaryLine(r).find("FAIL"), std::string::npos);
+  r.wrong_tokens = 0;
+  r.leaks = "verifier holds 1 sessions";
+  EXPECT_FALSE(r.ok());
+  r.leaks.clear();
+  r.below_minimum = true;
+  EXPECT_FALSE(r.ok());
+}
+
+class WorkloadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* dir = std::getenv("VC_MODELS_DIR");
+    setup_.model = std::string(dir ? dir : "/work/shared/models") + "/stories260K.bin";
+    if (!std::filesystem::exists(setup_.model))
+      GTEST_SKIP() << "test model not found: " << setup_.model;
+    auto w = internal::MixedWorkload::Create(setup_, 99);
+    ASSERT_TRUE(w.ok()) << w.status();
+    workload_ = std::move(*w);
+  }
+  ClusterSetup setup_;
+  std::unique_ptr<internal::MixedWorkload> workload_;
+};
+
+TEST_F(WorkloadTest, DrawIsReplayableAndMixesEverything) {
+  std::set<int> modes, samplings;
+  std::set<std::string> compressors;
+  int shared = 0, cancels = 0;
+  for (int i = 0; i < 300; ++i) {
+    const internal::RequestSpec a = workload_->Draw(i);
+    const internal::RequestSpec b = workload_->Draw(i);
+    ASSERT_EQ(a.request.SerializeAsString(), b.request.SerializeAsString());
+    ASSERT_EQ(a.shape, b.shape);
+    modes.insert(a.request.mode());
+    samplings.insert(a.request.sampling().mode());
+    if (!a.request.compressor().empty()) compressors.insert(a.request.compressor());
+    if (a.prompt.size() > 96) ++shared;
+    if (a.cancel) ++cancels;
+    EXPECT_LE(a.request.max_new_tokens(), setup_.max_new_tokens);
+    EXPECT_EQ(a.exact, !(a.request.mode() == pb::MODE_VERICACHE &&
+                         a.request.sampling().mode() == pb::SamplingConfig::REJECTION));
+  }
+  EXPECT_EQ(modes, (std::set<int>{pb::MODE_VERICACHE, pb::MODE_FULL_REMOTE, pb::MODE_FULL_LOCAL}));
+  EXPECT_EQ(samplings.size(), 3u);
+  EXPECT_EQ(compressors, (std::set<std::string>{"snapkv", "int8", "kivi", "streamingllm"}));
+  EXPECT_GT(shared, 50);
+  EXPECT_GT(cancels, 10);
+}
+
+TEST_F(WorkloadTest, CheckCatchesWrongTokens) {
+  // Find an exact request and make its reference.
+  internal::RequestSpec spec;
+  for (int i = 0;; ++i) {
+    spec = workload_->Draw(i);
+    if (spec.exact && spec.request.ignore_eos()) break;
+  }
+  internal::Outcome out;
+  out.status = grpc::Status::OK;
+  // An outcome that is right by construction: ask the checker for the
+  // reference via a failed outcome with nothing streamed (a valid prefix).
+  out.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "x");
+  EXPECT_EQ(workload_->Check(spec, out), "");
+  // Full length but wrong: every token shifted by one.
+  out.status = grpc::Status::OK;
+  out.tokens.assign(spec.request.max_new_tokens(), 5);
+  out.streamed = out.tokens;
+  const std::string wrong = workload_->Check(spec, out);
+  EXPECT_NE(wrong.find("first difference"), std::string::npos) << wrong;
+  // Streamed tokens that disagree with the final ones.
+  out.streamed.pop_back();
+  EXPECT_NE(workload_->Check(spec, out).find("differ from the streamed"), std::string::npos);
+  // A token outside the vocabulary.
+  out.streamed = {1 << 30};
+  out.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "x");
+  EXPECT_NE(workload_->Check(spec, out).find("outside the vocabulary"), std::string::npos);
+}
+
+TEST_F(WorkloadTest, CheckAcceptsFullKvTokensAndTheirPrefixes) {
+  internal::RequestSpec spec;
+  for (int i = 0;; ++i) {
+    spec = workload_->Draw(i);
+    if (spec.exact && spec.request.ignore_eos() && spec.request.sampling().mode() != 0) break;
+  }
+  // The reference itself, found by walking a failed outcome's streamed
+  // prefix one token at a time (the checker accepts exactly its prefixes).
+  internal::Outcome out;
+  out.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "x");
+  const int vocab = 512;
+  for (int64_t pos = 0; pos < spec.request.max_new_tokens(); ++pos) {
+    bool found = false;
+    for (int t = 0; t < vocab && !found; ++t) {
+      out.streamed.push_back(t);
+      if (workload_->Check(spec, out).empty()) {
+        found = true;
+      } else {
+        out.streamed.pop_back();
+      }
+    }
+    ASSERT_TRUE(found) << "no token continues the reference at " << pos;
+  }
+  out.status = grpc::Status::OK;
+  out.tokens = out.streamed;
+  EXPECT_EQ(workload_->Check(spec, out), "");
+  out.tokens.pop_back();
+  out.streamed.pop_back();
+  EXPECT_NE(workload_->Check(spec, out), "");  // too short for an OK request
+}
+
+}  // namespace
+}  // namespace vc::chaos
