@@ -128,9 +128,10 @@ stage "unit tests under ASan+UBSan"
 # ThreadSanitizer for the concurrency-heavy units: the thread pool, the copy
 # engine and the long-context runtime that drives it, the data plane (TCP and
 # UCX servers and clients, fetches and stages, the link pacer) and the
-# coordinator's slot clock.
+# coordinator's slot clock and its worker health tracker (probe thread).
 TSAN_TESTS=(thread_pool_test copy_engine_test long_context_runtime_test
-            link_pacer_test data_plane_test data_plane_stage_test slot_clock_test)
+            link_pacer_test data_plane_test data_plane_stage_test slot_clock_test
+            worker_health_test)
 stage "build (build-tsan/, TSan: ${#TSAN_TESTS[@]} tests)"
 cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
   -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \
