@@ -4,7 +4,6 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
-#include <sys/stat.h>
 
 #include <array>
 #include <cctype>
@@ -12,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/file_stamp.h"
 #include "nlohmann/json.hpp"
 
 namespace vc::coordinator {
@@ -46,25 +47,10 @@ struct Entry {
   std::string tenant;
 };
 
-struct FileStamp {
-  int64_t mtime_ns = -1;
-  int64_t size = -1;
-  uint64_t inode = 0;
-  bool operator==(const FileStamp& o) const {
-    return mtime_ns == o.mtime_ns && size == o.size && inode == o.inode;
-  }
-};
-
 absl::StatusOr<FileStamp> Stamp(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("--api-keys-file ", path, ": cannot stat"));
-  }
-  FileStamp f;
-  f.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-  f.size = st.st_size;
-  f.inode = st.st_ino;
-  return f;
+  std::optional<FileStamp> stamp = StampFile(path);
+  if (!stamp) return absl::NotFoundError(absl::StrCat("--api-keys-file ", path, ": cannot stat"));
+  return *stamp;
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path,

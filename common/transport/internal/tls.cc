@@ -4,10 +4,10 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -100,16 +100,6 @@ std::string CertIdentity(X509* cert) {
   return identity;
 }
 
-bool TlsContextSource::Stamp::operator==(const Stamp& o) const {
-  for (int i = 0; i < 3; ++i) {
-    if (mtime[i].tv_sec != o.mtime[i].tv_sec || mtime[i].tv_nsec != o.mtime[i].tv_nsec ||
-        inode[i] != o.inode[i] || size[i] != o.size[i]) {
-      return false;
-    }
-  }
-  return true;
-}
-
 absl::StatusOr<std::shared_ptr<TlsContextSource>> TlsContextSource::Create(
     const DataPlaneTlsOptions& files, bool server) {
   if (files.cert_file.empty() || files.key_file.empty() || files.ca_file.empty()) {
@@ -130,13 +120,11 @@ absl::StatusOr<TlsContextSource::Stamp> TlsContextSource::StampFiles() const {
   Stamp stamp;
   const std::string* paths[3] = {&files_.cert_file, &files_.key_file, &files_.ca_file};
   for (int i = 0; i < 3; ++i) {
-    struct stat st {};
-    if (::stat(paths[i]->c_str(), &st) != 0) {
+    std::optional<FileStamp> file = StampFile(*paths[i]);
+    if (!file) {
       return absl::UnavailableError(absl::StrCat("data plane TLS: cannot stat ", *paths[i]));
     }
-    stamp.mtime[i] = st.st_mtim;
-    stamp.inode[i] = st.st_ino;
-    stamp.size[i] = st.st_size;
+    stamp[static_cast<size_t>(i)] = *file;
   }
   return stamp;
 }

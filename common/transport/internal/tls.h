@@ -5,14 +5,14 @@
 // apply to new connections without a restart.
 #pragma once
 
-#include <sys/stat.h>
-
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/base/file_stamp.h"
 #include "common/transport/data_plane.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
@@ -49,12 +49,8 @@ class TlsContextSource {
   int reloads() const;
 
  private:
-  struct Stamp {
-    struct timespec mtime[3] = {};
-    ino_t inode[3] = {};
-    off_t size[3] = {};
-    bool operator==(const Stamp& o) const;
-  };
+  // Certificate, key and CA, in that order.
+  using Stamp = std::array<FileStamp, 3>;
   TlsContextSource(DataPlaneTlsOptions files, bool server) : files_(std::move(files)), server_(server) {}
   absl::StatusOr<Stamp> StampFiles() const;
   absl::StatusOr<std::shared_ptr<SSL_CTX>> Load() const;

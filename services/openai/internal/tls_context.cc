@@ -3,6 +3,8 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 
 namespace vc::openai::internal {
@@ -20,16 +22,6 @@ std::string TakeErrors() {
 }
 
 }  // namespace
-
-bool TlsServerContext::Stamp::operator==(const Stamp& o) const {
-  for (int i = 0; i < 2; ++i) {
-    if (mtime[i].tv_sec != o.mtime[i].tv_sec || mtime[i].tv_nsec != o.mtime[i].tv_nsec ||
-        inode[i] != o.inode[i] || size[i] != o.size[i]) {
-      return false;
-    }
-  }
-  return true;
-}
 
 absl::StatusOr<std::shared_ptr<TlsServerContext>> TlsServerContext::Create(const std::string& cert_file,
                                                                            const std::string& key_file) {
@@ -50,13 +42,11 @@ absl::StatusOr<TlsServerContext::Stamp> TlsServerContext::StampFiles() const {
   Stamp stamp;
   const std::pair<const char*, const std::string*> files[2] = {{"--tls-cert", &cert_}, {"--tls-key", &key_}};
   for (int i = 0; i < 2; ++i) {
-    struct stat st {};
-    if (::stat(files[i].second->c_str(), &st) != 0) {
+    std::optional<FileStamp> file = StampFile(*files[i].second);
+    if (!file) {
       return absl::UnavailableError(absl::StrCat(files[i].first, " ", *files[i].second, ": cannot stat"));
     }
-    stamp.mtime[i] = st.st_mtim;
-    stamp.inode[i] = st.st_ino;
-    stamp.size[i] = st.st_size;
+    stamp[static_cast<size_t>(i)] = *file;
   }
   return stamp;
 }

@@ -8,13 +8,13 @@
 // restart; a rotation that does not load keeps the last good context.
 #pragma once
 
-#include <sys/stat.h>
-
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/base/file_stamp.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 
@@ -32,12 +32,8 @@ class TlsServerContext {
   int reloads() const;
 
  private:
-  struct Stamp {
-    struct timespec mtime[2] = {};
-    ino_t inode[2] = {};
-    off_t size[2] = {};
-    bool operator==(const Stamp& o) const;
-  };
+  // Certificate, then key.
+  using Stamp = std::array<FileStamp, 2>;
   TlsServerContext(std::string cert, std::string key) : cert_(std::move(cert)), key_(std::move(key)) {}
   absl::StatusOr<Stamp> StampFiles() const;
   absl::StatusOr<std::shared_ptr<SSL_CTX>> Load() const;
