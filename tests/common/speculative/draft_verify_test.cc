@@ -241,13 +241,15 @@ TEST(DraftVerifyTest, SeededSamplingIsExact) {
 // empirical joint distribution of the 2nd and 3rd generated tokens (the
 // ones the accept/reject rule decides) over many seeds with the exact one,
 // computed by enumerating the full model's conditionals.
-TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
-  const int vocab = 6;
-  ModelConfig c = SmallConfig(vocab);
-  Fixture f = Make(c, 21);
+// Rejection sampling drafted by `drafter` (null: the target engine itself)
+// is distributed as full-KV sampling: the joint distribution of the 2nd and
+// 3rd generated tokens over 4000 seeded requests passes a pooled chi-square
+// test against the exact one.
+void ExpectRejectionMatchesFull(const char* label, const ModelConfig& c, const Fixture& f,
+                                Engine* drafter, RequestOptions ro, uint64_t first_seed) {
+  const int vocab = c.vocab_size;
   const auto prompt = RandomPrompt(24, vocab, 4);
   const SamplingParams sp{6.0f, 0, 1.0f, 0};
-
   auto next_dist = [&](const std::vector<int32_t>& seq) {
     PagedKvCache kv(c);
     std::vector<float> logits;
@@ -258,14 +260,13 @@ TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
   const auto exact = testing::ExactSecondAndThirdTokens(next_dist, prompt, vocab);
   const int n = 4000;
   std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+  ro.sampling_mode = SamplingMode::kRejection;
+  ro.sampling = sp;
   for (int s = 0; s < n; ++s) {
-    RequestOptions ro = VeriCache("streamingllm", 0.25, 0, 2, 3);
-    ro.sampling_mode = SamplingMode::kRejection;
-    ro.sampling = sp;
-    ro.sampling.seed = 1000 + s;
+    ro.sampling.seed = first_seed + s;
     reqs.push_back(MakeRequest(*f.engine, prompt, ro));
   }
-  ASSERT_TRUE(RunBatch(*f.engine, reqs).ok());
+  ASSERT_TRUE(RunBatch(*f.engine, drafter, reqs).ok());
   std::map<std::pair<int, int>, int> counts;
   int64_t rejected = 0;
   for (const auto& r : reqs) {
@@ -274,13 +275,19 @@ TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
     rejected += r->stats().wasted_drafts;
   }
   const testing::ChiSquare chi = testing::PooledChiSquare(exact, counts, n);
-  std::printf("rejection sampling: chi2 %.1f, dof %d, limit %.1f, drafts rejected %lld\n",
+  std::printf("rejection sampling%s: chi2 %.1f, dof %d, limit %.1f, drafts rejected %lld\n", label,
               chi.statistic, chi.dof, chi.limit, static_cast<long long>(rejected));
   // Random models attend weakly, so the drafter rarely disagrees; the rule
   // itself is tested with strongly different p and q in
   // tests/common/sampling (SpeculativeAccept).
   EXPECT_GT(rejected, n / 200) << "the drafter must disagree sometimes for this test to mean much";
   EXPECT_LT(chi.statistic, chi.limit);
+}
+
+TEST(DraftVerifyTest, RejectionSamplingMatchesFullDistribution) {
+  const ModelConfig c = SmallConfig(6);
+  const Fixture f = Make(c, 21);
+  ExpectRejectionMatchesFull("", c, f, nullptr, VeriCache("streamingllm", 0.25, 0, 2, 3), 1000);
 }
 
 }  // namespace
@@ -533,42 +540,11 @@ TEST(QuantizedDrafterTest, RejectsMismatchedEngines) {
 // Rejection sampling with a quantised drafter (int4: drafts that differ from
 // the target's often) still draws from the full-KV distribution.
 TEST(QuantizedDrafterTest, RejectionSamplingMatchesFullDistribution) {
-  const int vocab = 6;
-  ModelConfig c = SmallConfig(vocab);
-  Fixture f = Make(c, 21);
+  const ModelConfig c = SmallConfig(6);
+  const Fixture f = Make(c, 21);
   QuantizedDrafter d = MakeDrafter(*f.model, kernels::WeightFormat::kInt4);
-  const auto prompt = RandomPrompt(24, vocab, 4);
-  const SamplingParams sp{6.0f, 0, 1.0f, 0};
-  auto next_dist = [&](const std::vector<int32_t>& seq) {
-    PagedKvCache kv(c);
-    std::vector<float> logits;
-    SequenceInput in{&kv, seq, static_cast<int64_t>(seq.size()) - 1};
-    EXPECT_TRUE(f.engine->Forward({&in, 1}, &logits).ok());
-    return FilteredDistribution(logits, sp);
-  };
-  const auto exact = testing::ExactSecondAndThirdTokens(next_dist, prompt, vocab);
-  const int n = 4000;
-  std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
-  for (int s = 0; s < n; ++s) {
-    RequestOptions ro = VeriCache("int8", 0, 8, 2, 3);
-    ro.sampling_mode = SamplingMode::kRejection;
-    ro.sampling = sp;
-    ro.sampling.seed = 5000 + s;
-    reqs.push_back(MakeRequest(*f.engine, prompt, ro));
-  }
-  ASSERT_TRUE(RunBatch(*f.engine, d.engine.get(), reqs).ok());
-  std::map<std::pair<int, int>, int> counts;
-  int64_t rejected = 0;
-  for (const auto& r : reqs) {
-    ASSERT_EQ(r->output().size(), 3u);
-    ++counts[{r->output()[1], r->output()[2]}];
-    rejected += r->stats().wasted_drafts;
-  }
-  const testing::ChiSquare chi = testing::PooledChiSquare(exact, counts, n);
-  std::printf("rejection sampling, int4 drafter: chi2 %.1f, dof %d, limit %.1f, drafts rejected %lld\n",
-              chi.statistic, chi.dof, chi.limit, static_cast<long long>(rejected));
-  EXPECT_GT(rejected, n / 200);
-  EXPECT_LT(chi.statistic, chi.limit);
+  ExpectRejectionMatchesFull(", int4 drafter", c, f, d.engine.get(), VeriCache("int8", 0, 8, 2, 3),
+                             5000);
 }
 
 }  // namespace
