@@ -86,8 +86,8 @@ std::string CertIdentity(X509* cert) {
     std::string cn = Asn1Utf8(X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at)));
     if (!cn.empty()) return "cert:" + cn;
   }
-  auto* sans = static_cast<GENERAL_NAMES*>(
-      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  auto* sans =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
   std::string identity;
   for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); ++i) {
     const GENERAL_NAME* name = sk_GENERAL_NAME_value(sans, i);
@@ -107,26 +107,14 @@ absl::StatusOr<std::shared_ptr<TlsContextSource>> TlsContextSource::Create(
         "data plane TLS needs all three of cert_file, key_file and ca_file (or none)");
   }
   std::shared_ptr<TlsContextSource> source(new TlsContextSource(files, server));
-  auto stamp = source->StampFiles();
-  if (!stamp.ok()) return stamp.status();
-  auto ctx = source->Load();
-  if (!ctx.ok()) return ctx.status();
-  source->ctx_ = std::move(*ctx);
-  source->stamp_ = *stamp;
+  auto reloader = FileReloader<std::shared_ptr<SSL_CTX>>::Create(
+      {{"data plane TLS certificate", files.cert_file},
+       {"data plane TLS key", files.key_file},
+       {"data plane TLS CA", files.ca_file}},
+      [raw = source.get()] { return raw->Load(); });
+  if (!reloader.ok()) return reloader.status();
+  source->reloader_ = std::move(*reloader);
   return source;
-}
-
-absl::StatusOr<TlsContextSource::Stamp> TlsContextSource::StampFiles() const {
-  Stamp stamp;
-  const std::string* paths[3] = {&files_.cert_file, &files_.key_file, &files_.ca_file};
-  for (int i = 0; i < 3; ++i) {
-    std::optional<FileStamp> file = StampFile(*paths[i]);
-    if (!file) {
-      return absl::UnavailableError(absl::StrCat("data plane TLS: cannot stat ", *paths[i]));
-    }
-    stamp[static_cast<size_t>(i)] = *file;
-  }
-  return stamp;
 }
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsContextSource::Load() const {
@@ -151,8 +139,7 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsContextSource::Load() const {
   }
   // Mutual: the server refuses a client without a certificate chaining to
   // the CA; the client refuses a server without one.
-  SSL_CTX_set_verify(c, SSL_VERIFY_PEER | (server_ ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
-                     nullptr);
+  SSL_CTX_set_verify(c, SSL_VERIFY_PEER | (server_ ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0), nullptr);
   // No tickets or resumption: every connection presents and checks its
   // certificate, and no ticket bytes arrive unasked on an idle connection.
   SSL_CTX_set_num_tickets(c, 0);
@@ -163,25 +150,8 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsContextSource::Load() const {
   return ctx;
 }
 
-std::shared_ptr<SSL_CTX> TlsContextSource::Get() {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto stamp = StampFiles();
-  if (stamp.ok() && !(*stamp == stamp_)) {
-    auto ctx = Load();
-    if (ctx.ok()) {
-      ctx_ = std::move(*ctx);
-      ++reloads_;
-    }
-    // Either way this stamp was tried: a broken rotation is not re-read on
-    // every connection, only when it changes again.
-    stamp_ = *stamp;
-  }
-  return ctx_;
-}
+std::shared_ptr<SSL_CTX> TlsContextSource::Get() { return reloader_->Get(); }
 
-int TlsContextSource::reloads() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return reloads_;
-}
+int TlsContextSource::reloads() const { return reloader_->reloads(); }
 
 }  // namespace vc::transport::internal

@@ -5,14 +5,12 @@
 // apply to new connections without a restart.
 #pragma once
 
-#include <array>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/base/file_stamp.h"
+#include "common/base/file_reloader.h"
 #include "common/transport/data_plane.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
@@ -49,18 +47,13 @@ class TlsContextSource {
   int reloads() const;
 
  private:
-  // Certificate, key and CA, in that order.
-  using Stamp = std::array<FileStamp, 3>;
-  TlsContextSource(DataPlaneTlsOptions files, bool server) : files_(std::move(files)), server_(server) {}
-  absl::StatusOr<Stamp> StampFiles() const;
+  TlsContextSource(DataPlaneTlsOptions files, bool server)
+      : files_(std::move(files)), server_(server) {}
   absl::StatusOr<std::shared_ptr<SSL_CTX>> Load() const;
 
   const DataPlaneTlsOptions files_;
   const bool server_;
-  mutable std::mutex mu_;
-  std::shared_ptr<SSL_CTX> ctx_;
-  Stamp stamp_;
-  int reloads_ = 0;
+  std::unique_ptr<FileReloader<std::shared_ptr<SSL_CTX>>> reloader_;
 };
 
 }  // namespace vc::transport::internal

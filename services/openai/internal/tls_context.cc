@@ -23,32 +23,18 @@ std::string TakeErrors() {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<TlsServerContext>> TlsServerContext::Create(const std::string& cert_file,
-                                                                           const std::string& key_file) {
+absl::StatusOr<std::shared_ptr<TlsServerContext>> TlsServerContext::Create(
+    const std::string& cert_file, const std::string& key_file) {
   if (cert_file.empty() || key_file.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   std::shared_ptr<TlsServerContext> source(new TlsServerContext(cert_file, key_file));
-  auto stamp = source->StampFiles();
-  if (!stamp.ok()) return absl::InvalidArgumentError(stamp.status().message());
-  auto ctx = source->Load();
-  if (!ctx.ok()) return absl::InvalidArgumentError(ctx.status().message());
-  source->ctx_ = std::move(*ctx);
-  source->stamp_ = *stamp;
+  auto reloader = FileReloader<std::shared_ptr<SSL_CTX>>::Create(
+      {{"--tls-cert", cert_file}, {"--tls-key", key_file}},
+      [raw = source.get()] { return raw->Load(); });
+  if (!reloader.ok()) return absl::InvalidArgumentError(reloader.status().message());
+  source->reloader_ = std::move(*reloader);
   return source;
-}
-
-absl::StatusOr<TlsServerContext::Stamp> TlsServerContext::StampFiles() const {
-  Stamp stamp;
-  const std::pair<const char*, const std::string*> files[2] = {{"--tls-cert", &cert_}, {"--tls-key", &key_}};
-  for (int i = 0; i < 2; ++i) {
-    std::optional<FileStamp> file = StampFile(*files[i].second);
-    if (!file) {
-      return absl::UnavailableError(absl::StrCat(files[i].first, " ", *files[i].second, ": cannot stat"));
-    }
-    stamp[static_cast<size_t>(i)] = *file;
-  }
-  return stamp;
 }
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsServerContext::Load() const {
@@ -61,7 +47,8 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsServerContext::Load() const {
   SSL_CTX* c = ctx.get();
   if (SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION) != 1) return fail("TLS 1.2");
   if (SSL_CTX_use_certificate_chain_file(c, cert_.c_str()) != 1) return fail("--tls-cert " + cert_);
-  if (SSL_CTX_use_PrivateKey_file(c, key_.c_str(), SSL_FILETYPE_PEM) != 1) return fail("--tls-key " + key_);
+  if (SSL_CTX_use_PrivateKey_file(c, key_.c_str(), SSL_FILETYPE_PEM) != 1)
+    return fail("--tls-key " + key_);
   if (SSL_CTX_check_private_key(c) != 1) return fail("--tls-key does not match --tls-cert");
   SSL_CTX_set_verify(c, SSL_VERIFY_NONE, nullptr);  // callers authenticate with API keys
   // A client-started renegotiation is extra handshake work a peer could
@@ -75,25 +62,8 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsServerContext::Load() const {
   return ctx;
 }
 
-std::shared_ptr<SSL_CTX> TlsServerContext::Get() {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto stamp = StampFiles();
-  if (stamp.ok() && !(*stamp == stamp_)) {
-    auto ctx = Load();
-    if (ctx.ok()) {
-      ctx_ = std::move(*ctx);
-      ++reloads_;
-    }
-    // This stamp was tried either way: a broken rotation is re-read only
-    // when the files change again, not on every connection.
-    stamp_ = *stamp;
-  }
-  return ctx_;
-}
+std::shared_ptr<SSL_CTX> TlsServerContext::Get() { return reloader_->Get(); }
 
-int TlsServerContext::reloads() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return reloads_;
-}
+int TlsServerContext::reloads() const { return reloader_->reloads(); }
 
 }  // namespace vc::openai::internal

@@ -8,13 +8,11 @@
 // restart; a rotation that does not load keeps the last good context.
 #pragma once
 
-#include <array>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/base/file_stamp.h"
+#include "common/base/file_reloader.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 
@@ -24,26 +22,21 @@ class TlsServerContext {
  public:
   // InvalidArgument naming the flag if a file is missing, unreadable, not
   // PEM, or the key is not the certificate's.
-  [[nodiscard]] static absl::StatusOr<std::shared_ptr<TlsServerContext>> Create(const std::string& cert_file,
-                                                                              const std::string& key_file);
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<TlsServerContext>> Create(
+      const std::string& cert_file, const std::string& key_file);
   // The context for a new connection (re-read first if the files changed).
   std::shared_ptr<SSL_CTX> Get();
   // Successful reloads after the first load.
   int reloads() const;
 
  private:
-  // Certificate, then key.
-  using Stamp = std::array<FileStamp, 2>;
-  TlsServerContext(std::string cert, std::string key) : cert_(std::move(cert)), key_(std::move(key)) {}
-  absl::StatusOr<Stamp> StampFiles() const;
+  TlsServerContext(std::string cert, std::string key)
+      : cert_(std::move(cert)), key_(std::move(key)) {}
   absl::StatusOr<std::shared_ptr<SSL_CTX>> Load() const;
 
   const std::string cert_;
   const std::string key_;
-  mutable std::mutex mu_;
-  std::shared_ptr<SSL_CTX> ctx_;
-  Stamp stamp_;
-  int reloads_ = 0;
+  std::unique_ptr<FileReloader<std::shared_ptr<SSL_CTX>>> reloader_;
 };
 
 }  // namespace vc::openai::internal
