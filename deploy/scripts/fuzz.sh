@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (build-fuzz/: clang++-14, -fsanitize=fuzzer,
-# address,undefined) and runs each one for a bounded time over its seed
+# address,undefined; the same build dir holds the unit tests that
+# deploy/scripts/test.sh runs under ASan+UBSan, so the sanitised libraries are
+# compiled once for both) and runs each one for a bounded time over its seed
 # corpus (tests/fuzz/corpus/<target>/, read only: new inputs go to a scratch
 # dir). Any crash, sanitizer report, leak, timeout or broken invariant fails
 # the run; the input that did it is kept under $VC_FUZZ_ARTIFACTS (default
 # build-fuzz/artifacts/) to reproduce with `build-fuzz/bin/<target> FILE`.
 # Prints a table: target, seconds, executions, corpus growth, result.
 #
-#   deploy/scripts/fuzz.sh [--seconds N] [--jobs J] [--no-build|--build-only] [TARGET...]
-#     --seconds N   time per target (default 10; the long tier uses 300)
-#     --jobs J      targets run side by side (default $JOBS or nproc)
-#     --no-build    use build-fuzz/ as it is
-#     --build-only  configure and build build-fuzz/, run nothing
+#   deploy/scripts/fuzz.sh [--seconds N] [--jobs J] [--no-build|--build-only]
+#                          [--build-also T]... [TARGET...]
+#     --seconds N     time per target (default 10; the long tier uses 300)
+#     --jobs J        targets run side by side (default $JOBS or nproc)
+#     --no-build      use build-fuzz/ as it is
+#     --build-only    configure and build build-fuzz/, run nothing
+#     --build-also T  also build ninja target T in build-fuzz/ (test.sh: vc_unit_tests)
 #     TARGET...     a subset (default: every target, build-fuzz/fuzz_targets.txt)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -21,13 +25,15 @@ jobs="$JOBS"
 build=1
 run=1
 targets=()
+also=()
 while (($#)); do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
     --build-only) run=0; shift ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --build-also) also+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -38,13 +44,19 @@ CXX_FUZZ="${CXX_FUZZ:-clang++-14}"
 if ((build)); then
   command -v "$CXX_FUZZ" >/dev/null ||
     { echo "fuzz.sh: $CXX_FUZZ not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
-  # -O1 with line tables: quick to build, still readable sanitizer stacks.
-  # No CUDA, tests or benches: the targets need a few libraries only.
+  # -O1 with line tables: quick to build, still readable sanitizer stacks;
+  # assertions stay on (no NDEBUG). No CUDA or benches. Tests are configured
+  # (not built unless asked for with --build-also): clang compiles sanitised
+  # code ~2.4x faster than gcc here, so test.sh's ASan+UBSan unit tests are
+  # built in this dir too, over the same instrumented libraries
+  # (-fsanitize=fuzzer-no-link only adds coverage hooks, which the sanitizer
+  # runtime stubs out when libFuzzer is not linked).
   cmake -S "$REPO_ROOT" -B "$BUILD" -G Ninja -DVC_WERROR=ON -DVC_FUZZ=ON \
     -DCMAKE_CXX_COMPILER="$CXX_FUZZ" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
-    -DVC_CUDA=OFF -DVC_BUILD_TESTS=OFF -DVC_BUILD_BENCH=OFF >/dev/null
-  ninja -C "$BUILD" -j "$JOBS" vc_fuzzers
+    -DVC_CUDA=OFF -DVC_BUILD_TESTS=ON -DVC_BUILD_BENCH=OFF \
+    -DVC_MODELS_DIR="$VC_MODELS_DIR" >/dev/null
+  ninja -C "$BUILD" -j "$JOBS" vc_fuzzers "${also[@]}"
 fi
 ((run)) || exit 0
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: --seconds needs a positive integer" >&2; exit 2; }

@@ -345,7 +345,10 @@ class StreamServer : public DataPlaneServer {
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (int i = 0; i < n; ++i) {
-          auto it = conns_.find(events[i].data.u64);
+          // epoll_event is packed on x86-64, so data.u64 is misaligned:
+          // copy it out rather than bind find()'s reference to it.
+          const uint64_t id = events[i].data.u64;
+          auto it = conns_.find(id);
           if (it == conns_.end()) continue;
           const std::shared_ptr<Conn>& c = it->second;
           if (c->state != Conn::State::kIdle) continue;
