@@ -12,7 +12,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -264,6 +266,36 @@ TEST_F(ModelDtypeClusterTest, Bf16CheckpointRoundTripsAndHalvesStoreBytes) {
   EXPECT_EQ(bf16.chunk_payload_bytes * 2, f32.chunk_payload_bytes);
   EXPECT_LT(bf16.dram_bytes, f32.dram_bytes);
   EXPECT_LT(bf16.fast_link_bytes, f32.fast_link_bytes);
+}
+
+// The coordinator refuses a worker whose model differs from the others':
+// here the drafter loads the bf16 copy while the verifier serves the f32
+// checkpoint (other weights, so another model id, and another numerics
+// version). The coordinator does not start; its log names the worker and
+// both model ids, and the cluster start fails with a clear error.
+TEST_F(ModelDtypeClusterTest, CoordinatorRefusesAWorkerOfAnotherDtype) {
+  local::LocalClusterOptions o;
+  o.bin_dir = VC_DAEMON_DIR;
+  o.model = f32_path_;
+  o.insecure = true;
+  o.chunk_tokens = kChunkTokens;
+  o.ingest_variants = "int8";
+  o.start_timeout = std::chrono::seconds(60);
+  // The drafter's own --model comes after the cluster's (the last one counts).
+  o.extra_flags["vc-drafter"] = {"--model=" + bf16_path_};
+  o.log_dir = ::testing::TempDir() + "/model-dtype-refusal-logs-" + std::to_string(getpid());
+  fs::remove_all(o.log_dir);
+  auto cluster = local::LocalCluster::Start(o);
+  ASSERT_FALSE(cluster.ok()) << "the coordinator accepted a bf16 drafter beside an f32 verifier";
+  std::ifstream log(o.log_dir + "/coordinator.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("refusing a worker"), std::string::npos) << text;
+  EXPECT_NE(text.find("runs another model"), std::string::npos) << text;
+  EXPECT_NE(text.find("expected"), std::string::npos) << text;
+  // The drafter itself loaded the bf16 copy fine (it is not the one failing).
+  std::ifstream dlog(o.log_dir + "/drafter.log");
+  const std::string dtext((std::istreambuf_iterator<char>(dlog)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(dtext.find("error"), std::string::npos) << dtext;
 }
 
 }  // namespace
