@@ -20,7 +20,8 @@ using Kind = RowCodecSpec::Kind;
 // Packed unsigned codes of `bits` (2, 4 or 8) each.
 class PackedCodes {
  public:
-  PackedCodes(int bits, int64_t count) : bits_(bits), bytes_((count * bits + 7) / 8, 0) {}
+  PackedCodes(int bits, int64_t count)
+      : bits_(bits), bytes_((count * bits + 7) / 8, 0) {}
   void Set(int64_t i, uint32_t code) {
     const int64_t bit = i * bits_;
     bytes_[bit / 8] |= static_cast<uint8_t>(code << (bit % 8));
@@ -157,8 +158,9 @@ class Reader {
   // picks for these values) and enough bytes, checked before allocating.
   absl::Status Rows(int64_t n, std::vector<float>* v) {
     uint32_t code = 0;
-    if (!U32(&code))
+    if (!U32(&code)) {
       return absl::InvalidArgumentError("serialised row store: truncated rows dtype");
+    }
     const std::optional<Dtype> d =
         code <= 0xff ? DtypeFromByte(static_cast<uint8_t>(code)) : std::nullopt;
     if (!d.has_value()) {
@@ -400,8 +402,8 @@ class QuantRowStore final : public RowStore {
             // converting a NaN to int is undefined behaviour.
             const float r = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
             const float q = std::isnan(r) ? 0.0f : r;
-            const int code = static_cast<int>(
-                std::clamp(q, -static_cast<float>(half), static_cast<float>(half)));
+            const int code = static_cast<int>(std::clamp(q, -static_cast<float>(half),
+                                                         static_cast<float>(half)));
             codes_.Set(out_row * dim + c, static_cast<uint32_t>(code + half));
           }
         } else {
@@ -440,8 +442,7 @@ class QuantRowStore final : public RowStore {
 
 class F32RowStore final : public RowStore {
  public:
-  F32RowStore(const float* rows, int64_t n, int dim)
-      : n_(n), dim_(dim), data_(rows, rows + n * dim) {}
+  F32RowStore(const float* rows, int64_t n, int dim) : n_(n), dim_(dim), data_(rows, rows + n * dim) {}
   int64_t rows() const override { return n_; }
   int dim() const override { return dim_; }
   void Decode(int64_t i, float* out) const override {

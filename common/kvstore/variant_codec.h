@@ -29,7 +29,7 @@
 namespace vc::kvstore {
 
 // 2: full-precision rows carry their dtype (1 had f32 rows only; a version-1
-// entry is refused as unsupported, and the prefix is ingested again).
+// entry, e.g. in a store persisted before, is refused as unsupported).
 inline constexpr uint32_t kVariantFormatVersion = 2;
 inline constexpr size_t kVariantHeaderBytes = 32;
 inline constexpr size_t kVariantChecksumBytes = 32;
