@@ -134,26 +134,29 @@ def to_f16_bits(x):
         return 0xfc00 if x < 0 else 0x7c00
 
 
+def f32_bits(data):
+    """The u32 bit patterns of little-endian f32 data."""
+    bits = array.array("I")
+    bits.frombytes(data)
+    if sys.byteorder == "big":
+        bits.byteswap()
+    return bits
+
+
 def convert_tensor(dtype, data, target):
     """The tensor's bytes in the target dtype (little-endian)."""
     values = load_floats(dtype, data)
     if target == "BF16" and dtype == "F32":
         # Fast path on the f32 bits (most checkpoints): round to nearest even
         # on the 16 dropped bits; NaN keeps its sign and top payload, quiet.
-        bits = array.array("I")
-        bits.frombytes(data)
-        if sys.byteorder == "big":
-            bits.byteswap()
+        bits = f32_bits(data)
         out = array.array(
             "H",
             ((b >> 16) | 0x40 if (b & 0x7fffffff) > 0x7f800000 else (b + 0x7fff + ((b >> 16) & 1)) >> 16
              for b in bits))
     elif dtype == "F32":
         # f16 from f32: a NaN keeps its sign and top payload bits, as in C++.
-        bits = array.array("I")
-        bits.frombytes(data)
-        if sys.byteorder == "big":
-            bits.byteswap()
+        bits = f32_bits(data)
         out = array.array(
             "H",
             ((b >> 16) & 0x8000 | 0x7e00 | (b >> 13) & 0x3ff if (b & 0x7fffffff) > 0x7f800000

@@ -168,8 +168,8 @@ TEST(RowStoreSerializationTest, RowsRoundedToADtypeTravelInIt) {
       uint32_t word;
       std::memcpy(&word, bytes.data() + bytes.size() - values_bytes - 4, 4);
       EXPECT_EQ(word, static_cast<uint32_t>(dtype)) << what;
-      const int64_t f32_size = static_cast<int64_t>(bytes.size() - values_bytes) +
-                               full_rows * kDim * 4;
+      const int64_t f32_size =
+          static_cast<int64_t>(bytes.size() - values_bytes) + full_rows * kDim * 4;
       EXPECT_EQ(static_cast<int64_t>(bytes.size()),
                 f32_size - (dtype == Dtype::kF32 ? 0 : full_rows * kDim * 2))
           << what;

@@ -467,7 +467,8 @@ TEST_P(ModelDtypeVariantTest, KeptRowsTravelInTheModelsDtype) {
           ASSERT_GE(one.size(), kStoreHeaderBytes + 4);
           EXPECT_EQ(U32At(one, kStoreHeaderBytes), static_cast<uint32_t>(dtype)) << o.name;
           const int64_t values = store->rows() * store->dim();
-          EXPECT_EQ(one.size(), kStoreHeaderBytes + 4 + static_cast<size_t>(values * DtypeBytes(dtype)))
+          EXPECT_EQ(one.size(),
+                    kStoreHeaderBytes + 4 + static_cast<size_t>(values * DtypeBytes(dtype)))
               << o.name;
           ++full_precision_stores;
         }
