@@ -1,8 +1,10 @@
 // Serialisation seams of the KV formats: RowStore::AppendSerialized /
 // Deserialize (every kind, width, group and residual; bit-identical rows,
-// equal bytes(), the stored size equal to the header plus bytes(), every
-// truncation and malformed field rejected) and CompressedPrefix::FromParts
-// (equal accounting to Build, every invariant of Build enforced).
+// equal bytes(), the stored size equal to the header plus bytes() (plus the
+// full-precision rows' dtype word), rows rounded to bf16/f16 stored in that
+// dtype, every truncation and malformed field rejected) and
+// CompressedPrefix::FromParts (equal accounting to Build, every invariant of
+// Build enforced).
 #include <cstdint>
 #include <cstring>
 #include <memory>

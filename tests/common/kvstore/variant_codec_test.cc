@@ -398,12 +398,6 @@ TEST(VariantCodecTest, SealedButMalformedBlobsAreInvalidArgument) {
   }
 }
 
-}  // namespace
-}  // namespace vc::kvstore
-
-namespace vc::kvstore {
-namespace {
-
 // A bf16/f16 model's variants (issue 16): its K/V are rounded to its dtype
 // when written, so the full-precision rows a variant keeps (token dropping's
 // kept rows, KIVI's residual window) travel as 2-byte values, losslessly:
