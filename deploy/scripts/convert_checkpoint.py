@@ -14,7 +14,7 @@ generation_config.json, ...) is copied as is. Sharded checkpoints
 the new total size.
 
 Standard library only (no numpy, no torch): about a second per million
-parameters.
+parameters; each shard is read into memory whole.
 
 Exit codes: 0 converted; 1 bad input (missing directory, no safetensors
 weights, a malformed file) or an I/O error; 2 bad usage (unknown option or
@@ -145,7 +145,6 @@ def f32_bits(data):
 
 def convert_tensor(dtype, data, target):
     """The tensor's bytes in the target dtype (little-endian)."""
-    values = load_floats(dtype, data)
     if target == "BF16" and dtype == "F32":
         # Fast path on the f32 bits (most checkpoints): round to nearest even
         # on the 16 dropped bits; NaN keeps its sign and top payload, quiet.
@@ -160,10 +159,10 @@ def convert_tensor(dtype, data, target):
         out = array.array(
             "H",
             ((b >> 16) & 0x8000 | 0x7e00 | (b >> 13) & 0x3ff if (b & 0x7fffffff) > 0x7f800000
-             else to_f16_bits(v) for b, v in zip(bits, values)))
+             else to_f16_bits(v) for b, v in zip(bits, load_floats(dtype, data))))
     else:
         narrow = to_bf16_bits if target == "BF16" else to_f16_bits
-        out = array.array("H", (narrow(v) for v in values))
+        out = array.array("H", (narrow(v) for v in load_floats(dtype, data)))
     if sys.byteorder == "big":
         out.byteswap()
     return out.tobytes()
