@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/dtype.h"
 
 namespace vc {
 namespace {
@@ -83,6 +85,44 @@ void PutFloats(std::string* out, const std::vector<float>& v) {
   out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
+// Full-precision rows travel in the narrowest dtype that holds every value
+// exactly: a bf16 or f16 model's K/V are already rounded to its dtype
+// (docs/numerics.md, "Model dtype"), so its kept rows take 2 bytes a value
+// on the wire and in the store, losslessly; anything else stays f32. The
+// choice is a function of the values alone (bf16 tried before f16), so the
+// decoder can insist on it and every accepted encoding re-encodes the same.
+Dtype NarrowestExactDtype(const std::vector<float>& v) {
+  for (Dtype d : {Dtype::kBf16, Dtype::kF16}) {
+    bool exact = true;
+    for (float x : v) {
+      const float y = WidenBits(NarrowBits(x, d), d);
+      if (std::memcmp(&x, &y, sizeof(float)) != 0) {
+        exact = false;
+        break;
+      }
+    }
+    if (exact && !v.empty()) return d;
+  }
+  return Dtype::kF32;
+}
+
+// u32 dtype, then the values in it.
+void PutRows(std::string* out, const std::vector<float>& v) {
+  const Dtype d = NarrowestExactDtype(v);
+  PutU32(out, static_cast<uint32_t>(d));
+  if (d == Dtype::kF32) {
+    PutFloats(out, v);
+    return;
+  }
+  const size_t at = out->size();
+  out->resize(at + 2 * v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t h = NarrowBits(v[i], d);
+    (*out)[at + 2 * i] = static_cast<char>(h & 0xff);
+    (*out)[at + 2 * i + 1] = static_cast<char>(h >> 8);
+  }
+}
+
 // Reads fixed-size fields from a byte range; every read is bounds-checked.
 class Reader {
  public:
@@ -113,6 +153,44 @@ class Reader {
     if (n == 0) return;  // data() may be null: memcpy's pointers must not be
     std::memcpy(v->data(), bytes_.data() + offset_, static_cast<size_t>(n) * sizeof(float));
     offset_ += static_cast<size_t>(n) * sizeof(float);
+  }
+  // PutRows' block of n values: the dtype (known, and the one PutRows
+  // picks for these values) and enough bytes, checked before allocating.
+  absl::Status Rows(int64_t n, std::vector<float>* v) {
+    uint32_t code = 0;
+    if (!U32(&code)) {
+      return absl::InvalidArgumentError("serialised row store: truncated rows dtype");
+    }
+    const std::optional<Dtype> d =
+        code <= 0xff ? DtypeFromByte(static_cast<uint8_t>(code)) : std::nullopt;
+    if (!d.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("serialised row store: unknown rows dtype ",
+                                                     code, " (known: 0 = f32, 1 = bf16, 2 = f16)"));
+    }
+    const uint64_t width = static_cast<uint64_t>(DtypeBytes(*d));
+    if (remaining() / width < static_cast<uint64_t>(n)) {
+      return absl::InvalidArgumentError(absl::StrCat("serialised row store: ", n, " ",
+                                                     DtypeName(*d), " values need more than the ",
+                                                     remaining(), " bytes left"));
+    }
+    if (*d == Dtype::kF32) {
+      Floats(n, v);
+    } else {
+      v->resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t at = offset_ + 2 * static_cast<size_t>(i);
+        const uint16_t h = static_cast<uint16_t>(static_cast<uint8_t>(bytes_[at]) |
+                                                 (static_cast<uint8_t>(bytes_[at + 1]) << 8));
+        (*v)[static_cast<size_t>(i)] = WidenBits(h, *d);
+      }
+      offset_ += 2 * static_cast<size_t>(n);
+    }
+    if (NarrowestExactDtype(*v) != *d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "serialised row store: rows sent as ", DtypeName(*d), " but their values call for ",
+          DtypeName(NarrowestExactDtype(*v)), " (non-canonical encoding)"));
+    }
+    return absl::OkStatus();
   }
   void Bytes(int64_t n, std::vector<uint8_t>* v) {
     v->assign(bytes_.begin() + offset_, bytes_.begin() + offset_ + n);
@@ -226,7 +304,7 @@ class QuantRowStore final : public RowStore {
     out->append(reinterpret_cast<const char*>(codes_.raw().data()), codes_.raw().size());
     PutFloats(out, scale_);
     PutFloats(out, zero_);
-    PutFloats(out, residual_);
+    PutRows(out, residual_);
   }
 
   int64_t bytes() const override {
@@ -379,7 +457,7 @@ class F32RowStore final : public RowStore {
   int64_t bytes() const override { return static_cast<int64_t>(data_.size() * sizeof(float)); }
   void AppendSerialized(std::string* out) const override {
     PutHeader(out, RowCodecSpec::F32(), n_, dim_);
-    PutFloats(out, data_);
+    PutRows(out, data_);
   }
 
  private:
@@ -388,8 +466,7 @@ class F32RowStore final : public RowStore {
   std::vector<float> data_;
 };
 
-std::unique_ptr<RowStore> QuantRowStore::Rebuild(const RowStore& src,
-                                                 std::span<const int64_t> keep,
+std::unique_ptr<RowStore> QuantRowStore::Rebuild(const RowStore& src, std::span<const int64_t> keep,
                                                  const float* new_rows, int64_t m,
                                                  const RowCodecSpec& spec) {
   const int dim = src.dim();
@@ -549,18 +626,12 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view
   const int64_t rows = static_cast<int64_t>(n);
   if (spec.kind == Kind::kF32) {
     if (bits != 32 || group != 0 || residual != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("serialised row store: f32 with bits=", bits, " group=", group,
-                       " residual=", residual, " (expected 32, 0, 0)"));
-    }
-    const int64_t floats = rows * d;
-    if (r.remaining() / sizeof(float) < static_cast<uint64_t>(floats)) {
-      return absl::InvalidArgumentError(absl::StrCat("serialised row store: ", rows,
-                                                     " f32 rows of ", d, " need more than the ",
-                                                     r.remaining(), " bytes left"));
+      return absl::InvalidArgumentError(absl::StrCat("serialised row store: f32 with bits=", bits,
+                                                     " group=", group, " residual=", residual,
+                                                     " (expected 32, 0, 0)"));
     }
     std::vector<float> data;
-    r.Floats(floats, &data);
+    if (absl::Status s = r.Rows(rows * d, &data); !s.ok()) return s;
     *offset = r.offset();
     return std::unique_ptr<RowStore>(std::make_unique<F32RowStore>(rows, d, std::move(data)));
   }
@@ -572,9 +643,11 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view
     return absl::InvalidArgumentError(absl::StrCat("serialised row store: ", s.message()));
   }
   const QuantLayout layout = LayoutOf(spec, rows, d);
+  // The residual rows' own block is checked by Reader::Rows (its width
+  // depends on its dtype); at least 2 bytes a value either way.
   const uint64_t need = static_cast<uint64_t>(layout.code_bytes) +
-                        sizeof(float) * static_cast<uint64_t>(layout.scales + layout.zeros +
-                                                              layout.residual_floats);
+                        sizeof(float) * static_cast<uint64_t>(layout.scales + layout.zeros) +
+                        sizeof(uint32_t) + 2 * static_cast<uint64_t>(layout.residual_floats);
   if (r.remaining() < need) {
     return absl::InvalidArgumentError(absl::StrCat("serialised row store (", spec.DebugString(),
                                                    ", ", rows, " rows of ", d, "): needs ", need,
@@ -585,7 +658,7 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view
   r.Bytes(layout.code_bytes, &codes);
   r.Floats(layout.scales, &scale);
   r.Floats(layout.zeros, &zero);
-  r.Floats(layout.residual_floats, &rest);
+  if (absl::Status s = r.Rows(layout.residual_floats, &rest); !s.ok()) return s;
   *offset = r.offset();
   return std::unique_ptr<RowStore>(std::make_unique<QuantRowStore>(
       spec, rows, d, layout, PackedCodes::FromRaw(spec.bits, std::move(codes)), std::move(scale),

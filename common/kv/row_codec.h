@@ -80,13 +80,19 @@ class RowStore {
 
   // Serialisation (for storing compressed variants, common/kvstore/
   // variant_codec.h). Appends the store exactly as held: its spec, shape,
-  // packed codes, scales, zero points and f32 rows (little-endian), so that
-  // Deserialize rebuilds a store whose Decode() is bit-identical, with the
-  // same bytes() and the same f32 rows. No checksum: the container has one.
+  // packed codes, scales, zero points and full-precision rows
+  // (little-endian), so that Deserialize rebuilds a store whose Decode() is
+  // bit-identical, with the same bytes() and the same f32 rows. The
+  // full-precision rows are written as a u32 dtype and the values in the
+  // narrowest of bf16, f16, f32 that holds every one of them exactly: a
+  // bf16/f16 model's rows (already rounded to its dtype) take 2 bytes a
+  // value, losslessly. No checksum: the container has one.
   virtual void AppendSerialized(std::string* out) const = 0;
   // Parses one store written by AppendSerialized from bytes[*offset, ...)
-  // and advances *offset past it. InvalidArgument for a bad spec or shape or
-  // too few bytes; sizes are checked against the input before allocating.
+  // and advances *offset past it. InvalidArgument for a bad spec, shape or
+  // rows dtype (unknown, or not the one AppendSerialized picks for those
+  // values) or too few bytes; sizes are checked against the input before
+  // allocating.
   static absl::StatusOr<std::unique_ptr<RowStore>> Deserialize(std::string_view bytes,
                                                                size_t* offset);
 };

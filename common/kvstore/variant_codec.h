@@ -4,13 +4,14 @@
 // by drafters. The reader verifies the checksum before parsing anything else.
 //
 // Layout (all integers little-endian, floats as their f32 bit patterns):
-//   header (32 bytes): magic "VCKV", u32 format version (1), u32 layers,
+//   header (32 bytes): magic "VCKV", u32 format version (2), u32 layers,
 //     u32 kv_heads, u32 head_dim, i32 prefix_len, u32 description bytes,
 //     u32 reserved (0)
 //   description (Compressor::Describe(), at most kMaxVariantDescriptionBytes)
 //   per layer: u32 kept count; per KV head: kept positions (count x i32),
 //     key RowStore, value RowStore (RowStore::AppendSerialized: spec, shape,
-//     packed codes, scales, zero points, f32 rows)
+//     packed codes, scales, zero points, full-precision rows in the
+//     narrowest exact dtype: a bf16/f16 model's kept rows in its dtype)
 //   checksum (32 bytes): SHA-256 over everything before it (as for chunks).
 // Decoding reproduces the stored rows exactly: the decoded prefix has the
 // same bytes(), ratio(), kept positions and bit-identical attention.
@@ -27,7 +28,9 @@
 
 namespace vc::kvstore {
 
-inline constexpr uint32_t kVariantFormatVersion = 1;
+// 2: full-precision rows carry their dtype (1 had f32 rows only; a version-1
+// entry, e.g. in a store persisted before, is refused as unsupported).
+inline constexpr uint32_t kVariantFormatVersion = 2;
 inline constexpr size_t kVariantHeaderBytes = 32;
 inline constexpr size_t kVariantChecksumBytes = 32;
 inline constexpr size_t kMaxVariantDescriptionBytes = 4096;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/dtype.h"
 #include "common/engine/kv_cache.h"
 #include "common/kv/compressed_kv.h"
 #include "common/kv/row_codec.h"
@@ -198,6 +199,19 @@ void CodecSeeds() {
     std::string bytes;
     (*store)->AppendSerialized(&bytes);
     Seed("fuzz_row_codec", s.name, bytes);
+  }
+  // Rows rounded to a model dtype (a bf16/f16 model's K/V): the
+  // full-precision rows travel as 2-byte values with their dtype word.
+  for (const Dtype d : {Dtype::kBf16, Dtype::kF16}) {
+    for (const Spec& s : {specs[0], specs[2]}) {
+      auto rows = RandomRows(s.rows, c.head_dim, rng);
+      for (float& x : rows) x = RoundToDtype(x, d);
+      auto store = RowStore::Encode(s.spec, rows.data(), s.rows, c.head_dim);
+      if (!store.ok()) Die(std::string("encode row store ") + s.name);
+      std::string bytes;
+      (*store)->AppendSerialized(&bytes);
+      Seed("fuzz_row_codec", std::string(s.name) + "_" + DtypeName(d), bytes);
+    }
   }
 
   // Variants: token dropping (every other position), with f32 / INT8 / KIVI rows.

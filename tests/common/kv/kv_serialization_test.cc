@@ -1,8 +1,10 @@
 // Serialisation seams of the KV formats: RowStore::AppendSerialized /
 // Deserialize (every kind, width, group and residual; bit-identical rows,
-// equal bytes(), the stored size equal to the header plus bytes(), every
-// truncation and malformed field rejected) and CompressedPrefix::FromParts
-// (equal accounting to Build, every invariant of Build enforced).
+// equal bytes(), the stored size equal to the header plus bytes() (plus the
+// full-precision rows' dtype word), rows rounded to bf16/f16 stored in that
+// dtype, every truncation and malformed field rejected) and
+// CompressedPrefix::FromParts (equal accounting to Build, every invariant of
+// Build enforced).
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/dtype.h"
 #include "common/kv/compressed_kv.h"
 #include "common/kv/row_codec.h"
 #include "gmock/gmock.h"
@@ -81,8 +84,9 @@ TEST(RowStoreSerializationTest, EveryFormatRoundTripsBitExactly) {
         std::string bytes = "lead";
         (*store)->AppendSerialized(&bytes);
         const size_t first_end = bytes.size();
-        // The stored form is the header plus exactly the bytes the store accounts.
-        EXPECT_EQ(first_end - 4, kStoreHeaderBytes + static_cast<size_t>((*store)->bytes()))
+        // The stored form is the header, the full-precision rows' dtype word
+        // and exactly the bytes the store accounts (random rows stay f32).
+        EXPECT_EQ(first_end - 4, kStoreHeaderBytes + 4 + static_cast<size_t>((*store)->bytes()))
             << what;
         (*store)->AppendSerialized(&bytes);
         size_t off = 4;
@@ -135,6 +139,80 @@ std::string Header(uint32_t kind, uint32_t bits, uint32_t group, uint32_t residu
   std::string s = PutU32(kind) + PutU32(bits) + PutU32(group) + PutU32(residual);
   for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>(rows >> (8 * i)));
   return s + PutU32(dim);
+}
+
+// Rows already rounded to bf16 or f16 (a bf16/f16 model's K/V) are written
+// as 2-byte values with their dtype, in f32 stores and in a quantised
+// store's residual rows alike, and read back bit for bit; rows that are not
+// exact in a narrower dtype stay f32. The dtype word is checked: unknown
+// dtypes and encodings that are not the canonical (narrowest exact) one are
+// refused, so every accepted store re-encodes to the same bytes.
+TEST(RowStoreSerializationTest, RowsRoundedToADtypeTravelInIt) {
+  constexpr int kDim = 8;
+  constexpr int64_t kRows = 11;
+  for (const Dtype dtype : {Dtype::kF32, Dtype::kBf16, Dtype::kF16}) {
+    std::vector<float> rows = RandomRows(kRows, kDim, 17);
+    for (float& x : rows) x = RoundToDtype(x, dtype);
+    for (const RowCodecSpec& spec :
+         {RowCodecSpec::F32(), RowCodecSpec{Kind::kPerTokenSymmetric, 8, 0, 4},
+          RowCodecSpec{Kind::kPerChannelAsymmetric, 2, 4, 3}}) {
+      const std::string what = spec.DebugString() + " " + DtypeName(dtype);
+      auto store = RowStore::Encode(spec, rows.data(), kRows, kDim);
+      ASSERT_TRUE(store.ok()) << what;
+      std::string bytes;
+      (*store)->AppendSerialized(&bytes);
+      // The full-precision rows end the store: dtype word, then the values.
+      int64_t full_rows = 0;
+      while (full_rows < kRows && (*store)->RowIfF32(kRows - 1 - full_rows) != nullptr) ++full_rows;
+      ASSERT_GT(full_rows, 0) << what;
+      const size_t values_bytes = static_cast<size_t>(full_rows * kDim * DtypeBytes(dtype));
+      ASSERT_GT(bytes.size(), values_bytes + 4);
+      uint32_t word;
+      std::memcpy(&word, bytes.data() + bytes.size() - values_bytes - 4, 4);
+      EXPECT_EQ(word, static_cast<uint32_t>(dtype)) << what;
+      const int64_t f32_size =
+          static_cast<int64_t>(bytes.size() - values_bytes) + full_rows * kDim * 4;
+      EXPECT_EQ(static_cast<int64_t>(bytes.size()),
+                f32_size - (dtype == Dtype::kF32 ? 0 : full_rows * kDim * 2))
+          << what;
+      size_t off = 0;
+      auto back = RowStore::Deserialize(bytes, &off);
+      ASSERT_TRUE(back.ok()) << what << ": " << back.status();
+      EXPECT_EQ(off, bytes.size()) << what;
+      ExpectSameStore(**store, **back, what);
+      std::string again;
+      (*back)->AppendSerialized(&again);
+      EXPECT_EQ(again, bytes) << what;
+
+      // Every truncation is refused.
+      for (size_t len = 0; len < bytes.size(); ++len) {
+        size_t o = 0;
+        EXPECT_EQ(RowStore::Deserialize(std::string_view(bytes).substr(0, len), &o).status().code(),
+                  absl::StatusCode::kInvalidArgument)
+            << what << " length " << len;
+      }
+      // An unknown dtype word.
+      const size_t word_at = bytes.size() - values_bytes - 4;
+      std::string bad = bytes;
+      bad[word_at] = 3;
+      off = 0;
+      auto r = RowStore::Deserialize(bad, &off);
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what;
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr("unknown rows dtype 3")) << what;
+      if (dtype == Dtype::kBf16) {
+        // bf16 values sent as f32 (wider than they need): not canonical.
+        std::string wide = bytes.substr(0, word_at);
+        const uint32_t f32_word = 0;
+        wide.append(reinterpret_cast<const char*>(&f32_word), 4);
+        const std::vector<float> tail(rows.end() - full_rows * kDim, rows.end());
+        wide.append(reinterpret_cast<const char*>(tail.data()), tail.size() * sizeof(float));
+        off = 0;
+        r = RowStore::Deserialize(wide, &off);
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what;
+        EXPECT_THAT(std::string(r.status().message()), HasSubstr("non-canonical")) << what;
+      }
+    }
+  }
 }
 
 TEST(RowStoreSerializationTest, MalformedHeadersAreRejectedWithoutAllocating) {

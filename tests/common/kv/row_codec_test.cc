@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -161,8 +162,9 @@ TEST(RowCodecTest, RoundTripsEveryKindAndWidth) {
 }
 
 // A plain decoder of the serialised form (row_codec.h: header, packed codes
-// LSB first, scales, zero points, residual f32 rows), written from the format
-// alone: Decode, whatever its fast paths, must give exactly these values.
+// LSB first, scales, zero points, the residual rows as a u32 dtype and
+// values in it), written from the format alone: Decode, whatever its fast
+// paths, must give exactly these values.
 std::vector<float> ReferenceDecode(const RowStore& store) {
   std::string bytes;
   store.AppendSerialized(&bytes);
@@ -191,7 +193,20 @@ std::vector<float> ReferenceDecode(const RowStore& store) {
     at += static_cast<size_t>(count) * sizeof(float);
     return v;
   };
-  if (kind == Kind::kF32) return floats(n * dim);
+  // Full-precision rows: u32 dtype (0 f32, 1 bf16, 2 f16), then the values.
+  auto rows = [&](int64_t count) {
+    const uint32_t dtype = u32();
+    if (dtype == 0) return floats(count);
+    std::vector<float> v(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) {
+      uint16_t h;
+      std::memcpy(&h, bytes.data() + at, 2);
+      at += 2;
+      v[static_cast<size_t>(k)] = WidenBits(h, dtype == 1 ? Dtype::kBf16 : Dtype::kF16);
+    }
+    return v;
+  };
+  if (kind == Kind::kF32) return rows(n * dim);
   if (group == 0) group = kind == Kind::kPerChannelAsymmetric ? 1 : dim;
   int64_t n_quant = std::max<int64_t>(0, n - residual);
   if (kind == Kind::kPerChannelAsymmetric) n_quant -= n_quant % group;
@@ -208,7 +223,7 @@ std::vector<float> ReferenceDecode(const RowStore& store) {
                                                                : n_quant * groups_per_row;
   const std::vector<float> scale = floats(n_scales);
   const std::vector<float> zero = floats(kind == Kind::kPerTokenSymmetric ? 0 : n_scales);
-  const std::vector<float> rest = floats((n - n_quant) * dim);
+  const std::vector<float> rest = rows((n - n_quant) * dim);
   const int half = (1 << (bits - 1)) - 1;
   for (int64_t i = 0; i < n; ++i) {
     for (int c = 0; c < dim; ++c) {

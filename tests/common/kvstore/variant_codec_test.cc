@@ -340,8 +340,11 @@ TEST(VariantCodecTest, SealedButMalformedBlobsAreInvalidArgument) {
   const ModelConfig c = SmallConfig();
   {
     std::string bad = bytes;
-    SetU32(bad, 4, 2);
-    ExpectInvalid(DecodeCompressedPrefix(c, Reseal(bad)), "unsupported format version 2");
+    // Version 1 (f32 rows only, before rows carried their dtype) included.
+    SetU32(bad, 4, 1);
+    ExpectInvalid(DecodeCompressedPrefix(c, Reseal(bad)), "unsupported format version 1");
+    SetU32(bad, 4, 3);
+    ExpectInvalid(DecodeCompressedPrefix(c, Reseal(bad)), "unsupported format version 3");
   }
   {
     std::string bad = bytes;
@@ -394,6 +397,86 @@ TEST(VariantCodecTest, SealedButMalformedBlobsAreInvalidArgument) {
     ExpectInvalid(DecodeCompressedPrefix(c, *chunk), "full-KV chunk");
   }
 }
+
+// A bf16/f16 model's variants (issue 16): its K/V are rounded to its dtype
+// when written, so the full-precision rows a variant keeps (token dropping's
+// kept rows, KIVI's residual window) travel as 2-byte values, losslessly:
+// the decoded prefix is the encoded one bit for bit, and every
+// full-precision block is marked with the model's dtype. Quantised codes,
+// scales and zero points are unchanged. An f32 model's rows stay f32.
+class ModelDtypeVariantTest : public ::testing::TestWithParam<Dtype> {};
+
+TEST_P(ModelDtypeVariantTest, KeptRowsTravelInTheModelsDtype) {
+  const Dtype dtype = GetParam();
+  ModelConfig c = SmallConfig();
+  c.dtype = dtype;
+  auto model = Model::CreateRandom(c, 11);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions eo;
+  eo.backend.threads = 1;
+  auto engine = Engine::Create(**model, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<int32_t> prompt = {c.bos_id};
+  std::mt19937_64 rng(3);
+  while (static_cast<int>(prompt.size()) < kPrefix) {
+    prompt.push_back(3 + static_cast<int32_t>(rng() % (c.vocab_size - 3)));
+  }
+  PagedKvCache full((*engine)->config());
+  AttentionStats stats((*engine)->config(), kPrefix, kWindow);
+  const SequenceInput in{&full, prompt, static_cast<int64_t>(prompt.size()), &stats};
+  std::vector<float> logits;
+  ASSERT_TRUE((*engine)->Forward({&in, 1}, &logits).ok());
+
+  std::vector<CompressorOptions> options(3);
+  options[0].name = "snapkv";
+  options[0].ratio = 0.5;
+  options[1].name = "snapkv+kivi";
+  options[1].ratio = 0.5;
+  options[1].bits = 2;
+  options[1].quant_group = 8;
+  options[1].residual = 5;
+  options[2].name = "int8";
+  for (CompressorOptions& o : options) {
+    o.window = kWindow;
+    auto compressor = CreateCompressor(o);
+    ASSERT_TRUE(compressor.ok()) << compressor.status();
+    auto prefix = (*compressor)->Compress((*engine)->config(), full, kPrefix, stats);
+    ASSERT_TRUE(prefix.ok()) << o.name << ": " << prefix.status();
+    const std::string bytes = EncodeCompressedPrefix(**prefix);
+    const auto decoded = DecodeCompressedPrefix((*engine)->config(), bytes);
+    ASSERT_TRUE(decoded.ok()) << o.name << ": " << decoded.status();
+    ExpectSamePrefix(**prefix, **decoded, o.name);
+    EXPECT_EQ(EncodeCompressedPrefix(**decoded), bytes) << o.name << ": encoding not stable";
+    // Each head's stores: the dtype word of their full-precision rows (it
+    // follows the header for f32 stores and ends the quantised part
+    // otherwise) and their size.
+    int64_t full_precision_stores = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (const CompressedPrefix::Head& h : (*prefix)->layer(l).heads) {
+        for (const RowStore* store : {h.keys.get(), h.values.get()}) {
+          if (store->RowIfF32(0) == nullptr) continue;  // quantised rows first
+          std::string one;
+          store->AppendSerialized(&one);
+          constexpr size_t kStoreHeaderBytes = 28;
+          ASSERT_GE(one.size(), kStoreHeaderBytes + 4);
+          EXPECT_EQ(U32At(one, kStoreHeaderBytes), static_cast<uint32_t>(dtype)) << o.name;
+          const int64_t values = store->rows() * store->dim();
+          EXPECT_EQ(one.size(),
+                    kStoreHeaderBytes + 4 + static_cast<size_t>(values * DtypeBytes(dtype)))
+              << o.name;
+          ++full_precision_stores;
+        }
+      }
+    }
+    if (o.name == "snapkv") {
+      EXPECT_EQ(full_precision_stores, 2 * c.n_layers * c.n_kv_heads);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ModelDtypeVariantTest,
+                         ::testing::Values(Dtype::kF32, Dtype::kBf16, Dtype::kF16),
+                         [](const auto& info) { return std::string(DtypeName(info.param)); });
 
 }  // namespace
 }  // namespace vc::kvstore
