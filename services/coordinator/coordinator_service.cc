@@ -1435,11 +1435,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
   plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
   metrics_->fallbacks->Inc();
   if (plan.drafter_open) {
-    pb::ReleaseRequest req;
-    req.set_session_id(plan.session);
-    pb::ReleaseResponse resp;
-    auto ctx = CallContext(r);
-    (void)d.drafter->Release(ctx.get(), req, &resp);
+    ReleaseOrRetry(WorkerPool::kDrafter, d, plan.session);
     plan.drafter_open = false;
     --d.active;
   }
@@ -1609,18 +1605,22 @@ absl::Status CoordinatorService::ReleaseOn(WorkerPool pool, int index, uint64_t 
       s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
 }
 
-void CoordinatorService::ReleaseSessions(Plan& plan) {
-  // A short deadline keeps the request's end quick; a worker that missed
-  // it (paused, briefly unreachable) gets the Release again later, off the
+void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session) {
+  // A short deadline keeps the request quick; a worker that missed it
+  // (paused, briefly unreachable) gets the Release again later, off the
   // request path, and its idle timeout remains the last resort.
+  if (!ReleaseOn(pool, w.index, session, /*wait_for_ready=*/false).ok()) {
+    (void)release_retry_->Add(pool, w.index, session);
+  }
+}
+
+void CoordinatorService::ReleaseSessions(Plan& plan) {
   for (const WorkerPool pool : {WorkerPool::kVerifier, WorkerPool::kDrafter}) {
     const bool verifier = pool == WorkerPool::kVerifier;
     bool& open = verifier ? plan.verifier_open : plan.drafter_open;
     Worker* w = verifier ? plan.verifier : plan.drafter;
     if (!open || w == nullptr) continue;
-    if (!ReleaseOn(pool, w->index, plan.session, /*wait_for_ready=*/false).ok()) {
-      (void)release_retry_->Add(pool, w->index, plan.session);
-    }
+    ReleaseOrRetry(pool, *w, plan.session);
     open = false;
     --w->active;
   }

@@ -227,6 +227,8 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // One Release RPC (2 s deadline); `wait_for_ready`: wait within it for a
   // reconnecting channel instead of failing at once.
   absl::Status ReleaseOn(WorkerPool pool, int index, uint64_t session, bool wait_for_ready);
+  // ReleaseOn, failing fast; a failure is queued in release_retry_.
+  void ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session);
   // Auto slot: folds a drafter's step time into the slot duration.
   void Calibrate(double step_seconds);
   void UpdateSchedulerGauges();
