@@ -119,16 +119,30 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls
   return creds;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes,
-                                           const TlsFiles& tls) {
+grpc::ChannelArguments ChannelArgs(int max_message_bytes, const TlsFiles& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
-  // Reconnect quickly after a peer restarts (the default backoff grows to
-  // minutes, far longer than any request's deadline).
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Reconnect quickly after a peer restarts. gRPC's defaults (1 s first
+  // backoff, growing to 2 min) kept calls failing with "failed to connect"
+  // for 1-2 s after a restarted store was healthy again (docs/results.md,
+  // "Cluster chaos"); a reconnect attempt to a dead peer costs one refused
+  // connect, so trying every few hundred ms is cheap.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  // Despite its name, gRPC uses this as the deadline of one connection
+  // attempt (TCP connect plus the TLS handshake), 20 s by default. Shorter,
+  // so an attempt stuck behind a cut link gives way to a fresh one soon
+  // after the link is back; long enough for a handshake on a loaded host.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectAttemptTimeoutMs);
   if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
-  return grpc::CreateCustomChannel(address, ChannelCredentials(tls), args);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes,
+                                           const TlsFiles& tls) {
+  return grpc::CreateCustomChannel(address, ChannelCredentials(tls),
+                                   ChannelArgs(max_message_bytes, tls));
 }
 
 namespace {
@@ -152,15 +166,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ClientConfig& client, int max_m
   if (!client.tls.enabled() || client.api_key.empty()) {
     return MakeChannel(client.address, max_message_bytes, client.tls);
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(max_message_bytes);
-  args.SetMaxSendMessageSize(max_message_bytes);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  if (!client.tls.server_name.empty()) args.SetSslTargetNameOverride(client.tls.server_name);
   auto creds = grpc::CompositeChannelCredentials(
       ChannelCredentials(client.tls),
       grpc::MetadataCredentialsFromPlugin(std::make_unique<ApiKeyPlugin>(client.api_key)));
-  return grpc::CreateCustomChannel(client.address, creds, args);
+  return grpc::CreateCustomChannel(client.address, creds,
+                                   ChannelArgs(max_message_bytes, client.tls));
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(const ClientConfig& client,

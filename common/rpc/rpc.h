@@ -66,6 +66,17 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls, 
 // its files with a thread).
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls);
 
+// The arguments of every channel MakeChannel makes: send/receive limits of
+// `max_message_bytes`, tls.server_name, and a short reconnect backoff (first
+// retry after kInitialReconnectBackoffMs, then growing to at most
+// kMaxReconnectBackoffMs; each connection attempt bounded by
+// kConnectAttemptTimeoutMs), so a peer restarted on the same address is
+// reached again within a fraction of a second.
+inline constexpr int kInitialReconnectBackoffMs = 100;
+inline constexpr int kMaxReconnectBackoffMs = 250;
+inline constexpr int kConnectAttemptTimeoutMs = 5000;
+grpc::ChannelArguments ChannelArgs(int max_message_bytes, const TlsFiles& tls);
+
 // A channel to `address` whose send/receive limits are `max_message_bytes`
 // (the same bound the servers use), TLS per `tls` (plaintext by default).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_message_bytes,

@@ -15,6 +15,7 @@ packages=(
   python3-matplotlib
   clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (deploy/scripts/fuzz.sh); llvm-symbolizer
   clang-format-14 clang-tidy-14         # deploy/scripts/lint.py against deploy/lint/ baselines
+  iproute2                              # ip, tc: vericache chaos --link-faults, netns_topology.sh
 )
 
 missing=()

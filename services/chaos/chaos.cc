@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/chaos/internal/cluster_ops.h"
+#include "services/chaos/internal/link_faults.h"
 
 namespace vc::chaos {
 
@@ -33,6 +34,10 @@ const char* FaultName(FaultType t) {
       return "kill_store";
     case FaultType::kPause:
       return "pause";
+    case FaultType::kCutLink:
+      return "cut_link";
+    case FaultType::kThrottleLink:
+      return "throttle_link";
   }
   return "?";
 }
@@ -43,11 +48,15 @@ std::vector<Fault> DrawFaultSchedule(uint64_t seed, const ChaosOptions& options,
   auto uniform = [&](double a, double b) {
     return std::uniform_real_distribution<double>(a, b)(rng);
   };
-  std::vector<std::string> drafters, verifiers, pausable;
+  std::vector<std::string> drafters, verifiers, pausable, linked;
   for (const std::string& d : daemons) {
     if (d.rfind("drafter", 0) == 0) drafters.push_back(d);
     if (d.rfind("verifier", 0) == 0) verifiers.push_back(d);
     if (d != "openai") pausable.push_back(d);
+    // The links of the topology: store <-> workers <-> coordinator.
+    if (d == "kvstore" || d.rfind("drafter", 0) == 0 || d.rfind("verifier", 0) == 0) {
+      linked.push_back(d);
+    }
   }
   auto pick = [&](const std::vector<std::string>& v) {
     return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
@@ -60,7 +69,14 @@ std::vector<Fault> DrawFaultSchedule(uint64_t seed, const ChaosOptions& options,
     Fault f;
     f.at_s = t;
     const double r = uniform(0, 1);
-    if (r < 0.3 && !drafters.empty()) {
+    // Drawn only with link faults on, so a seed without them replays the
+    // schedule it always had.
+    const double link = options.link_faults ? uniform(0, 1) : 1.0;
+    if (link < 0.35 && !linked.empty()) {
+      f.type = link < 0.2 ? FaultType::kCutLink : FaultType::kThrottleLink;
+      f.target = pick(linked);
+      f.down_s = uniform(0.5, 3.0);
+    } else if (r < 0.3 && !drafters.empty()) {
       f.type = FaultType::kKillDrafter;
       f.target = pick(drafters);
       f.down_s = uniform(0.2, 2.0);
@@ -168,6 +184,17 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     return absl::InvalidArgumentError("--concurrency, --duration and --requests must be positive");
   }
   signal(SIGPIPE, SIG_IGN);
+  // First, while the process has one thread: the namespace the cluster and
+  // its link faults live in.
+  std::unique_ptr<internal::LinkFaults> links;
+  if (options.link_faults) {
+    absl::StatusOr<std::unique_ptr<internal::LinkFaults>> entered = internal::LinkFaults::Enter();
+    if (!entered.ok()) return entered.status();
+    links = std::move(*entered);
+    log << "chaos: link faults on: the cluster runs in a network namespace of its own "
+           "(its loopback shaped with tc; nothing outside it is touched)"
+        << std::endl;
+  }
   auto workload = internal::MixedWorkload::Create(options.setup, report.seed);
   if (!workload.ok()) return workload.status();
   std::string log_dir = options.setup.log_dir;
@@ -179,13 +206,21 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
 
   std::vector<std::string> daemons;
   for (const auto& ep : cluster.endpoints()) daemons.push_back(ep.name);
-  // The local cluster's daemons share the host's loopback: a tc or iptables
-  // rule there would also hit every other process on the machine. Link
-  // faults need the daemons in the netns topology
-  // (deploy/scripts/netns_topology.sh), which LocalCluster does not use yet.
-  log << "chaos: link faults skipped: the local cluster runs on the host's loopback, not in "
-         "network namespaces (needs root and the netns topology)"
-      << std::endl;
+  if (!links) {
+    log << "chaos: link faults off (--link-faults: needs root, ip and tc)" << std::endl;
+  }
+  // A daemon's link = every packet to or from its listening ports (gRPC and,
+  // for the store, the data plane); restarts keep the ports.
+  auto ports_of = [&](const std::string& name) {
+    std::vector<int> ports;
+    const local::Endpoint* ep = cluster.Find(name);
+    if (ep == nullptr) return ports;
+    for (const std::string* a : {&ep->address, &ep->data}) {
+      const size_t colon = a->rfind(':');
+      if (colon != std::string::npos) ports.push_back(std::atoi(a->c_str() + colon + 1));
+    }
+    return ports;
+  };
   const std::vector<Fault> schedule = DrawFaultSchedule(report.seed, options, daemons);
   log << "chaos: " << schedule.size() << " faults scheduled over " << options.duration_s << " s"
       << std::endl;
@@ -220,7 +255,13 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
       fault_active.store(true);
       faults_started.fetch_add(1);
       absl::Status s;
-      if (f.type == FaultType::kPause) {
+      if (f.type == FaultType::kCutLink || f.type == FaultType::kThrottleLink) {
+        s = f.type == FaultType::kCutLink
+                ? links->Cut(ports_of(f.target))
+                : links->Throttle(ports_of(f.target), options.throttle_rate);
+        std::this_thread::sleep_for(down);
+        if (absl::Status r = links->Clear(); !r.ok() && s.ok()) s = r;
+      } else if (f.type == FaultType::kPause) {
         s = control.Pause(f.target);
         std::this_thread::sleep_for(down);
         if (absl::Status r = control.Resume(f.target); !r.ok() && s.ok()) s = r;

@@ -55,10 +55,16 @@ struct ChaosOptions {
   // fails (so a smoke that silently stopped faulting cannot pass).
   int min_faults = 0;
   int min_requests = 0;
+  // Also cut and throttle the links of the store and the workers
+  // (internal/link_faults.h: the run gets a network namespace of its own;
+  // needs root, ip and tc). Off: the schedule of a seed is the same as
+  // before link faults existed.
+  bool link_faults = false;
+  std::string throttle_rate = "1mbit";  // tc rate of a throttled link
 };
 
-// Link faults (netns/tc) are not among them: see RunChaos.
-enum class FaultType { kKillDrafter, kKillVerifier, kKillStore, kPause };
+// kCutLink / kThrottleLink only with ChaosOptions::link_faults.
+enum class FaultType { kKillDrafter, kKillVerifier, kKillStore, kPause, kCutLink, kThrottleLink };
 const char* FaultName(FaultType t);
 
 struct Fault {

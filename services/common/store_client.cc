@@ -25,7 +25,9 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   if (data_address.empty()) {
     // The store advertises its data plane in Stat; ask until it answers (the
     // store may still be starting) within the timeout.
-    const auto give_up = std::chrono::steady_clock::now() + options.timeout;
+    const auto give_up =
+        std::chrono::steady_clock::now() +
+        (options.connect_timeout.count() > 0 ? options.connect_timeout : options.timeout);
     grpc::Status last;
     while (true) {
       pb::StatRequest req;
@@ -85,11 +87,20 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
   return values;
 }
 
+std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext() const {
+  // A read-only call made while the channel reconnects (the store was just
+  // restarted) waits for the connection within its deadline instead of
+  // failing at once with "failed to connect to all addresses".
+  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  ctx->set_wait_for_ready(true);
+  return ctx;
+}
+
 absl::StatusOr<std::vector<bool>> StoreClient::Lookup(const std::vector<std::string>& keys) {
   pb::LookupRequest req;
   for (const auto& k : keys) req.add_keys(k);
   pb::LookupResponse resp;
-  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  auto ctx = ReadOnlyContext();
   const grpc::Status s = stub_->Lookup(ctx.get(), req, &resp);
   if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore Lookup");
   if (resp.results_size() != static_cast<int>(keys.size())) {
@@ -104,7 +115,7 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
   pb::GetRequest req;
   req.set_key(key);
   pb::GetResponse resp;
-  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  auto ctx = ReadOnlyContext();
   const grpc::Status s = stub_->Get(ctx.get(), req, &resp);
   if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore Get");
   return std::move(*resp.mutable_value());
@@ -126,7 +137,10 @@ absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::s
   pb::BeginPutRequest begin;
   pb::BeginPutResponse began;
   {
+    // Nothing is sent before the channel is ready, so waiting for it (a
+    // store that is restarting) cannot open a put twice.
     auto ctx = rpc::ContextWithTimeout(options_.timeout);
+    ctx->set_wait_for_ready(true);
     const grpc::Status s = stub_->BeginPut(ctx.get(), begin, &began);
     if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore BeginPut");
   }

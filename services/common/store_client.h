@@ -33,7 +33,11 @@ struct StoreClientOptions {
   // --tls-key and --tls-ca; empty = plaintext (must match the store's).
   transport::DataPlaneTlsOptions data_tls;
   // Deadline of each control RPC, fetch and stage call. Default 10 s.
+  // Lookup, Get and BeginPut wait within it for a reconnecting channel.
   std::chrono::milliseconds timeout{10000};
+  // How long Create waits for the store's first Stat answer (the store may
+  // still be starting); 0 = `timeout`.
+  std::chrono::milliseconds connect_timeout{0};
   int max_message_bytes = 64 << 20;
   // TLS of the control channel (the daemon's --tls-* files); empty: plaintext.
   rpc::TlsFiles tls;
@@ -88,6 +92,8 @@ class StoreClient {
 
  private:
   StoreClient() = default;
+  // Deadline `timeout`, waiting for the channel to be ready (idempotent calls).
+  std::unique_ptr<grpc::ClientContext> ReadOnlyContext() const;
   StoreClientOptions options_;
   std::string data_address_;
   std::unique_ptr<vericache::v1::KvStore::Stub> stub_;

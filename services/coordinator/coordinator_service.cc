@@ -248,6 +248,7 @@ struct CoordinatorService::Metrics {
   metrics::GaugeFamily* worker_up;
   metrics::CounterFamily* retries;
   metrics::Counter* kv_heals;
+  metrics::CounterFamily* release_retries;
 };
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
@@ -320,6 +321,11 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                     "(an entry quarantined for failing its seal, or evicted): the "
                                     "prefix was ingested again and the request run again.")
                     ->Get();
+  m.release_retries = daemon::MustCounter(
+      registry, "vericache_release_retries_total",
+      "Worker session releases that failed at a request's end and were retried in the "
+      "background, by outcome (queued, released, gave_up, dropped: the queue was full).",
+      {"outcome"});
 }
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
@@ -402,13 +408,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->metrics_->worker_up->Labels({"drafter", absl::StrCat(i)}).Set(1);
   }
   service->health_->Start();
+  service->release_retry_ = std::make_unique<ReleaseRetry>(
+      [self](WorkerPool pool, int i, uint64_t session) {
+        // Off the request path: a worker that is reconnecting (just
+        // restarted) may be waited for; Release is idempotent.
+        return self->ReleaseOn(pool, i, session, /*wait_for_ready=*/true);
+      },
+      ReleaseRetryOptions{}, [self](ReleaseRetry::Outcome o) {
+        self->metrics_->release_retries->Labels({ReleaseRetry::OutcomeName(o)}).Inc();
+      });
+  service->release_retry_->Start();
   return service;
 }
 
 absl::Status CoordinatorService::Connect() {
   daemon::StoreClientOptions so;
   so.control_address = options_.kvstore;
-  so.timeout = options_.startup_timeout;
+  // Each call gets --rpc-timeout-ms (as the flag says); only the first
+  // contact waits as long as the workers may take to start.
+  so.timeout = options_.rpc_timeout;
+  so.connect_timeout = options_.startup_timeout;
   so.max_message_bytes = options_.max_message_bytes;
   so.tls = options_.tls;
   // The coordinator never fetches chunk bytes; it only needs the control
@@ -496,6 +515,7 @@ void CoordinatorService::Shutdown() {
   }
   admit_cv_.notify_all();
   if (health_) health_->Stop();
+  if (release_retry_) release_retry_->Stop();
   // Shadow checks run on their own threads; wait for them (bounded by their
   // requests' deadlines) before the service goes away.
   while (shadow_checks_running_.load() > 0) {
@@ -1415,11 +1435,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
   plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
   metrics_->fallbacks->Inc();
   if (plan.drafter_open) {
-    pb::ReleaseRequest req;
-    req.set_session_id(plan.session);
-    pb::ReleaseResponse resp;
-    auto ctx = CallContext(r);
-    (void)d.drafter->Release(ctx.get(), req, &resp);
+    ReleaseOrRetry(WorkerPool::kDrafter, d, plan.session);
     plan.drafter_open = false;
     --d.active;
   }
@@ -1574,23 +1590,39 @@ void CoordinatorService::UpdateSchedulerGauges() {
   }
 }
 
-void CoordinatorService::ReleaseSessions(Plan& plan) {
-  // Best effort with a short deadline: a dead worker frees the session by
-  // its idle timeout instead.
+absl::Status CoordinatorService::ReleaseOn(WorkerPool pool, int index, uint64_t session,
+                                           bool wait_for_ready) {
+  const auto& workers = pool == WorkerPool::kVerifier ? verifiers_ : drafters_;
+  Worker& w = *workers[static_cast<size_t>(index)];
   pb::ReleaseRequest req;
-  req.set_session_id(plan.session);
+  req.set_session_id(session);
   pb::ReleaseResponse resp;
-  if (plan.verifier_open && plan.verifier) {
-    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
-    (void)plan.verifier->verifier->Release(ctx.get(), req, &resp);
-    plan.verifier_open = false;
-    --plan.verifier->active;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
+  ctx->set_wait_for_ready(wait_for_ready);
+  const grpc::Status s = pool == WorkerPool::kVerifier ? w.verifier->Release(ctx.get(), req, &resp)
+                                                       : w.drafter->Release(ctx.get(), req, &resp);
+  return rpc::FromGrpcStatus(
+      s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
+}
+
+void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session) {
+  // A short deadline keeps the request quick; a worker that missed it
+  // (paused, briefly unreachable) gets the Release again later, off the
+  // request path, and its idle timeout remains the last resort.
+  if (!ReleaseOn(pool, w.index, session, /*wait_for_ready=*/false).ok()) {
+    (void)release_retry_->Add(pool, w.index, session);
   }
-  if (plan.drafter_open && plan.drafter) {
-    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
-    (void)plan.drafter->drafter->Release(ctx.get(), req, &resp);
-    plan.drafter_open = false;
-    --plan.drafter->active;
+}
+
+void CoordinatorService::ReleaseSessions(Plan& plan) {
+  for (const WorkerPool pool : {WorkerPool::kVerifier, WorkerPool::kDrafter}) {
+    const bool verifier = pool == WorkerPool::kVerifier;
+    bool& open = verifier ? plan.verifier_open : plan.drafter_open;
+    Worker* w = verifier ? plan.verifier : plan.drafter;
+    if (!open || w == nullptr) continue;
+    ReleaseOrRetry(pool, *w, plan.session);
+    open = false;
+    --w->active;
   }
 }
 

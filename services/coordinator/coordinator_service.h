@@ -37,6 +37,7 @@
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
+#include "services/coordinator/release_retry.h"
 #include "services/coordinator/slot_clock.h"
 #include "services/coordinator/tenant_auth.h"
 #include "services/coordinator/worker_health.h"
@@ -220,7 +221,14 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   bool Emit(Plan& plan, Request& r, const std::vector<int32_t>& tokens,
             const vericache::v1::RoundStats& round,
             Sink* writer);
+  // Releases the plan's worker sessions (2 s deadline each); a failed
+  // Release is queued for retries off the request path (release_retry_).
   void ReleaseSessions(Plan& plan);
+  // One Release RPC (2 s deadline); `wait_for_ready`: wait within it for a
+  // reconnecting channel instead of failing at once.
+  absl::Status ReleaseOn(WorkerPool pool, int index, uint64_t session, bool wait_for_ready);
+  // ReleaseOn, failing fast; a failure is queued in release_retry_.
+  void ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session);
   // Auto slot: folds a drafter's step time into the slot duration.
   void Calibrate(double step_seconds);
   void UpdateSchedulerGauges();
@@ -247,6 +255,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   std::unique_ptr<TenantAuth> auth_;
   std::unique_ptr<StreamWatch> watch_;
   std::unique_ptr<WorkerHealth> health_;
+  std::unique_ptr<ReleaseRetry> release_retry_;
 
   std::mutex mu_;
   std::condition_variable admit_cv_;

@@ -2,6 +2,7 @@
 // cluster under a seeded fault schedule or a fixed request rate, checked
 // token for token against full-KV decoding. Exit 0 only when nothing was
 // wrong: no wrong token, every failure a clean status, nothing leaked.
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -64,8 +65,9 @@ int RunChaos(int argc, char** argv) {
                 "(every lossless mode, compressors, greedy/seeded/rejection sampling, shared and\n"
                 "distinct prefixes, client cancels) while a fault schedule drawn from --seed\n"
                 "kill -9s and restarts drafters, verifiers and the store and pauses daemons\n"
-                "(SIGSTOP/SIGCONT). Every completed request is compared with full-KV decoding;\n"
-                "every failure must carry a clean status; every daemon must be idle afterwards.\n"
+                "(SIGSTOP/SIGCONT); with --link-faults it also cuts and throttles links. Every\n"
+                "completed request is compared with full-KV decoding; every failure must carry\n"
+                "a clean status; every daemon must be idle afterwards.\n"
                 "Prints one summary line; exit 0 pass, 1 a violation, 2 bad input.");
   AddSetupFlags(flags, &o.setup, &insecure);
   flags.Add("--seed", &o.seed, "N",
@@ -81,12 +83,29 @@ int RunChaos(int argc, char** argv) {
             "mean seconds between two faults (default 2.5)");
   flags.Add("--cancel-fraction", &o.setup.cancel_fraction, "X",
             "share of requests the client cancels at a random point (default 0.1)");
+  flags.AddBool("--link-faults", &o.link_faults,
+                "also cut and throttle the store's and workers' links (root, ip and tc; the "
+                "cluster runs in a network namespace of its own) (default off)");
+  flags.Add("--throttle-rate", &o.throttle_rate, "RATE",
+            "tc rate of a throttled link (default 1mbit)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return kExitOk;
   }
   o.setup.insecure = insecure;
+  {
+    // Digits, an optional fraction and a tc unit; checked here so a typo
+    // fails before any cluster starts.
+    const std::string& r = o.throttle_rate;
+    size_t i = 0;
+    while (i < r.size() && (std::isdigit(static_cast<unsigned char>(r[i])) || r[i] == '.')) ++i;
+    const std::string unit = r.substr(i);
+    if (i == 0 || (unit != "bit" && unit != "kbit" && unit != "mbit" && unit != "gbit" &&
+                   unit != "bps" && unit != "kbps" && unit != "mbps")) {
+      return BadInput(cmd, "--throttle-rate must be a tc rate such as 1mbit or 500kbit");
+    }
+  }
   if (absl::Status s = CheckSetup(o.setup); !s.ok()) return Fail(cmd, s);
   if (o.duration_s <= 0 || o.duration_s > 86400)
     return BadInput(cmd, "--duration must be in (0, 86400]");

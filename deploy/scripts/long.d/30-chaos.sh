@@ -2,11 +2,21 @@
 # Long tier: `vericache chaos` for 10 minutes (VC_CHAOS_SECONDS) against a
 # local cluster of 2 verifiers and 2 drafters: kill -9 / restart of
 # drafters, verifiers and the store and SIGSTOP pauses, from a fixed seed
-# (VC_CHAOS_SEED) so a failure replays. Fails on any wrong token, unclean
-# failure or leak, and unless at least 100 faults and 2,000 requests ran.
+# (VC_CHAOS_SEED) so a failure replays; as root with ip and tc (the long
+# tier runs as root), also link cuts and throttles (--link-faults: the
+# cluster runs in a network namespace of the tool's own; VC_CHAOS_LINK_FAULTS=0
+# turns them off). Fails on any wrong token, unclean failure or leak, and
+# unless at least 100 faults and 2,000 requests ran.
 set -euo pipefail
 : "${VC_BUILD_DIR:?}"
 seed="${VC_CHAOS_SEED:-424242}"
 seconds="${VC_CHAOS_SECONDS:-600}"
+link=()
+if [[ "${VC_CHAOS_LINK_FAULTS:-1}" != "0" && "$(id -u)" == "0" ]] &&
+  command -v ip >/dev/null && command -v tc >/dev/null; then
+  link=(--link-faults)
+else
+  echo "30-chaos: link faults off (needs root, ip and tc; VC_CHAOS_LINK_FAULTS=${VC_CHAOS_LINK_FAULTS:-1})" >&2
+fi
 exec "$VC_BUILD_DIR/bin/vericache" chaos --seed "$seed" --duration "$seconds" \
-  --faults 1000 --requests 1000000 --min-faults 100 --min-requests 2000
+  --faults 1000 --requests 1000000 --min-faults 100 --min-requests 2000 "${link[@]}"

@@ -139,5 +139,49 @@ TEST_F(ChaosClusterTest, KilledWorkersComeBackOnTheirAddresses) {
   EXPECT_TRUE(idle.idle) << idle.detail;
 }
 
+// Regression: after a store restart, requests failed with "vc-kvstore
+// Lookup/Get: failed to connect to all addresses" for 1-2 s after the store
+// was healthy again: the coordinator's channel to the store sat in gRPC's
+// reconnect backoff (1 s initially) and its calls failed fast. Now the
+// backoff is short and the store's read calls wait for the connection
+// within their deadline: a request made while the store is down waits for
+// it, and one made right after it reports healthy succeeds.
+TEST_F(ChaosClusterTest, RequestsRightAfterAStoreRestartSucceed) {
+  internal::DaemonControl control(cluster_.get());
+  internal::RequestSpec spec = LongRequest();
+  spec.request.set_max_new_tokens(8);
+  spec.shape += "/8";
+  // The same request three times, under three ids.
+  const std::string id = spec.request.request_id();
+  auto with_id = [&](const std::string& suffix) {
+    internal::RequestSpec s = spec;
+    s.request.set_request_id(id + suffix);
+    return s;
+  };
+  {
+    const internal::Outcome warm = workload_->Run(with_id("-warm"), cluster_->client(), stub_.get());
+    ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
+  }
+  ASSERT_TRUE(control.Kill("kvstore").ok());
+  // Issued while the store is down: it reaches the store client's calls,
+  // which keep failing to connect (and, with the old settings, grew the
+  // channel's backoff) until the restart.
+  internal::Outcome during;
+  std::thread request(
+      [&] { during = workload_->Run(with_id("-during"), cluster_->client(), stub_.get()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const absl::Status restarted = control.Restart("kvstore");
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  // Right after the store reports healthy (Restart waits for that).
+  const internal::Outcome after = workload_->Run(with_id("-after"), cluster_->client(), stub_.get());
+  request.join();
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(workload_->Check(spec, after), "");
+  EXPECT_TRUE(during.status.ok()) << during.status.error_message();
+  EXPECT_EQ(workload_->Check(spec, during), "");
+  const internal::IdleState idle = internal::WaitIdle(*cluster_, std::chrono::seconds(30));
+  EXPECT_TRUE(idle.idle) << idle.detail;
+}
+
 }  // namespace
 }  // namespace vc::chaos

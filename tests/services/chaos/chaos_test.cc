@@ -78,6 +78,56 @@ TEST(FaultScheduleTest, BoundedSequentialAndCoversEveryFault) {
   EXPECT_TRUE(DrawFaultSchedule(42, o, kDaemons).empty());
 }
 
+// Without --link-faults a seed must replay the schedule it drew before link
+// faults existed: the per-commit smoke's (seed 13, 60 s), as printed then.
+TEST(FaultScheduleTest, LinkFaultsOffKeepsTheOldSchedules) {
+  ChaosOptions o;
+  o.duration_s = 60;
+  const auto s = DrawFaultSchedule(13, o, kDaemons);
+  const std::vector<std::pair<std::string, std::string>> printed = {
+      {"kill_verifier", "verifier"}, {"kill_verifier", "verifier-1"}, {"pause", "drafter"},
+      {"pause", "drafter-1"},        {"pause", "verifier-1"},         {"pause", "kvstore"},
+      {"pause", "coordinator"},      {"kill_verifier", "verifier"},   {"kill_drafter", "drafter-1"},
+      {"kill_store", "kvstore"},     {"kill_verifier", "verifier-1"}, {"kill_drafter", "drafter"},
+      {"kill_drafter", "drafter"}};
+  ASSERT_EQ(s.size(), printed.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(FaultName(s[i].type), printed[i].first) << i;
+    EXPECT_EQ(s[i].target, printed[i].second) << i;
+  }
+  EXPECT_NEAR(s[0].at_s, 2.5, 0.05);
+  EXPECT_NEAR(s[12].at_s, 58.3, 0.05);
+}
+
+TEST(FaultScheduleTest, LinkFaultsCutAndThrottleTheStoreAndWorkers) {
+  ChaosOptions o;
+  o.duration_s = 600;
+  o.max_faults = 100;
+  o.link_faults = true;
+  const auto s = DrawFaultSchedule(42, o, kDaemons);
+  std::set<FaultType> types;
+  std::set<std::string> link_targets;
+  for (const Fault& f : s) {
+    types.insert(f.type);
+    if (f.type == FaultType::kCutLink || f.type == FaultType::kThrottleLink) {
+      link_targets.insert(f.target);
+      EXPECT_GE(f.down_s, 0.5);
+      EXPECT_LE(f.down_s, 3.0);
+    }
+  }
+  EXPECT_TRUE(types.count(FaultType::kCutLink));
+  EXPECT_TRUE(types.count(FaultType::kThrottleLink));
+  EXPECT_TRUE(types.count(FaultType::kKillStore));  // the other faults remain
+  EXPECT_TRUE(types.count(FaultType::kPause));
+  EXPECT_TRUE(link_targets.count("kvstore"));
+  EXPECT_FALSE(link_targets.count("coordinator"));  // the client's link stays
+  o.link_faults = false;
+  for (const Fault& f : DrawFaultSchedule(42, o, kDaemons)) {
+    EXPECT_NE(f.type, FaultType::kCutLink);
+    EXPECT_NE(f.type, FaultType::kThrottleLink);
+  }
+}
+
 TEST(CleanFailureTest, KnownCodeAndMessage) {
   EXPECT_TRUE(IsCleanFailure(
       grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier 1.2.3.4: Socket closed")));
