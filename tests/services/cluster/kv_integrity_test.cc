@@ -1,6 +1,7 @@
 // Sealed KV end to end (issue 11 items 3 and 5) against the four real
 // daemons (LocalCluster, seals on as `vericache local` starts them): a
-// forged chunk (valid checksum, no seal / an untrusted signer's seal), a
+// forged chunk (valid checksum, no seal / an untrusted signer's seal / a
+// trusted seal over a checksum that does not match the bytes), a
 // chunk transplanted from another prefix at the same position (a valid seal
 // for another key), a chunk or variant bit-flipped on disk underneath the
 // store, and entries the store accepts but a reader refuses (a trusted seal
@@ -191,9 +192,10 @@ class KvIntegrityTest : public ::testing::Test {
     EXPECT_TRUE(signer.ok()) << signer.status();
     kvstore::SealContext other = opened->context;
     other.numerics_version = opened->context.numerics_version + 1;
-    auto resealed = (*signer)->Seal(key, other, std::string(opened->payload));
-    EXPECT_TRUE(resealed.ok()) << resealed.status();
-    return *resealed;
+    std::string resealed(opened->payload);
+    const absl::Status sealed = (*signer)->Seal(key, other, &resealed);
+    EXPECT_TRUE(sealed.ok()) << sealed;
+    return resealed;
   }
 
   // The coordinator's vericache_kv_heals_total.
@@ -276,9 +278,30 @@ TEST_F(KvIntegrityTest, ForgedChunksAreRefusedAtCommit) {
   ASSERT_TRUE(outsider.ok());
   kvstore::SealContext ctx;
   ctx.model_id = model_id_;
-  const grpc::Status untrusted = Write(keys[0], *(*outsider)->Seal(keys[0], ctx, *forged));
+  std::string by_outsider = *forged;
+  ASSERT_TRUE((*outsider)->Seal(keys[0], ctx, &by_outsider).ok());
+  const grpc::Status untrusted = Write(keys[0], by_outsider);
   EXPECT_EQ(untrusted.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << untrusted.error_message();
+  // The cluster's own key signing a checksum that does not match the bytes
+  // (the signer signs the checksum as the entry carries it; the store
+  // recomputes it): a bit flipped in chunk 0's rows after encoding.
+  {
+    auto trust = kvstore::SealTrust::FromFile(
+        (std::filesystem::path(cluster_->data_dir()) / "seal-trust.txt").string());
+    ASSERT_TRUE(trust.ok()) << trust.status();
+    auto opened = trust->Open(keys[0], GetEntry(keys[0]));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::string flipped(opened->payload);
+    flipped[kvstore::kChunkHeaderBytes + 9] ^= 0x10;
+    auto signer = kvstore::SealSigner::FromPemFile(
+        (std::filesystem::path(cluster_->data_dir()) / "seal-key.pem").string());
+    ASSERT_TRUE(signer.ok()) << signer.status();
+    ASSERT_TRUE((*signer)->Seal(keys[0], opened->context, &flipped).ok());
+    const grpc::Status stale = Write(keys[0], flipped);
+    EXPECT_EQ(stale.error_code(), grpc::StatusCode::UNAUTHENTICATED) << stale.error_message();
+    EXPECT_NE(stale.error_message().find("checksum"), std::string::npos) << stale.error_message();
+  }
   // A transplant: prefix B's valid sealed chunk 1 under prefix A's key 1.
   const std::vector<int32_t> other = Text(2 * kChunkTokens + 5, 77);
   Register(other);
