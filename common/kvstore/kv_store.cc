@@ -383,14 +383,14 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& opt
       options.max_open_puts <= 0 || options.max_staged_bytes <= 0 ||
       options.max_staged_bytes_per_identity <= 0 || options.max_key_bytes <= 0 ||
       options.put_lease_seconds <= 0 || options.put_lease_seconds > int64_t{1} << 31) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
-                     " (must be > 0), dram_budget_bytes=", options.dram_budget_bytes,
-                     " (>= 0), ttl_seconds=", options.ttl_seconds, " (>= 0), max_open_puts=",
-                     options.max_open_puts, " (> 0), max_staged_bytes=", options.max_staged_bytes,
-                     " (> 0), max_staged_bytes_per_identity=", options.max_staged_bytes_per_identity,
-                     " (> 0), max_key_bytes=", options.max_key_bytes,
-                     " (> 0), put_lease_seconds=", options.put_lease_seconds, " (in [1, 2^31])"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
+        " (must be > 0), dram_budget_bytes=", options.dram_budget_bytes, " (>= 0), ttl_seconds=",
+        options.ttl_seconds, " (>= 0), max_open_puts=", options.max_open_puts,
+        " (> 0), max_staged_bytes=", options.max_staged_bytes,
+        " (> 0), max_staged_bytes_per_identity=", options.max_staged_bytes_per_identity,
+        " (> 0), max_key_bytes=", options.max_key_bytes,
+        " (> 0), put_lease_seconds=", options.put_lease_seconds, " (in [1, 2^31])"));
   }
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);

@@ -11,8 +11,8 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
-#include <unordered_set>
 #include <sstream>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -180,8 +180,8 @@ absl::Status SealSigner::Seal(absl::string_view store_key, const SealContext& co
                               std::string* entry) const {
   if (store_key.empty()) return absl::InvalidArgumentError("Seal: empty store key");
   if (entry->size() < kSealedChecksumBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("Seal: a ", entry->size(),
-                                                   "-byte entry cannot end in a checksum"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Seal: a ", entry->size(), "-byte entry cannot end in a checksum"));
   }
   // The encoder's checksum as it stands: the signer reads no payload byte.
   // Were it wrong, every opener (which recomputes it) refuses the entry.
@@ -318,9 +318,8 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
         "again");
   }
   if (version != kSealVersion) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("entry's seal has unsupported version ", version, " (this reader accepts ",
-                     kSealVersion, ")"));
+    return absl::UnauthenticatedError(absl::StrCat("entry's seal has unsupported version ", version,
+                                                   " (this reader accepts ", kSealVersion, ")"));
   }
   OpenedEntry out;
   out.context.numerics_version = GetU32(t + 8);
@@ -348,9 +347,9 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
     return absl::UnauthenticatedError(
         "sealed entry's checksum does not match its bytes (corrupted or altered)");
   }
-  const std::string message = SignedMessage(
-      store_key, out.context, out.key_id,
-      absl::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
+  const std::string message =
+      SignedMessage(store_key, out.context, out.key_id,
+                    absl::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
   std::string pair = message;
   pair.append(reinterpret_cast<const char*>(sig), kSealSignatureBytes);
   if (keys_->Seen(pair)) return out;

@@ -49,8 +49,8 @@ inline constexpr size_t kMaxSealKeyIdBytes = 64;
 inline constexpr size_t kSealedChecksumBytes = 32;
 // The largest trailer Seal appends. Encoders reserve this much room past
 // their checksum so sealing appends without reallocating (copying) the entry.
-inline constexpr size_t kSealTrailerMaxBytes = 4 + 4 + 4 + 32 + 1 + kMaxSealKeyIdBytes +
-                                               kSealSignatureBytes + 4;
+inline constexpr size_t kSealTrailerMaxBytes =
+    4 + 4 + 4 + 32 + 1 + kMaxSealKeyIdBytes + kSealSignatureBytes + 4;
 
 // Whether a codec recomputes an entry's trailing checksum. kAlreadyRecomputed
 // only for bytes whose checksum the caller has itself just recomputed from

@@ -80,11 +80,12 @@ absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes, ChecksumCh
   // The checksum first: any changed or missing byte, header included, is
   // DataLoss; what is left to reject afterwards was written that way.
   const size_t body = bytes.size() - kVariantChecksumBytes;
-  if (checksum == ChecksumCheck::kRecompute &&
-      std::memcmp(Digest(bytes.data(), body).data(), bytes.data() + body,
-                  kVariantChecksumBytes) != 0) {
-    return absl::DataLossError(
-        "compressed KV variant: checksum mismatch (corrupt, truncated or not a variant)");
+  if (checksum == ChecksumCheck::kRecompute) {
+    const auto d = Digest(bytes.data(), body);
+    if (std::memcmp(d.data(), bytes.data() + body, kVariantChecksumBytes) != 0) {
+      return absl::DataLossError(
+          "compressed KV variant: checksum mismatch (corrupt, truncated or not a variant)");
+    }
   }
   if (std::memcmp(bytes.data(), kMagic, 4) != 0) {
     if (std::memcmp(bytes.data(), kChunkMagic, 4) == 0) {

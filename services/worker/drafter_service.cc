@@ -229,9 +229,9 @@ void DrafterService::RunOpen(OpenJob& job) {
       }
       if (variant == nullptr) {
         VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs, store_->Fetch({req.variant_key()}));
-        VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> compressed,
-                            kvstore::DecodeCompressedPrefix(config_, blobs[0],
-                                                            store_->fetched_checksum()));
+        VC_ASSIGN_OR_RETURN(
+            std::shared_ptr<const CompressedPrefix> compressed,
+            kvstore::DecodeCompressedPrefix(config_, blobs[0], store_->fetched_checksum()));
         if (compressed->prefix_len() != prefix.tokens) {
           return absl::DataLossError(absl::StrCat("stored variant covers ",
                                                   compressed->prefix_len(),

@@ -212,8 +212,7 @@ TEST_F(KvStoreTest, StagingIsLimitedPerIdentity) {
   // Across its puts: 40 reserved in one, 21 more in another is too much.
   const absl::Status over = store_->ReserveStage(*a2, "cert:a", 21);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(over.message()).find("max_staged_bytes_per_identity 60"),
-            std::string::npos)
+  EXPECT_NE(std::string(over.message()).find("max_staged_bytes_per_identity 60"), std::string::npos)
       << over;
   EXPECT_EQ(store_->Stage(*a2, "x", std::string(21, 'x'), "cert:a").code(),
             absl::StatusCode::kResourceExhausted);
