@@ -14,6 +14,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
@@ -24,10 +25,7 @@ namespace pb = ::vericache::v1;
 
 constexpr int kChunkTokens = 32;
 
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
+std::string ModelPath() { return clustertest::StoriesModelPath(); }
 
 class IngestCancelTest : public ::testing::Test {
  protected:
@@ -57,13 +55,7 @@ class IngestCancelTest : public ::testing::Test {
   }
 
   std::vector<int32_t> Text(int n, uint64_t seed) {
-    std::vector<int32_t> p = {1, static_cast<int32_t>(300 + seed % 100)};
-    DecodeOptions o;
-    o.max_new_tokens = n - 2;
-    o.ignore_eos = true;
-    auto r = std::move(DecodeFull(*engine_, p, o)).value();
-    p.insert(p.end(), r.tokens.begin(), r.tokens.end());
-    return p;
+    return clustertest::ModelText(*engine_, n, seed);
   }
 
   pb::ClusterStatusResponse Status() {

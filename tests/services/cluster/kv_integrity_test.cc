@@ -18,14 +18,15 @@
 #include <fstream>
 
 #include "common/decode/full_decode.h"
+#include "common/http/httplib.h"
 #include "common/ingest/prefix_ingest.h"
 #include "common/kvstore/chunk_codec.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
-#include "common/http/httplib.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
@@ -36,10 +37,7 @@ namespace pb = ::vericache::v1;
 
 constexpr int kChunkTokens = 32;
 
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
+std::string ModelPath() { return clustertest::StoriesModelPath(); }
 
 class KvIntegrityTest : public ::testing::Test {
  protected:
@@ -68,13 +66,7 @@ class KvIntegrityTest : public ::testing::Test {
   }
 
   std::vector<int32_t> Text(int n, uint64_t seed) {
-    std::vector<int32_t> p = {1, static_cast<int32_t>(300 + seed % 100)};
-    DecodeOptions o;
-    o.max_new_tokens = n - 2;
-    o.ignore_eos = true;
-    auto r = std::move(DecodeFull(*engine_, p, o)).value();
-    p.insert(p.end(), r.tokens.begin(), r.tokens.end());
-    return p;
+    return clustertest::ModelText(*engine_, n, seed);
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
