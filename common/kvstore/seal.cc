@@ -370,7 +370,9 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
 
 absl::Status CheckStoredEntry(const SealTrust& trust, absl::string_view store_key,
                               absl::string_view value) {
-  const bool kv = value.size() >= 4 && (value.substr(0, 4) == "VCKC" || value.substr(0, 4) == "VCKV");
+  // Full chunks, variants, and entries encrypted at rest (kv_cipher.h).
+  const absl::string_view magic = value.substr(0, 4);
+  const bool kv = magic == "VCKC" || magic == "VCKV" || magic == "VCKE";
   if (!kv && !LooksSealed(value)) return absl::OkStatus();
   return trust.Open(store_key, value).status();
 }

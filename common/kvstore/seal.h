@@ -150,10 +150,11 @@ class SealTrust {
 bool LooksSealed(absl::string_view bytes);
 
 // The store's rule on commit and on disk reads: an entry that is KV (it
-// starts with the full-chunk or the variant magic, "VCKC" / "VCKV") or that
-// carries a seal must carry a valid seal by a trusted key for `store_key`
-// (Unauthenticated otherwise); other entries (the coordinator's prefix
-// manifests, which no worker produces) pass.
+// starts with the full-chunk, the variant or the encrypted-entry magic,
+// "VCKC" / "VCKV" / "VCKE") or that carries a seal must carry a valid seal
+// by a trusted key for `store_key` (Unauthenticated otherwise); other
+// entries (the coordinator's prefix manifests, which no worker produces)
+// pass.
 absl::Status CheckStoredEntry(const SealTrust& trust, absl::string_view store_key,
                               absl::string_view value);
 

@@ -169,6 +169,24 @@ TEST(SealTest, AVersionOneSealIsRefusedByName) {
   EXPECT_NE(std::string(opened.status().message()).find("ingested again"), std::string::npos);
 }
 
+// The store's rule: KV (chunk, variant, encrypted entry) must be sealed for
+// its key; other entries (manifests) pass unsealed.
+TEST(SealTest, TheStoreRequiresSealsOnKvEntriesOnly) {
+  auto signer = NewSigner();
+  const SealTrust trust = TrustOf(*signer);
+  for (const char* magic : {"VCKC", "VCKV", "VCKE"}) {
+    const std::string entry = WithChecksum(std::string(magic) + std::string(100, 'b'));
+    EXPECT_EQ(CheckStoredEntry(trust, kKey, entry).code(), absl::StatusCode::kUnauthenticated)
+        << magic;
+    EXPECT_TRUE(CheckStoredEntry(trust, kKey, Sealed(*signer, kKey, Ctx(1), entry)).ok()) << magic;
+    EXPECT_EQ(CheckStoredEntry(trust, std::string(32, 'x'), Sealed(*signer, kKey, Ctx(1), entry))
+                  .code(),
+              absl::StatusCode::kUnauthenticated)
+        << magic;
+  }
+  EXPECT_TRUE(CheckStoredEntry(trust, kKey, "manifest: token ids").ok());
+}
+
 TEST(SealTest, RotationTrustsSeveralKeys) {
   auto old_key = NewSigner();
   auto new_key = NewSigner();
