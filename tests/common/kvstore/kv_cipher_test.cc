@@ -15,10 +15,11 @@
 namespace vc::kvstore {
 namespace {
 
-const std::string kSecret(32, 's');
-const std::string kKey(32, 'k');
+std::string Secret() { return std::string(32, 's'); }
+// A store key (32 bytes, as chunk keys are).
+std::string StoreKey() { return std::string(32, 'k'); }
 
-KvKeyring Keyring(const std::string& secret = kSecret) {
+KvKeyring Keyring(const std::string& secret = Secret()) {
   auto k = KvKeyring::FromSecret(secret);
   EXPECT_TRUE(k.ok()) << k.status();
   return *k;
@@ -39,19 +40,19 @@ std::string Plain() {
 TEST(KvCipherTest, RoundTripsUnderItsTenantAndStoreKey) {
   const TenantKey a = KeyOf(Keyring(), "salt-of-tenant-a");
   for (const std::string& plain : {Plain(), std::string()}) {
-    auto enc = EncryptEntry(a, kKey, plain);
+    auto enc = EncryptEntry(a, StoreKey(), plain);
     ASSERT_TRUE(enc.ok()) << enc.status();
     EXPECT_TRUE(LooksEncrypted(*enc));
     EXPECT_EQ(enc->size(), plain.size() + kEncryptionOverheadBytes);
     if (!plain.empty()) {
       EXPECT_EQ(enc->find(plain.substr(0, 64)), std::string::npos);
     }
-    auto dec = DecryptEntry(a, kKey, *enc);
+    auto dec = DecryptEntry(a, StoreKey(), *enc);
     ASSERT_TRUE(dec.ok()) << dec.status();
     EXPECT_EQ(*dec, plain);
   }
   // Fresh nonces: the same plaintext twice gives two ciphertexts.
-  EXPECT_NE(*EncryptEntry(a, kKey, Plain()), *EncryptEntry(a, kKey, Plain()));
+  EXPECT_NE(*EncryptEntry(a, StoreKey(), Plain()), *EncryptEntry(a, StoreKey(), Plain()));
 }
 
 TEST(KvCipherTest, AnotherTenantsKeyIsRefused) {
@@ -62,15 +63,15 @@ TEST(KvCipherTest, AnotherTenantsKeyIsRefused) {
   EXPECT_EQ(KeyOf(Keyring(), "salt-of-tenant-a").bytes, a.bytes) << "derivation is deterministic";
   EXPECT_NE(KeyOf(Keyring(std::string(32, 't')), "salt-of-tenant-a").bytes, a.bytes)
       << "another cluster secret, another key";
-  const std::string enc = *EncryptEntry(a, kKey, Plain());
-  auto wrong = DecryptEntry(b, kKey, enc);
+  const std::string enc = *EncryptEntry(a, StoreKey(), Plain());
+  auto wrong = DecryptEntry(b, StoreKey(), enc);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_NE(std::string(wrong.status().message()).find("another tenant's key"), std::string::npos);
 }
 
 TEST(KvCipherTest, AnotherStoreKeyOrAChangedByteIsRefused) {
   const TenantKey a = KeyOf(Keyring(), "salt-of-tenant-a");
-  const std::string enc = *EncryptEntry(a, kKey, Plain());
+  const std::string enc = *EncryptEntry(a, StoreKey(), Plain());
   EXPECT_EQ(DecryptEntry(a, std::string(32, 'x'), enc).status().code(),
             absl::StatusCode::kUnauthenticated);
   // Any byte before the checksum, with the checksum recomputed by whoever
@@ -82,16 +83,17 @@ TEST(KvCipherTest, AnotherStoreKeyOrAChangedByteIsRefused) {
     unsigned int len = 0;
     ASSERT_EQ(EVP_Digest(bad.data(), bad.size(), sum, &len, EVP_sha256(), nullptr), 1);
     bad.append(reinterpret_cast<const char*>(sum), sizeof(sum));
-    EXPECT_EQ(DecryptEntry(a, kKey, bad).status().code(), absl::StatusCode::kUnauthenticated)
+    EXPECT_EQ(DecryptEntry(a, StoreKey(), bad).status().code(), absl::StatusCode::kUnauthenticated)
         << "byte " << i;
   }
   // Without a recomputed checksum: DataLoss, before any decryption.
   std::string flipped = enc;
   flipped[40] = static_cast<char>(flipped[40] ^ 0x01);
-  EXPECT_EQ(DecryptEntry(a, kKey, flipped).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecryptEntry(a, StoreKey(), flipped).status().code(), absl::StatusCode::kDataLoss);
   std::string truncated = enc.substr(0, 30);
-  EXPECT_EQ(DecryptEntry(a, kKey, truncated).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(DecryptEntry(a, kKey, Plain()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecryptEntry(a, StoreKey(), truncated).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecryptEntry(a, StoreKey(), Plain()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(KvCipherTest, BadSecretsAndSaltsAreClearErrors) {
@@ -105,17 +107,17 @@ TEST(KvCipherTest, BadSecretsAndSaltsAreClearErrors) {
 
 TEST(KvCipherTest, AnEncryptedEntryIsSealedLikeAnyOther) {
   const TenantKey a = KeyOf(Keyring(), "salt-of-tenant-a");
-  std::string entry = *EncryptEntry(a, kKey, Plain());
+  std::string entry = *EncryptEntry(a, StoreKey(), Plain());
   const size_t size = entry.size();
   auto signer = SealSigner::Generate();
   ASSERT_TRUE(signer.ok());
-  ASSERT_TRUE((*signer)->Seal(kKey, SealContext{}, &entry).ok());
+  ASSERT_TRUE((*signer)->Seal(StoreKey(), SealContext{}, &entry).ok());
   SealTrust trust;
   ASSERT_TRUE(trust.Add((*signer)->PublicKeyHex()).ok());
-  auto opened = trust.OpenFor(kKey, SealContext{}, entry);
+  auto opened = trust.OpenFor(StoreKey(), SealContext{}, entry);
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(opened->size(), size);
-  auto dec = DecryptEntry(a, kKey, *opened);
+  auto dec = DecryptEntry(a, StoreKey(), *opened);
   ASSERT_TRUE(dec.ok()) << dec.status();
   EXPECT_EQ(*dec, Plain());
 }
