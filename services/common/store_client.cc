@@ -114,8 +114,9 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
   // Sealed in place when this client signs (the producer of the entries):
   // a signature over each entry's checksum, appended, no payload copied.
   if (options_.seal_signer != nullptr) {
-    for (auto& [key, value] : entries) {
-      VC_RETURN_IF_ERROR(options_.seal_signer->Seal(key, options_.seal_context, &value));
+    for (auto& entry : entries) {
+      VC_RETURN_IF_ERROR(
+          options_.seal_signer->Seal(entry.first, options_.seal_context, &entry.second));
     }
   }
   pb::BeginPutRequest begin;

@@ -179,9 +179,9 @@ TEST(SealTest, TheStoreRequiresSealsOnKvEntriesOnly) {
     EXPECT_EQ(CheckStoredEntry(trust, kKey, entry).code(), absl::StatusCode::kUnauthenticated)
         << magic;
     EXPECT_TRUE(CheckStoredEntry(trust, kKey, Sealed(*signer, kKey, Ctx(1), entry)).ok()) << magic;
-    EXPECT_EQ(CheckStoredEntry(trust, std::string(32, 'x'), Sealed(*signer, kKey, Ctx(1), entry))
-                  .code(),
-              absl::StatusCode::kUnauthenticated)
+    EXPECT_EQ(
+        CheckStoredEntry(trust, std::string(32, 'x'), Sealed(*signer, kKey, Ctx(1), entry)).code(),
+        absl::StatusCode::kUnauthenticated)
         << magic;
   }
   EXPECT_TRUE(CheckStoredEntry(trust, kKey, "manifest: token ids").ok());
