@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/kvstore/internal/little_endian.h"
 #include "common/kvstore/seal.h"
 
 namespace vc::kvstore {
@@ -29,14 +30,8 @@ struct CipherCtxFree {
 };
 using CipherCtx = std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree>;
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(static_cast<uint8_t>(v >> (8 * i))));
-}
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
+using internal::GetU32;
+using internal::PutU32;
 
 std::array<uint8_t, 32> Sha256(const char* data, size_t size) {
   std::array<uint8_t, 32> out{};

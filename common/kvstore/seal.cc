@@ -19,6 +19,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/kvstore/internal/little_endian.h"
 
 namespace vc::kvstore {
 namespace {
@@ -41,14 +42,9 @@ struct BioFree {
   void operator()(BIO* b) const { BIO_free(b); }
 };
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(static_cast<uint8_t>(v >> (8 * i))));
-}
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
+using internal::GetU32;
+using internal::PutU32;
+
 void Field(std::string& out, absl::string_view bytes) {
   PutU32(out, static_cast<uint32_t>(bytes.size()));
   out.append(bytes.data(), bytes.size());
