@@ -228,7 +228,7 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
 
 absl::StatusOr<std::unique_ptr<PagedKvCache>> LoadFullPrefix(
     const ModelConfig& config, const std::vector<std::string>& chunk_bytes,
-    const PagedKvCache::Options& options) {
+    const PagedKvCache::Options& options, kvstore::ChecksumCheck checksum) {
   if (chunk_bytes.empty()) return absl::InvalidArgumentError("LoadFullPrefix: no chunks");
   if (options.first_position != 0) {
     return absl::InvalidArgumentError(
@@ -239,8 +239,9 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> LoadFullPrefix(
   int32_t chunk_tokens = 0;
   for (size_t i = 0; i < chunk_bytes.size(); ++i) {
     const int32_t before = cache->next_position();
-    // Checks the checksum, the shape and that the chunk starts at `before`.
-    if (absl::Status s = kvstore::DecodeChunkInto(chunk_bytes[i], *cache); !s.ok()) {
+    // Checks the checksum (unless done), the shape and that the chunk
+    // starts at `before`.
+    if (absl::Status s = kvstore::DecodeChunkInto(chunk_bytes[i], *cache, checksum); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("prefix chunk ", i, ": ", s.message()));
     }
     const int32_t tokens = cache->next_position() - before;

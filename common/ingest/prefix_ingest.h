@@ -20,6 +20,7 @@
 #include "common/engine/engine.h"
 #include "common/engine/kv_cache.h"
 #include "common/kvstore/chunk_key.h"
+#include "common/kvstore/seal.h"
 #include "common/model/model.h"
 
 namespace vc::ingest {
@@ -83,10 +84,13 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
 // be 0; `options.max_tokens` / `arena` bound it as usual (ResourceExhausted).
 // DataLoss for a corrupt chunk; InvalidArgument for no chunks, a chunk of
 // another shape, a chunk not starting where the previous one ended, or
-// chunks of unequal size.
+// chunks of unequal size. `checksum`: kAlreadyRecomputed for chunks whose
+// seals were just opened (StoreClient::fetched_checksum), so each byte is
+// hashed once.
 absl::StatusOr<std::unique_ptr<PagedKvCache>> LoadFullPrefix(
     const ModelConfig& config, const std::vector<std::string>& chunk_bytes,
-    const PagedKvCache::Options& options);
+    const PagedKvCache::Options& options,
+    kvstore::ChecksumCheck checksum = kvstore::ChecksumCheck::kRecompute);
 
 // The key under which BuildPrefixEntries stores `spec`'s variant of the
 // prefix whose last full chunk key is `last` (what a drafter fetches).

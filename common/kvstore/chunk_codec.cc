@@ -68,7 +68,8 @@ absl::StatusOr<std::string> EncodeChunk(const PagedKvCache& cache, int32_t first
   if (payload < 0) return absl::InvalidArgumentError("EncodeChunk: chunk too large");
 
   std::string out;
-  out.reserve(kChunkHeaderBytes + static_cast<size_t>(payload) + kChunkChecksumBytes);
+  out.reserve(kChunkHeaderBytes + static_cast<size_t>(payload) + kChunkChecksumBytes +
+              kSealTrailerMaxBytes);
   out.append(kMagic, 4);
   PutU32(out, h.format_version);
   PutU32(out, h.layers);
@@ -102,7 +103,7 @@ absl::StatusOr<std::string> EncodeChunk(const PagedKvCache& cache, int32_t first
   return out;
 }
 
-absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes) {
+absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes, ChecksumCheck checksum) {
   if (bytes.size() < kChunkHeaderBytes + kChunkChecksumBytes) {
     return absl::DataLossError(absl::StrCat("KV chunk truncated: ", bytes.size(),
                                             " bytes, shorter than header + checksum (",
@@ -148,6 +149,7 @@ absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes) {
                                             " bytes does not match its header (expected ", expected,
                                             "): truncated or padded"));
   }
+  if (checksum == ChecksumCheck::kAlreadyRecomputed) return h;
   const size_t body = bytes.size() - kChunkChecksumBytes;
   const auto d = Digest(bytes.data(), body);
   if (std::memcmp(d.data(), bytes.data() + body, kChunkChecksumBytes) != 0) {
@@ -156,8 +158,9 @@ absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes) {
   return h;
 }
 
-absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache) {
-  VC_ASSIGN_OR_RETURN(const ChunkHeader h, VerifyChunk(bytes));
+absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache,
+                             ChecksumCheck checksum) {
+  VC_ASSIGN_OR_RETURN(const ChunkHeader h, VerifyChunk(bytes, checksum));
   if (h.layers != static_cast<uint32_t>(cache.n_layers()) ||
       h.kv_heads != static_cast<uint32_t>(cache.kv_heads()) ||
       h.head_dim != static_cast<uint32_t>(cache.head_dim())) {

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/engine/kv_cache.h"
+#include "common/kvstore/seal.h"
 
 namespace vc::kvstore {
 
@@ -39,21 +40,27 @@ struct ChunkHeader {
 };
 
 // Serialises positions [first_position, first_position + tokens) of `cache`
-// (all of them stored). InvalidArgument if the range is not stored or empty.
+// (all of them stored), with room reserved for a seal (seal.h) to be
+// appended without a copy. InvalidArgument if the range is not stored or
+// empty.
 absl::StatusOr<std::string> EncodeChunk(const PagedKvCache& cache, int32_t first_position,
                                         int32_t tokens);
 
-// Parses and verifies `bytes` (size, magic, version, dtype, shape, checksum).
-// The dtype must be a known one; DecodeChunkInto also requires it to equal
-// the cache's.
+// Parses and verifies `bytes` (size, magic, version, dtype, shape, and the
+// checksum unless `checksum` says the caller has just recomputed it, as
+// SealTrust::Open does). The dtype must be a known one; DecodeChunkInto also
+// requires it to equal the cache's.
 // DataLoss for a checksum mismatch or truncation, InvalidArgument for a
 // malformed header.
-absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes);
+absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes,
+                                        ChecksumCheck checksum = ChecksumCheck::kRecompute);
 
-// Verifies `bytes`, then appends its tokens to `cache` and writes their rows.
-// The cache must have the chunk's shape (layers, kv_heads, head_dim) and its
-// next_position() must equal the chunk's first_position (InvalidArgument
-// otherwise). On any error the cache is unchanged.
-absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache);
+// Verifies `bytes` (as VerifyChunk), then appends its tokens to `cache` and
+// writes their rows. The cache must have the chunk's shape (layers,
+// kv_heads, head_dim) and its next_position() must equal the chunk's
+// first_position (InvalidArgument otherwise). On any error the cache is
+// unchanged.
+absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache,
+                             ChecksumCheck checksum = ChecksumCheck::kRecompute);
 
 }  // namespace vc::kvstore

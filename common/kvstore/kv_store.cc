@@ -129,6 +129,31 @@ struct KvStore::Impl {
   uint64_t next_put_id = 1;
   int64_t staged_bytes = 0;
   int64_t reserved_bytes = 0;
+  // Staged + reserved bytes of each owner's open puts (owners with none
+  // are erased, so this holds at most max_open_puts owners).
+  std::unordered_map<std::string, int64_t> owner_bytes;
+
+  int64_t OwnerBytes(const std::string& owner) const {
+    auto it = owner_bytes.find(owner);
+    return it == owner_bytes.end() ? 0 : it->second;
+  }
+  void AddOwnerBytes(const std::string& owner, int64_t delta) {
+    if (delta == 0) return;
+    int64_t& b = owner_bytes[owner];
+    b += delta;
+    if (b <= 0) owner_bytes.erase(owner);
+  }
+  // ResourceExhausted if `owner` growing by `more` bytes passes its cap.
+  absl::Status CheckOwnerBudget(const std::string& owner, int64_t more, const char* what) const {
+    const int64_t held = OwnerBytes(owner);
+    if (more > 0 && held > options.max_staged_bytes_per_identity - more) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KvStore: ", what, " of ", more, " bytes exceeds max_staged_bytes_per_identity ",
+          options.max_staged_bytes_per_identity, " (", held,
+          " bytes staged or reserved by this identity's open puts)"));
+    }
+    return absl::OkStatus();
+  }
 
   void RenewLease(PendingPut& p) { p.lease_end_ms = NowMs() + options.put_lease_seconds * 1000; }
 
@@ -344,6 +369,7 @@ struct KvStore::Impl {
   void DiscardPut(std::unordered_map<uint64_t, PendingPut>::iterator it) {
     staged_bytes -= it->second.bytes;
     reserved_bytes -= it->second.reserved;
+    AddOwnerBytes(it->second.owner, -(it->second.bytes + it->second.reserved));
     puts.erase(it);
   }
 };
@@ -354,15 +380,17 @@ KvStore::~KvStore() = default;
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("KvStore: options.path is empty");
   if (options.disk_budget_bytes <= 0 || options.dram_budget_bytes < 0 || options.ttl_seconds < 0 ||
-      options.max_open_puts <= 0 || options.max_staged_bytes <= 0 || options.max_key_bytes <= 0 ||
+      options.max_open_puts <= 0 || options.max_staged_bytes <= 0 ||
+      options.max_staged_bytes_per_identity <= 0 || options.max_key_bytes <= 0 ||
       options.put_lease_seconds <= 0 || options.put_lease_seconds > int64_t{1} << 31) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
-                     " (must be > 0), dram_budget_bytes=", options.dram_budget_bytes,
-                     " (>= 0), ttl_seconds=", options.ttl_seconds, " (>= 0), max_open_puts=",
-                     options.max_open_puts, " (> 0), max_staged_bytes=", options.max_staged_bytes,
-                     " (> 0), max_key_bytes=", options.max_key_bytes,
-                     " (> 0), put_lease_seconds=", options.put_lease_seconds, " (in [1, 2^31])"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
+        " (must be > 0), dram_budget_bytes=", options.dram_budget_bytes, " (>= 0), ttl_seconds=",
+        options.ttl_seconds, " (>= 0), max_open_puts=", options.max_open_puts,
+        " (> 0), max_staged_bytes=", options.max_staged_bytes,
+        " (> 0), max_staged_bytes_per_identity=", options.max_staged_bytes_per_identity,
+        " (> 0), max_key_bytes=", options.max_key_bytes,
+        " (> 0), put_lease_seconds=", options.put_lease_seconds, " (in [1, 2^31])"));
   }
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
@@ -426,8 +454,10 @@ absl::Status KvStore::ReserveStage(uint64_t put_id, const std::string& owner, in
         m.options.max_staged_bytes, " (", m.staged_bytes, " staged, ", m.reserved_bytes,
         " reserved)"));
   }
+  VC_RETURN_IF_ERROR(m.CheckOwnerBudget(owner, bytes, "an upload"));
   it->second.reserved += bytes;
   m.reserved_bytes += bytes;
+  m.AddOwnerBytes(owner, bytes);
   m.RenewLease(it->second);
   return absl::OkStatus();
 }
@@ -439,6 +469,7 @@ void KvStore::ReleaseStage(uint64_t put_id, int64_t unused_bytes) {
   const int64_t give = std::min(unused_bytes, it->second.reserved);
   it->second.reserved -= give;
   impl_->reserved_bytes -= give;
+  impl_->AddOwnerBytes(it->second.owner, -give);
 }
 
 int KvStore::ExpirePuts() {
@@ -463,11 +494,13 @@ absl::Status KvStore::Stage(uint64_t put_id, const std::string& key, std::string
         absl::StrCat("KvStore: staging ", value.size(), " bytes exceeds max_staged_bytes ",
                      m.options.max_staged_bytes, " (", m.staged_bytes, " staged)"));
   }
+  VC_RETURN_IF_ERROR(m.CheckOwnerBudget(owner, delta - take, "staging"));
   p.reserved -= take;
   m.reserved_bytes -= take;
   p.entries[key] = std::move(value);
   p.bytes += delta;
   m.staged_bytes += delta;
+  m.AddOwnerBytes(owner, delta - take);
   m.RenewLease(p);
   return absl::OkStatus();
 }

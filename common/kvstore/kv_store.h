@@ -55,6 +55,11 @@ struct KvStoreOptions {
   // together; Stage / ReserveStage fail with ResourceExhausted past it.
   // Default 1 GiB.
   int64_t max_staged_bytes = int64_t{1} << 30;
+  // Of those, bytes staged and reserved by the open puts of one owner (the
+  // identity BeginPut names), so one identity cannot take the whole staging
+  // budget from the others; ResourceExhausted naming it past it. Must be
+  // > 0. Default 512 MiB.
+  int64_t max_staged_bytes_per_identity = int64_t{512} << 20;
   // An open put is a lease: discarded (its staged bytes freed) once this many
   // seconds pass without a BeginPut/ReserveStage/Stage on it, so an
   // abandoned put cannot hold the staging budget. Must be > 0. Default 120.

@@ -1,6 +1,7 @@
 #include "common/kvstore/seal.h"
 
 #include <openssl/bio.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 
@@ -10,22 +11,24 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
-#include <unordered_set>
 #include <sstream>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/kvstore/internal/little_endian.h"
 
 namespace vc::kvstore {
 namespace {
 
 constexpr char kMagic[4] = {'V', 'C', 'S', 'L'};
-constexpr char kDomain[] = "vericache-seal-v1";
+constexpr char kDomain[] = "vericache-seal-v2";
 // magic + version + numerics + model id + key id length + signature + trailer length
 constexpr size_t kFixedTrailerBytes = 4 + 4 + 4 + 32 + 1 + kSealSignatureBytes + 4;
+static_assert(kFixedTrailerBytes + kMaxSealKeyIdBytes == kSealTrailerMaxBytes);
 constexpr size_t kRawPublicKeyBytes = 32;
 
 struct PkeyFree {
@@ -39,14 +42,9 @@ struct BioFree {
   void operator()(BIO* b) const { BIO_free(b); }
 };
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(static_cast<uint8_t>(v >> (8 * i))));
-}
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
+using internal::GetU32;
+using internal::PutU32;
+
 void Field(std::string& out, absl::string_view bytes) {
   PutU32(out, static_cast<uint32_t>(bytes.size()));
   out.append(bytes.data(), bytes.size());
@@ -60,9 +58,10 @@ std::array<uint8_t, 32> Sha256(absl::string_view data) {
   return out;
 }
 
-// What the signature covers (constant size but for the store key).
+// What the signature covers: a statement of constant size but for the store
+// key. `checksum` is the entry's SHA-256 (over all its bytes before it).
 std::string SignedMessage(absl::string_view store_key, const SealContext& context,
-                          absl::string_view key_id, absl::string_view payload) {
+                          absl::string_view key_id, absl::string_view checksum) {
   std::string m;
   m.reserve(160 + store_key.size());
   Field(m, kDomain);
@@ -70,8 +69,7 @@ std::string SignedMessage(absl::string_view store_key, const SealContext& contex
   Field(m, absl::string_view(reinterpret_cast<const char*>(context.model_id.bytes.data()), 32));
   PutU32(m, context.numerics_version);
   Field(m, key_id);
-  const auto digest = Sha256(payload);
-  Field(m, absl::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
+  Field(m, checksum);
   return m;
 }
 
@@ -174,11 +172,18 @@ absl::StatusOr<std::string> SealSigner::PrivateKeyPem() const {
   return std::string(data, static_cast<size_t>(n));
 }
 
-absl::StatusOr<std::string> SealSigner::Seal(absl::string_view store_key,
-                                             const SealContext& context,
-                                             std::string payload) const {
+absl::Status SealSigner::Seal(absl::string_view store_key, const SealContext& context,
+                              std::string* entry) const {
   if (store_key.empty()) return absl::InvalidArgumentError("Seal: empty store key");
-  const std::string message = SignedMessage(store_key, context, key_id_, payload);
+  if (entry->size() < kSealedChecksumBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Seal: a ", entry->size(), "-byte entry cannot end in a checksum"));
+  }
+  // The encoder's checksum as it stands: the signer reads no payload byte.
+  // Were it wrong, every opener (which recomputes it) refuses the entry.
+  const absl::string_view checksum(entry->data() + entry->size() - kSealedChecksumBytes,
+                                   kSealedChecksumBytes);
+  const std::string message = SignedMessage(store_key, context, key_id_, checksum);
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
   std::array<uint8_t, kSealSignatureBytes> sig{};
   size_t sig_len = sig.size();
@@ -190,16 +195,17 @@ absl::StatusOr<std::string> SealSigner::Seal(absl::string_view store_key,
     return absl::InternalError("Ed25519 signing failed");
   }
   const size_t trailer = kFixedTrailerBytes + key_id_.size();
-  payload.reserve(payload.size() + trailer);
-  payload.append(kMagic, 4);
-  PutU32(payload, kSealVersion);
-  PutU32(payload, context.numerics_version);
-  payload.append(reinterpret_cast<const char*>(context.model_id.bytes.data()), 32);
-  payload.push_back(static_cast<char>(key_id_.size()));
-  payload.append(key_id_);
-  payload.append(reinterpret_cast<const char*>(sig.data()), sig.size());
-  PutU32(payload, static_cast<uint32_t>(trailer));
-  return payload;
+  // In place: the codecs reserve kSealTrailerMaxBytes, so no reallocation.
+  entry->reserve(entry->size() + trailer);
+  entry->append(kMagic, 4);
+  PutU32(*entry, kSealVersion);
+  PutU32(*entry, context.numerics_version);
+  entry->append(reinterpret_cast<const char*>(context.model_id.bytes.data()), 32);
+  entry->push_back(static_cast<char>(key_id_.size()));
+  entry->append(key_id_);
+  entry->append(reinterpret_cast<const char*>(sig.data()), sig.size());
+  PutU32(*entry, static_cast<uint32_t>(trailer));
+  return absl::OkStatus();
 }
 
 struct SealTrust::Keys {
@@ -207,9 +213,10 @@ struct SealTrust::Keys {
   // (signed message, signature) pairs that verified, newest last, at most
   // kVerifiedCacheEntries. A verifier reloads the same prefix chunks round
   // after round; Ed25519 verification is a pure function of (public key,
-  // message, signature) and the message holds the key id and SHA-256 of the
-  // payload, so a pair seen valid once is valid again: the payload is still
-  // hashed every time, only the ~100 us signature check is skipped.
+  // message, signature) and the message holds the key id and the entry's
+  // checksum, so a pair seen valid once is valid again: the checksum is
+  // still recomputed from the bytes every time, only the ~100 us signature
+  // check is skipped.
   static constexpr size_t kVerifiedCacheEntries = 8192;
   std::mutex mu;
   std::unordered_set<std::string> verified;
@@ -299,9 +306,16 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
   if (!LooksSealed(sealed)) return absl::UnauthenticatedError("entry carries no seal");
   const uint32_t trailer = GetU32(sealed.data() + sealed.size() - 4);
   const char* t = sealed.data() + sealed.size() - trailer;
-  if (GetU32(t + 4) != kSealVersion) {
+  const uint32_t version = GetU32(t + 4);
+  if (version == 1) {
     return absl::UnauthenticatedError(
-        absl::StrCat("entry's seal has unsupported version ", GetU32(t + 4)));
+        "entry's seal is version 1 (signed over a second SHA-256 of the payload), this reader "
+        "accepts version 2 (signed over the entry's checksum) only: the entry must be ingested "
+        "again");
+  }
+  if (version != kSealVersion) {
+    return absl::UnauthenticatedError(absl::StrCat("entry's seal has unsupported version ", version,
+                                                   " (this reader accepts ", kSealVersion, ")"));
   }
   OpenedEntry out;
   out.context.numerics_version = GetU32(t + 8);
@@ -318,7 +332,20 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
     return absl::UnauthenticatedError(
         absl::StrCat("entry is sealed by untrusted key id ", absl::CEscape(out.key_id)));
   }
-  const std::string message = SignedMessage(store_key, out.context, out.key_id, out.payload);
+  if (out.payload.size() < kSealedChecksumBytes) {
+    return absl::UnauthenticatedError("sealed entry is too short to carry its checksum");
+  }
+  // Recomputed from the bytes, never taken from the entry: the seal then
+  // binds every byte, and callers may skip the codec's own check of it.
+  const size_t body = out.payload.size() - kSealedChecksumBytes;
+  const auto digest = Sha256(out.payload.substr(0, body));
+  if (CRYPTO_memcmp(digest.data(), out.payload.data() + body, kSealedChecksumBytes) != 0) {
+    return absl::UnauthenticatedError(
+        "sealed entry's checksum does not match its bytes (corrupted or altered)");
+  }
+  const std::string message =
+      SignedMessage(store_key, out.context, out.key_id,
+                    absl::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
   std::string pair = message;
   pair.append(reinterpret_cast<const char*>(sig), kSealSignatureBytes);
   if (keys_->Seen(pair)) return out;
@@ -339,7 +366,9 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
 
 absl::Status CheckStoredEntry(const SealTrust& trust, absl::string_view store_key,
                               absl::string_view value) {
-  const bool kv = value.size() >= 4 && (value.substr(0, 4) == "VCKC" || value.substr(0, 4) == "VCKV");
+  // Full chunks, variants, and entries encrypted at rest (kv_cipher.h).
+  const absl::string_view magic = value.substr(0, 4);
+  const bool kv = magic == "VCKC" || magic == "VCKV" || magic == "VCKE";
   if (!kv && !LooksSealed(value)) return absl::OkStatus();
   return trust.Open(store_key, value).status();
 }

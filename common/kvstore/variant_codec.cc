@@ -47,7 +47,7 @@ std::string EncodeCompressedPrefix(const CompressedPrefix& prefix) {
 
   std::string out;
   out.reserve(kVariantHeaderBytes + description.size() + static_cast<size_t>(prefix.bytes()) +
-              1024 + kVariantChecksumBytes);
+              1024 + kVariantChecksumBytes + kSealTrailerMaxBytes);
   out.append(kMagic, 4);
   PutU32(out, kVariantFormatVersion);
   PutU32(out, static_cast<uint32_t>(layers));
@@ -71,7 +71,7 @@ std::string EncodeCompressedPrefix(const CompressedPrefix& prefix) {
   return out;
 }
 
-absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes) {
+absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes, ChecksumCheck checksum) {
   if (bytes.size() < kVariantHeaderBytes + kVariantChecksumBytes) {
     return absl::DataLossError(absl::StrCat("compressed KV variant truncated: ", bytes.size(),
                                             " bytes, shorter than header + checksum (",
@@ -80,10 +80,12 @@ absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes) {
   // The checksum first: any changed or missing byte, header included, is
   // DataLoss; what is left to reject afterwards was written that way.
   const size_t body = bytes.size() - kVariantChecksumBytes;
-  const auto d = Digest(bytes.data(), body);
-  if (std::memcmp(d.data(), bytes.data() + body, kVariantChecksumBytes) != 0) {
-    return absl::DataLossError(
-        "compressed KV variant: checksum mismatch (corrupt, truncated or not a variant)");
+  if (checksum == ChecksumCheck::kRecompute) {
+    const auto d = Digest(bytes.data(), body);
+    if (std::memcmp(d.data(), bytes.data() + body, kVariantChecksumBytes) != 0) {
+      return absl::DataLossError(
+          "compressed KV variant: checksum mismatch (corrupt, truncated or not a variant)");
+    }
   }
   if (std::memcmp(bytes.data(), kMagic, 4) != 0) {
     if (std::memcmp(bytes.data(), kChunkMagic, 4) == 0) {
@@ -125,8 +127,8 @@ absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes) {
 }
 
 absl::StatusOr<std::shared_ptr<const CompressedPrefix>> DecodeCompressedPrefix(
-    const ModelConfig& config, const std::string& bytes) {
-  VC_ASSIGN_OR_RETURN(VariantHeader h, VerifyVariant(bytes));
+    const ModelConfig& config, const std::string& bytes, ChecksumCheck checksum) {
+  VC_ASSIGN_OR_RETURN(VariantHeader h, VerifyVariant(bytes, checksum));
   if (h.layers != static_cast<uint32_t>(config.n_layers) ||
       h.kv_heads != static_cast<uint32_t>(config.n_kv_heads) ||
       h.head_dim != static_cast<uint32_t>(config.head_dim)) {

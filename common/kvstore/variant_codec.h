@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/kv/compressed_kv.h"
+#include "common/kvstore/seal.h"
 #include "common/model/model.h"
 
 namespace vc::kvstore {
@@ -44,20 +45,24 @@ struct VariantHeader {
   std::string description;
 };
 
-// Serialises `prefix` (deterministic: the same prefix gives the same bytes).
+// Serialises `prefix` (deterministic: the same prefix gives the same bytes),
+// with room reserved for a seal (seal.h) to be appended without a copy.
 std::string EncodeCompressedPrefix(const CompressedPrefix& prefix);
 
-// Checks size and checksum, then the header (magic, version, shape). DataLoss
-// for truncation or a checksum mismatch (any changed byte), InvalidArgument
-// for a well-formed blob that is not a supported variant (e.g. a full-KV
-// chunk, another format version).
-absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes);
+// Checks size and checksum (unless `checksum` says the caller has just
+// recomputed it, as SealTrust::Open does), then the header (magic, version,
+// shape). DataLoss for truncation or a checksum mismatch (any changed byte),
+// InvalidArgument for a well-formed blob that is not a supported variant
+// (e.g. a full-KV chunk, another format version).
+absl::StatusOr<VariantHeader> VerifyVariant(const std::string& bytes,
+                                            ChecksumCheck checksum = ChecksumCheck::kRecompute);
 
 // Verifies `bytes` and rebuilds the prefix for a model of shape `config`.
 // DataLoss as VerifyVariant; InvalidArgument for a malformed header or body,
 // or a shape (layers, kv_heads, head_dim, prefix_len beyond max_seq_len) that
 // does not match `config`.
 absl::StatusOr<std::shared_ptr<const CompressedPrefix>> DecodeCompressedPrefix(
-    const ModelConfig& config, const std::string& bytes);
+    const ModelConfig& config, const std::string& bytes,
+    ChecksumCheck checksum = ChecksumCheck::kRecompute);
 
 }  // namespace vc::kvstore

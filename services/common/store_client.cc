@@ -121,19 +121,15 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
   return std::move(*resp.mutable_value());
 }
 
-absl::Status StoreClient::PutAll(const std::vector<std::pair<std::string, std::string>>& plain) {
-  // Sealed copies when this client signs (the producer of the entries).
-  std::vector<std::pair<std::string, std::string>> sealed;
+absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>> entries) {
+  // Sealed in place when this client signs (the producer of the entries):
+  // a signature over each entry's checksum, appended, no payload copied.
   if (options_.seal_signer != nullptr) {
-    sealed.reserve(plain.size());
-    for (const auto& [key, value] : plain) {
-      VC_ASSIGN_OR_RETURN(std::string s,
-                          options_.seal_signer->Seal(key, options_.seal_context, value));
-      sealed.emplace_back(key, std::move(s));
+    for (auto& entry : entries) {
+      VC_RETURN_IF_ERROR(
+          options_.seal_signer->Seal(entry.first, options_.seal_context, &entry.second));
     }
   }
-  const std::vector<std::pair<std::string, std::string>>& entries =
-      options_.seal_signer != nullptr ? sealed : plain;
   pb::BeginPutRequest begin;
   pb::BeginPutResponse began;
   {

@@ -66,10 +66,17 @@ class StoreClient {
   // Values of `keys` over the data plane (DataLoss/NotFound/Unavailable as
   // the transport reports; NotFound for a value whose seal fails, see
   // StoreClientOptions); the deadline is the options' timeout unless
-  // `deadline` is given.
+  // `deadline` is given. Decode them with fetched_checksum().
   absl::StatusOr<std::vector<std::string>> Fetch(
       const std::vector<std::string>& keys,
       std::chrono::steady_clock::time_point deadline = {});
+  // How a caller decodes what Fetch returned: with a trust set every value's
+  // seal was opened, which recomputed its checksum, so the codec need not
+  // hash it again (kAlreadyRecomputed); without one, kRecompute.
+  kvstore::ChecksumCheck fetched_checksum() const {
+    return options_.seal_trust != nullptr ? kvstore::ChecksumCheck::kAlreadyRecomputed
+                                          : kvstore::ChecksumCheck::kRecompute;
+  }
   // Which keys the store holds (control plane).
   absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys);
   // One value over the control plane (small entries such as manifests).
@@ -78,8 +85,9 @@ class StoreClient {
   // none (aborted on any error). BeginPut and CommitPut/AbortPut go over
   // gRPC; the entries' bytes go over the data plane in stage calls (batched
   // by stage_batch_bytes / _entries), or, for a client without a data
-  // plane, in one StageChunk RPC each.
-  absl::Status PutAll(const std::vector<std::pair<std::string, std::string>>& entries);
+  // plane, in one StageChunk RPC each. Taken by value so that a signer
+  // seals each entry in place (move the entries in to avoid a copy).
+  absl::Status PutAll(std::vector<std::pair<std::string, std::string>> entries);
 
   // Per-key maintenance (control plane): Delete, Pin, Unpin.
   enum class KeyAction { kDelete, kPin, kUnpin };

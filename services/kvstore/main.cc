@@ -50,6 +50,8 @@ struct Options {
   double slow_link_latency_ms = 0;
   double link_slot_seconds = 0.05;
   int64_t put_lease_seconds = 120;
+  int64_t max_staged_bytes = int64_t{1} << 30;
+  int64_t max_staged_bytes_per_identity = int64_t{512} << 20;
   double data_idle_timeout_seconds = 60;
   double data_handshake_timeout_seconds = 2;
   int64_t data_max_connections = 256;
@@ -97,6 +99,10 @@ int main(int argc, char** argv) {
             "width of the data plane's per-slot byte counters");
   flags.Add("--put-lease-seconds", &opts.put_lease_seconds, "N",
             "an open put not used for N seconds is discarded");
+  flags.Add("--max-staged-bytes", &opts.max_staged_bytes, "N",
+            "bytes staged (or reserved by uploads) in all open puts together");
+  flags.Add("--max-staged-bytes-per-identity", &opts.max_staged_bytes_per_identity, "N",
+            "of those, in the open puts of one identity (client certificate, else address)");
   flags.Add("--data-idle-timeout-seconds", &opts.data_idle_timeout_seconds, "X",
             "close a data plane connection idle this long");
   flags.Add("--data-handshake-timeout-seconds", &opts.data_handshake_timeout_seconds, "X",
@@ -140,6 +146,9 @@ int main(int argc, char** argv) {
   if (opts.put_lease_seconds <= 0 || opts.put_lease_seconds > INT_MAX) {
     return BadFlags("--put-lease-seconds must be in [1, 2^31)");
   }
+  if (opts.max_staged_bytes <= 0 || opts.max_staged_bytes_per_identity <= 0) {
+    return BadFlags("--max-staged-bytes and --max-staged-bytes-per-identity must be > 0");
+  }
   if (!(opts.data_idle_timeout_seconds > 0)) {
     return BadFlags("--data-idle-timeout-seconds must be > 0");
   }
@@ -175,6 +184,8 @@ int main(int argc, char** argv) {
   store_opts.dram_budget_bytes = opts.dram_budget_bytes;
   store_opts.ttl_seconds = opts.ttl_seconds;
   store_opts.put_lease_seconds = opts.put_lease_seconds;
+  store_opts.max_staged_bytes = opts.max_staged_bytes;
+  store_opts.max_staged_bytes_per_identity = opts.max_staged_bytes_per_identity;
   // The registry outlives the store (declared first), so the latency
   // observers may record into it.
   vc::metrics::Registry registry;

@@ -208,7 +208,7 @@ void DrafterService::RunOpen(OpenJob& job) {
         PagedKvCache::Options o;
         o.arena = &arena_;
         VC_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> loaded,
-                            ingest::LoadFullPrefix(config_, chunks, o));
+                            ingest::LoadFullPrefix(config_, chunks, o, store_->fetched_checksum()));
         full = std::move(loaded);
         job.resp->set_prefix_bytes(bytes);
         metrics_.fetch_bytes_full->Inc(static_cast<double>(bytes));
@@ -229,8 +229,9 @@ void DrafterService::RunOpen(OpenJob& job) {
       }
       if (variant == nullptr) {
         VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs, store_->Fetch({req.variant_key()}));
-        VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> compressed,
-                            kvstore::DecodeCompressedPrefix(config_, blobs[0]));
+        VC_ASSIGN_OR_RETURN(
+            std::shared_ptr<const CompressedPrefix> compressed,
+            kvstore::DecodeCompressedPrefix(config_, blobs[0], store_->fetched_checksum()));
         if (compressed->prefix_len() != prefix.tokens) {
           return absl::DataLossError(absl::StrCat("stored variant covers ",
                                                   compressed->prefix_len(),

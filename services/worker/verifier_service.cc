@@ -320,7 +320,7 @@ void VerifierService::LoaderLoop() {
       for (const auto& c : *chunks) bytes += static_cast<int64_t>(c.size());
       PagedKvCache::Options o;
       o.arena = &arena_;
-      kv = ingest::LoadFullPrefix(config_, *chunks, o);
+      kv = ingest::LoadFullPrefix(config_, *chunks, o, store_->fetched_checksum());
     } else {
       kv = chunks.status();
     }
@@ -549,9 +549,9 @@ void VerifierService::RunIngest(Job& job) {
                                                    cancelled));
     job.ingest_resp->set_prefill_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
     if (cancelled()) return absl::CancelledError("ingest cancelled by its caller before its put");
-    VC_RETURN_IF_ERROR(store_->PutAll(entries.entries));
     int64_t bytes = 0;
     for (const auto& e : entries.entries) bytes += static_cast<int64_t>(e.second.size());
+    VC_RETURN_IF_ERROR(store_->PutAll(std::move(entries.entries)));
     job.ingest_resp->set_bytes(bytes);
     for (const auto& k : entries.chunk_keys) job.ingest_resp->add_chunk_keys(k.Raw());
     for (const auto& v : entries.variants) {

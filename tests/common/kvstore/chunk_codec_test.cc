@@ -123,6 +123,34 @@ TEST(ChunkCodecTest, EverySingleByteCorruptionIsDetected) {
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
 }
 
+// kAlreadyRecomputed (bytes whose seal was just opened, which recomputed
+// the checksum) skips only the checksum pass: the header, shape and size are
+// still checked, and the rows decode the same. The encoder leaves room for a
+// seal so that sealing does not copy the chunk.
+TEST(ChunkCodecTest, AChecksumAlreadyRecomputedIsNotHashedAgain) {
+  const ModelConfig c = Config(2, 1, 4);
+  PagedKvCache src(c);
+  Fill(src, c, 4, 5);
+  auto bytes = EncodeChunk(src, 0, 4);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_GE(bytes->capacity(), bytes->size() + kSealTrailerMaxBytes);
+  std::string stale = *bytes;
+  stale.back() ^= 1;  // only the stored checksum differs
+  EXPECT_EQ(VerifyChunk(stale).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(VerifyChunk(stale, ChecksumCheck::kAlreadyRecomputed).ok());
+  PagedKvCache dst(c);
+  ASSERT_TRUE(DecodeChunkInto(*bytes, dst, ChecksumCheck::kAlreadyRecomputed).ok());
+  EXPECT_TRUE(SameRows(src, dst, 0, 4));
+  EXPECT_EQ(VerifyChunk(bytes->substr(0, bytes->size() - 1), ChecksumCheck::kAlreadyRecomputed)
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+  std::string bad_header = *bytes;
+  bad_header[32] = 1;  // reserved field
+  EXPECT_EQ(VerifyChunk(bad_header, ChecksumCheck::kAlreadyRecomputed).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChunkCodecTest, TruncationAtEveryLengthIsDetected) {
   const ModelConfig c = Config(2, 1, 2);
   PagedKvCache src(c);

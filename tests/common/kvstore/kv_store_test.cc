@@ -198,6 +198,50 @@ TEST_F(KvStoreTest, ReservationsHoldTheStagingBudget) {
   EXPECT_EQ(store_->Stats().staged_bytes, 60);
 }
 
+// One identity's open puts hold at most max_staged_bytes_per_identity of the
+// staging budget (reserved or staged), so the others keep the rest.
+TEST_F(KvStoreTest, StagingIsLimitedPerIdentity) {
+  options_.max_staged_bytes = 100;
+  options_.max_staged_bytes_per_identity = 60;
+  Reopen();
+  auto a1 = store_->BeginPut("cert:a");
+  auto a2 = store_->BeginPut("cert:a");
+  auto b = store_->BeginPut("cert:b");
+  ASSERT_TRUE(a1.ok() && a2.ok() && b.ok());
+  ASSERT_TRUE(store_->ReserveStage(*a1, "cert:a", 40).ok());
+  // Across its puts: 40 reserved in one, 21 more in another is too much.
+  const absl::Status over = store_->ReserveStage(*a2, "cert:a", 21);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(over.message()).find("max_staged_bytes_per_identity 60"), std::string::npos)
+      << over;
+  EXPECT_EQ(store_->Stage(*a2, "x", std::string(21, 'x'), "cert:a").code(),
+            absl::StatusCode::kResourceExhausted);
+  // Staging inside its reservation costs nothing more.
+  ASSERT_TRUE(store_->Stage(*a1, "k", std::string(40, 'v'), "cert:a").ok());
+  ASSERT_TRUE(store_->Stage(*a2, "y", std::string(20, 'y'), "cert:a").ok());
+  // The other identity still has the rest of the store-wide budget.
+  EXPECT_TRUE(store_->ReserveStage(*b, "cert:b", 40).ok());
+  EXPECT_EQ(store_->ReserveStage(*b, "cert:b", 1).code(), absl::StatusCode::kResourceExhausted)
+      << "store-wide budget";
+  store_->ReleaseStage(*b, 40);
+  // Committing or aborting gives an identity's bytes back.
+  ASSERT_TRUE(store_->Commit(*a1, "cert:a").ok());
+  ASSERT_TRUE(store_->Abort(*a2, "cert:a").ok());
+  auto a3 = store_->BeginPut("cert:a");
+  ASSERT_TRUE(a3.ok());
+  EXPECT_TRUE(store_->ReserveStage(*a3, "cert:a", 60).ok());
+  EXPECT_EQ(store_->Stats().reserved_bytes, 60);
+  EXPECT_EQ(store_->Stats().staged_bytes, 0);
+  // An expired put gives them back too.
+  now_ms_ += options_.put_lease_seconds * 1000 + 1;
+  EXPECT_EQ(store_->ExpirePuts(), 2);
+  auto a4 = store_->BeginPut("cert:a");
+  ASSERT_TRUE(a4.ok());
+  EXPECT_TRUE(store_->ReserveStage(*a4, "cert:a", 60).ok());
+  options_.max_staged_bytes_per_identity = 0;
+  EXPECT_EQ(KvStore::Open(options_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(KvStoreTest, DurableAcrossReopen) {
   Reopen();
   for (int i = 0; i < 20; ++i) {

@@ -1,6 +1,7 @@
 // Sealed KV end to end (issue 11 items 3 and 5) against the four real
 // daemons (LocalCluster, seals on as `vericache local` starts them): a
-// forged chunk (valid checksum, no seal / an untrusted signer's seal), a
+// forged chunk (valid checksum, no seal / an untrusted signer's seal / a
+// trusted seal over a checksum that does not match the bytes), a
 // chunk transplanted from another prefix at the same position (a valid seal
 // for another key), a chunk or variant bit-flipped on disk underneath the
 // store, and entries the store accepts but a reader refuses (a trusted seal
@@ -17,14 +18,15 @@
 #include <fstream>
 
 #include "common/decode/full_decode.h"
+#include "common/http/httplib.h"
 #include "common/ingest/prefix_ingest.h"
 #include "common/kvstore/chunk_codec.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
-#include "common/http/httplib.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
@@ -35,10 +37,7 @@ namespace pb = ::vericache::v1;
 
 constexpr int kChunkTokens = 32;
 
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
+std::string ModelPath() { return clustertest::StoriesModelPath(); }
 
 class KvIntegrityTest : public ::testing::Test {
  protected:
@@ -67,13 +66,7 @@ class KvIntegrityTest : public ::testing::Test {
   }
 
   std::vector<int32_t> Text(int n, uint64_t seed) {
-    std::vector<int32_t> p = {1, static_cast<int32_t>(300 + seed % 100)};
-    DecodeOptions o;
-    o.max_new_tokens = n - 2;
-    o.ignore_eos = true;
-    auto r = std::move(DecodeFull(*engine_, p, o)).value();
-    p.insert(p.end(), r.tokens.begin(), r.tokens.end());
-    return p;
+    return clustertest::ModelText(*engine_, n, seed);
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
@@ -191,9 +184,10 @@ class KvIntegrityTest : public ::testing::Test {
     EXPECT_TRUE(signer.ok()) << signer.status();
     kvstore::SealContext other = opened->context;
     other.numerics_version = opened->context.numerics_version + 1;
-    auto resealed = (*signer)->Seal(key, other, std::string(opened->payload));
-    EXPECT_TRUE(resealed.ok()) << resealed.status();
-    return *resealed;
+    std::string resealed(opened->payload);
+    const absl::Status sealed = (*signer)->Seal(key, other, &resealed);
+    EXPECT_TRUE(sealed.ok()) << sealed;
+    return resealed;
   }
 
   // The coordinator's vericache_kv_heals_total.
@@ -276,9 +270,30 @@ TEST_F(KvIntegrityTest, ForgedChunksAreRefusedAtCommit) {
   ASSERT_TRUE(outsider.ok());
   kvstore::SealContext ctx;
   ctx.model_id = model_id_;
-  const grpc::Status untrusted = Write(keys[0], *(*outsider)->Seal(keys[0], ctx, *forged));
+  std::string by_outsider = *forged;
+  ASSERT_TRUE((*outsider)->Seal(keys[0], ctx, &by_outsider).ok());
+  const grpc::Status untrusted = Write(keys[0], by_outsider);
   EXPECT_EQ(untrusted.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << untrusted.error_message();
+  // The cluster's own key signing a checksum that does not match the bytes
+  // (the signer signs the checksum as the entry carries it; the store
+  // recomputes it): a bit flipped in chunk 0's rows after encoding.
+  {
+    auto trust = kvstore::SealTrust::FromFile(
+        (std::filesystem::path(cluster_->data_dir()) / "seal-trust.txt").string());
+    ASSERT_TRUE(trust.ok()) << trust.status();
+    auto opened = trust->Open(keys[0], GetEntry(keys[0]));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::string flipped(opened->payload);
+    flipped[kvstore::kChunkHeaderBytes + 9] ^= 0x10;
+    auto signer = kvstore::SealSigner::FromPemFile(
+        (std::filesystem::path(cluster_->data_dir()) / "seal-key.pem").string());
+    ASSERT_TRUE(signer.ok()) << signer.status();
+    ASSERT_TRUE((*signer)->Seal(keys[0], opened->context, &flipped).ok());
+    const grpc::Status stale = Write(keys[0], flipped);
+    EXPECT_EQ(stale.error_code(), grpc::StatusCode::UNAUTHENTICATED) << stale.error_message();
+    EXPECT_NE(stale.error_message().find("checksum"), std::string::npos) << stale.error_message();
+  }
   // A transplant: prefix B's valid sealed chunk 1 under prefix A's key 1.
   const std::vector<int32_t> other = Text(2 * kChunkTokens + 5, 77);
   Register(other);

@@ -1,6 +1,7 @@
 // Hostile peers against the real `vc-kvstore` (issue 11, item 4): stage
 // headers that claim ~1 GiB and then fall silent, hundreds of idle sockets,
-// puts abandoned half way, and a put staged by a peer that did not open it.
+// puts abandoned half way, a put staged by a peer that did not open it, and
+// one identity staging past its share of the staging budget.
 // Afterwards the daemon's RSS is checked (generous bounds: a loaded 2-core
 // machine) and it must still serve a normal fetch. No timing asserts beyond
 // "finishes within a deadline many times what it needs".
@@ -181,7 +182,10 @@ class KvStoreAdversarialTest : public ::testing::Test {
 };
 
 TEST_F(KvStoreAdversarialTest, HugeStageHeadersThenSilenceCostNoMemory) {
-  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  // The identity's share raised to the whole budget, so that the first
+  // header's ~1 GiB is admitted and reserved (by default the share, 512 MiB,
+  // refuses it too; StagedBytesAreLimitedPerIdentity).
+  ASSERT_NO_FATAL_FAILURE(StartDaemon({"--max-staged-bytes-per-identity", "1073741824"}));
   const std::string value(64 << 10, 'v');
   ASSERT_NO_FATAL_FAILURE(PutOne(Key('a'), value));
   const int64_t rss_before = ResidentBytes(daemon_->pid());
@@ -319,6 +323,46 @@ TEST_F(KvStoreAdversarialTest, APutBelongsToItsOpener) {
   auto fetched = Fetch(Key('e'), 10);
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ((*fetched)[0], "owner");
+}
+
+// Staged bytes are limited per identity (--max-staged-bytes-per-identity),
+// checked from the stage header before the body is read, with an error that
+// names the limit; the store-wide budget is far from full, so it is the
+// identity's cap that refuses. Aborting gives the bytes back.
+TEST_F(KvStoreAdversarialTest, StagedBytesAreLimitedPerIdentity) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon({"--max-staged-bytes-per-identity", "65536"}));
+  vc::transport::DataPlaneClientOptions o;
+  o.server_address = daemon_->data_addr();
+  auto client = vc::transport::DataPlaneClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const uint64_t first = BeginPut();
+  const uint64_t second = BeginPut();
+  ASSERT_TRUE((*client)
+                  ->Stage(first, {{Key('p'), std::string(40'000, 'p')}},
+                          Clock::now() + std::chrono::seconds(30))
+                  .ok());
+  // The same identity's second put would pass the cap: refused whole.
+  const absl::Status over = (*client)->Stage(second, {{Key('q'), std::string(40'000, 'q')}},
+                                             Clock::now() + std::chrono::seconds(30));
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_NE(std::string(over.message()).find("max_staged_bytes_per_identity 65536"),
+            std::string::npos)
+      << over;
+  EXPECT_EQ(Stat().staged_bytes(), 40'000);
+  // The control plane's StageChunk answers the same.
+  const grpc::Status rpc = StageChunk(second, Key('q'), std::string(40'000, 'q'));
+  EXPECT_EQ(rpc.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << rpc.error_message();
+  // Once the first put is aborted, its bytes are the identity's again.
+  pb::AbortPutRequest abort;
+  abort.set_put_id(first);
+  pb::AbortPutResponse aborted;
+  ASSERT_TRUE(stub_->AbortPut(Context().get(), abort, &aborted).ok());
+  ASSERT_TRUE((*client)
+                  ->Stage(second, {{Key('q'), std::string(40'000, 'q')}},
+                          Clock::now() + std::chrono::seconds(30))
+                  .ok());
+  ASSERT_TRUE(Commit(second).ok());
+  EXPECT_EQ(Stat().staged_bytes(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+// A RegisterPrefix whose caller cancels is dropped (issue 11 item 4) against
+// the real daemons (LocalCluster, TLS and API keys on): cancelled while
+// queued for admission it leaves the queue at once and ingests nothing;
+// cancelled while its ingest runs it ends CANCELLED and leaves no open put
+// or staged bytes at the store and no session or extra KV on the workers.
+// The fast link is paced so that an ingest takes seconds: the cancels land
+// where they are meant to on a loaded machine, and nothing asserts a time.
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "common/decode/full_decode.h"
+#include "common/rpc/rpc.h"
+#include "gtest/gtest.h"
+#include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_text.h"
+#include "vericache/v1/coordinator.grpc.pb.h"
+#include "vericache/v1/kvstore.grpc.pb.h"
+
+namespace vc {
+namespace {
+
+namespace pb = ::vericache::v1;
+
+constexpr int kChunkTokens = 32;
+
+std::string ModelPath() { return clustertest::StoriesModelPath(); }
+
+class IngestCancelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(ModelPath())) GTEST_SKIP() << "test model not found";
+    model_ = std::move(Model::Load(ModelPath())).value();
+    EngineOptions eo;
+    eo.backend.threads = 1;
+    engine_ = std::move(Engine::Create(*model_, eo)).value();
+    local::LocalClusterOptions o;
+    o.bin_dir = VC_DAEMON_DIR;
+    o.model = ModelPath();
+    o.chunk_tokens = kChunkTokens;
+    o.ingest_variants = "int8";
+    // One admission place, so a second call queues behind the first.
+    o.max_active_requests = 1;
+    // ~1.3 kB of KV per token for this model: a 256-token ingest uploads
+    // ~400 kB, several seconds at this rate.
+    o.fast_link_bytes_per_second = 100'000;
+    o.log_dir = ::testing::TempDir() + "/ingest-cancel-logs-" + std::to_string(getpid());
+    auto c = local::LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
+    cluster_ = std::move(*c);
+    stub_ = pb::Coordinator::NewStub(rpc::MakeChannel(cluster_->client(), 64 << 20));
+    store_ = pb::KvStore::NewStub(
+        rpc::MakeChannel(cluster_->internal(cluster_->Find("kvstore")->address), 64 << 20));
+  }
+
+  std::vector<int32_t> Text(int n, uint64_t seed) {
+    return clustertest::ModelText(*engine_, n, seed);
+  }
+
+  pb::ClusterStatusResponse Status() {
+    pb::ClusterStatusResponse resp;
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+    EXPECT_TRUE(stub_->ClusterStatus(ctx.get(), pb::ClusterStatusRequest(), &resp).ok());
+    return resp;
+  }
+  pb::StatResponse StoreStat() {
+    pb::StatResponse resp;
+    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
+    EXPECT_TRUE(store_->Stat(ctx.get(), pb::StatRequest(), &resp).ok());
+    return resp;
+  }
+  int64_t WorkerKvBytes(const pb::ClusterStatusResponse& s) {
+    int64_t bytes = 0;
+    for (const auto& w : s.workers()) bytes += w.kv_bytes();
+    return bytes;
+  }
+  int WorkerSessions(const pb::ClusterStatusResponse& s) {
+    int sessions = 0;
+    for (const auto& w : s.workers()) sessions += w.sessions();
+    return sessions;
+  }
+
+  // Polls `done` for up to two minutes (a loaded machine); its last answer.
+  static bool Eventually(const std::function<bool()>& done) {
+    for (int i = 0; i < 2400; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  }
+
+  static pb::RegisterPrefixRequest RegisterRequest(const std::vector<int32_t>& tokens) {
+    pb::RegisterPrefixRequest req;
+    for (int32_t t : tokens) req.add_tokens(t);
+    return req;
+  }
+
+  // RegisterPrefix on a thread, cancellable through `ctx`.
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    pb::RegisterPrefixResponse resp;
+    grpc::Status status;
+    std::thread thread;
+  };
+  void StartRegister(Call* call, const std::vector<int32_t>& tokens) {
+    call->ctx = rpc::ContextWithTimeout(cluster_->client(), std::chrono::seconds(120));
+    call->thread = std::thread([this, call, req = RegisterRequest(tokens)] {
+      call->status = stub_->RegisterPrefix(call->ctx.get(), req, &call->resp);
+    });
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<local::LocalCluster> cluster_;
+  std::unique_ptr<pb::Coordinator::Stub> stub_;
+  std::unique_ptr<pb::KvStore::Stub> store_;
+};
+
+TEST_F(IngestCancelTest, CancelledWhileQueuedLeavesTheQueueAndIngestsNothing) {
+  // A registration takes the only admission place for seconds (its upload
+  // is paced); a second one queues behind it.
+  const std::vector<int32_t> holder = Text(8 * kChunkTokens, 1);
+  const std::vector<int32_t> queued = Text(2 * kChunkTokens, 2);
+  Call first, second;
+  StartRegister(&first, holder);
+  ASSERT_TRUE(Eventually([&] { return Status().active_requests() == 1; }));
+  StartRegister(&second, queued);
+  ASSERT_TRUE(Eventually([&] { return Status().queued_requests() == 1; }));
+  second.ctx->TryCancel();
+  second.thread.join();
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::CANCELLED)
+      << second.status.error_message();
+  // It left the queue; the first one is unaffected.
+  EXPECT_TRUE(Eventually([&] { return Status().queued_requests() == 0; }));
+  first.thread.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  // Nothing of the cancelled prefix was stored: registering it now ingests.
+  auto again = rpc::ContextWithTimeout(cluster_->client(), std::chrono::seconds(120));
+  pb::RegisterPrefixResponse resp;
+  const grpc::Status s = stub_->RegisterPrefix(again.get(), RegisterRequest(queued), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.already_stored());
+}
+
+TEST_F(IngestCancelTest, CancelledWhileIngestingLeavesNothingOpen) {
+  const pb::ClusterStatusResponse before = Status();
+  const std::vector<int32_t> prefix = Text(8 * kChunkTokens, 3);
+  Call call;
+  StartRegister(&call, prefix);
+  ASSERT_TRUE(Eventually([&] { return Status().active_requests() == 1; }));
+  // Into the ingest: prefill, then the paced upload (seconds).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  call.ctx->TryCancel();
+  call.thread.join();
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::CANCELLED) << call.status.error_message();
+  // The coordinator's place, the verifier's ingest and the store's put are
+  // all gone: no put open, no bytes staged, no session, no KV beyond what
+  // the workers held before.
+  pb::StatResponse stat;
+  EXPECT_TRUE(Eventually([&] {
+    stat = StoreStat();
+    return stat.open_puts() == 0 && stat.staged_bytes() == 0;
+  })) << stat.open_puts()
+      << " puts open, " << stat.staged_bytes() << " bytes staged";
+  pb::ClusterStatusResponse after;
+  EXPECT_TRUE(Eventually([&] {
+    after = Status();
+    return after.active_requests() == 0 && after.queued_requests() == 0 &&
+           WorkerSessions(after) == 0 && WorkerKvBytes(after) <= WorkerKvBytes(before);
+  })) << after.DebugString();
+  // The prefix was not registered (the manifest is written only after a
+  // whole ingest): registering it again works and is not "already stored".
+  auto again = rpc::ContextWithTimeout(cluster_->client(), std::chrono::seconds(120));
+  pb::RegisterPrefixResponse resp;
+  const grpc::Status s = stub_->RegisterPrefix(again.get(), RegisterRequest(prefix), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.already_stored());
+}
+
+}  // namespace
+}  // namespace vc
