@@ -129,10 +129,11 @@ stage "unit tests under ASan+UBSan"
 # ThreadSanitizer for the concurrency-heavy units: the thread pool, the copy
 # engine and the long-context runtime that drives it, the data plane (TCP and
 # UCX servers and clients, fetches and stages, the link pacer) and the
-# coordinator's slot clock and its worker health tracker (probe thread).
+# coordinator's slot clock, its worker health tracker (probe thread) and its
+# release-retry queue (retry thread).
 TSAN_TESTS=(thread_pool_test copy_engine_test long_context_runtime_test
             link_pacer_test data_plane_test data_plane_stage_test slot_clock_test
-            worker_health_test)
+            worker_health_test release_retry_test)
 stage "build (build-tsan/, TSan: ${#TSAN_TESTS[@]} tests)"
 cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
   -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++-14}" -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \

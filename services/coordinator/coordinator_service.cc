@@ -83,12 +83,6 @@ bool Retryable(const absl::Status& s) {
          s.code() == absl::StatusCode::kResourceExhausted;
 }
 
-// A worker's stop set: eos_ids, or {eos_id} from a worker that predates it.
-std::vector<int32_t> EosIdsOf(const pb::WorkerInfoResponse& resp) {
-  if (resp.eos_ids_size() == 0) return {resp.eos_id()};
-  return {resp.eos_ids().begin(), resp.eos_ids().end()};
-}
-
 }  // namespace
 
 // ------------------------------------------------------------- internals
@@ -452,32 +446,18 @@ absl::Status CoordinatorService::Connect() {
                                                         ", listed as a ",
                                                         verifier ? "verifier" : "drafter"));
     }
+    const WorkerModel reported = WorkerModelOf(resp);
     absl::Status refused;
     if (model.empty()) {
       model = resp.model_id();
       VC_ASSIGN_OR_RETURN(model_id_, kvstore::ChunkKey::FromRaw(model));
       vocab_ = resp.vocab_size();
       context_ = resp.context_length();
-      eos_ids_ = EosIdsOf(resp);
+      eos_ids_ = reported.eos_ids;
       kv_bytes_per_token_ = resp.kv_bytes_per_token();
       numerics_version_ = resp.numerics_version();
-    } else if (resp.model_id() != model) {
-      refused = absl::FailedPreconditionError(
-          absl::StrCat("worker ", w.address, " runs another model (id ", Hex(resp.model_id()),
-                       ", expected ", Hex(model), ")"));
-    } else if (resp.numerics_version() != numerics_version_) {
-      // Same weights, another numerics definition (docs/numerics.md): its KV
-      // and logits would differ from the other workers' in the last bits.
-      refused = absl::FailedPreconditionError(absl::StrCat(
-          "worker ", w.address, " runs numerics version ", resp.numerics_version(),
-          ", the first worker ", numerics_version_, " (docs/numerics.md)"));
-    } else if (EosIdsOf(resp) != eos_ids_) {
-      // Same weights, different generation_config.json: requests would stop
-      // at different tokens depending on placement.
-      refused = absl::FailedPreconditionError(
-          absl::StrCat("worker ", w.address, " stops at end-of-sequence ids {",
-                       absl::StrJoin(EosIdsOf(resp), ","), "}, the first worker at {",
-                       absl::StrJoin(eos_ids_, ","), "}"));
+    } else {
+      refused = CheckSameModel(ExpectedWorkerModel(), reported, w.address);
     }
     if (!refused.ok()) {
       metrics_->workers_refused->Inc();
@@ -1127,12 +1107,23 @@ absl::Status CoordinatorService::ProbeWorker(WorkerPool pool, int index) {
     return absl::UnavailableError(absl::StrCat(WorkerPoolName(pool), " ", w.address,
                                                " health check: ", s.error_message()));
   }
-  // A worker restarted on the same address must still be the same model.
-  if (resp.model_id() != model_id_.Raw() || EosIdsOf(resp) != eos_ids_) {
+  // A worker restarted on the same address must still be the same model,
+  // numerics and stop set (the rule the coordinator applied at start).
+  const absl::Status same = CheckSameModel(ExpectedWorkerModel(), WorkerModelOf(resp), w.address);
+  if (!same.ok()) {
+    metrics_->workers_refused->Inc();
     return absl::UnavailableError(
-        absl::StrCat(WorkerPoolName(pool), " ", w.address, " now runs another model"));
+        absl::StrCat(WorkerPoolName(pool), " came back changed: ", std::string(same.message())));
   }
   return absl::OkStatus();
+}
+
+WorkerModel CoordinatorService::ExpectedWorkerModel() const {
+  WorkerModel expected;
+  expected.model_id = model_id_.Raw();
+  expected.numerics_version = numerics_version_;
+  expected.eos_ids = eos_ids_;
+  return expected;
 }
 
 bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s) {

@@ -40,6 +40,7 @@
 #include "services/coordinator/release_retry.h"
 #include "services/coordinator/slot_clock.h"
 #include "services/coordinator/tenant_auth.h"
+#include "services/coordinator/worker_compat.h"
 #include "services/coordinator/worker_health.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/worker.grpc.pb.h"
@@ -206,6 +207,8 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   absl::Status Place(Plan& plan, vericache::v1::Mode mode);
   // One health probe of a worker (Info, with a deadline; same model).
   absl::Status ProbeWorker(WorkerPool pool, int index);
+  // The model, numerics and stop ids of the first worker: every other must match.
+  WorkerModel ExpectedWorkerModel() const;
   // Probes a worker a call to which failed with `s` (now, not at the next
   // round) and marks it down if it is gone; returns true if it is down.
   bool CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);

@@ -1,0 +1,45 @@
+#include "services/coordinator/worker_compat.h"
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace vc::coordinator {
+
+WorkerModel WorkerModelOf(const ::vericache::v1::WorkerInfoResponse& info) {
+  WorkerModel model;
+  model.model_id = info.model_id();
+  model.numerics_version = info.numerics_version();
+  if (info.eos_ids_size() == 0) {
+    model.eos_ids = {info.eos_id()};
+  } else {
+    model.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
+  }
+  return model;
+}
+
+absl::Status CheckSameModel(const WorkerModel& expected, const WorkerModel& worker,
+                            const std::string& address) {
+  if (worker.model_id != expected.model_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", address, " runs another model (id ", absl::BytesToHexString(worker.model_id),
+        ", expected ", absl::BytesToHexString(expected.model_id), ")"));
+  }
+  if (worker.numerics_version != expected.numerics_version) {
+    // Same weights, another numerics definition (docs/numerics.md): its KV
+    // and logits would differ from the other workers' in the last bits.
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", address, " runs numerics version ", worker.numerics_version,
+                     ", the first worker ", expected.numerics_version, " (docs/numerics.md)"));
+  }
+  if (worker.eos_ids != expected.eos_ids) {
+    // Same weights, different generation_config.json: requests would stop
+    // at different tokens depending on placement.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", address, " stops at end-of-sequence ids {", absl::StrJoin(worker.eos_ids, ","),
+        "}, the first worker at {", absl::StrJoin(expected.eos_ids, ","), "}"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vc::coordinator

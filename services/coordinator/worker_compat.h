@@ -1,0 +1,32 @@
+// What every worker of one coordinator must share with the first one it met:
+// the model (its weights' id), the numerics definition (docs/numerics.md) and
+// the end-of-sequence ids. A worker that differs in any of them would make
+// KV, logits or the stopping point depend on placement, so the coordinator
+// refuses it at start and does not take it back after a restart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "vericache/v1/worker.pb.h"
+
+namespace vc::coordinator {
+
+struct WorkerModel {
+  std::string model_id;  // raw bytes, as the worker reports them
+  uint32_t numerics_version = 0;
+  std::vector<int32_t> eos_ids;
+};
+
+// From a worker's Info answer (eos_ids, or {eos_id} from a worker that
+// predates the list).
+WorkerModel WorkerModelOf(const ::vericache::v1::WorkerInfoResponse& info);
+
+// OK if `worker` may serve beside `expected`; otherwise FailedPrecondition
+// naming `address` and the first difference (model, numerics, stop ids).
+absl::Status CheckSameModel(const WorkerModel& expected, const WorkerModel& worker,
+                            const std::string& address);
+
+}  // namespace vc::coordinator

@@ -1,0 +1,57 @@
+#include "services/coordinator/worker_compat.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace vc::coordinator {
+namespace {
+
+::vericache::v1::WorkerInfoResponse Info(const std::string& model_id, uint32_t numerics,
+                                         std::vector<int32_t> eos) {
+  ::vericache::v1::WorkerInfoResponse info;
+  info.set_model_id(model_id);
+  info.set_numerics_version(numerics);
+  for (int32_t id : eos) info.add_eos_ids(id);
+  return info;
+}
+
+TEST(WorkerCompatTest, TheSameModelNumericsAndStopIdsMatch) {
+  const WorkerModel first = WorkerModelOf(Info("m1", 258, {2}));
+  EXPECT_TRUE(CheckSameModel(first, WorkerModelOf(Info("m1", 258, {2})), "w:1").ok());
+}
+
+TEST(WorkerCompatTest, AnotherNumericsVersionOfTheSameWeightsIsRefusedByName) {
+  const WorkerModel first = WorkerModelOf(Info("m1", 2, {2}));
+  const absl::Status s = CheckSameModel(first, WorkerModelOf(Info("m1", 258, {2})), "w:1");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("w:1 runs numerics version 258, the first worker 2"),
+            std::string::npos)
+      << s;
+}
+
+TEST(WorkerCompatTest, AnotherModelIsRefusedBeforeItsNumericsAreCompared) {
+  const WorkerModel first = WorkerModelOf(Info(std::string("\x01\x02", 2), 2, {2}));
+  const absl::Status s =
+      CheckSameModel(first, WorkerModelOf(Info(std::string("\x01\x03", 2), 258, {2})), "w:2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("runs another model (id 0103, expected 0102)"), std::string::npos)
+      << s;
+}
+
+TEST(WorkerCompatTest, OtherStopIdsAreRefused) {
+  const WorkerModel first = WorkerModelOf(Info("m1", 2, {2, 7}));
+  const absl::Status s = CheckSameModel(first, WorkerModelOf(Info("m1", 2, {2})), "w:3");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("{2}, the first worker at {2,7}"), std::string::npos) << s;
+}
+
+TEST(WorkerCompatTest, AWorkerThatPredatesTheStopListReportsItsSingleEosId) {
+  ::vericache::v1::WorkerInfoResponse old = Info("m1", 2, {});
+  old.set_eos_id(5);
+  EXPECT_EQ(WorkerModelOf(old).eos_ids, std::vector<int32_t>{5});
+  EXPECT_TRUE(CheckSameModel(WorkerModelOf(Info("m1", 2, {5})), WorkerModelOf(old), "w:4").ok());
+}
+
+}  // namespace
+}  // namespace vc::coordinator
