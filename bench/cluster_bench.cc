@@ -13,7 +13,9 @@
 // --compare-insecure instead runs the vericache scenario --runs times with
 // TLS, API keys and seals on (the default) and as many times with
 // --insecure, alternating, and prints the median throughput ratio (issue
-// 11: the secure cluster within 5% of the insecure one).
+// 11: the secure cluster within 5% of the insecure one). --kv-encryption
+// also encrypts KV at rest in the secure runs (`vericache local
+// --kv-encryption`).
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,6 +114,7 @@ int main(int argc, char** argv) {
   bool synthetic = false;
   bool no_pin = false;
   bool compare_insecure = false;
+  bool kv_encryption = false;
   int runs = 5;
   vc::FlagSet flags("vc_cluster_bench",
                     "The four daemons on loopback with paced links: TTFT and throughput of the\n"
@@ -141,6 +144,8 @@ int main(int argc, char** argv) {
                 "default) and --runs times --insecure, alternating; prints every run and the "
                 "median throughput ratio secure / insecure");
   flags.Add("--runs", &runs, "N", "runs of each kind with --compare-insecure (default 5, 1..100)");
+  flags.AddBool("--kv-encryption", &kv_encryption,
+                "encrypt KV at rest (per-tenant AES-256-GCM) in every secure run");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "vc_cluster_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -247,6 +252,7 @@ int main(int argc, char** argv) {
     // Insecure is the whole old setup: plaintext, no API keys, no seals.
     o.insecure = insecure;
     o.seal_kv = !insecure;
+    o.kv_encryption = kv_encryption && !insecure;
     o.chunk_tokens = 32;
     o.ingest_variants = compressor;
     o.draft_len = draft_len;

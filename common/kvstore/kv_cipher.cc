@@ -7,8 +7,10 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -82,6 +84,32 @@ absl::StatusOr<KvKeyring> KvKeyring::FromSecret(std::string secret) {
   return KvKeyring(std::move(secret));
 }
 
+absl::StatusOr<KvKeyring> KvKeyring::FromFile(const std::string& path) {
+  // A secret is a few dozen bytes; a bound keeps a wrong path (a device, a
+  // huge file) from being read whole.
+  constexpr size_t kMaxSecretFileBytes = 4096;
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    if (err == EACCES) return absl::PermissionDeniedError(absl::StrCat("cannot read ", path));
+    return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  }
+  std::string secret(kMaxSecretFileBytes + 1, '\0');
+  in.read(secret.data(), static_cast<std::streamsize>(secret.size()));
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
+  secret.resize(static_cast<size_t>(in.gcount()));
+  if (secret.size() > kMaxSecretFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": more than ", kMaxSecretFileBytes, " bytes, not a KV secret"));
+  }
+  absl::StatusOr<KvKeyring> ring = FromSecret(std::move(secret));
+  if (!ring.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", ring.status().message()));
+  }
+  return ring;
+}
+
 absl::StatusOr<TenantKey> KvKeyring::KeyFor(absl::string_view tenant_salt) const {
   if (tenant_salt.empty()) {
     return absl::InvalidArgumentError("KV encryption needs a tenant salt (authentication on)");
@@ -134,7 +162,7 @@ absl::StatusOr<std::string> EncryptEntry(const TenantKey& key, absl::string_view
 }
 
 absl::StatusOr<std::string> DecryptEntry(const TenantKey& key, absl::string_view store_key,
-                                         absl::string_view entry) {
+                                         absl::string_view entry, ChecksumCheck check) {
   if (!LooksEncrypted(entry)) {
     return absl::InvalidArgumentError("KV entry is not encrypted (no VCKE magic)");
   }
@@ -142,9 +170,11 @@ absl::StatusOr<std::string> DecryptEntry(const TenantKey& key, absl::string_view
     return absl::DataLossError("encrypted KV entry truncated");
   }
   const size_t body_end = entry.size() - kChecksumBytes;
-  const auto sum = Sha256(entry.data(), body_end);
-  if (CRYPTO_memcmp(sum.data(), entry.data() + body_end, kChecksumBytes) != 0) {
-    return absl::DataLossError("encrypted KV entry: checksum mismatch (corrupt data)");
+  if (check == ChecksumCheck::kRecompute) {
+    const auto sum = Sha256(entry.data(), body_end);
+    if (CRYPTO_memcmp(sum.data(), entry.data() + body_end, kChecksumBytes) != 0) {
+      return absl::DataLossError("encrypted KV entry: checksum mismatch (corrupt data)");
+    }
   }
   const uint32_t version = GetU32(entry.data() + 4);
   if (version != kEncryptedEntryVersion) {

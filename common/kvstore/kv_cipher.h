@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/kvstore/seal.h"
 
 namespace vc::kvstore {
 
@@ -42,6 +43,9 @@ class KvKeyring {
  public:
   // InvalidArgument if `secret` is shorter than kKvSecretMinBytes.
   static absl::StatusOr<KvKeyring> FromSecret(std::string secret);
+  // FromSecret of a file's bytes (read as is, no trimming; at most 4 KiB):
+  // NotFound / PermissionDenied naming the path, InvalidArgument if short.
+  static absl::StatusOr<KvKeyring> FromFile(const std::string& path);
   // The key of the tenant whose salt is `tenant_salt` (InvalidArgument if
   // empty: an unauthenticated cluster has no tenants to keep apart).
   absl::StatusOr<TenantKey> KeyFor(absl::string_view tenant_salt) const;
@@ -63,8 +67,11 @@ absl::StatusOr<std::string> EncryptEntry(const TenantKey& key, absl::string_view
 // seal already removed). Unauthenticated when the tag does not verify: a
 // wrong tenant key, another store key, or any changed byte; DataLoss when the
 // trailing checksum does not match; InvalidArgument for something that is not
-// an encrypted entry of a known version.
+// an encrypted entry of a known version. kAlreadyRecomputed skips the
+// trailing checksum: only when the caller has just recomputed and compared
+// it (SealTrust::Open does), so that each fetched byte is hashed once.
 absl::StatusOr<std::string> DecryptEntry(const TenantKey& key, absl::string_view store_key,
-                                         absl::string_view entry);
+                                         absl::string_view entry,
+                                         ChecksumCheck check = ChecksumCheck::kRecompute);
 
 }  // namespace vc::kvstore

@@ -1,5 +1,7 @@
 #include "services/common/store_client.h"
 
+#include <optional>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -85,6 +87,80 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
     values[i].resize(payload->size());  // the payload is the entry minus its trailer
   }
   return values;
+}
+
+namespace {
+
+// The tenant key of `tenant_salt`, with an error that says what to fix.
+absl::StatusOr<kvstore::TenantKey> KeyFor(const kvstore::KvKeyring& ring,
+                                          absl::string_view tenant_salt) {
+  if (tenant_salt.empty()) {
+    return absl::FailedPreconditionError(
+        "KV encryption (--kv-secret-file) needs authenticated tenants: this request has no "
+        "tenant salt (turn on the coordinator's API keys, or run the workers without "
+        "--kv-secret-file)");
+  }
+  return ring.KeyFor(tenant_salt);
+}
+
+std::string ShortKey(const std::string& key) {
+  return absl::StrCat(absl::BytesToHexString(key.substr(0, 8)), "...");
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> StoreClient::FetchKv(
+    const std::vector<std::string>& keys, absl::string_view tenant_salt,
+    std::chrono::steady_clock::time_point deadline) {
+  std::optional<kvstore::TenantKey> key;
+  if (options_.kv_keyring != nullptr) {
+    // Before the fetch: a request that cannot be decrypted moves no bytes.
+    VC_ASSIGN_OR_RETURN(key, KeyFor(*options_.kv_keyring, tenant_salt));
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<std::string> values, Fetch(keys, deadline));
+  // An opened seal recomputed the ciphertext's checksum; hash it only once.
+  const kvstore::ChecksumCheck check = options_.seal_trust != nullptr
+                                           ? kvstore::ChecksumCheck::kAlreadyRecomputed
+                                           : kvstore::ChecksumCheck::kRecompute;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const bool encrypted = kvstore::LooksEncrypted(values[i]);
+    if (!key.has_value()) {
+      if (encrypted) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "vc-kvstore entry ", ShortKey(keys[i]),
+            " is encrypted at rest and this worker has no KV secret (--kv-secret-file)"));
+      }
+      continue;
+    }
+    if (!encrypted) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "vc-kvstore entry ", ShortKey(keys[i]),
+          " is not encrypted, and this worker (--kv-secret-file) reads encrypted KV only"));
+    }
+    absl::StatusOr<std::string> plain = kvstore::DecryptEntry(*key, keys[i], values[i], check);
+    if (!plain.ok()) {
+      // Not treated as missing: an entry sealed by a trusted writer that does
+      // not decrypt was written under another KV secret (or tenant), and
+      // ingesting it again would not fix the secret.
+      return absl::Status(
+          plain.status().code(),
+          absl::StrCat("vc-kvstore entry ", ShortKey(keys[i]), ": ", plain.status().message(),
+                       " (is --kv-secret-file the cluster's KV secret?)"));
+    }
+    values[i] = std::move(*plain);
+  }
+  return values;
+}
+
+absl::Status StoreClient::PutKv(std::vector<std::pair<std::string, std::string>> entries,
+                                absl::string_view tenant_salt) {
+  if (options_.kv_keyring != nullptr) {
+    VC_ASSIGN_OR_RETURN(const kvstore::TenantKey key, KeyFor(*options_.kv_keyring, tenant_salt));
+    for (auto& [store_key, value] : entries) {
+      VC_ASSIGN_OR_RETURN(value, kvstore::EncryptEntry(key, store_key, value));
+    }
+  }
+  return PutAll(std::move(entries));
 }
 
 std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext() const {

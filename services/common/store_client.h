@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
 #include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
@@ -57,6 +59,13 @@ struct StoreClientOptions {
   std::shared_ptr<const kvstore::SealSigner> seal_signer;
   std::shared_ptr<const kvstore::SealTrust> seal_trust;
   kvstore::SealContext seal_context;
+  // Encryption of KV at rest (kv_cipher.h; docs/security.md): the worker's
+  // --kv-secret-file. With it, PutKv encrypts every entry under its
+  // tenant's key before sealing it and FetchKv decrypts after opening the
+  // seal (an entry that is not encrypted is refused). Null: PutKv writes
+  // plaintext and FetchKv refuses encrypted entries (FailedPrecondition
+  // naming the flag) rather than misparse them.
+  std::shared_ptr<const kvstore::KvKeyring> kv_keyring;
 };
 
 class StoreClient {
@@ -70,13 +79,24 @@ class StoreClient {
   absl::StatusOr<std::vector<std::string>> Fetch(
       const std::vector<std::string>& keys,
       std::chrono::steady_clock::time_point deadline = {});
-  // How a caller decodes what Fetch returned: with a trust set every value's
-  // seal was opened, which recomputed its checksum, so the codec need not
-  // hash it again (kAlreadyRecomputed); without one, kRecompute.
+  // KV entries (full-KV chunks, compressed variants) of the tenant whose
+  // salt is `tenant_salt`: Fetch, then decrypt with the keyring (see
+  // StoreClientOptions::kv_keyring). Decode them with fetched_checksum().
+  absl::StatusOr<std::vector<std::string>> FetchKv(
+      const std::vector<std::string>& keys, absl::string_view tenant_salt,
+      std::chrono::steady_clock::time_point deadline = {});
+  // How a caller decodes what Fetch or FetchKv returned: with a trust set
+  // every value's seal was opened, which recomputed its checksum, so the
+  // codec need not hash it again (kAlreadyRecomputed); with a keyring,
+  // FetchKv's values were decrypted, and the GCM tag authenticated every
+  // plaintext byte, inner checksum included, as the writer's
+  // (kAlreadyRecomputed); otherwise kRecompute.
   kvstore::ChecksumCheck fetched_checksum() const {
-    return options_.seal_trust != nullptr ? kvstore::ChecksumCheck::kAlreadyRecomputed
-                                          : kvstore::ChecksumCheck::kRecompute;
+    return options_.seal_trust != nullptr || options_.kv_keyring != nullptr
+               ? kvstore::ChecksumCheck::kAlreadyRecomputed
+               : kvstore::ChecksumCheck::kRecompute;
   }
+  bool encrypts_kv() const { return options_.kv_keyring != nullptr; }
   // Which keys the store holds (control plane).
   absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys);
   // One value over the control plane (small entries such as manifests).
@@ -88,6 +108,10 @@ class StoreClient {
   // plane, in one StageChunk RPC each. Taken by value so that a signer
   // seals each entry in place (move the entries in to avoid a copy).
   absl::Status PutAll(std::vector<std::pair<std::string, std::string>> entries);
+  // PutAll of KV entries of the tenant whose salt is `tenant_salt`, each
+  // encrypted first when this client has a keyring (then sealed as usual).
+  absl::Status PutKv(std::vector<std::pair<std::string, std::string>> entries,
+                     absl::string_view tenant_salt);
 
   // Per-key maintenance (control plane): Delete, Pin, Unpin.
   enum class KeyAction { kDelete, kPin, kUnpin };

@@ -1251,6 +1251,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
     *req.mutable_sampling() = plan.req.sampling();
     req.set_variant_key(plan.variant_key);
+    req.set_tenant_salt(plan.req.tenant_salt());
     SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
     req.set_lookahead(plan.x);
     req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
@@ -1504,6 +1505,7 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
     if (req.sampling().mode() == pb::SamplingConfig::REJECTION) {
       req.mutable_sampling()->set_mode(pb::SamplingConfig::SEEDED);
     }
+    req.set_tenant_salt(plan.req.tenant_salt());
     if (full) {
       req.set_full_prefix(true);
     } else {

@@ -1,6 +1,7 @@
 #include "services/local/local_cluster.h"
 
 #include <fcntl.h>
+#include <openssl/rand.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
+#include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
 #include "common/http/httplib.h"
 #include "common/rpc/rpc.h"
@@ -251,8 +253,32 @@ static absl::Status WriteSealKeyPair(const std::string& dir, std::string* key_pa
   return absl::OkStatus();
 }
 
+// A random KV secret (kvstore::kKvSecretMinBytes raw bytes) at `path`,
+// mode 0600 from its creation on.
+static absl::Status WriteKvSecret(const std::string& path) {
+  std::string secret(kvstore::kKvSecretMinBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(secret.data()),
+                 static_cast<int>(secret.size())) != 1) {
+    return absl::InternalError("RAND_bytes failed making the KV secret");
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  const bool written =
+      ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
+  ::close(fd);
+  if (!written) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
   if (o.model.empty()) return absl::InvalidArgumentError("--model is required (no default model found)");
+  if (o.kv_encryption && o.insecure) {
+    return absl::InvalidArgumentError(
+        "--kv-encryption needs the secure setup (keys are per authenticated tenant); drop "
+        "--insecure");
+  }
   if (o.verifiers < 1 || o.drafters < 1) {
     return absl::InvalidArgumentError("need at least one verifier and one drafter");
   }
@@ -314,6 +340,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     kvstore_args.push_back("--seal-trust=" + trust_path);
     verifier_seal = {"--seal-key=" + key_path, "--seal-trust=" + trust_path};
     drafter_seal = {"--seal-trust=" + trust_path};  // drafters only read KV
+  }
+  if (o.kv_encryption) {
+    const std::string secret_path = (fs::path(cluster->data_dir_) / "kv-secret").string();
+    if (absl::Status s = WriteKvSecret(secret_path); !s.ok()) return fail(s);
+    verifier_seal.push_back("--kv-secret-file=" + secret_path);
+    drafter_seal.push_back("--kv-secret-file=" + secret_path);
   }
   absl::StatusOr<Endpoint> store = cluster->Spawn("kvstore", "kvstore", "vc-kvstore", with_tls(kvstore_args));
   if (!store.ok()) return fail(store.status());

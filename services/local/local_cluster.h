@@ -57,6 +57,11 @@ struct LocalClusterOptions {
   // pair is made in the data dir; the verifiers seal what they ingest, the
   // store checks seals on commit and disk reads, workers before use.
   bool seal_kv = true;
+  // Encrypt KV at rest (docs/security.md "Encryption of KV at rest"): a
+  // random 32-byte KV secret is written to <data_dir>/kv-secret (mode 0600)
+  // and every verifier and drafter gets --kv-secret-file. Needs the secure
+  // setup (not `insecure`).
+  bool kv_encryption = false;
   // Extra flags per daemon ("vc-coordinator" -> {"--flag=value", ...}).
   std::map<std::string, std::vector<std::string>> extra_flags;
   // CPU affinity per role ("kvstore", "verifier", "drafter", "coordinator"):

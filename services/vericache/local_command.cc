@@ -74,6 +74,9 @@ int RunLocal(int argc, char** argv) {
                 "plaintext gRPC and no API keys (default: a throwaway CA in the data dir, mutual "
                 "TLS between the daemons, TLS on the coordinator's port, tenants tenant-a and "
                 "tenant-b with API keys)");
+  flags.AddBool("--kv-encryption", &o.kv_encryption,
+                "encrypt KV at rest per tenant: a random KV secret in the data dir, "
+                "--kv-secret-file on every verifier and drafter (not with --insecure)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -96,6 +99,9 @@ int RunLocal(int argc, char** argv) {
   if (o.model.empty()) return BadInput(cmd, "--model is required (the test model was not found)");
   if (o.data_plane != "tcp" && o.data_plane != "ucx") return BadInput(cmd, "--data-plane must be tcp or ucx");
   if (o.verifiers < 1 || o.drafters < 1) return BadInput(cmd, "--verifiers and --drafters must be >= 1");
+  if (o.kv_encryption && o.insecure) {
+    return BadInput(cmd, "--kv-encryption needs authenticated tenants: drop --insecure");
+  }
 
   // Wait for the stop signals with sigwait; children get a clean mask.
   sigset_t stop;

@@ -159,6 +159,7 @@ void DrafterService::RunOpen(OpenJob& job) {
   absl::Status status = [&]() -> absl::Status {
     std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
     VC_ASSIGN_OR_RETURN(PrefixRequest prefix, ValidatePrefix(req.prefix(), prompt, config_));
+    VC_RETURN_IF_ERROR(ValidateTenantSalt(req.tenant_salt()));
     VC_ASSIGN_OR_RETURN(cluster::SessionSampling sampling, daemon::ToSessionSampling(req.sampling()));
     // Before the fetch: a bad compressor fails fast. The ingest made the
     // variant from (name, ratio, bits) with default method parameters;
@@ -202,7 +203,8 @@ void DrafterService::RunOpen(OpenJob& job) {
         full = full_cache_[cache_key].lock();
       }
       if (full == nullptr) {
-        VC_ASSIGN_OR_RETURN(std::vector<std::string> chunks, store_->Fetch(prefix.chunk_keys));
+        VC_ASSIGN_OR_RETURN(std::vector<std::string> chunks,
+                            store_->FetchKv(prefix.chunk_keys, req.tenant_salt()));
         int64_t bytes = 0;
         for (const auto& c : chunks) bytes += static_cast<int64_t>(c.size());
         PagedKvCache::Options o;
@@ -228,7 +230,8 @@ void DrafterService::RunOpen(OpenJob& job) {
         variant = variant_cache_[req.variant_key()].lock();
       }
       if (variant == nullptr) {
-        VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs, store_->Fetch({req.variant_key()}));
+        VC_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
+                            store_->FetchKv({req.variant_key()}, req.tenant_salt()));
         VC_ASSIGN_OR_RETURN(
             std::shared_ptr<const CompressedPrefix> compressed,
             kvstore::DecodeCompressedPrefix(config_, blobs[0], store_->fetched_checksum()));

@@ -19,6 +19,9 @@ using Clock = std::chrono::steady_clock;
 struct VerifierService::Prefix {
   std::string table_key;
   std::vector<std::string> chunk_keys;
+  // Picks the key of encrypted chunks. The chunk keys hash it, so sessions
+  // sharing this prefix (same table key) share the tenant too.
+  std::string tenant_salt;
   int32_t tokens = 0;
   enum class State { kQueued, kLoading, kReady, kFailed } state = State::kQueued;
   std::shared_ptr<const PagedKvCache> kv;
@@ -32,6 +35,7 @@ struct VerifierService::Prefix {
 struct VerifierService::Session {
   std::unique_ptr<cluster::VerifySession> vs;
   std::vector<std::string> chunk_keys;
+  std::string tenant_salt;
   std::string table_key;  // of its prefix ("" when it has no stored prefix)
   bool resident = false;
   bool pinned = false;
@@ -122,6 +126,7 @@ grpc::ServerUnaryReactor* VerifierService::Open(grpc::CallbackServerContext* ctx
   std::vector<int32_t> prompt(req->prompt().begin(), req->prompt().end());
   absl::StatusOr<PrefixRequest> prefix = ValidatePrefix(req->prefix(), prompt, config_);
   if (!prefix.ok()) return Finish(ctx, prefix.status());
+  if (absl::Status st = ValidateTenantSalt(req->tenant_salt()); !st.ok()) return Finish(ctx, st);
   absl::StatusOr<cluster::SessionSampling> sampling = daemon::ToSessionSampling(req->sampling());
   if (!sampling.ok()) return Finish(ctx, sampling.status());
   cluster::VerifySessionOptions vo;
@@ -142,6 +147,7 @@ grpc::ServerUnaryReactor* VerifierService::Open(grpc::CallbackServerContext* ctx
   auto s = std::make_unique<Session>();
   s->vs = std::move(*vs);
   s->chunk_keys = prefix->chunk_keys;
+  s->tenant_salt = req->tenant_salt();
   if (prefix->tokens > 0) {
     s->table_key = options_.prefix_aware
                        ? prefix->chunk_keys.back()
@@ -243,6 +249,14 @@ grpc::ServerUnaryReactor* VerifierService::Ingest(grpc::CallbackServerContext* c
                            "ingest needs a whole number of ", req->chunk_tokens(),
                            "-token chunks, got ", req->tokens_size(), " tokens")));
   }
+  if (absl::Status st = ValidateTenantSalt(req->tenant_salt()); !st.ok()) return Finish(ctx, st);
+  // Before any prefill: an ingest whose entries could not be encrypted fails
+  // at once instead of after the work.
+  if (store_->encrypts_kv() && req->tenant_salt().empty()) {
+    return Finish(ctx, absl::FailedPreconditionError(
+                           "KV encryption (--kv-secret-file) needs authenticated tenants: this "
+                           "ingest has no tenant salt (turn on the coordinator's API keys)"));
+  }
   Job job;
   job.kind = Job::Kind::kIngest;
   job.ctx = ctx;
@@ -278,6 +292,7 @@ bool VerifierService::PinPrefix(Session& s) {
     p = std::make_shared<Prefix>();
     p->table_key = s.table_key;
     p->chunk_keys = s.chunk_keys;
+    p->tenant_salt = s.tenant_salt;
     p->tokens = s.vs->prefix_len();
     load_queue_.push_back(p);
     load_cv_.notify_one();
@@ -310,10 +325,11 @@ void VerifierService::LoaderLoop() {
     if (prefixes_.count(p->table_key) == 0 || prefixes_[p->table_key] != p) continue;  // orphaned
     p->state = Prefix::State::kLoading;
     const std::vector<std::string> keys = p->chunk_keys;
+    const std::string tenant_salt = p->tenant_salt;
     lock.unlock();
     const auto t0 = Clock::now();
     absl::StatusOr<std::unique_ptr<PagedKvCache>> kv = absl::UnknownError("not fetched");
-    absl::StatusOr<std::vector<std::string>> chunks = store_->Fetch(keys);
+    absl::StatusOr<std::vector<std::string>> chunks = store_->FetchKv(keys, tenant_salt);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     int64_t bytes = 0;
     if (chunks.ok()) {
@@ -551,7 +567,9 @@ void VerifierService::RunIngest(Job& job) {
     if (cancelled()) return absl::CancelledError("ingest cancelled by its caller before its put");
     int64_t bytes = 0;
     for (const auto& e : entries.entries) bytes += static_cast<int64_t>(e.second.size());
-    VC_RETURN_IF_ERROR(store_->PutAll(std::move(entries.entries)));
+    // Encrypted (with a KV secret) before sealed; the bytes counted above
+    // are the plaintext's.
+    VC_RETURN_IF_ERROR(store_->PutKv(std::move(entries.entries), req.tenant_salt()));
     job.ingest_resp->set_bytes(bytes);
     for (const auto& k : entries.chunk_keys) job.ingest_resp->add_chunk_keys(k.Raw());
     for (const auto& v : entries.variants) {

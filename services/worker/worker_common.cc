@@ -14,6 +14,14 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::S
   return reactor;
 }
 
+absl::Status ValidateTenantSalt(const std::string& salt) {
+  if (salt.size() > kMaxTenantSaltBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant_salt is ", salt.size(), " bytes, the limit is ", kMaxTenantSaltBytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PrefixRequest> ValidatePrefix(const pb::PrefixRef& prefix,
                                              const std::vector<int32_t>& prompt,
                                              const ModelConfig& config) {

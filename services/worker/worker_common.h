@@ -30,6 +30,12 @@ absl::StatusOr<PrefixRequest> ValidatePrefix(const vericache::v1::PrefixRef& pre
                                              const std::vector<int32_t>& prompt,
                                              const ModelConfig& config);
 
+// The largest tenant salt a worker takes (the coordinator's limit,
+// coordinator_service.h kMaxTenantSaltBytes; its derived salts are 32 bytes).
+inline constexpr size_t kMaxTenantSaltBytes = 64;
+// InvalidArgument if `salt` is longer than kMaxTenantSaltBytes.
+absl::Status ValidateTenantSalt(const std::string& salt);
+
 // A draft distribution on the wire keeps only its non-zero entries (top-k /
 // top-p leave few); FromDraftDistribution rebuilds the dense vector of
 // `vocab_size` entries, InvalidArgument for ids outside the vocabulary,

@@ -8,6 +8,7 @@
 #include "common/base/flags.h"
 #include "common/engine/engine.h"
 #include "common/kvstore/chunk_key.h"
+#include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
 #include "common/model/model.h"
 #include "services/common/daemon.h"
@@ -41,6 +42,7 @@ struct Flags {
   int continuation_tokens = 8;  // drafter
   std::string seal_key;         // PEM Ed25519 private key: seal what this worker writes
   std::string seal_trust;       // public keys: check the seal of what this worker reads
+  std::string kv_secret_file;   // the cluster KV secret: encrypt / decrypt KV at rest
 };
 
 }  // namespace
@@ -92,6 +94,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   flags.Add("--seal-trust", &f.seal_trust, "FILE",
             "public keys (64 hex digits a line) whose seals KV entries must carry to be used "
             "(empty: read unchecked)");
+  flags.Add("--kv-secret-file", &f.kv_secret_file, "FILE",
+            "cluster KV secret (at least 32 bytes, read once at start): encrypt the KV this "
+            "worker writes and decrypt what it reads, per tenant (empty: KV in plaintext; "
+            "needs mutual TLS and authenticated tenants)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     return daemon::BadFlags(name, std::string(s.message()));
   }
@@ -131,6 +137,22 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     }
     seal_trust = std::make_shared<const kvstore::SealTrust>(std::move(*trust));
   }
+  std::shared_ptr<const kvstore::KvKeyring> kv_keyring;
+  if (!f.kv_secret_file.empty()) {
+    // Keys are per tenant, and tenants exist only with authentication: a
+    // plaintext, unauthenticated cluster has nothing to keep apart, and
+    // anyone could ask this worker to decrypt for any tenant salt.
+    if (f.server.tls.cert.empty() || f.server.tls.ca.empty()) {
+      return daemon::BadFlags(name,
+                              "--kv-secret-file needs mutual TLS (--tls-cert, --tls-key, "
+                              "--tls-ca): KV encryption requires authentication");
+    }
+    auto ring = kvstore::KvKeyring::FromFile(f.kv_secret_file);
+    if (!ring.ok()) {
+      return daemon::BadFlags(name, absl::StrCat("--kv-secret-file: ", ring.status().message()));
+    }
+    kv_keyring = std::make_shared<const kvstore::KvKeyring>(std::move(*ring));
+  }
   daemon::BlockDrainSignals();
 
   auto model = Model::Load(f.model);
@@ -158,6 +180,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   // numerics version (the same ones its chunk keys hash).
   so.seal_signer = seal_signer;
   so.seal_trust = seal_trust;
+  so.kv_keyring = kv_keyring;
   so.seal_context.model_id = model_id;
   so.seal_context.numerics_version = NumericsVersionFor((*model)->config());
   so.tls = f.server.tls;  // mutual TLS towards the store with this worker's certificate

@@ -194,6 +194,11 @@ Certificate of this chart writes, or what you create).
 {{- default (printf "%s-tls" (include "vericache.fullname" .)) .Values.tls.secretName }}
 {{- end }}
 
+{{/* The KV secret Secret (key kvEncryption.secretKey). */}}
+{{- define "vericache.kvSecretName" -}}
+{{- default (printf "%s-kv-secret" (include "vericache.fullname" .)) .Values.kvEncryption.secretName }}
+{{- end }}
+
 {{/* The API keys Secret (keys auth.apiKeysKey and auth.clusterSecretKey). */}}
 {{- define "vericache.authSecretName" -}}
 {{- default (printf "%s-api-keys" (include "vericache.fullname" .)) .Values.auth.secretName }}

@@ -7,6 +7,8 @@
 
 #include <openssl/evp.h>
 
+#include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "common/kvstore/seal.h"
@@ -117,9 +119,43 @@ TEST(KvCipherTest, AnEncryptedEntryIsSealedLikeAnyOther) {
   auto opened = trust.OpenFor(StoreKey(), SealContext{}, entry);
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(opened->size(), size);
-  auto dec = DecryptEntry(a, StoreKey(), *opened);
+  // The seal just recomputed the checksum: decryption need not hash again.
+  auto dec = DecryptEntry(a, StoreKey(), *opened, ChecksumCheck::kAlreadyRecomputed);
   ASSERT_TRUE(dec.ok()) << dec.status();
   EXPECT_EQ(*dec, Plain());
+}
+
+TEST(KvCipherTest, SkippingTheChecksumStillAuthenticatesEveryByte) {
+  const TenantKey a = KeyOf(Keyring(), "salt-of-tenant-a");
+  const std::string enc = *EncryptEntry(a, StoreKey(), Plain());
+  for (size_t i = 8; i < enc.size() - 32; i += 97) {
+    std::string bad = enc;
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    EXPECT_EQ(DecryptEntry(a, StoreKey(), bad, ChecksumCheck::kAlreadyRecomputed).status().code(),
+              absl::StatusCode::kUnauthenticated)
+        << "byte " << i;
+  }
+}
+
+TEST(KvCipherTest, SecretFilesAreReadWithClearErrors) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "/kv_cipher_test_secret";
+  const std::string short_file = dir + "/kv_cipher_test_short";
+  {
+    std::ofstream(good, std::ios::binary) << Secret();
+    std::ofstream(short_file, std::ios::binary) << "short";
+  }
+  auto ring = KvKeyring::FromFile(good);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(KeyOf(*ring, "salt-of-tenant-a").bytes, KeyOf(Keyring(), "salt-of-tenant-a").bytes);
+  auto missing = KvKeyring::FromFile(dir + "/no-such-secret");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(missing.status().message()).find("no-such-secret"), std::string::npos);
+  auto too_short = KvKeyring::FromFile(short_file);
+  EXPECT_EQ(too_short.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(too_short.status().message()).find("at least 32"), std::string::npos);
+  std::remove(good.c_str());
+  std::remove(short_file.c_str());
 }
 
 }  // namespace

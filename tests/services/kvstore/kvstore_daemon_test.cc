@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/kvstore/kv_cipher.h"
+#include "common/kvstore/seal.h"
 #include "common/transport/data_plane.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -518,6 +520,80 @@ TEST_F(KvStoreDaemonTest, PutAllWithoutADataPlaneUsesStageChunk) {
   // A failed stage aborts the put: nothing stays open.
   EXPECT_TRUE(absl::IsInvalidArgument((*client)->PutAll({{"short", "v"}})));
   EXPECT_EQ(Stat().open_puts(), 0);
+}
+
+// StoreClient's KV encryption (--kv-secret-file) against the real store: the
+// store holds only the encrypted, sealed entry; a reader decrypts it with its
+// tenant's key and refuses it without a secret, with another secret or for
+// another tenant, each with its own clear error; a plaintext entry is refused
+// by a reader that expects encryption.
+TEST_F(KvStoreDaemonTest, PutKvEncryptsAndFetchKvDecryptsPerTenant) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  auto generated = vc::kvstore::SealSigner::Generate();
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  const std::shared_ptr<const vc::kvstore::SealSigner> signer = std::move(*generated);
+  auto trust = std::make_shared<vc::kvstore::SealTrust>();
+  ASSERT_TRUE(trust->Add(signer->PublicKeyHex()).ok());
+  auto ring = [](char fill) {
+    return std::make_shared<const vc::kvstore::KvKeyring>(
+        std::move(vc::kvstore::KvKeyring::FromSecret(std::string(32, fill))).value());
+  };
+  // Sealed (one hash per byte: the decryption skips the checksum the seal
+  // recomputed) or not (the decryption recomputes it).
+  for (const bool sealed : {true, false}) {
+    SCOPED_TRACE(sealed ? "sealed" : "unsealed");
+    auto client = [&](std::shared_ptr<const vc::kvstore::KvKeyring> keyring) {
+      vc::daemon::StoreClientOptions so;
+      so.control_address = daemon_->grpc_addr();
+      if (sealed) {
+        so.seal_signer = signer;
+        so.seal_trust = trust;
+      }
+      so.kv_keyring = std::move(keyring);
+      return std::move(vc::daemon::StoreClient::Create(so)).value();
+    };
+    const std::string key = Key(sealed ? 'e' : 'u');
+    const std::string plain = "VCKC chunk bytes of tenant one";
+    auto writer = client(ring('a'));
+    ASSERT_TRUE(writer->PutKv({{key, plain}}, "salt-one").ok());
+    std::string stored;
+    ASSERT_TRUE(Get(key, &stored).ok());
+    EXPECT_TRUE(vc::kvstore::LooksEncrypted(stored));
+    EXPECT_EQ(stored.find("chunk bytes"), std::string::npos);
+
+    auto same = writer->FetchKv({key}, "salt-one");
+    ASSERT_TRUE(same.ok()) << same.status();
+    EXPECT_EQ((*same)[0], plain);
+    EXPECT_EQ(writer->fetched_checksum(), vc::kvstore::ChecksumCheck::kAlreadyRecomputed);
+
+    const absl::Status other_tenant = writer->FetchKv({key}, "salt-two").status();
+    EXPECT_TRUE(absl::IsUnauthenticated(other_tenant)) << other_tenant;
+    const absl::Status no_tenant = writer->FetchKv({key}, "").status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(no_tenant)) << no_tenant;
+    const absl::Status other_secret = client(ring('b'))->FetchKv({key}, "salt-one").status();
+    EXPECT_TRUE(absl::IsUnauthenticated(other_secret)) << other_secret;
+    EXPECT_NE(std::string(other_secret.message()).find("--kv-secret-file"), std::string::npos);
+    const absl::Status no_secret = client(nullptr)->FetchKv({key}, "salt-one").status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(no_secret)) << no_secret;
+    EXPECT_NE(std::string(no_secret.message()).find("--kv-secret-file"), std::string::npos);
+    // Refused, not quarantined: still there for the right reader.
+    EXPECT_TRUE(writer->FetchKv({key}, "salt-one").ok());
+
+    // An ingest without a tenant writes nothing.
+    EXPECT_TRUE(absl::IsFailedPrecondition(writer->PutKv({{Key('n'), plain}}, "")));
+    EXPECT_EQ(Stat().open_puts(), 0);
+  }
+  // A plaintext entry (written without a secret, unsealed) is refused by a
+  // reader that holds one, not decoded.
+  vc::daemon::StoreClientOptions so;
+  so.control_address = daemon_->grpc_addr();
+  auto plain_writer = std::move(vc::daemon::StoreClient::Create(so)).value();
+  ASSERT_TRUE(plain_writer->PutKv({{Key('p'), "plaintext"}}, "salt-one").ok());
+  so.kv_keyring = ring('a');
+  auto reader = std::move(vc::daemon::StoreClient::Create(so)).value();
+  const absl::Status refused = reader->FetchKv({Key('p')}, "salt-one").status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_NE(std::string(refused.message()).find("not encrypted"), std::string::npos) << refused;
 }
 
 TEST(KvStoreDaemonFlagsTest, BadFlagsExitTwoWithOneLine) {
