@@ -159,7 +159,8 @@ TEST_F(ChaosClusterTest, RequestsRightAfterAStoreRestartSucceed) {
     return s;
   };
   {
-    const internal::Outcome warm = workload_->Run(with_id("-warm"), cluster_->client(), stub_.get());
+    const internal::Outcome warm =
+        workload_->Run(with_id("-warm"), cluster_->client(), stub_.get());
     ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
   }
   ASSERT_TRUE(control.Kill("kvstore").ok());
@@ -173,7 +174,8 @@ TEST_F(ChaosClusterTest, RequestsRightAfterAStoreRestartSucceed) {
   const absl::Status restarted = control.Restart("kvstore");
   ASSERT_TRUE(restarted.ok()) << restarted;
   // Right after the store reports healthy (Restart waits for that).
-  const internal::Outcome after = workload_->Run(with_id("-after"), cluster_->client(), stub_.get());
+  const internal::Outcome after =
+      workload_->Run(with_id("-after"), cluster_->client(), stub_.get());
   request.join();
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(workload_->Check(spec, after), "");
