@@ -96,7 +96,7 @@ Dtype NarrowestExactDtype(const std::vector<float>& v) {
     bool exact = true;
     for (float x : v) {
       const float y = WidenBits(NarrowBits(x, d), d);
-      if (std::memcmp(&x, &y, sizeof(float)) != 0) {
+      if (std::bit_cast<uint32_t>(x) != std::bit_cast<uint32_t>(y)) {  // bits: -0, NaN payloads
         exact = false;
         break;
       }

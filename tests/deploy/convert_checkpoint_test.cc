@@ -234,7 +234,7 @@ TEST_P(ConvertCheckpointTest, SpecialValuesAndShardsEqualTheCxxRounding) {
   }
   const nlohmann::json index =
       nlohmann::json::parse(testing::ReadFile(dst + "/model.safetensors.index.json"));
-  EXPECT_EQ(index["metadata"]["total_size"], static_cast<int64_t>(2 * 2 * values.size() + 16));
+  EXPECT_EQ(index["metadata"]["total_size"], static_cast<int64_t>(values.size()) * 2 * 2 + 16);
   EXPECT_EQ(index["weight_map"]["c"], "model-00002-of-00002.safetensors");
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -41,7 +42,8 @@ class Echo {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+      ADD_FAILURE() << "bind: " << errno;
     listen(listen_fd_, 4);
     socklen_t len = sizeof(a);
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
@@ -139,7 +141,7 @@ TEST(LinkFaultsTest, CutsAndThrottlesOnlyTheTargetInANamespaceOfItsOwn) {
     // unshaped it takes milliseconds.
     ASSERT_TRUE((*links)->Throttle({target2.port()}, "1mbit").ok());
     const auto start = Clock::now();
-    EXPECT_TRUE(t.RoundTrip(256 * 1024, std::chrono::seconds(120)));
+    EXPECT_TRUE(t.RoundTrip(size_t{256} * 1024, std::chrono::seconds(120)));
     EXPECT_GE(Clock::now() - start, std::chrono::seconds(2));
     ASSERT_TRUE((*links)->Clear().ok());
   }

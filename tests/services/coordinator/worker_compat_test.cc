@@ -8,7 +8,7 @@ namespace vc::coordinator {
 namespace {
 
 ::vericache::v1::WorkerInfoResponse Info(const std::string& model_id, uint32_t numerics,
-                                         std::vector<int32_t> eos) {
+                                         const std::vector<int32_t>& eos) {
   ::vericache::v1::WorkerInfoResponse info;
   info.set_model_id(model_id);
   info.set_numerics_version(numerics);
