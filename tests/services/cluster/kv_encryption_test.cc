@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "services/coordinator/tenant_auth.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
@@ -114,25 +115,10 @@ class KvEncryptionTest : public ::testing::Test {
 
   // tenant-a's raw chunk keys of `tokens`.
   std::vector<std::string> ChunkKeys(const std::vector<int32_t>& tokens) {
-    kvstore::ChunkKeyOptions ko;
-    ko.chunk_tokens = kChunkTokens;
-    ko.tenant_salt = salt_;
-    auto keys = kvstore::ChunkKeysForTokens(ko, model_id_, tokens);
-    EXPECT_TRUE(keys.ok()) << keys.status();
-    std::vector<std::string> raw;
-    for (const auto& k : *keys) raw.push_back(k.Raw());
-    return raw;
+    return clustertest::RawChunkKeys(model_id_, tokens, kChunkTokens, salt_);
   }
 
-  std::string GetEntry(const std::string& key) {
-    pb::GetRequest req;
-    req.set_key(key);
-    pb::GetResponse resp;
-    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
-    const grpc::Status s = store_->Get(ctx.get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.value();
-  }
+  std::string GetEntry(const std::string& key) { return clustertest::GetStoreEntry(*store_, key); }
 
   std::vector<int32_t> Generate(const std::string& prefix_id, pb::Mode mode,
                                 const std::string& compressor = "", double ratio = 0) {

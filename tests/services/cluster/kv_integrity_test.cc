@@ -26,6 +26,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
@@ -89,24 +90,10 @@ class KvIntegrityTest : public ::testing::Test {
   // The raw chunk keys of a registered prefix (as the coordinator keys them:
   // no tenant salt, numerics version 1).
   std::vector<std::string> ChunkKeys(const std::vector<int32_t>& tokens) {
-    kvstore::ChunkKeyOptions ko;
-    ko.chunk_tokens = kChunkTokens;
-    auto keys = kvstore::ChunkKeysForTokens(ko, model_id_, tokens);
-    EXPECT_TRUE(keys.ok()) << keys.status();
-    std::vector<std::string> raw;
-    for (const auto& k : *keys) raw.push_back(k.Raw());
-    return raw;
+    return clustertest::RawChunkKeys(model_id_, tokens, kChunkTokens);
   }
 
-  std::string GetEntry(const std::string& key) {
-    pb::GetRequest req;
-    req.set_key(key);
-    pb::GetResponse resp;
-    auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(10));
-    const grpc::Status s = store_->Get(ctx.get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.value();
-  }
+  std::string GetEntry(const std::string& key) { return clustertest::GetStoreEntry(*store_, key); }
 
   // Writes `value` under `key` through the store's own two-phase put, as
   // any client on the network could; the CommitPut status.
