@@ -16,7 +16,7 @@
 #     --no-build      use build-fuzz/ as it is
 #     --build-only    configure and build build-fuzz/, run nothing
 #     --build-also T  also build ninja target T in build-fuzz/ (test.sh: vc_unit_tests)
-#     TARGET...     a subset (default: every target, build-fuzz/fuzz_targets.txt)
+#     TARGET...       a subset (default: every target, build-fuzz/fuzz_targets.txt)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -33,7 +33,7 @@ while (($#)); do
     --no-build) build=0; shift ;;
     --build-only) run=0; shift ;;
     --build-also) also+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
