@@ -1,9 +1,10 @@
 // The "ucx" backend: UCP stream API over a sockaddr listener and
-// client-server endpoints. One context and one MULTI-thread worker per server
-// or client, progressed by its own thread that sleeps on the worker's event
-// fd; connection threads post operations and wait on their completion with
-// the caller's deadline. Every endpoint runs with UCP_ERR_HANDLING_MODE_PEER:
-// the error callback marks the stream failed, which ends every wait on it.
+// client-server endpoints. One context and one MULTI-thread worker per
+// process, shared by every server and client in it and progressed by its own
+// thread that sleeps on the worker's event fd; connection threads post
+// operations and wait on their completion with the caller's deadline. Every
+// endpoint runs with UCP_ERR_HANDLING_MODE_PEER: the error callback marks the
+// stream failed, which ends every wait on it.
 //
 // Buffers of posted operations belong to the operation (shared with its
 // completion callback), never to the caller, so a wait that gives up (a
@@ -39,18 +40,81 @@ absl::Status UcxError(const std::string& what, ucs_status_t status) {
 }
 
 // A UCP context and one worker with its progress thread.
+//
+// Why one per process: UCX 1.13 keeps fd event handlers in one process-wide
+// table keyed by the fd number, and queues per worker the events it could
+// not deliver while the worker was busy ("missed" events). When an fd of
+// one worker is closed and its number reused by another worker's fd before
+// the first worker replays its queue, the replay finds the other worker's
+// handler and aborts the process (assertion `handler->async == async`; fixed
+// upstream in UCX 1.17, openucx/ucx#9942). A server that closes connections
+// while a client in the same process opens them hit it. With a single worker
+// a reused number can only belong to the same worker, where a replayed event
+// is merely spurious (UCX's handlers read non-blocking).
 class UcxWorker {
  public:
-  // `server`: the worker will listen; a restarted server must be able to
-  // bind its port again while old connections linger in TIME_WAIT.
-  static absl::StatusOr<std::shared_ptr<UcxWorker>> Create(bool server) {
-    std::shared_ptr<UcxWorker> w(new UcxWorker());
+  // The process's worker: the live one, or a new one once the last user of
+  // the previous one has released it (never two at a time).
+  static absl::StatusOr<std::shared_ptr<UcxWorker>> Shared() {
+    ProcessWorker& pw = ProcessWorker::Get();
+    std::unique_lock<std::mutex> lock(pw.mu);
+    while (true) {
+      if (std::shared_ptr<UcxWorker> live = pw.current.lock()) return live;
+      if (pw.alive == nullptr) break;
+      pw.destroyed.wait(lock);  // the last user is destroying it
+    }
+    absl::StatusOr<UcxWorker*> created = Create();
+    if (!created.ok()) return created.status();
+    pw.alive = *created;
+    std::shared_ptr<UcxWorker> w(*created, [](UcxWorker* dying) {
+      ProcessWorker& p = ProcessWorker::Get();
+      std::lock_guard<std::mutex> hold(p.mu);
+      delete dying;
+      p.alive = nullptr;
+      p.destroyed.notify_all();
+    });
+    pw.current = w;
+    return w;
+  }
+
+  ~UcxWorker() {
+    if (thread_.joinable()) {
+      stop_.store(true);
+      ucp_worker_signal(worker_);
+      thread_.join();
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  ucp_worker_h get() const { return worker_; }
+  // Wakes the progress thread after an operation was posted.
+  void Wake() { ucp_worker_signal(worker_); }
+
+ private:
+  struct ProcessWorker {
+    std::mutex mu;
+    std::condition_variable destroyed;
+    std::weak_ptr<UcxWorker> current;  // guarded by mu
+    UcxWorker* alive = nullptr;        // guarded by mu; set until deleted
+    static ProcessWorker& Get() {
+      static auto* const process_worker = new ProcessWorker();  // never destroyed
+      return *process_worker;
+    }
+  };
+
+  UcxWorker() = default;
+
+  static absl::StatusOr<UcxWorker*> Create() {
+    std::unique_ptr<UcxWorker> w(new UcxWorker());
     ucp_config_t* config = nullptr;
     // Reads UCX_* from the environment; what it sets is never overridden.
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return UcxError("UCX config", st);
-    if (server && std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
-      // The tcp connection manager reads it as "CM_REUSEADDR" (UCX 1.13).
+    if (std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
+      // A restarted server must be able to bind its port again while old
+      // connections linger in TIME_WAIT. The tcp connection manager reads it
+      // as "CM_REUSEADDR" (UCX 1.13).
       (void)ucp_config_modify(config, "CM_REUSEADDR", "y");  // best effort
     }
     ucp_params_t params{};
@@ -72,25 +136,8 @@ class UcxWorker {
     }
     if (ucp_worker_get_efd(w->worker_, &w->efd_) != UCS_OK) w->efd_ = -1;
     w->thread_ = std::thread([raw = w.get()] { raw->ProgressLoop(); });
-    return w;
+    return w.release();
   }
-
-  ~UcxWorker() {
-    if (thread_.joinable()) {
-      stop_.store(true);
-      ucp_worker_signal(worker_);
-      thread_.join();
-    }
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
-    if (context_ != nullptr) ucp_cleanup(context_);
-  }
-
-  ucp_worker_h get() const { return worker_; }
-  // Wakes the progress thread after an operation was posted.
-  void Wake() { ucp_worker_signal(worker_); }
-
- private:
-  UcxWorker() = default;
 
   void ProgressLoop() {
     while (!stop_.load()) {
@@ -430,7 +477,7 @@ absl::StatusOr<std::unique_ptr<Listener>> MakeUcxListener(const DataPlaneServerO
   if (!hp.ok()) return hp.status();
   auto addr = ResolveIpv4(*hp);
   if (!addr.ok()) return addr.status();
-  auto worker = UcxWorker::Create(/*server=*/true);
+  auto worker = UcxWorker::Shared();
   if (!worker.ok()) return worker.status();
   auto pending = std::make_unique<PendingConnections>();
   ucp_listener_params_t params{};
@@ -463,7 +510,7 @@ absl::StatusOr<std::unique_ptr<Connector>> MakeUcxConnector(const DataPlaneClien
   if (!hp.ok()) return hp.status();
   auto addr = ResolveIpv4(*hp);
   if (!addr.ok()) return addr.status();
-  auto worker = UcxWorker::Create(/*server=*/false);
+  auto worker = UcxWorker::Shared();
   if (!worker.ok()) return worker.status();
   return std::unique_ptr<Connector>(new UcxConnector(*std::move(worker), *addr));
 }
