@@ -34,10 +34,11 @@
 // a prefix are placed on its verifier (remote-prefix), and with
 // prefix_sharing a GPU keeps one resident copy of a prefix's KV (compressed
 // on drafters, full in full mode) however many of its requests use it, and a
-// round joins a booking of its prefix on the same verifier whose verify slot
-// falls between its drafts' ready slot and that plus its own reload slots (one
-// reload of the prefix for the pass; each joiner reloads only its own
-// generated rows, unbooked). A resident copy lowers the memory the GPU's ring
+// staggered round joins its prefix's latest booking on the same verifier when
+// that verify is still ahead and no later than the round wants or than a
+// booking of its own would get (one reload of the prefix for the pass; each
+// joiner moves only its own generated rows, unbooked, and the copy stays until
+// the last joiner's verify). A resident copy lowers the memory the GPU's ring
 // may book, and admission counts it once.
 // Not modelled: prefill (the prompt KV is precomputed, as in the paper's
 // pipelines), failures; attention still reads a shared prefix once per
