@@ -684,8 +684,8 @@ absl::Status Simulation::TryBook(Req& r) {
     // later).
     std::optional<SharedBooking> shared;
     if (sharing() && !lock_step()) {
-      shared = policy_->FindShared(PrefixName(r), gi, now_slot + 1,
-                                   std::numeric_limits<int64_t>::max());
+      shared =
+          policy_->FindShared(PrefixName(r), gi, now_slot + 1, std::numeric_limits<int64_t>::max());
       if (shared && copies_.count(shared->booking_id) == 0) shared.reset();
       // As the coordinator: no later than this round wants, join.
       if (shared && shared->verify_slot <= now_slot + offset) {
