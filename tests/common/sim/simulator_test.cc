@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <utility>
 
 #include "common/costmodel/cost_model.h"
 #include "gtest/gtest.h"
@@ -367,6 +368,14 @@ TEST(SimulatorTest, DeterministicForASeed) {
   EXPECT_NE(MustRun(c).makespan_s, a.makespan_s);
 }
 
+// The same workload with prefix sharing off, then on.
+std::pair<SimResult, SimResult> RunSharingOffAndOn(SimConfig c) {
+  c.prefix_sharing = false;
+  SimResult off = MustRun(c);
+  c.prefix_sharing = true;
+  return {std::move(off), MustRun(c)};
+}
+
 // Two requests over one stored prefix on one long-context GPU, in step (same
 // arrival, all drafts accepted): with sharing the second round of each pair
 // joins the first's booking, so each round reloads the 1 GB prefix once and
@@ -378,10 +387,7 @@ TEST(SimulatorTest, SharedPrefixLoadedOncePerVerifyPass) {
   c.host_link_bytes_per_second = 1e9;
   c.slot_seconds = 0.5;
   c.shared_prefixes = 1;
-  c.prefix_sharing = false;
-  const SimResult off = MustRun(c);
-  c.prefix_sharing = true;
-  const SimResult on = MustRun(c);
+  const auto [off, on] = RunSharingOffAndOn(c);
   for (const SimResult* r : {&off, &on}) {
     EXPECT_EQ(r->output_tokens, 20);
     EXPECT_EQ(r->verifies, 4) << "two rounds each";
@@ -423,10 +429,7 @@ TEST(SimulatorTest, PrefixSharingMovesAndHoldsLessOnTheSameWorkload) {
   c.slot_seconds = 0.05;
   c.window_slots = 256;
   c.shared_prefixes = 4;
-  c.prefix_sharing = false;
-  const SimResult off = MustRun(c);
-  c.prefix_sharing = true;
-  const SimResult on = MustRun(c);
+  const auto [off, on] = RunSharingOffAndOn(c);
   EXPECT_EQ(on.requests, 48);
   EXPECT_EQ(on.output_tokens, off.output_tokens) << "the same workload";
   EXPECT_EQ(off.shared_joins, 0);
@@ -453,10 +456,7 @@ TEST(SimulatorTest, SharedResidentCopyAdmitsMoreRequests) {
   c.concurrency = 8;
   c.output_tokens = Distribution::Fixed(3);
   c.shared_prefixes = 1;
-  c.prefix_sharing = false;
-  const SimResult off = MustRun(c);
-  c.prefix_sharing = true;
-  const SimResult on = MustRun(c);
+  const auto [off, on] = RunSharingOffAndOn(c);
   EXPECT_EQ(on.output_tokens, off.output_tokens);
   EXPECT_EQ(on.shared_resident, 7) << "one copy for all eight";
   EXPECT_NEAR(off.gpus[0].peak_resident_bytes, 2e9, 1);
