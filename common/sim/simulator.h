@@ -1,7 +1,7 @@
 // Discrete-event simulator of a VeriCache deployment with a virtual clock.
-// It runs the coordinator's scheduling policy (the RingScheduler of
-// common/scheduler, unchanged) over simulated GPUs and links, so the policy
-// can be studied at cluster scale on a machine without GPUs.
+// It runs the coordinator's scheduling policy (the RingScheduler and the
+// PrefixPolicy of common/scheduler, unchanged) over simulated GPUs and links,
+// so the policy can be studied at cluster scale on a machine without GPUs.
 //
 // Topologies:
 //  * long-context: `gpus` GPUs, each drafting and verifying its own requests;

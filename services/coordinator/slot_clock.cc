@@ -62,7 +62,7 @@ absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
 
 void SlotClock::HoldResident(const std::string& prefix_key, int gpu, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  // The policy ignores an unknown gpu, so a changed one is valid here.
+  // Hold answers true only for a valid gpu, so ApplyCapacity cannot fail.
   if (prefixes_.Hold(prefix_key, gpu, bytes)) (void)prefixes_.ApplyCapacity(scheduler_, gpu);
 }
 

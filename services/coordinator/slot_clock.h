@@ -2,9 +2,9 @@
 // (common/scheduler/ring_scheduler.h) driven by wall time. A thread ends a
 // slot every slot_seconds (RingScheduler::Advance) and wakes the requests
 // waiting for a slot; requests book their reloads and verifies through it.
-// The prefix rules (residency, joining a booking, placement) are the pure
-// PrefixPolicy's (common/scheduler/prefix_policy.h); this only locks and
-// applies them to the scheduler. Thread-safe.
+// The prefix rules it applies (residency, the admission rule, joining a
+// booking) are the pure PrefixPolicy's (common/scheduler/prefix_policy.h);
+// this only locks and applies them to the scheduler. Thread-safe.
 #pragma once
 
 #include <chrono>
