@@ -152,6 +152,10 @@ absl::Status SimConfig::Validate() const {
   VC_RETURN_IF_ERROR(prompt_tokens.Validate("prompt_tokens"));
   VC_RETURN_IF_ERROR(output_tokens.Validate("output_tokens"));
   if (max_batch < 0) return absl::InvalidArgumentError("max_batch must be >= 0");
+  if (shared_prefixes < 0 || shared_prefixes > 10'000'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared_prefixes must be in [0, 1e7], got ", shared_prefixes));
+  }
   if (!(ratio > 0 && ratio <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("ratio must be in (0, 1], got ", ratio));
   }
@@ -308,9 +312,10 @@ absl::StatusOr<SimConfig> ParseSimConfig(const std::string& json_text,
   double prompt_kv_gb = 0;
   if (j.contains("workload")) {
     const json& w = j.at("workload");
-    VC_RETURN_IF_ERROR(KnownKeys(w, "workload",
-                                 {"requests", "arrival", "prompt_tokens", "output_tokens",
-                                  "prompt_kv_gb", "grow_kv", "startup_transfer", "max_batch"}));
+    VC_RETURN_IF_ERROR(KnownKeys(
+        w, "workload",
+        {"requests", "arrival", "prompt_tokens", "output_tokens", "prompt_kv_gb", "grow_kv",
+         "startup_transfer", "max_batch", "shared_prefixes", "prefix_sharing"}));
     VC_RETURN_IF_ERROR(GetInt(w, "workload", "requests", &c.requests));
     if (w.contains("arrival")) {
       const json& a = w.at("arrival");
@@ -340,6 +345,8 @@ absl::StatusOr<SimConfig> ParseSimConfig(const std::string& json_text,
     VC_RETURN_IF_ERROR(GetBool(w, "workload", "grow_kv", &c.grow_kv));
     VC_RETURN_IF_ERROR(GetBool(w, "workload", "startup_transfer", &c.startup_transfer));
     VC_RETURN_IF_ERROR(GetInt(w, "workload", "max_batch", &c.max_batch));
+    VC_RETURN_IF_ERROR(GetInt(w, "workload", "shared_prefixes", &c.shared_prefixes));
+    VC_RETURN_IF_ERROR(GetBool(w, "workload", "prefix_sharing", &c.prefix_sharing));
   }
   if (j.contains("vericache")) {
     const json& v = j.at("vericache");
@@ -445,7 +452,14 @@ std::string ResultToJson(const SimConfig& c, const SimResult& r) {
                     {"queued", r.queued},
                     {"beyond_window", r.beyond_window},
                     {"max_offset", r.max_offset},
-                    {"memory_deferred", r.memory_deferred}};
+                    {"memory_deferred", r.memory_deferred},
+                    {"peak_memory_booked_bytes", r.peak_memory_booked_bytes}};
+  j["startup_bytes"] = r.startup_bytes;
+  j["reload_bytes"] = r.reload_bytes;
+  j["prefix_sharing"] = {{"shared_prefixes", c.shared_prefixes},
+                         {"sharing", c.shared_prefixes > 0 && c.prefix_sharing},
+                         {"joins", r.shared_joins},
+                         {"resident_shared", r.shared_resident}};
   j["links"] = json::array();
   for (const LinkReport& l : r.links) {
     j["links"].push_back({{"name", l.name},

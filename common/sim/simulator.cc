@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/scheduler/prefix_policy.h"
 #include "common/scheduler/ring_scheduler.h"
 
 namespace vc::sim {
@@ -31,7 +32,7 @@ double Uniform01(std::mt19937_64& rng) { return (rng() >> 11) * 0x1.0p-53; }
 
 enum class EventType { kSlotTick = 0, kLinkDone = 1, kMessage = 2, kGpuDone = 3, kArrival = 4 };
 enum class Message { kDraftsArrived, kResultArrived };
-enum class TransferKind { kStartup, kReload, kRefresh };
+enum class TransferKind { kStartup, kReload, kRows, kRefresh };
 
 struct Event {
   double t = 0;
@@ -80,7 +81,12 @@ struct Req {
   double kv_landed_t = -1;
   double booking_since = -1;
   double transient_bytes = 0;
-  double reserved_bytes = 0;  // resident reservation on its GPU
+  double reserved_bytes = 0;  // resident reservation on its GPU (its own part when sharing)
+  int prefix = -1;            // index of its stored prefix (shared_prefixes > 0)
+  bool loads_prefix = false;  // its startup loads its GPU's resident copy of the prefix
+  int64_t copy = -1;          // booking whose full-KV copy its verify uses
+  double own_transient = 0;   // its part of that copy (all of it unless the prefix is shared)
+  bool rows_pending = false;  // a joined round's own rows still on the link
   int pending_accepted = 0;
   double first_token_t = -1;
   double finish_t = -1;
@@ -90,6 +96,16 @@ struct Transfer {
   int64_t req = -1;
   double bytes = 0;
   TransferKind kind = TransferKind::kStartup;
+  int64_t copy = -1;  // kReload: the booking whose copy lands
+};
+
+// A full-KV copy on a verifier (or long-context GPU) for one booking, used by
+// the booking's round and by the rounds that joined it.
+struct Copy {
+  int users = 0;
+  double shared_bytes = 0;  // the prefix part (0 unless shared), freed with the last user
+  bool landed = false;
+  std::vector<int64_t> members;
 };
 
 struct Link {
@@ -188,6 +204,21 @@ class Simulation {
   double ResidentAtEnd(const Req& r) const {
     return vericache() ? CompressedAtEnd(r) : FullAtEnd(r);
   }
+  // Prefix sharing: requests over one prefix share its copies.
+  bool sharing() const { return c_.shared_prefixes > 0 && c_.prefix_sharing; }
+  std::string PrefixName(const Req& r) const { return absl::StrCat("prefix:", r.prefix); }
+  // The part of a request's resident KV that is its prefix's (shared on a GPU).
+  double PrefixResident(const Req& r) const {
+    return Kv((vericache() ? c_.ratio : 1.0) * static_cast<double>(r.prompt));
+  }
+  double OwnResident(const Req& r) const {
+    return sharing() ? Resident(r) - PrefixResident(r) : Resident(r);
+  }
+  double OwnResidentAtEnd(const Req& r) const {
+    return sharing() ? ResidentAtEnd(r) - PrefixResident(r) : ResidentAtEnd(r);
+  }
+  // Resident KV on GPU `gi`: its members' own parts plus the shared copies.
+  double ResidentOn(size_t gi) const;
 
   void Push(double t, EventType type, int64_t a, int b = 0) {
     events_.push({t, type, seq_++, a, b});
@@ -212,6 +243,9 @@ class Simulation {
   void StartIterations();
   void ApplyResult(Req& r, int accepted);
   void Finish(Req& r);
+  void Join(Req& r, int gi, const SharedBooking& shared);
+  void Landed(Req& r);
+  absl::Status DropCopyUser(int64_t copy, Gpu& v);
   void CheckBarrier();
   void UpdateCapacity(int gpu);
   void Sample();
@@ -225,6 +259,16 @@ class Simulation {
   int64_t seq_ = 0;
   double now_ = 0;
   std::unique_ptr<RingScheduler> sched_;
+  // The coordinator's prefix rules, over the simulated GPUs (gpus_ indices).
+  std::unique_ptr<PrefixPolicy> policy_;
+  std::map<int64_t, Copy> copies_;  // by booking id
+  int64_t next_booking_ = 0;
+  // Resident prefix copies still on their way to a GPU: the requests that
+  // wait for them before decoding.
+  std::map<std::pair<std::string, int>, std::vector<int64_t>> loading_;
+  std::mt19937_64 prefix_rng_;          // the stored prefixes and each request's pick
+  std::vector<int64_t> prefix_tokens_;  // per stored prefix
+  std::vector<bool> verifiers_live_;
   std::vector<int> sched_link_to_sim_;
   std::vector<int> sched_gpu_to_sim_;
   std::vector<Link> links_;
@@ -245,6 +289,9 @@ class Simulation {
   int64_t verifies_ = 0, accepted_sum_ = 0, tokens_sum_ = 0, drafted_ = 0, wasted_ = 0, kept_ = 0;
   int64_t lock_step_rounds_ = 0;
   int64_t memory_deferred_ = 0;
+  double startup_bytes_ = 0, reload_bytes_ = 0;
+  int64_t shared_joins_ = 0, shared_resident_ = 0;
+  int64_t tentative_ = 0;  // own bookings given up for a join (not admissions)
   bool barrier_dirty_ = false;
   std::vector<TimeSample> samples_;
 };
@@ -392,6 +439,17 @@ absl::Status Simulation::Setup() {
       }
     }
   }
+  policy_ = std::make_unique<PrefixPolicy>(
+      std::vector<int64_t>(gpus_.size(), static_cast<int64_t>(FreeHbm())));
+  verifiers_live_.assign(static_cast<size_t>(c_.verifiers), true);
+  if (c_.shared_prefixes > 0) {
+    // A generator of its own, so the workload is the same with and without
+    // sharing (the main one also draws acceptances, in event order).
+    prefix_rng_.seed(c_.seed ^ 0x5eed5eedULL);
+    for (int p = 0; p < c_.shared_prefixes; ++p) {
+      prefix_tokens_.push_back(std::max<int64_t>(1, c_.prompt_tokens.Sample(prefix_rng_)));
+    }
+  }
   slot_ = c_.slot_seconds > 0 ? c_.slot_seconds : AutoSlot();
   for (Gpu& g : gpus_) g.ewma_iter = EstimateIteration();
   if (vericache()) {
@@ -419,7 +477,12 @@ absl::Status Simulation::NewRequest(double t) {
   Req r;
   r.id = created_++;
   r.arrival = t;
-  r.prompt = std::max<int64_t>(1, c_.prompt_tokens.Sample(rng_));
+  if (c_.shared_prefixes > 0) {
+    r.prefix = static_cast<int>(prefix_rng_() % static_cast<uint64_t>(c_.shared_prefixes));
+    r.prompt = prefix_tokens_[static_cast<size_t>(r.prefix)];
+  } else {
+    r.prompt = std::max<int64_t>(1, c_.prompt_tokens.Sample(rng_));
+  }
   r.target = std::max<int64_t>(1, c_.output_tokens.Sample(rng_));
   // A request that could never fit would wait forever: refuse the config.
   const double free = FreeHbm();
@@ -453,7 +516,10 @@ int Simulation::PickGpu(const Req& r) const {
     const Gpu& g = gpus_[i];
     if (g.role == Role::kVerifier) continue;
     if (c_.max_batch > 0 && static_cast<int>(g.members.size()) >= c_.max_batch) continue;
-    double need = g.reserved + ResidentAtEnd(r);
+    // A prefix already resident here costs nothing more (one copy per GPU).
+    const bool resident = sharing() && policy_->IsResident(PrefixName(r), static_cast<int>(i));
+    double need = g.reserved + policy_->ResidentBytes(static_cast<int>(i)) +
+                  (resident ? OwnResidentAtEnd(r) : ResidentAtEnd(r));
     if (g.role == Role::kLongContext) {
       // Room for the full-KV copies its verifies keep in flight: with B
       // requests, each verifying every x+1 iterations and holding its copy
@@ -493,8 +559,12 @@ void Simulation::TryAdmit() {
     if (g < 0) break;  // first come, first served: the head waits for room
     waiting_.pop_front();
     r.gpu = g;
-    r.reserved_bytes = ResidentAtEnd(r);
+    r.reserved_bytes = OwnResidentAtEnd(r);
     gpus_[g].reserved += r.reserved_bytes;
+    if (sharing()) {
+      r.loads_prefix = policy_->Hold(PrefixName(r), g, static_cast<int64_t>(PrefixResident(r)));
+      if (!r.loads_prefix) ++shared_resident_;
+    }
     gpus_[g].members.push_back(r.id);
     UpdateCapacity(g);
     admitted.push_back(r.id);
@@ -505,6 +575,19 @@ void Simulation::TryAdmit() {
     Req& r = reqs_[id];
     if (c_.startup_transfer) {
       r.phase = Phase::kStartup;
+      if (sharing() && !r.loads_prefix) {
+        // The prefix is resident (or on its way): only the request's own
+        // rows, none at admission, so it decodes once the copy is there.
+        auto loading = loading_.find({PrefixName(r), r.gpu});
+        if (loading != loading_.end()) {
+          loading->second.push_back(r.id);
+        } else {
+          StartDecoding(r);
+        }
+        continue;
+      }
+      if (r.loads_prefix) loading_[{PrefixName(r), r.gpu}];
+      startup_bytes_ += Resident(r);
       Enqueue(gpus_[r.gpu].link, {r.id, Resident(r), TransferKind::kStartup});
     } else {
       StartDecoding(r);
@@ -515,8 +598,10 @@ void Simulation::TryAdmit() {
 void Simulation::UpdateCapacity(int gpu) {
   const Gpu& g = gpus_[gpu];
   if (sched_ == nullptr || g.role != Role::kLongContext) return;
-  const double cap = std::max(0.0, FreeHbm() - g.reserved);
-  (void)sched_->SetMemoryCapacity(g.sched_gpu, static_cast<int64_t>(cap)).ok();
+  // What the admitted requests' own KV leaves is the configured capacity;
+  // the policy takes the resident prefix copies out of it.
+  policy_->SetBaseCapacity(gpu, static_cast<int64_t>(std::max(0.0, FreeHbm() - g.reserved)));
+  (void)sched_->SetMemoryCapacity(g.sched_gpu, policy_->CapacityLeft(gpu)).ok();
 }
 
 void Simulation::StartDecoding(Req& r) {
@@ -572,6 +657,11 @@ absl::Status Simulation::TryBook(Req& r) {
   std::vector<int> candidates;
   if (!remote()) {
     candidates.push_back(r.gpu);
+  } else if (c_.shared_prefixes > 0) {
+    // The coordinator's placement: one verifier per prefix.
+    const std::optional<int> v =
+        PlaceByKey(PlacementKey(PrefixName(r), static_cast<uint64_t>(r.id)), verifiers_live_);
+    if (v) candidates.push_back(sched_gpu_to_sim_[static_cast<size_t>(*v)]);
   } else {
     // Verifiers with the least booked memory first.
     for (int v = 0; v < c_.verifiers; ++v) candidates.push_back(sched_gpu_to_sim_[v]);
@@ -583,25 +673,108 @@ absl::Status Simulation::TryBook(Req& r) {
   for (int gi : candidates) {
     const Gpu& g = gpus_[gi];
     AdmitRequest a;
-    a.id = r.id;
+    a.id = next_booking_++;
     a.full_kv_bytes = static_cast<int64_t>(r.transient_bytes);
     a.target_offset = offset;
     a.min_offset = offset;
     a.link = g.sched_link;
     a.gpu = g.sched_gpu;
-    if (a.full_kv_bytes > sched_->options().gpus[a.gpu].transient_capacity_bytes) continue;
-    VC_ASSIGN_OR_RETURN(Admission adm, sched_->Admit(a));
+    // A booking of the prefix on this GPU whose verify is still ahead (the
+    // copy stays until every joiner's verify, even one whose drafts come
+    // later).
+    std::optional<SharedBooking> shared;
+    if (sharing() && !lock_step()) {
+      shared =
+          policy_->FindShared(PrefixName(r), gi, now_slot + 1, std::numeric_limits<int64_t>::max());
+      if (shared && copies_.count(shared->booking_id) == 0) shared.reset();
+      // As the coordinator: no later than this round wants, join.
+      if (shared && shared->verify_slot <= now_slot + offset) {
+        Join(r, gi, *shared);
+        return absl::OkStatus();
+      }
+    }
+    // Not what is left of the GPU's memory now (other bookings' reservations,
+    // resident copies): retried next slot.
+    const bool fits = a.full_kv_bytes <= policy_->CapacityLeft(gi) &&
+                      a.full_kv_bytes <= sched_->options().gpus[a.gpu].transient_capacity_bytes;
+    Admission adm;
+    if (fits) {
+      VC_ASSIGN_OR_RETURN(adm, sched_->Admit(a));
+    }
+    if (shared && (adm.queued || adm.booking.verify_slot >= shared->verify_slot)) {
+      // Later than the booking it could join (the link is booked that far
+      // ahead): joining costs no time and saves the reload.
+      if (!adm.queued) {
+        VC_RETURN_IF_ERROR(sched_->Release(adm.booking.id));
+        ++tentative_;
+      }
+      Join(r, gi, *shared);
+      return absl::OkStatus();
+    }
     if (adm.queued) continue;
     r.booking = adm.booking;
     r.booked = true;
     r.needs_booking = false;
     r.verifier = gi;
     booking_wait_s_ += now_ - r.booking_since;
+    Copy& copy = copies_[adm.booking.id];
+    copy.users = 1;
+    copy.shared_bytes = sharing() ? Kv(static_cast<double>(r.prompt)) : 0.0;
+    copy.members = {r.id};
+    r.copy = adm.booking.id;
+    r.own_transient = r.transient_bytes - copy.shared_bytes;
+    if (sharing()) policy_->NoteShared(PrefixName(r), gi, adm.booking);
     reloads_due_.emplace(r.booking.first_slot(), r.id);
     if (remote()) gpus_[gi].pending.push_back(r.id);
     return absl::OkStatus();
   }
   return absl::OkStatus();
+}
+
+void Simulation::Join(Req& r, int gi, const SharedBooking& shared) {
+  Copy& copy = copies_[shared.booking_id];
+  ++copy.users;
+  copy.members.push_back(r.id);
+  ++shared_joins_;
+  r.booking = Booking{};
+  r.booking.id = shared.booking_id;
+  r.booking.verify_slot = shared.verify_slot;
+  r.booked = true;
+  r.needs_booking = false;
+  r.reload_issued = true;  // nothing of its own for IssueReloads
+  r.verifier = gi;
+  r.copy = shared.booking_id;
+  booking_wait_s_ += now_ - r.booking_since;
+  Gpu& v = gpus_[gi];
+  // Its own rows (the accepted sequence past the prefix and the pass's x+1)
+  // join the copy; they move now, unbooked (small next to the prefix).
+  r.own_transient = r.transient_bytes - copy.shared_bytes;
+  v.transient += r.own_transient;
+  NotePeaks(v);
+  if (remote()) v.pending.push_back(r.id);
+  const double rows = FullKv(r) - copy.shared_bytes;
+  if (rows > 0) {
+    r.rows_pending = true;
+    reload_bytes_ += rows;
+    Enqueue(sched_link_to_sim_[static_cast<size_t>(v.sched_link)],
+            {r.id, rows, TransferKind::kRows});
+  } else if (copy.landed) {
+    Landed(r);
+  }
+}
+
+void Simulation::Landed(Req& r) {
+  r.kv_landed = true;
+  r.kv_landed_t = now_;
+}
+
+absl::Status Simulation::DropCopyUser(int64_t id, Gpu& v) {
+  auto it = copies_.find(id);
+  if (it == copies_.end()) return absl::InternalError(absl::StrCat("no copy for booking ", id));
+  if (--it->second.users > 0) return absl::OkStatus();
+  v.transient -= it->second.shared_bytes;
+  copies_.erase(it);
+  return sched_->Release(id);
 }
 
 absl::Status Simulation::RetryBookings() {
@@ -637,7 +810,9 @@ void Simulation::IssueReloads() {
     r.reload_issued = true;
     v.transient += r.transient_bytes;
     NotePeaks(v);
-    Enqueue(sched_link_to_sim_[r.booking.link], {r.id, FullKv(r), TransferKind::kReload});
+    reload_bytes_ += FullKv(r);
+    Enqueue(sched_link_to_sim_[r.booking.link],
+            {r.id, FullKv(r), TransferKind::kReload, r.booking.id});
   }
   for (int64_t id : deferred) reloads_due_.emplace(sched_->now() + 1, id);
 }
@@ -670,12 +845,34 @@ absl::Status Simulation::OnLinkDone(int link) {
   switch (t.kind) {
     case TransferKind::kStartup:
       StartDecoding(r);
+      if (r.loads_prefix) {
+        // The GPU's copy of the prefix is there: whoever waited for it decodes.
+        auto loading = loading_.find({PrefixName(r), r.gpu});
+        if (loading != loading_.end()) {
+          for (int64_t id : loading->second) StartDecoding(reqs_[id]);
+          loading_.erase(loading);
+        }
+      }
       break;
-    case TransferKind::kReload:
+    case TransferKind::kReload: {
       reload_link_s_ += seconds;
-      r.kv_landed = true;
-      r.kv_landed_t = now_;
+      Landed(r);
+      auto copy = copies_.find(t.copy);
+      if (copy != copies_.end()) {
+        copy->second.landed = true;
+        for (int64_t id : copy->second.members) {
+          Req& m = reqs_[id];
+          if (id != r.id && !m.rows_pending) Landed(m);
+        }
+      }
       break;
+    }
+    case TransferKind::kRows: {
+      r.rows_pending = false;
+      auto copy = copies_.find(r.copy);
+      if (copy != copies_.end() && copy->second.landed) Landed(r);
+      break;
+    }
     case TransferKind::kRefresh:
       break;
   }
@@ -692,12 +889,17 @@ void Simulation::OnMessage(int64_t id, Message m) {
   ApplyResult(r, r.pending_accepted);
 }
 
-void Simulation::NotePeaks(Gpu& g) {
-  double resident = 0;
-  for (int64_t m : g.members) {
+double Simulation::ResidentOn(size_t gi) const {
+  double resident = policy_->ResidentBytes(static_cast<int>(gi));
+  for (int64_t m : gpus_[gi].members) {
     const Req& r = reqs_[m];
-    if (r.phase != Phase::kStartup) resident += Resident(r);
+    if (r.phase != Phase::kStartup) resident += OwnResident(r);
   }
+  return resident;
+}
+
+void Simulation::NotePeaks(Gpu& g) {
+  const double resident = ResidentOn(static_cast<size_t>(&g - gpus_.data()));
   g.report.peak_resident_bytes = std::max(g.report.peak_resident_bytes, resident);
   g.report.peak_transient_bytes = std::max(g.report.peak_transient_bytes, g.transient);
   g.report.peak_hbm_bytes =
@@ -807,10 +1009,10 @@ absl::Status Simulation::OnGpuDone(int gi) {
     if (r.phase != Phase::kAwaitVerify) continue;
     ++verifies_;
     if (r.kv_landed_t > r.drafts_ready_t) stall_s_ += r.kv_landed_t - r.drafts_ready_t;
-    VC_RETURN_IF_ERROR(sched_->Release(r.id));
     r.booked = false;
     Gpu& v = gpus_[r.verifier];
-    v.transient -= r.transient_bytes;
+    v.transient -= r.own_transient;
+    VC_RETURN_IF_ERROR(DropCopyUser(r.copy, v));
     if (remote()) {
       auto& p = v.pending;
       p.erase(std::remove(p.begin(), p.end(), r.id), p.end());
@@ -866,6 +1068,7 @@ void Simulation::Finish(Req& r) {
   Gpu& g = gpus_[r.gpu];
   g.members.erase(std::remove(g.members.begin(), g.members.end(), r.id), g.members.end());
   g.reserved -= r.reserved_bytes;
+  if (sharing()) policy_->Release(PrefixName(r), r.gpu);
   UpdateCapacity(r.gpu);
   ++finished_;
   // Closed loop: a finished request makes room for the next one. Counted
@@ -917,11 +1120,9 @@ void Simulation::Sample() {
           cap > 0 ? sched_->MemoryBooked(static_cast<int>(i), sched_->now()) / cap : 0.0);
     }
   }
-  for (Gpu& g : gpus_) {
-    double resident = 0;
-    for (int64_t m : g.members) {
-      if (reqs_[m].phase != Phase::kStartup) resident += Resident(reqs_[m]);
-    }
+  for (size_t gi = 0; gi < gpus_.size(); ++gi) {
+    const Gpu& g = gpus_[gi];
+    const double resident = ResidentOn(gi);
     s.hbm_used.push_back(
         c_.hbm_bytes > 0 ? (c_.weight_bytes + resident + g.transient) / c_.hbm_bytes : 0.0);
     s.transient_bytes.push_back(g.transient);
@@ -959,6 +1160,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
       case EventType::kSlotTick: {
         tick = e.a;
         if (sched_ != nullptr && tick > sched_->now()) sched_->Advance(tick - sched_->now());
+        if (sched_ != nullptr) policy_->ExpireShared(sched_->now());
         if (sched_ != nullptr) {
           IssueReloads();
           VC_RETURN_IF_ERROR(RetryBookings());
@@ -1037,6 +1239,10 @@ absl::StatusOr<SimResult> Simulation::Run() {
   res.slot_seconds = slot_;
   res.lock_step_rounds = lock_step_rounds_;
   res.memory_deferred = memory_deferred_;
+  res.startup_bytes = startup_bytes_;
+  res.reload_bytes = reload_bytes_;
+  res.shared_joins = shared_joins_;
+  res.shared_resident = shared_resident_;
   res.link_seconds_per_round = lock_step_rounds_ > 0 ? reload_link_s_ / lock_step_rounds_ : 0;
   double iter_s = 0;
   int64_t iters = 0;
@@ -1055,7 +1261,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   }
   if (sched_ != nullptr) {
     const RingSchedulerStats& st = sched_->stats();
-    res.admitted = st.admitted;
+    res.admitted = st.admitted - tentative_;
     res.queued = st.queued;
     res.beyond_window = st.beyond_window;
     res.max_offset = st.max_offset;
@@ -1067,6 +1273,8 @@ absl::StatusOr<SimResult> Simulation::Run() {
     }
     for (size_t i = 0; i < sched_gpu_to_sim_.size(); ++i) {
       res.scheduler_gpus.push_back(sched_->options().gpus[i].name);
+      res.peak_memory_booked_bytes =
+          std::max(res.peak_memory_booked_bytes, st.peak_memory_bytes[i]);
     }
   }
   // Downsample the time series by averaging neighbours.

@@ -1,7 +1,7 @@
 // Discrete-event simulator of a VeriCache deployment with a virtual clock.
-// It runs the coordinator's scheduling policy (the RingScheduler of
-// common/scheduler, unchanged) over simulated GPUs and links, so the policy
-// can be studied at cluster scale on a machine without GPUs.
+// It runs the coordinator's scheduling policy (the RingScheduler and the
+// PrefixPolicy of common/scheduler, unchanged) over simulated GPUs and links,
+// so the policy can be studied at cluster scale on a machine without GPUs.
 //
 // Topologies:
 //  * long-context: `gpus` GPUs, each drafting and verifying its own requests;
@@ -28,8 +28,21 @@
 // GPU whose memory holds every admitted request's KV at its largest plus, in
 // long-context mode, the full-KV copies in flight: ceil(B*(S+1)/(x+1)), at
 // least one (reserving a single copy lets admission starve the reloads).
+// Prefix sharing (workload.shared_prefixes > 0): each request's prompt is one
+// of that many stored prefixes, and the coordinator's prefix rules apply, run
+// by the same PrefixPolicy (common/scheduler/prefix_policy.h): requests over
+// a prefix are placed on its verifier (remote-prefix), and with
+// prefix_sharing a GPU keeps one resident copy of a prefix's KV (compressed
+// on drafters, full in full mode) however many of its requests use it, and a
+// staggered round joins its prefix's latest booking on the same verifier when
+// that verify is still ahead and no later than the round wants or than a
+// booking of its own would get (one reload of the prefix for the pass; each
+// joiner moves only its own generated rows, unbooked, and the copy stays until
+// the last joiner's verify). A resident copy lowers the memory the GPU's ring
+// may book, and admission counts it once.
 // Not modelled: prefill (the prompt KV is precomputed, as in the paper's
-// pipelines), prefix sharing between requests, failures.
+// pipelines), failures; attention still reads a shared prefix once per
+// request (no shared-prefix kernel).
 #pragma once
 
 #include <cstdint>
@@ -133,6 +146,12 @@ struct SimConfig {
   // full mode) over its link before decoding.
   bool startup_transfer = true;
   int max_batch = 0;  // requests decoding at once per GPU (drafter); 0 = memory decides
+  // Prompts drawn from this many stored prefixes (uniformly, each prefix's
+  // length drawn once from prompt_tokens); 0 = every request its own prompt.
+  int shared_prefixes = 0;
+  // With shared_prefixes: requests over one prefix share its resident copy
+  // and its reloads (off: the same workload with a copy and a reload each).
+  bool prefix_sharing = true;
 
   // VeriCache.
   double ratio = 0.2;  // compression ratio c
@@ -226,6 +245,15 @@ struct SimResult {
   int64_t beyond_window = 0;
   int64_t max_offset = 0;
   int64_t memory_deferred = 0;  // reload starts held back because the GPU's memory was full
+  int64_t peak_memory_booked_bytes = 0;  // largest bytes the ring booked on one GPU in one slot
+  // Bytes moved: startup loads of admitted requests, and the reloads of the
+  // verifies (a joined round moves only its own rows).
+  double startup_bytes = 0;
+  double reload_bytes = 0;
+  // Prefix sharing: rounds that joined another's booking, and admissions that
+  // found their prefix already resident on their GPU.
+  int64_t shared_joins = 0;
+  int64_t shared_resident = 0;
   std::vector<LinkReport> links;
   std::vector<GpuReport> gpus;
   std::vector<TimeSample> timeseries;

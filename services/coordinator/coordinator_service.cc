@@ -14,6 +14,7 @@
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "common/sampling/sampler.h"
+#include "common/scheduler/prefix_policy.h"
 #include "common/speculative/accept_rule.h"
 #include "common/speculative/draft_verify.h"
 #include "common/rpc/rpc.h"
@@ -1074,9 +1075,7 @@ absl::Status CoordinatorService::Place(Plan& plan, pb::Mode mode) {
   if (needs_verifier) {
     // By prefix (requests over one prefix meet there); a prompt without a
     // stored prefix by its session.
-    const std::string key =
-        plan.prefix_key.empty() ? absl::StrCat("session:", plan.session) : plan.prefix_key;
-    VC_ASSIGN_OR_RETURN(plan.verifier, PlaceVerifier(key));
+    VC_ASSIGN_OR_RETURN(plan.verifier, PlaceVerifier(PlacementKey(plan.prefix_key, plan.session)));
   }
   if (needs_drafter) {
     std::vector<int> loads;

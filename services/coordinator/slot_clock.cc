@@ -1,6 +1,7 @@
 #include "services/coordinator/slot_clock.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace vc::coordinator {
 
@@ -17,11 +18,7 @@ SlotClock::SlotClock(RingScheduler scheduler)
       slot_seconds_(scheduler_.slot_seconds()),
       slot_start_(std::chrono::steady_clock::now()),
       lock_step_(scheduler_.lock_step()),
-      resident_bytes_(scheduler_.options().gpus.size(), 0) {
-  for (const RingGpu& g : scheduler_.options().gpus) {
-    base_capacity_.push_back(g.transient_capacity_bytes);
-  }
-}
+      prefixes_(PrefixPolicy::ForScheduler(scheduler_)) {}
 
 SlotClock::~SlotClock() { Stop(); }
 
@@ -51,9 +48,7 @@ void SlotClock::Run() {
       boundary += slot * due;
       slot_start_ = boundary;
       scheduler_.Advance(due);
-      for (auto it = shared_.begin(); it != shared_.end();) {
-        it = it->second.verify_slot < scheduler_.now() ? shared_.erase(it) : std::next(it);
-      }
+      prefixes_.ExpireShared(scheduler_.now());
       cv_.notify_all();
     }
   }
@@ -62,44 +57,23 @@ void SlotClock::Run() {
 
 absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (r.gpu >= 0 && r.gpu < static_cast<int>(base_capacity_.size()) &&
-      r.full_kv_bytes <= base_capacity_[r.gpu] &&
-      r.full_kv_bytes > scheduler_.options().gpus[r.gpu].transient_capacity_bytes) {
-    return Admission{};  // queued until resident prefixes leave room
-  }
-  return scheduler_.Admit(r);
-}
-
-void SlotClock::ApplyCapacity(int gpu) {
-  const int64_t left = std::max<int64_t>(0, base_capacity_[gpu] - resident_bytes_[gpu]);
-  (void)scheduler_.SetMemoryCapacity(gpu, left);  // gpu is valid: checked by the callers
+  return prefixes_.Admit(scheduler_, r);
 }
 
 void SlotClock::HoldResident(const std::string& prefix_key, int gpu, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (gpu < 0 || gpu >= static_cast<int>(base_capacity_.size()) || bytes <= 0) return;
-  Resident& r = resident_[{prefix_key, gpu}];
-  if (r.holders++ == 0) {
-    r.bytes = bytes;
-    resident_bytes_[gpu] += bytes;
-    ApplyCapacity(gpu);
-  }
+  // Hold answers true only for a valid gpu, so ApplyCapacity cannot fail.
+  if (prefixes_.Hold(prefix_key, gpu, bytes)) (void)prefixes_.ApplyCapacity(scheduler_, gpu);
 }
 
 void SlotClock::ReleaseResident(const std::string& prefix_key, int gpu) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = resident_.find({prefix_key, gpu});
-  if (it == resident_.end()) return;
-  if (--it->second.holders == 0) {
-    resident_bytes_[gpu] -= it->second.bytes;
-    resident_.erase(it);
-    ApplyCapacity(gpu);
-  }
+  if (prefixes_.Release(prefix_key, gpu)) (void)prefixes_.ApplyCapacity(scheduler_, gpu);
 }
 
 int64_t SlotClock::ResidentBytes(int gpu) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return gpu >= 0 && gpu < static_cast<int>(resident_bytes_.size()) ? resident_bytes_[gpu] : 0;
+  return prefixes_.ResidentBytes(gpu);
 }
 
 absl::Status SlotClock::Release(int64_t id) {
@@ -173,21 +147,19 @@ RingSchedulerStats SlotClock::stats() const {
 bool SlotClock::FindShared(const std::string& prefix_key, int gpu, int64_t max_verify_slot,
                            Shared* out) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = shared_.find({prefix_key, gpu});
-  if (it == shared_.end()) return false;
   // Joining needs the verify to be still ahead (the loaded copy stays pinned
   // until then, so this request's Load finds it) and no later than this
   // request wants.
-  if (it->second.verify_slot <= scheduler_.now() || it->second.verify_slot > max_verify_slot) {
-    return false;
-  }
-  *out = it->second;
+  std::optional<SharedBooking> found =
+      prefixes_.FindShared(prefix_key, gpu, scheduler_.now() + 1, max_verify_slot);
+  if (!found) return false;
+  *out = *found;
   return true;
 }
 
 void SlotClock::NoteShared(const std::string& prefix_key, int gpu, const Booking& booking) {
   std::lock_guard<std::mutex> lock(mu_);
-  shared_[{prefix_key, gpu}] = Shared{booking.first_slot(), booking.verify_slot};
+  prefixes_.NoteShared(prefix_key, gpu, booking);
 }
 
 }  // namespace vc::coordinator

@@ -2,19 +2,21 @@
 // (common/scheduler/ring_scheduler.h) driven by wall time. A thread ends a
 // slot every slot_seconds (RingScheduler::Advance) and wakes the requests
 // waiting for a slot; requests book their reloads and verifies through it.
-// Thread-safe.
+// The prefix rules it applies (residency, the admission rule, joining a
+// booking) are the pure PrefixPolicy's (common/scheduler/prefix_policy.h);
+// this only locks and applies them to the scheduler. Thread-safe.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/scheduler/prefix_policy.h"
 #include "common/scheduler/ring_scheduler.h"
 
 namespace vc::coordinator {
@@ -24,16 +26,17 @@ class SlotClock {
   static absl::StatusOr<std::unique_ptr<SlotClock>> Create(const RingSchedulerOptions& options);
   ~SlotClock();
 
-  // Books `r` (RingScheduler::Admit semantics) or answers queued; a request
-  // that fits the verifier's configured memory but not what resident
-  // prefixes leave of it is queued too (it fits once they are released).
+  // Books `r` (PrefixPolicy::Admit: RingScheduler::Admit, and queued while
+  // it fits the verifier's configured memory only once resident prefixes
+  // are released).
   absl::StatusOr<Admission> Admit(const AdmitRequest& r);
 
   // Resident full KV: a session decoding on the verifier alone (full_local,
   // fallback) keeps its prefix loaded for its whole life, outside any
   // booking. While held it lowers that verifier's memory ring capacity, so
   // reloads are never booked into memory it occupies. Keyed by prefix: the
-  // verifier keeps one copy per prefix, however many sessions use it.
+  // verifier keeps one copy per prefix, however many sessions use it
+  // (PrefixPolicy::Hold / Release).
   void HoldResident(const std::string& prefix_key, int gpu, int64_t bytes);
   void ReleaseResident(const std::string& prefix_key, int gpu);
   // Bytes held resident on `gpu`.
@@ -61,11 +64,8 @@ class SlotClock {
   // Prefix-aware booking: the latest booking of `prefix_key` on `gpu`, if
   // its verify slot is still ahead, so a request over the same prefix can
   // join it (verified in the same pass, loaded once) instead of booking a
-  // second reload.
-  struct Shared {
-    int64_t first_slot = 0;
-    int64_t verify_slot = 0;
-  };
+  // second reload (PrefixPolicy::FindShared / NoteShared).
+  using Shared = SharedBooking;
   bool FindShared(const std::string& prefix_key, int gpu, int64_t max_verify_slot, Shared* out) const;
   void NoteShared(const std::string& prefix_key, int gpu, const Booking& booking);
 
@@ -82,15 +82,7 @@ class SlotClock {
   std::chrono::steady_clock::time_point slot_start_;  // when the current slot began
   const bool lock_step_;
   bool stopping_ = false;
-  std::map<std::pair<std::string, int>, Shared> shared_;
-  struct Resident {
-    int64_t bytes = 0;
-    int holders = 0;
-  };
-  std::map<std::pair<std::string, int>, Resident> resident_;
-  std::vector<int64_t> resident_bytes_;  // per GPU
-  std::vector<int64_t> base_capacity_;   // per GPU, as configured
-  void ApplyCapacity(int gpu);  // with mu_ held
+  PrefixPolicy prefixes_;
   std::thread thread_;
 };
 

@@ -3,24 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/scheduler/prefix_policy.h"
+
 namespace vc::coordinator {
-namespace {
-
-// FNV-1a then a splitmix finaliser: a stable hash (std::hash may differ
-// between builds), so placement is reproducible.
-uint64_t Score(const std::string& key, int index) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : key) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  h ^= static_cast<uint64_t>(index) + 0x9e3779b97f4a7c15ULL;
-  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
-  return h ^ (h >> 31);
-}
-
-}  // namespace
 
 const char* WorkerPoolName(WorkerPool pool) {
   return pool == WorkerPool::kVerifier ? "verifier" : "drafter";
@@ -123,18 +108,9 @@ std::string WorkerHealth::DownReason(WorkerPool pool, int index) const {
 
 std::optional<int> WorkerHealth::PickByKey(WorkerPool pool, const std::string& key) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::vector<State>& states = pool_state(pool);
-  std::optional<int> best;
-  uint64_t best_score = 0;
-  for (int i = 0; i < static_cast<int>(states.size()); ++i) {
-    if (!states[static_cast<size_t>(i)].up) continue;
-    const uint64_t s = Score(key, i);
-    if (!best || s > best_score) {
-      best = i;
-      best_score = s;
-    }
-  }
-  return best;
+  std::vector<bool> live;
+  for (const State& s : pool_state(pool)) live.push_back(s.up);
+  return PlaceByKey(key, live);
 }
 
 std::optional<int> WorkerHealth::PickLeastLoaded(WorkerPool pool, const std::vector<int>& loads) const {

@@ -64,8 +64,9 @@ class WorkerHealth {
   // Why the worker is down ("" when up).
   std::string DownReason(WorkerPool pool, int index) const;
 
-  // The live worker for `key` (rendezvous hashing; deterministic across
-  // processes); nullopt when none is up.
+  // The live worker for `key` (PlaceByKey of common/scheduler/prefix_policy.h:
+  // rendezvous hashing, deterministic across processes); nullopt when none
+  // is up.
   std::optional<int> PickByKey(WorkerPool pool, const std::string& key) const;
   // The live worker with the smallest load (lowest index on ties); `loads`
   // has one entry per worker of the pool.

@@ -37,6 +37,8 @@ struct SimulateFlags {
   double slot_ms = 0;
   int window_slots = 0;
   int gpus = 0, drafters = 0, verifiers = 0, max_batch = 0;
+  int shared_prefixes = 0;
+  std::string prefix_sharing;
   double prompt_tokens = 0, output_tokens = 0;
   double hbm_gb = 0, hbm_bw = 0, link_bw = 0, fast_bw = 0, slow_bw = 0, rtt_ms = 0;
   uint64_t seed = 0;
@@ -139,6 +141,17 @@ absl::Status ApplyOverrides(const SimulateFlags& f, const FlagSet& flags, sim::S
     c.max_batch = f.max_batch;
     VC_RETURN_IF_ERROR(check("--max-batch"));
   }
+  if (flags.was_set("--shared-prefixes")) {
+    c.shared_prefixes = f.shared_prefixes;
+    VC_RETURN_IF_ERROR(check("--shared-prefixes"));
+  }
+  if (flags.was_set("--prefix-sharing")) {
+    if (f.prefix_sharing != "on" && f.prefix_sharing != "off") {
+      return absl::InvalidArgumentError("--prefix-sharing must be on or off, got '" +
+                                        f.prefix_sharing + "'");
+    }
+    c.prefix_sharing = f.prefix_sharing == "on";
+  }
   if (flags.was_set("--prompt-tokens")) {
     c.prompt_tokens = sim::Distribution::Fixed(f.prompt_tokens);
     VC_RETURN_IF_ERROR(check("--prompt-tokens"));
@@ -204,10 +217,20 @@ void PrintSummary(const sim::SimConfig& c, const sim::SimResult& r) {
     std::printf("%-28s admitted %lld, queued %lld, beyond window %lld, max offset %lld\n",
                 "scheduler", static_cast<long long>(r.admitted), static_cast<long long>(r.queued),
                 static_cast<long long>(r.beyond_window), static_cast<long long>(r.max_offset));
+    std::printf("%-28s startup %.4g GB, reloads %.4g GB, peak booked %.4g GB on one GPU\n",
+                "bytes moved", r.startup_bytes / kGB, r.reload_bytes / kGB,
+                static_cast<double>(r.peak_memory_booked_bytes) / kGB);
     if (r.lock_step_rounds > 0) {
       std::printf("%-28s %lld rounds, %.4g link seconds per round\n", "lock-step",
                   static_cast<long long>(r.lock_step_rounds), r.link_seconds_per_round);
     }
+  }
+  if (c.shared_prefixes > 0) {
+    std::printf(
+        "%-28s %d prefixes, sharing %s: %lld joined rounds, %lld admissions found "
+        "their prefix resident\n",
+        "prefix sharing", c.shared_prefixes, c.prefix_sharing ? "on" : "off",
+        static_cast<long long>(r.shared_joins), static_cast<long long>(r.shared_resident));
   }
   for (const sim::LinkReport& l : r.links) {
     std::printf(
@@ -255,6 +278,10 @@ int RunSimulate(int argc, char** argv) {
   flags.Add("--drafters", &f.drafters, "N", "remote-prefix drafter GPUs (G_R)");
   flags.Add("--verifiers", &f.verifiers, "N", "remote-prefix verifier GPUs (G_L)");
   flags.Add("--max-batch", &f.max_batch, "N", "requests per GPU at once (0: memory decides)");
+  flags.Add("--shared-prefixes", &f.shared_prefixes, "N",
+            "prompts drawn from N stored prefixes (0: each request its own)");
+  flags.Add("--prefix-sharing", &f.prefix_sharing, "on|off",
+            "requests over one prefix share its resident copy and reloads");
   flags.Add("--prompt-tokens", &f.prompt_tokens, "N", "fixed prompt length");
   flags.Add("--output-tokens", &f.output_tokens, "N", "fixed output length");
   flags.Add("--hbm-gb", &f.hbm_gb, "GB", "GPU memory capacity (0: unlimited)");

@@ -148,6 +148,12 @@ TEST(ModelCliTest, BadFlagsExitTwoWithOneLineNamingTheFlag) {
        "ratio"},
       {"simulate --config " VC_SOURCE_DIR "/bench/sim/long_context_mistral24b.json --schedule x",
        "--schedule"},
+      {"simulate --config " VC_SOURCE_DIR
+       "/bench/sim/long_context_mistral24b.json --shared-prefixes -1",
+       "--shared-prefixes"},
+      {"simulate --config " VC_SOURCE_DIR
+       "/bench/sim/long_context_mistral24b.json --prefix-sharing maybe",
+       "--prefix-sharing"},
   };
   for (const auto& [args, flag] : cases) {
     RunResult r = RunCli(args);
@@ -190,6 +196,28 @@ TEST(SimulateCliTest, JsonAndTimeseries) {
   EXPECT_EQ(k["schedule"], "lock-step");
   EXPECT_GT(k["links"][0]["overrun_s"].get<double>(), 0);
   EXPECT_GT(k["verify_stall_s"].get<double>(), j["verify_stall_s"].get<double>());
+}
+
+// The same workload over 4 stored prefixes with sharing off and on: the JSON
+// reports the joins and the bytes moved, and sharing moves fewer.
+TEST(SimulateCliTest, PrefixSharingOffAndOn) {
+  nlohmann::json out[2];
+  for (int on = 0; on < 2; ++on) {
+    RunResult r = RunCli(std::string("simulate --config " VC_SOURCE_DIR
+                                     "/bench/sim/remote_prefix_llama70b.json --requests 16 "
+                                     "--shared-prefixes 4 --json --prefix-sharing ") +
+                         (on ? "on" : "off"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    out[on] = nlohmann::json::parse(r.out);
+    EXPECT_EQ(out[on]["prefix_sharing"]["shared_prefixes"], 4);
+    EXPECT_EQ(out[on]["prefix_sharing"]["sharing"], on == 1);
+  }
+  EXPECT_EQ(out[0]["prefix_sharing"]["joins"], 0);
+  EXPECT_GT(out[1]["prefix_sharing"]["joins"].get<int>(), 0);
+  EXPECT_GT(out[1]["prefix_sharing"]["resident_shared"].get<int>(), 0);
+  EXPECT_EQ(out[0]["output_tokens"], out[1]["output_tokens"]);
+  EXPECT_LT(out[1]["reload_bytes"].get<double>(), out[0]["reload_bytes"].get<double>());
+  EXPECT_LT(out[1]["startup_bytes"].get<double>(), out[0]["startup_bytes"].get<double>());
 }
 
 TEST(SimulateCliTest, EveryExampleConfigRuns) {
