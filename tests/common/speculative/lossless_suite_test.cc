@@ -95,7 +95,8 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
               int tensor_parallel = 1,
               kernels::WeightFormat draft_weights = kernels::WeightFormat::kF32) {
   const std::string path = ModelPath(mc.file);
-  if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << mc.file;
+  if (path.empty() || !std::filesystem::exists(path))
+    GTEST_SKIP() << "model not found: " << mc.file;
   auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   // One thread: ctest runs the cases in parallel instead.
@@ -136,7 +137,8 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     for (SamplingMode sm : {SamplingMode::kGreedy, SamplingMode::kSeeded}) {
       DecodeOptions o;
       o.max_new_tokens = ctx - static_cast<int>(prompt.size());
-      if (mc.max_new_tokens > 0) o.max_new_tokens = std::min(o.max_new_tokens, int64_t{mc.max_new_tokens});
+      if (mc.max_new_tokens > 0)
+        o.max_new_tokens = std::min(o.max_new_tokens, int64_t{mc.max_new_tokens});
       o.ignore_eos = true;
       if (sm == SamplingMode::kSeeded) o.sampling = seeded;
       auto ref = DecodeFull(**engine, prompt, o);
@@ -172,10 +174,10 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
   int64_t rounds = 0, accepted = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const SpeculativeRequest& r = *requests[i];
-    const std::string where = std::string(mc.file) + " prompt=" +
-                              std::to_string(jobs[i].prompt.size()) + " x=" +
-                              std::to_string(jobs[i].draft_len) + " sampling=" +
-                              (jobs[i].sampling == SamplingMode::kGreedy ? "greedy" : "seeded");
+    const std::string where =
+        std::string(mc.file) + " prompt=" + std::to_string(jobs[i].prompt.size()) +
+        " x=" + std::to_string(jobs[i].draft_len) +
+        " sampling=" + (jobs[i].sampling == SamplingMode::kGreedy ? "greedy" : "seeded");
     ASSERT_EQ(r.output(), jobs[i].expected) << where;
     EXPECT_EQ(r.stats().drafter_full_kv_bytes_read, 0) << where;
     EXPECT_EQ(r.stats().fallbacks, 0) << where;
@@ -183,10 +185,9 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     // A fold comes after a verify round once `interval` settled tokens are
     // outside the prefix; a round yields at most max_draft_len + 1 tokens,
     // so a request this long must have folded (a short one may finish first).
-    if (online_update &&
-        static_cast<int64_t>(jobs[i].expected.size()) >=
-            (*CreateCompressor(r.options().compressor))->online_policy().interval +
-                r.options().draft.max_draft_len + 1) {
+    if (online_update && static_cast<int64_t>(jobs[i].expected.size()) >=
+                             (*CreateCompressor(r.options().compressor))->online_policy().interval +
+                                 r.options().draft.max_draft_len + 1) {
       EXPECT_GT(r.stats().online_folds, 0) << where;
     }
     // KIVI keeps its residual window in full precision, so very short prompts
@@ -199,17 +200,29 @@ void RunModel(const ModelCase& mc, const CompressorCase& cc, bool online_update 
     accepted += std::accumulate(r.stats().accept_lengths.begin(), r.stats().accept_lengths.end(),
                                 int64_t{0});
   }
-  std::printf("[ %s | %s%s tp=%d draft weights %s ] %zu requests, %lld rounds, mean accepted "
-              "drafts/round %.2f\n",
-              mc.file, CaseName(cc).c_str(), online_update ? " online" : "", tensor_parallel,
-              std::string(kernels::WeightFormatName(draft_weights)).c_str(),
-              jobs.size(),
-              static_cast<long long>(rounds),
-              rounds ? static_cast<double>(accepted) / rounds : 0.0);
+  std::printf(
+      "[ %s | %s%s tp=%d draft weights %s ] %zu requests, %lld rounds, mean accepted "
+      "drafts/round %.2f\n",
+      mc.file, CaseName(cc).c_str(), online_update ? " online" : "", tensor_parallel,
+      std::string(kernels::WeightFormatName(draft_weights)).c_str(), jobs.size(),
+      static_cast<long long>(rounds), rounds ? static_cast<double>(accepted) / rounds : 0.0);
 }
 
-TEST_P(LosslessSuite, Stories260K) { RunModel({"stories260K.bin", {16, 200, 400}}, GetParam()); }
-TEST_P(LosslessSuite, Aidreams260K) { RunModel({"aidreams260K.bin", {16, 48, 80, 100}}, GetParam()); }
+// Per commit, stories260K's prompts generate 112 tokens each: the 400-token
+// prompt still runs to the end of its 512-token context. The long tier's build
+// of this file (lossless_suite_full_test) generates every prompt to the end.
+#ifdef VC_LOSSLESS_FULL_CONTEXT
+constexpr int kStoriesMaxNew = 0;
+#else
+constexpr int kStoriesMaxNew = 112;
+#endif
+
+TEST_P(LosslessSuite, Stories260K) {
+  RunModel({"stories260K.bin", {16, 200, 400}, kStoriesMaxNew}, GetParam());
+}
+TEST_P(LosslessSuite, Aidreams260K) {
+  RunModel({"aidreams260K.bin", {16, 48, 80, 100}}, GetParam());
+}
 // The Hugging Face checkpoint (half-split RoPE, GQA, tied lm_head-only
 // storage): fewer prompts and 64 tokens each keep it short.
 TEST_P(LosslessSuite, TinyStories656K) { RunModel({"tinystories656K", {16, 120}, 64}, GetParam()); }
@@ -225,13 +238,19 @@ INSTANTIATE_TEST_SUITE_P(AllCompressors, LosslessSuite, ::testing::ValuesIn(AllC
 class OnlineLosslessSuite : public ::testing::TestWithParam<CompressorCase> {};
 
 std::vector<CompressorCase> OnlineCompressorCases() {
-  return {{"streamingllm", 0.25, 0}, {"h2o", 0.25, 0},   {"tova", 0.25, 0},
-          {"kivi", 0, 2},            {"kivi", 0, 4},     {"int8", 0, 8},
-          {"streamingllm+kivi", 0.5, 4}, {"h2o+int8", 0.5, 8}, {"snapkv+kivi", 0.25, 2}};
+  return {{"streamingllm", 0.25, 0},
+          {"h2o", 0.25, 0},
+          {"tova", 0.25, 0},
+          {"kivi", 0, 2},
+          {"kivi", 0, 4},
+          {"int8", 0, 8},
+          {"streamingllm+kivi", 0.5, 4},
+          {"h2o+int8", 0.5, 8},
+          {"snapkv+kivi", 0.25, 2}};
 }
 
 TEST_P(OnlineLosslessSuite, Stories260K) {
-  RunModel({"stories260K.bin", {16, 200}}, GetParam(), /*online_update=*/true);
+  RunModel({"stories260K.bin", {16, 200}, kStoriesMaxNew}, GetParam(), /*online_update=*/true);
 }
 TEST_P(OnlineLosslessSuite, Aidreams260K) {
   RunModel({"aidreams260K.bin", {16, 80}}, GetParam(), /*online_update=*/true);
@@ -284,23 +303,21 @@ std::vector<QuantizedDrafterCase> QuantizedDrafterCases() {
 }
 
 TEST_P(LosslessQuantizedDrafter, Stories260K) {
-  RunModel({"stories260K.bin", {16, 400}}, GetParam().compressor, false, 1,
+  RunModel({"stories260K.bin", {16, 400}, kStoriesMaxNew}, GetParam().compressor, false, 1,
            GetParam().weights);
 }
 TEST_P(LosslessQuantizedDrafter, Aidreams260K) {
-  RunModel({"aidreams260K.bin", {16, 100}}, GetParam().compressor, false, 1,
-           GetParam().weights);
+  RunModel({"aidreams260K.bin", {16, 100}}, GetParam().compressor, false, 1, GetParam().weights);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WeightsAndCompressors, LosslessQuantizedDrafter, ::testing::ValuesIn(QuantizedDrafterCases()),
-    [](const auto& info) {
-      return std::string(kernels::WeightFormatName(info.param.weights)) + "_" +
-             CaseName(info.param.compressor);
-    });
+INSTANTIATE_TEST_SUITE_P(WeightsAndCompressors, LosslessQuantizedDrafter,
+                         ::testing::ValuesIn(QuantizedDrafterCases()), [](const auto& info) {
+                           return std::string(kernels::WeightFormatName(info.param.weights)) + "_" +
+                                  CaseName(info.param.compressor);
+                         });
 
 TEST(LosslessQuantizedDrafterOnline, Stories260KInt4) {
-  RunModel({"stories260K.bin", {200}}, {"int8", 0, 8}, /*online_update=*/true, 1,
+  RunModel({"stories260K.bin", {200}, kStoriesMaxNew}, {"int8", 0, 8}, /*online_update=*/true, 1,
            kernels::WeightFormat::kInt4);
 }
 
@@ -336,11 +353,14 @@ double MeanAccepted(const char* file, const std::vector<int>& prompt_lengths, in
 
 TEST(AcceptanceBands, MeetTheModelReadme) {
   if (!std::ifstream(ModelPath("stories260K.bin")).good()) GTEST_SKIP() << "models not found";
-  const double aid_int8 = MeanAccepted("aidreams260K.bin", {48, 56, 64, 72, 80}, 16, {"int8", 0, 8});
-  const double aid_kivi4 = MeanAccepted("aidreams260K.bin", {48, 56, 64, 72, 80}, 16, {"kivi", 0, 4});
+  const double aid_int8 =
+      MeanAccepted("aidreams260K.bin", {48, 56, 64, 72, 80}, 16, {"int8", 0, 8});
+  const double aid_kivi4 =
+      MeanAccepted("aidreams260K.bin", {48, 56, 64, 72, 80}, 16, {"kivi", 0, 4});
   const double st_int8 = MeanAccepted("stories260K.bin", {200, 260, 330, 400}, 32, {"int8", 0, 8});
-  std::printf("mean accepted drafts/round: aidreams int8 %.2f, aidreams kivi-4 %.2f, stories int8 %.2f\n",
-              aid_int8, aid_kivi4, st_int8);
+  std::printf(
+      "mean accepted drafts/round: aidreams int8 %.2f, aidreams kivi-4 %.2f, stories int8 %.2f\n",
+      aid_int8, aid_kivi4, st_int8);
   EXPECT_GE(aid_int8, 10.0);
   EXPECT_GE(aid_kivi4, 10.0);
   EXPECT_GE(st_int8, 12.0);
