@@ -364,11 +364,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   }
   for (int i = 0; i < o.drafters; ++i) {
     const std::string name = i == 0 ? "drafter" : absl::StrCat("drafter-", i);
-    std::vector<std::string> args = {
-        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
-        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
-        absl::StrCat("--threads=", o.worker_threads),
-        absl::StrCat("--continuation-tokens=", o.continuation_tokens)};
+    std::vector<std::string> args = {"--listen=127.0.0.1:0",
+                                     "--model=" + o.model,
+                                     "--kvstore=" + store->address,
+                                     "--data-plane=" + o.data_plane,
+                                     "--metrics-listen=" + metrics,
+                                     absl::StrCat("--threads=", o.worker_threads),
+                                     absl::StrCat("--continuation-tokens=", o.continuation_tokens),
+                                     "--draft-weights=" + o.draft_weights};
     args.insert(args.end(), drafter_seal.begin(), drafter_seal.end());
     absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", with_tls(args));
     if (!ep.ok()) return fail(ep.status());

@@ -51,6 +51,9 @@ struct LocalClusterOptions {
   int draft_len = 8;
   bool prefix_aware = true;
   int continuation_tokens = 8;
+  // Every drafter's --draft-weights: f32, or a weight-quantised copy of the
+  // model made at load (int8, int4). Verifiers always run f32.
+  std::string draft_weights = "f32";
   double lossless_check_fraction = 0;
   int max_active_requests = 64;
   // Seal KV entries (docs/security.md "Sealed KV"): a throwaway Ed25519 key

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/base/flags.h"
+#include "kernels/quantized.h"
 #include "services/local/local_cluster.h"
 #include "services/vericache/commands.h"
 
@@ -61,6 +62,9 @@ int RunLocal(int argc, char** argv) {
                 "prefix-aware verification (--prefix-aware=false disables)");
   flags.Add("--continuation-tokens", &o.continuation_tokens, "N",
             "drafter's speculative continuation (0 off)");
+  flags.Add("--draft-weights", &o.draft_weights, "f32|int8|int4",
+            "every drafter drafts with a weight-quantised copy of the model made at load "
+            "(verification stays f32 and exact)");
   flags.Add("--lossless-check-fraction", &o.lossless_check_fraction, "X",
             "share of vericache requests re-run in full_local and compared");
   flags.AddBool("--supervise", &o.supervise,
@@ -83,6 +87,9 @@ int RunLocal(int argc, char** argv) {
     return kExitOk;
   }
   o.metrics = !no_metrics;
+  if (auto w = kernels::ParseWeightFormat(o.draft_weights); !w.ok()) {
+    return BadInput(cmd, "--draft-weights: " + std::string(w.status().message()));
+  }
   // The OpenAI API needs text: a tokenizer given, or one in the checkpoint.
   {
     std::error_code ec;

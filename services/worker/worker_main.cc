@@ -11,6 +11,8 @@
 #include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
 #include "common/model/model.h"
+#include "common/model/quantized_weights.h"
+#include "kernels/quantized.h"
 #include "services/common/daemon.h"
 #include "services/common/store_client.h"
 #include "services/worker/drafter_service.h"
@@ -43,6 +45,8 @@ struct Flags {
   std::string seal_key;         // PEM Ed25519 private key: seal what this worker writes
   std::string seal_trust;       // public keys: check the seal of what this worker reads
   std::string kv_secret_file;   // the cluster KV secret: encrypt / decrypt KV at rest
+  // drafter: f32, int8 or int4 (kernels::ParseWeightFormat)
+  std::string draft_weights = "f32";
 };
 
 }  // namespace
@@ -87,6 +91,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   } else {
     flags.Add("--continuation-tokens", &f.continuation_tokens, "N",
               "drafts made ahead while a window is verified (speculative continuation; 0 off)");
+    flags.Add("--draft-weights", &f.draft_weights, "f32|int8|int4",
+              "draft with a copy of the model whose projection and classifier weights are "
+              "quantised at load (int8 per output row, int4 in groups of 32 inputs); drafts "
+              "still attend over the compressed KV, and verification stays exact");
   }
   flags.Add("--seal-key", &f.seal_key, "FILE",
             "Ed25519 private key (PEM) sealing the KV entries this worker writes "
@@ -118,6 +126,15 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (f.session_idle_seconds < 1) return daemon::BadFlags(name, "--session-idle-seconds must be >= 1");
   if (f.batch_gather_ms < 0) return daemon::BadFlags(name, "--batch-gather-ms must be >= 0");
   if (f.continuation_tokens < 0) return daemon::BadFlags(name, "--continuation-tokens must be >= 0");
+  // Parsed before the model loads, so a typo costs no load time.
+  auto draft_weights = kernels::ParseWeightFormat(f.draft_weights);
+  if (!draft_weights.ok()) {
+    return daemon::BadFlags(name,
+                            absl::StrCat("--draft-weights: ", draft_weights.status().message()));
+  }
+  if (*draft_weights != kernels::WeightFormat::kF32 && f.tensor_parallel != 1) {
+    return daemon::BadFlags(name, "--draft-weights int8/int4 needs --tensor-parallel 1");
+  }
   if (absl::Status s = daemon::ValidateServerOptions(f.server); !s.ok()) {
     return daemon::BadFlags(name, std::string(s.message()));
   }
@@ -164,6 +181,19 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   eo.backend.threads = f.threads;
   eo.tensor_parallel = f.tensor_parallel;
   eo.max_batch_tokens = f.max_batch_tokens;
+  // A drafter with --draft-weights drafts on a quantised copy made here, at
+  // load. Its KV layout is the model's, so the store's variants, chunk keys,
+  // seals and the numerics version it reports stay the target's: drafting
+  // never has to be exact, only verification (on the f32 model) does.
+  std::unique_ptr<QuantizedWeights> quantized;
+  if (*draft_weights != kernels::WeightFormat::kF32) {
+    QuantizeOptions qo;
+    qo.format = *draft_weights;
+    auto q = QuantizedWeights::Create(**model, qo);
+    if (!q.ok()) return daemon::Fail(name, q.status().ToString());
+    quantized = std::move(q).value();
+    eo.quantized = quantized.get();
+  }
   auto engine = Engine::Create(**model, eo);
   if (!engine.ok()) return daemon::Fail(name, engine.status().ToString());
   const kvstore::ModelId model_id = kvstore::ComputeModelId(**model);

@@ -20,7 +20,7 @@ vargs=()
 node "$repo/tests/deploy/validate_manifests.mjs" --tools "$VC_TOOLS_DIR" "$VC_TMP/rendered.yaml" ||
   die "rendered manifests are invalid"
 
-# Trust settings that must not render (default values only).
+# Settings that must not render (default values only): trust, drafter weights.
 if [[ -z "$values" ]]; then
   refuse() {  # refuse "why" --set ...
     local why="$1"; shift
@@ -34,6 +34,9 @@ if [[ -z "$values" ]]; then
     --set coordinator.service.type=LoadBalancer --set auth.enabled=false
   refuse "a cert-manager Certificate needs an issuer" --set tls.source=certManager
   refuse "the schema allows only known TLS sources" --set tls.source=selfsigned
+  refuse "the schema allows only f32, int8 and int4 drafter weights" --set drafter.draftWeights=int2
+  refuse "quantised drafter weights run on one tensor-parallel rank" \
+    --set drafter.draftWeights=int4 --set drafter.tensorParallel=2 --set drafter.gpus=2
   # Without TLS the probes are gRPC probes again, and the manifests stay valid.
   "$helm" template vc "$chart" --namespace vericache --set tls.enabled=false \
     --set auth.enabled=false --set networkPolicy.enabled=false >"$VC_TMP/plain.yaml" ||

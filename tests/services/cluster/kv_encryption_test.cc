@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "services/coordinator/tenant_auth.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_command.h"
 #include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -55,17 +56,6 @@ struct ExtraDrafter {
     if (out != nullptr) pclose(out);
   }
 };
-
-// Runs a shell command, returns its exit code and its output (stderr merged).
-int RunCommand(const std::string& command, std::string* output) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 class KvEncryptionTest : public ::testing::Test {
  protected:
@@ -301,7 +291,7 @@ TEST_F(KvEncryptionTest, BadSecretFilesStopAWorkerAtStart) {
   };
   for (const Case& c : cases) {
     std::string output;
-    EXPECT_EQ(RunCommand(base + c.flags, &output), 2) << output;
+    EXPECT_EQ(clustertest::RunCommand(base + c.flags, &output), 2) << output;
     EXPECT_NE(output.find("--kv-secret-file"), std::string::npos) << output;
     EXPECT_NE(output.find(c.says), std::string::npos) << output;
   }
