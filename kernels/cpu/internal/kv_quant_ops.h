@@ -1,0 +1,212 @@
+// Private to kernels/: the fused attention kernels over quantised K/V rows
+// (kernels/quantized_kv.h states their numerics), one table per SIMD level.
+// The algorithm is written once, in KvQuantKernels below, over a 16-lane
+// vector type that each level's translation unit supplies (compiled with that
+// level's -m flags, like simd_ops.h and quant_ops.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/quantized_kv.h"
+
+namespace vc::kernels::cpu {
+
+struct KvQuantOps {
+  void (*scores)(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n, float scale,
+                 float* scores);
+  void (*accumulate)(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                     float* out);
+};
+
+const KvQuantOps& KvQuantScalarOps();
+const KvQuantOps* KvQuantAvx2Ops();    // null when not compiled in
+const KvQuantOps* KvQuantAvx512Ops();  // null when not compiled in
+
+// The kernels over a vector type V of 16 f32 lanes (F) and 16 i32 lanes (I):
+//   F Zero(); F Set1(float); F Load(const float* p, int m)  (lanes >= m zero)
+//   void Store(float* p, F v, int m)  (lanes < m only)
+//   F Mul(F, F); F Add(F, F); F Fma(F a, F b, F c) (a * b + c, one rounding)
+//   F KeepFirst(F, int m)  (lanes >= m set to +0)
+//   I Unpack<bits>(const uint8_t* p)  (codes 0..15 from 16 * bits / 8 bytes)
+//   I SubConst(I, int); F ToFloat(I) (exact); float Reduce(F) (the fixed tree)
+// Templates only (every instantiation names the level's own V), so no code
+// compiled for one level can be linked into another.
+template <class V>
+struct KvQuantKernels {
+  using F = typename V::F;
+  using I = typename V::I;
+  using Layout = QuantizedKvRows::Layout;
+
+  // Codes of channels [c0, c0 + m) of row r (m <= 16; lanes >= m unspecified).
+  // A block that starts on a byte boundary is unpacked from the stored bytes
+  // in registers (a partial block from a zero-filled copy of just its own
+  // bytes, never reading past them); otherwise code by code.
+  template <int kBits>
+  static I Codes(const QuantizedKvRows& x, int64_t r, int c0, int m) {
+    const int64_t index = r * x.dim + c0;
+    const int64_t bit = index * kBits;
+    if (bit % 8 == 0) {
+      const uint8_t* p = x.codes + bit / 8;
+      if (m == 16) return V::template Unpack<kBits>(p);
+      alignas(16) uint8_t buf[16] = {};
+      std::memcpy(buf, p, static_cast<size_t>((m * kBits + 7) / 8));
+      return V::template Unpack<kBits>(buf);
+    }
+    constexpr unsigned kMask = (1u << kBits) - 1u;
+    alignas(16) uint8_t buf[16] = {};
+    for (int l = 0; l < m; ++l) {
+      const int64_t b = (index + l) * kBits;
+      buf[l] = static_cast<uint8_t>((x.codes[b / 8] >> (b % 8)) & kMask);
+    }
+    return V::template Unpack<8>(buf);
+  }
+
+  // The dequantised block: x(r, c0 + l) in lane l < m, +0 in the others (as
+  // the f32 kernels' zero padding).
+  template <Layout L, int kBits>
+  static F Block(const QuantizedKvRows& x, int64_t r, int c0, int m) {
+    const I u = Codes<kBits>(x, r, c0, m);
+    F s, z;
+    if constexpr (L == Layout::kPerChannelAsymmetric) {
+      const int64_t at = (r / x.group) * x.dim + c0;
+      s = V::Load(x.scales + at, m);
+      z = V::Load(x.zeros + at, m);
+    } else {
+      const int64_t per_row = (x.dim + x.group - 1) / x.group;
+      const int64_t g0 = r * per_row + c0 / x.group;
+      const int64_t g1 = r * per_row + (c0 + m - 1) / x.group;
+      if (g0 == g1) {
+        s = V::Set1(x.scales[g0]);
+        z = L == Layout::kPerTokenAsymmetric ? V::Set1(x.zeros[g0]) : V::Zero();
+      } else {  // groups narrower than a block: one scale per lane
+        alignas(64) float sb[16] = {}, zb[16] = {};
+        for (int l = 0; l < m; ++l) {
+          const int64_t g = r * per_row + (c0 + l) / x.group;
+          sb[l] = x.scales[g];
+          if constexpr (L == Layout::kPerTokenAsymmetric) zb[l] = x.zeros[g];
+        }
+        s = V::Load(sb, 16);
+        z = V::Load(zb, 16);
+      }
+    }
+    F v;
+    if constexpr (L == Layout::kPerTokenSymmetric) {
+      v = V::Mul(V::ToFloat(V::SubConst(u, (1 << (kBits - 1)) - 1)), s);
+    } else {
+      v = V::Add(V::Mul(V::ToFloat(u), s), z);
+    }
+    return m == 16 ? v : V::KeepFirst(v, m);
+  }
+
+  template <Layout L, int kBits>
+  static void Scores(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n,
+                     float scale, float* scores) {
+    for (int64_t j = 0; j < n; ++j) {
+      F acc = V::Zero();
+      for (int c0 = 0; c0 < k.dim; c0 += 16) {
+        const int m = std::min(16, k.dim - c0);
+        acc = V::Fma(V::Load(q + c0, m), Block<L, kBits>(k, first + j, c0, m), acc);
+      }
+      scores[j] = V::Reduce(acc) * scale;
+    }
+  }
+
+  // C 16-lane chunks of out starting at channel d0 (up to 64 channels per
+  // pass): C independent FMA chains per key, each in key order.
+  template <Layout L, int kBits, int C>
+  static void AccumulateChunks(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                               int d0, float* out) {
+    F acc[C];
+    int m[C];
+    for (int c = 0; c < C; ++c) {
+      m[c] = std::min(16, v.dim - d0 - 16 * c);
+      acc[c] = V::Load(out + d0 + 16 * c, m[c]);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const F pj = V::Set1(p[j]);
+      for (int c = 0; c < C; ++c) {
+        acc[c] = V::Fma(pj, Block<L, kBits>(v, first + j, d0 + 16 * c, m[c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < C; ++c) V::Store(out + d0 + 16 * c, acc[c], m[c]);
+  }
+
+  template <Layout L, int kBits>
+  static void Accumulate(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                         float* out) {
+    for (int d0 = 0; d0 < v.dim; d0 += 64) {
+      switch ((std::min(64, v.dim - d0) + 15) / 16) {
+        case 1:
+          AccumulateChunks<L, kBits, 1>(p, v, first, n, d0, out);
+          break;
+        case 2:
+          AccumulateChunks<L, kBits, 2>(p, v, first, n, d0, out);
+          break;
+        case 3:
+          AccumulateChunks<L, kBits, 3>(p, v, first, n, d0, out);
+          break;
+        default:
+          AccumulateChunks<L, kBits, 4>(p, v, first, n, d0, out);
+          break;
+      }
+    }
+  }
+
+  // One instantiation per (layout, bits), chosen once per call.
+  template <template <Layout, int> class Op, class... Args>
+  static void Dispatch(const QuantizedKvRows& x, Args... args) {
+    auto bits = [&]<Layout L>() {
+      switch (x.bits) {
+        case 2:
+          Op<L, 2>::Run(args...);
+          break;
+        case 4:
+          Op<L, 4>::Run(args...);
+          break;
+        default:
+          Op<L, 8>::Run(args...);
+          break;
+      }
+    };
+    switch (x.layout) {
+      case Layout::kPerTokenSymmetric:
+        bits.template operator()<Layout::kPerTokenSymmetric>();
+        break;
+      case Layout::kPerTokenAsymmetric:
+        bits.template operator()<Layout::kPerTokenAsymmetric>();
+        break;
+      case Layout::kPerChannelAsymmetric:
+        bits.template operator()<Layout::kPerChannelAsymmetric>();
+        break;
+    }
+  }
+
+  template <Layout L, int kBits>
+  struct ScoresOp {
+    static void Run(const float* q, const QuantizedKvRows* k, int64_t first, int64_t n, float scale,
+                    float* scores) {
+      Scores<L, kBits>(q, *k, first, n, scale, scores);
+    }
+  };
+  template <Layout L, int kBits>
+  struct AccumulateOp {
+    static void Run(const float* p, const QuantizedKvRows* v, int64_t first, int64_t n,
+                    float* out) {
+      Accumulate<L, kBits>(p, *v, first, n, out);
+    }
+  };
+
+  static void ScoresEntry(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n,
+                          float scale, float* scores) {
+    Dispatch<ScoresOp>(k, q, &k, first, n, scale, scores);
+  }
+  static void AccumulateEntry(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                              float* out) {
+    Dispatch<AccumulateOp>(v, p, &v, first, n, out);
+  }
+  static KvQuantOps Ops() { return {ScoresEntry, AccumulateEntry}; }
+};
+
+}  // namespace vc::kernels::cpu
