@@ -299,6 +299,22 @@ class QuantRowStore final : public RowStore {
     return i >= n_quant_ ? &residual_[(i - n_quant_) * dim_] : nullptr;
   }
 
+  kernels::QuantizedKvRows QuantizedRows() const override {
+    using Layout = kernels::QuantizedKvRows::Layout;
+    kernels::QuantizedKvRows v;
+    v.layout = spec_.kind == Kind::kPerTokenSymmetric    ? Layout::kPerTokenSymmetric
+               : spec_.kind == Kind::kPerTokenAsymmetric ? Layout::kPerTokenAsymmetric
+                                                         : Layout::kPerChannelAsymmetric;
+    v.bits = spec_.bits;
+    v.dim = dim_;
+    v.group = group_;
+    v.rows = n_quant_;
+    v.codes = codes_.raw().data();
+    v.scales = scale_.data();
+    v.zeros = zero_.empty() ? nullptr : zero_.data();
+    return v;
+  }
+
   void AppendSerialized(std::string* out) const override {
     PutHeader(out, spec_, n_, dim_);
     out->append(reinterpret_cast<const char*>(codes_.raw().data()), codes_.raw().size());
@@ -454,6 +470,11 @@ class F32RowStore final : public RowStore {
   F32RowStore(int64_t n, int dim, std::vector<float> data)
       : n_(n), dim_(dim), data_(std::move(data)) {}
   const float* RowIfF32(int64_t i) const override { return &data_[i * dim_]; }
+  kernels::QuantizedKvRows QuantizedRows() const override {
+    kernels::QuantizedKvRows v;
+    v.dim = dim_;
+    return v;  // no quantised rows
+  }
   int64_t bytes() const override { return static_cast<int64_t>(data_.size() * sizeof(float)); }
   void AppendSerialized(std::string* out) const override {
     PutHeader(out, RowCodecSpec::F32(), n_, dim_);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/quantized_kv.h"
 
 namespace vc {
 
@@ -58,6 +59,11 @@ class RowStore {
   // stored as f32 are contiguous: RowIfF32(i + 1) == RowIfF32(i) + dim()
   // whenever both are non-null.
   virtual const float* RowIfF32(int64_t i) const = 0;
+  // The quantised rows [0, view.rows) in place, for the fused attention
+  // kernels (their element is exactly what Decode writes); every row from
+  // view.rows on is f32 (RowIfF32). view.rows is 0 for an f32 store. The
+  // view points into this store: valid while it lives.
+  virtual kernels::QuantizedKvRows QuantizedRows() const = 0;
   // Exact bytes held: codes, scales and zero points (not container slack).
   virtual int64_t bytes() const = 0;
 
