@@ -39,26 +39,70 @@ struct KvQuantKernels {
   using I = typename V::I;
   using Layout = QuantizedKvRows::Layout;
 
-  // Codes of channels [c0, c0 + m) of row r (m <= 16; lanes >= m unspecified).
-  // A block that starts on a byte boundary is unpacked from the stored bytes
-  // in registers (a partial block from a zero-filled copy of just its own
-  // bytes, never reading past them); otherwise code by code.
+  // A 16-lane block of channels [c0, c0 + m) (m <= 16) of every row, and
+  // where its per-token scales come from: `group` is the group (within a
+  // row) of all of its lanes, or -1 when its lanes span several groups.
+  // Fixed for a call, so the divisions are done once.
+  struct BlockPlan {
+    int c0 = 0, m = 0, group = -1;
+  };
+  static BlockPlan Plan(const QuantizedKvRows& x, int c0) {
+    BlockPlan b;
+    b.c0 = c0;
+    b.m = std::min(16, x.dim - c0);
+    if (x.layout != Layout::kPerChannelAsymmetric && c0 / x.group == (c0 + b.m - 1) / x.group) {
+      b.group = c0 / x.group;
+    }
+    return b;
+  }
+
+  // Where a row's scales start (per-token: [row][groups_per_row]; per-channel:
+  // [row / group][dim]), advanced row by row without dividing.
+  struct RowCursor {
+    int64_t row, base, step, in_group;
+    RowCursor(const QuantizedKvRows& x, int64_t first) : row(first) {
+      if (x.layout == Layout::kPerChannelAsymmetric) {
+        base = (first / x.group) * x.dim;
+        step = x.dim;
+        in_group = first % x.group;
+      } else {
+        step = (x.dim + x.group - 1) / x.group;
+        base = first * step;
+        in_group = 0;
+      }
+    }
+    void Next(const QuantizedKvRows& x) {
+      ++row;
+      if (x.layout != Layout::kPerChannelAsymmetric) {
+        base += step;
+      } else if (++in_group == x.group) {
+        in_group = 0;
+        base += step;
+      }
+    }
+  };
+
+  // Codes of block b of row r (lanes >= b.m unspecified). A block that starts
+  // on a byte boundary is unpacked from the stored bytes in registers; near
+  // the end of the codes (where a whole-block load would read past them) from
+  // a zero-filled copy of just its own bytes. Otherwise code by code.
   template <int kBits>
-  static I Codes(const QuantizedKvRows& x, int64_t r, int c0, int m) {
-    const int64_t index = r * x.dim + c0;
+  static I Codes(const QuantizedKvRows& x, int64_t code_bytes, int64_t r, const BlockPlan& b) {
+    constexpr int64_t kBlockBytes = 16 * kBits / 8;
+    const int64_t index = r * x.dim + b.c0;
     const int64_t bit = index * kBits;
     if (bit % 8 == 0) {
       const uint8_t* p = x.codes + bit / 8;
-      if (m == 16) return V::template Unpack<kBits>(p);
+      if (bit / 8 + kBlockBytes <= code_bytes) return V::template Unpack<kBits>(p);
       alignas(16) uint8_t buf[16] = {};
-      std::memcpy(buf, p, static_cast<size_t>((m * kBits + 7) / 8));
+      std::memcpy(buf, p, static_cast<size_t>((b.m * kBits + 7) / 8));
       return V::template Unpack<kBits>(buf);
     }
     constexpr unsigned kMask = (1u << kBits) - 1u;
     alignas(16) uint8_t buf[16] = {};
-    for (int l = 0; l < m; ++l) {
-      const int64_t b = (index + l) * kBits;
-      buf[l] = static_cast<uint8_t>((x.codes[b / 8] >> (b % 8)) & kMask);
+    for (int l = 0; l < b.m; ++l) {
+      const int64_t at = (index + l) * kBits;
+      buf[l] = static_cast<uint8_t>((x.codes[at / 8] >> (at % 8)) & kMask);
     }
     return V::template Unpack<8>(buf);
   }
@@ -66,30 +110,25 @@ struct KvQuantKernels {
   // The dequantised block: x(r, c0 + l) in lane l < m, +0 in the others (as
   // the f32 kernels' zero padding).
   template <Layout L, int kBits>
-  static F Block(const QuantizedKvRows& x, int64_t r, int c0, int m) {
-    const I u = Codes<kBits>(x, r, c0, m);
+  static F Block(const QuantizedKvRows& x, int64_t code_bytes, const RowCursor& row,
+                 const BlockPlan& b) {
+    const I u = Codes<kBits>(x, code_bytes, row.row, b);
     F s, z;
     if constexpr (L == Layout::kPerChannelAsymmetric) {
-      const int64_t at = (r / x.group) * x.dim + c0;
-      s = V::Load(x.scales + at, m);
-      z = V::Load(x.zeros + at, m);
-    } else {
-      const int64_t per_row = (x.dim + x.group - 1) / x.group;
-      const int64_t g0 = r * per_row + c0 / x.group;
-      const int64_t g1 = r * per_row + (c0 + m - 1) / x.group;
-      if (g0 == g1) {
-        s = V::Set1(x.scales[g0]);
-        z = L == Layout::kPerTokenAsymmetric ? V::Set1(x.zeros[g0]) : V::Zero();
-      } else {  // groups narrower than a block: one scale per lane
-        alignas(64) float sb[16] = {}, zb[16] = {};
-        for (int l = 0; l < m; ++l) {
-          const int64_t g = r * per_row + (c0 + l) / x.group;
-          sb[l] = x.scales[g];
-          if constexpr (L == Layout::kPerTokenAsymmetric) zb[l] = x.zeros[g];
-        }
-        s = V::Load(sb, 16);
-        z = V::Load(zb, 16);
+      s = V::Load(x.scales + row.base + b.c0, b.m);
+      z = V::Load(x.zeros + row.base + b.c0, b.m);
+    } else if (b.group >= 0) {
+      s = V::Set1(x.scales[row.base + b.group]);
+      z = L == Layout::kPerTokenAsymmetric ? V::Set1(x.zeros[row.base + b.group]) : V::Zero();
+    } else {  // groups narrower than a block: one scale per lane
+      alignas(64) float sb[16] = {}, zb[16] = {};
+      for (int l = 0; l < b.m; ++l) {
+        const int64_t g = row.base + (b.c0 + l) / x.group;
+        sb[l] = x.scales[g];
+        if constexpr (L == Layout::kPerTokenAsymmetric) zb[l] = x.zeros[g];
       }
+      s = V::Load(sb, 16);
+      z = V::Load(zb, 16);
     }
     F v;
     if constexpr (L == Layout::kPerTokenSymmetric) {
@@ -97,17 +136,25 @@ struct KvQuantKernels {
     } else {
       v = V::Add(V::Mul(V::ToFloat(u), s), z);
     }
-    return m == 16 ? v : V::KeepFirst(v, m);
+    return b.m == 16 ? v : V::KeepFirst(v, b.m);
   }
+
+  static int64_t CodeBytes(const QuantizedKvRows& x) { return (x.rows * x.dim * x.bits + 7) / 8; }
 
   template <Layout L, int kBits>
   static void Scores(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n,
                      float scale, float* scores) {
-    for (int64_t j = 0; j < n; ++j) {
+    constexpr int kPlanned = 32;  // head dims up to 512 planned once per call
+    BlockPlan plans[kPlanned];
+    const int blocks = (k.dim + 15) / 16;
+    for (int i = 0; i < std::min(blocks, kPlanned); ++i) plans[i] = Plan(k, 16 * i);
+    const int64_t code_bytes = CodeBytes(k);
+    RowCursor row(k, first);
+    for (int64_t j = 0; j < n; ++j, row.Next(k)) {
       F acc = V::Zero();
-      for (int c0 = 0; c0 < k.dim; c0 += 16) {
-        const int m = std::min(16, k.dim - c0);
-        acc = V::Fma(V::Load(q + c0, m), Block<L, kBits>(k, first + j, c0, m), acc);
+      for (int i = 0; i < blocks; ++i) {
+        const BlockPlan b = i < kPlanned ? plans[i] : Plan(k, 16 * i);
+        acc = V::Fma(V::Load(q + b.c0, b.m), Block<L, kBits>(k, code_bytes, row, b), acc);
       }
       scores[j] = V::Reduce(acc) * scale;
     }
@@ -119,18 +166,20 @@ struct KvQuantKernels {
   static void AccumulateChunks(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
                                int d0, float* out) {
     F acc[C];
-    int m[C];
+    BlockPlan plans[C];
     for (int c = 0; c < C; ++c) {
-      m[c] = std::min(16, v.dim - d0 - 16 * c);
-      acc[c] = V::Load(out + d0 + 16 * c, m[c]);
+      plans[c] = Plan(v, d0 + 16 * c);
+      acc[c] = V::Load(out + plans[c].c0, plans[c].m);
     }
-    for (int64_t j = 0; j < n; ++j) {
+    const int64_t code_bytes = CodeBytes(v);
+    RowCursor row(v, first);
+    for (int64_t j = 0; j < n; ++j, row.Next(v)) {
       const F pj = V::Set1(p[j]);
       for (int c = 0; c < C; ++c) {
-        acc[c] = V::Fma(pj, Block<L, kBits>(v, first + j, d0 + 16 * c, m[c]), acc[c]);
+        acc[c] = V::Fma(pj, Block<L, kBits>(v, code_bytes, row, plans[c]), acc[c]);
       }
     }
-    for (int c = 0; c < C; ++c) V::Store(out + d0 + 16 * c, acc[c], m[c]);
+    for (int c = 0; c < C; ++c) V::Store(out + plans[c].c0, acc[c], plans[c].m);
   }
 
   template <Layout L, int kBits>
