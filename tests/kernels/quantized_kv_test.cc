@@ -54,6 +54,21 @@ Stored MakeRows(std::mt19937_64& rng, Layout layout, int bits, int dim, int grou
   return s;
 }
 
+struct Format {
+  Layout layout;
+  int bits;
+  int group;  // 0: the whole row (per-token) / 1 token (per-channel)
+};
+
+// 96 rows (a multiple of every per-channel group) of format f; a per-token
+// group is at most the row.
+Stored MakeRows(std::mt19937_64& rng, const Format& f, int dim) {
+  const bool channel = f.layout == Layout::kPerChannelAsymmetric;
+  const int group =
+      f.group == 0 ? (channel ? 1 : dim) : (channel ? f.group : std::min(f.group, dim));
+  return MakeRows(rng, f.layout, f.bits, dim, group, 96);
+}
+
 // Element (r, c) as the definition states it, from the stored bytes.
 float Element(const QuantizedKvRows& x, int64_t r, int c) {
   const int64_t bit = (r * x.dim + c) * x.bits;
@@ -99,12 +114,6 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-struct Format {
-  Layout layout;
-  int bits;
-  int group;  // 0: the whole row (per-token) / 1 token (per-channel)
-};
-
 std::string Name(const Format& f, int dim) {
   const char* layout = f.layout == Layout::kPerTokenSymmetric    ? "sym"
                        : f.layout == Layout::kPerTokenAsymmetric ? "asym"
@@ -136,13 +145,9 @@ TEST(QuantizedKvTest, ScoresMatchTheDefinitionOnEveryLevel) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const Format& f : Formats()) {
     for (int dim : kDims) {
-      const int group =
-          f.group == 0
-              ? (f.layout == Layout::kPerChannelAsymmetric ? 1 : dim)
-              : std::min(f.group, f.layout == Layout::kPerChannelAsymmetric ? f.group : dim);
       SCOPED_TRACE(Name(f, dim));
-      const int64_t rows = 96;  // a multiple of every per-channel group
-      const Stored s = MakeRows(rng, f.layout, f.bits, dim, group, rows);
+      const Stored s = MakeRows(rng, f, dim);
+      const int64_t rows = s.view.rows;
       std::vector<float> q(static_cast<size_t>(dim));
       for (float& x : q) x = u(rng);
       const float scale = 0.37f;
@@ -177,13 +182,9 @@ TEST(QuantizedKvTest, ValueSumsMatchTheDefinitionOnEveryLevel) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const Format& f : Formats()) {
     for (int dim : kDims) {
-      const int group =
-          f.group == 0
-              ? (f.layout == Layout::kPerChannelAsymmetric ? 1 : dim)
-              : std::min(f.group, f.layout == Layout::kPerChannelAsymmetric ? f.group : dim);
       SCOPED_TRACE(Name(f, dim));
-      const int64_t rows = 96;
-      const Stored s = MakeRows(rng, f.layout, f.bits, dim, group, rows);
+      const Stored s = MakeRows(rng, f, dim);
+      const int64_t rows = s.view.rows;
       std::vector<float> p(static_cast<size_t>(rows)), init(static_cast<size_t>(dim));
       for (float& x : p) x = u(rng);
       for (float& x : init) x = u(rng);  // the kernel accumulates onto out
