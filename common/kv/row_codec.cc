@@ -260,9 +260,12 @@ class QuantRowStore final : public RowStore {
 
   void Decode(int64_t i, float* out) const override { DecodeRows(i, 1, out); }
 
-  // Attention decodes every compressed row of every layer for every draft
-  // step, so this is the drafter's inner loop: the codes of a run of rows are
-  // unpacked at once, then each row is one tight loop per group. The
+  // Attention over a non-CPU backend (and CompressedSequenceKv with
+  // set_fused_attention(false)) decodes every compressed row of every layer
+  // for every draft step through here: the codes of a run of rows are
+  // unpacked at once, then each row is one tight loop per group. The fused
+  // kernels (kernels/quantized_kv.h) compute each element with the same
+  // expression, in registers. The
   // arithmetic per element is that of the format (row_codec_test checks it
   // bit for bit against a plain decoder of the stored form).
   void DecodeRows(int64_t first, int64_t n, float* out) const override {

@@ -1,7 +1,9 @@
 // Storage formats for rows of K or V (one row = one token of one KV head,
 // head_dim floats): full precision, or quantised. A compressed KV view keeps
-// its rows in one of these and dequantises a row at a time inside attention,
-// so no full-precision copy of a compressed cache is ever materialised.
+// its rows in one of these; attention reads quantised rows in place (the
+// fused kernels of kernels/quantized_kv.h, through QuantizedRows) or decodes
+// a short run of rows at a time, so no full-precision copy of a compressed
+// cache is ever materialised.
 //
 // Formats:
 //  * f32: rows as they are.
