@@ -37,8 +37,8 @@ namespace {
 
 struct Options {
   std::string simd = "auto";  // scalar | avx2 | avx512 | auto
-  double min_seconds = 0.2;   // per timed sample
-  int samples = 5;            // median of this many samples per path
+  double min_seconds = 0.1;   // per path per sample
+  int samples = 7;            // medians over this many samples
   bool quick = false;         // CI smoke: short prefixes, short samples
 };
 
@@ -81,23 +81,23 @@ void AttendOnce(const kernels::KernelBackend& backend, const ModelConfig& c, con
   }
 }
 
-// Median over samples of the seconds per AttendOnce call.
+// Seconds per call of fn, over calls filling at least min_seconds.
 template <typename Fn>
-double SecondsPerToken(const Options& o, Fn fn) {
-  std::vector<double> samples;
-  for (int s = 0; s < o.samples; ++s) {
-    int64_t calls = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    double elapsed = 0;
-    do {
-      fn();
-      ++calls;
-      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } while (elapsed < o.min_seconds);
-    samples.push_back(elapsed / static_cast<double>(calls));
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+double TimePerCall(double min_seconds, Fn fn) {
+  int64_t calls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < min_seconds);
+  return elapsed / static_cast<double>(calls);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 absl::Status RunShape(const Options& o, const kernels::KernelBackend& backend, const Shape& shape,
@@ -119,10 +119,6 @@ absl::Status RunShape(const Options& o, const kernels::KernelBackend& backend, c
   for (float& x : q) x = normal(rng);
   std::vector<float> scores, out_f32(static_cast<size_t>(c.n_layers) * c.n_heads * c.head_dim);
   std::vector<float> out_decoded(out_f32.size()), out_fused(out_f32.size());
-  const double f32 =
-      SecondsPerToken(o, [&] { AttendOnce(backend, c, full, q, &scores, &out_f32); });
-  std::printf("%-12s %6d %-10s %12.1f %12s %12s %9s %9s %9s\n", shape.name, shape.prefix, "f32",
-              f32 * 1e6, "-", "-", "1.00", "-", "-");
   struct Method {
     const char* label;
     const char* name;
@@ -138,18 +134,29 @@ absl::Status RunShape(const Options& o, const kernels::KernelBackend& backend, c
     VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> prefix,
                         compressor->Compress(c, full, shape.prefix, stats));
     CompressedSequenceKv kv(c, prefix);
-    kv.set_fused_attention(false);
-    const double decoded =
-        SecondsPerToken(o, [&] { AttendOnce(backend, c, kv, q, &scores, &out_decoded); });
-    kv.set_fused_attention(true);
-    const double fused =
-        SecondsPerToken(o, [&] { AttendOnce(backend, c, kv, q, &scores, &out_fused); });
+    // The three paths take turns within each sample, so that a change in
+    // the machine's load hits all three; ratios are taken per sample.
+    std::vector<double> f32, decoded, fused, dec_ratio, fused_ratio, speedup;
+    for (int s = 0; s < o.samples; ++s) {
+      f32.push_back(
+          TimePerCall(o.min_seconds, [&] { AttendOnce(backend, c, full, q, &scores, &out_f32); }));
+      kv.set_fused_attention(false);
+      decoded.push_back(TimePerCall(o.min_seconds,
+                                    [&] { AttendOnce(backend, c, kv, q, &scores, &out_decoded); }));
+      kv.set_fused_attention(true);
+      fused.push_back(
+          TimePerCall(o.min_seconds, [&] { AttendOnce(backend, c, kv, q, &scores, &out_fused); }));
+      dec_ratio.push_back(decoded.back() / f32.back());
+      fused_ratio.push_back(fused.back() / f32.back());
+      speedup.push_back(decoded.back() / fused.back());
+    }
     const bool same =
         std::memcmp(out_decoded.data(), out_fused.data(), out_fused.size() * sizeof(float)) == 0;
     *all_identical = *all_identical && same;
-    std::printf("%-12s %6d %-10s %12.1f %12.1f %12.1f %9.2f %9.2f %9.2f%s\n", shape.name,
-                shape.prefix, m.label, f32 * 1e6, decoded * 1e6, fused * 1e6, decoded / f32,
-                fused / f32, decoded / fused, same ? "" : "  OUTPUTS DIFFER");
+    std::printf("%-12s %6d %-7s %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f%s\n", shape.name,
+                shape.prefix, m.label, Median(f32) * 1e6, Median(decoded) * 1e6,
+                Median(fused) * 1e6, Median(dec_ratio), Median(fused_ratio), Median(speedup),
+                same ? "" : "  OUTPUTS DIFFER");
   }
   return absl::OkStatus();
 }
@@ -181,9 +188,9 @@ absl::Status Main(int argc, char** argv) {
       {"synth-110M", MakeConfig(8, 16, 16, 64, 4096), o.quick ? 100 : 3000}};
   std::printf(
       "vc_kv_attention_bench: %s, 1 thread, microseconds of attention per token (every "
-      "layer and head over the prefix), median of %d samples\n",
+      "layer and head over the prefix); medians of %d samples, ratios taken per sample\n",
       backend->name().c_str(), o.samples);
-  std::printf("%-12s %6s %-10s %12s %12s %12s %9s %9s %9s\n", "shape", "prefix", "kv", "f32 us",
+  std::printf("%-12s %6s %-7s %10s %10s %10s %9s %9s %9s\n", "shape", "prefix", "kv", "f32 us",
               "decoded us", "fused us", "dec/f32", "fused/f32", "dec/fused");
   bool identical = true;
   for (const Shape& s : shapes) VC_RETURN_IF_ERROR(RunShape(o, *backend, s, &identical));

@@ -58,10 +58,12 @@ struct Avx2Vec {
       return {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
               _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
     } else if constexpr (kBits == 4) {
-      uint32_t w[2];
-      std::memcpy(w, p, sizeof(w));
-      const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-      return {Shifted(w[0], shifts, 0xF), Shifted(w[1], shifts, 0xF)};
+      // Code 2i is the low nibble of byte i, code 2i + 1 the high one.
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      const __m128i m = _mm_set1_epi8(0x0F);
+      const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+      const __m128i codes = _mm_unpacklo_epi8(lo, hi);
+      return {_mm256_cvtepu8_epi32(codes), _mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))};
     } else {
       uint32_t w;
       std::memcpy(&w, p, sizeof(w));

@@ -40,13 +40,11 @@ struct Avx512Vec {
     if constexpr (kBits == 8) {
       return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     } else if constexpr (kBits == 4) {
-      uint32_t w[2];
-      std::memcpy(w, p, sizeof(w));
-      const __m512i both = _mm512_inserti64x4(_mm512_set1_epi32(static_cast<int>(w[0])),
-                                              _mm256_set1_epi32(static_cast<int>(w[1])), 1);
-      const __m512i shifts =
-          _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-      return _mm512_and_si512(_mm512_srlv_epi32(both, shifts), _mm512_set1_epi32(0xF));
+      // Code 2i is the low nibble of byte i, code 2i + 1 the high one.
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      const __m128i m = _mm_set1_epi8(0x0F);
+      const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+      return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
     } else {
       uint32_t w;
       std::memcpy(&w, p, sizeof(w));

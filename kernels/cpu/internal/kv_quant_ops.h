@@ -58,10 +58,11 @@ struct KvQuantKernels {
 
   // Where a row's scales start (per-token: [row][groups_per_row]; per-channel:
   // [row / group][dim]), advanced row by row without dividing.
+  template <Layout L>
   struct RowCursor {
     int64_t row, base, step, in_group;
     RowCursor(const QuantizedKvRows& x, int64_t first) : row(first) {
-      if (x.layout == Layout::kPerChannelAsymmetric) {
+      if constexpr (L == Layout::kPerChannelAsymmetric) {
         base = (first / x.group) * x.dim;
         step = x.dim;
         in_group = first % x.group;
@@ -73,7 +74,7 @@ struct KvQuantKernels {
     }
     void Next(const QuantizedKvRows& x) {
       ++row;
-      if (x.layout != Layout::kPerChannelAsymmetric) {
+      if constexpr (L != Layout::kPerChannelAsymmetric) {
         base += step;
       } else if (++in_group == x.group) {
         in_group = 0;
@@ -110,7 +111,7 @@ struct KvQuantKernels {
   // The dequantised block: x(r, c0 + l) in lane l < m, +0 in the others (as
   // the f32 kernels' zero padding).
   template <Layout L, int kBits>
-  static F Block(const QuantizedKvRows& x, int64_t code_bytes, const RowCursor& row,
+  static F Block(const QuantizedKvRows& x, int64_t code_bytes, const RowCursor<L>& row,
                  const BlockPlan& b) {
     const I u = Codes<kBits>(x, code_bytes, row.row, b);
     F s, z;
@@ -149,7 +150,16 @@ struct KvQuantKernels {
     const int blocks = (k.dim + 15) / 16;
     for (int i = 0; i < std::min(blocks, kPlanned); ++i) plans[i] = Plan(k, 16 * i);
     const int64_t code_bytes = CodeBytes(k);
-    RowCursor row(k, first);
+    RowCursor<L> row(k, first);
+    if (blocks == 1) {  // head dims up to 16: q stays in a register
+      const BlockPlan b = plans[0];
+      const F qv = V::Load(q, b.m);
+      for (int64_t j = 0; j < n; ++j, row.Next(k)) {
+        scores[j] =
+            V::Reduce(V::Fma(qv, Block<L, kBits>(k, code_bytes, row, b), V::Zero())) * scale;
+      }
+      return;
+    }
     for (int64_t j = 0; j < n; ++j, row.Next(k)) {
       F acc = V::Zero();
       for (int i = 0; i < blocks; ++i) {
@@ -172,7 +182,7 @@ struct KvQuantKernels {
       acc[c] = V::Load(out + plans[c].c0, plans[c].m);
     }
     const int64_t code_bytes = CodeBytes(v);
-    RowCursor row(v, first);
+    RowCursor<L> row(v, first);
     for (int64_t j = 0; j < n; ++j, row.Next(v)) {
       const F pj = V::Set1(p[j]);
       for (int c = 0; c < C; ++c) {
