@@ -33,6 +33,11 @@ const KvQuantOps* KvQuantAvx512Ops();  // null when not compiled in
 //   I SubConst(I, int); F ToFloat(I) (exact); float Reduce(F) (the fixed tree)
 // Templates only (every instantiation names the level's own V), so no code
 // compiled for one level can be linked into another.
+// The per-block helpers are forced inline: out of line, GCC keeps Block (a
+// function returning a vector) as a call per block, which costs more than
+// the block's arithmetic.
+#define VC_KVQ_INLINE [[gnu::always_inline]] inline
+
 template <class V>
 struct KvQuantKernels {
   using F = typename V::F;
@@ -46,7 +51,7 @@ struct KvQuantKernels {
   struct BlockPlan {
     int c0 = 0, m = 0, group = -1;
   };
-  static BlockPlan Plan(const QuantizedKvRows& x, int c0) {
+  VC_KVQ_INLINE static BlockPlan Plan(const QuantizedKvRows& x, int c0) {
     BlockPlan b;
     b.c0 = c0;
     b.m = std::min(16, x.dim - c0);
@@ -88,7 +93,8 @@ struct KvQuantKernels {
   // the end of the codes (where a whole-block load would read past them) from
   // a zero-filled copy of just its own bytes. Otherwise code by code.
   template <int kBits>
-  static I Codes(const QuantizedKvRows& x, int64_t code_bytes, int64_t r, const BlockPlan& b) {
+  VC_KVQ_INLINE static I Codes(const QuantizedKvRows& x, int64_t code_bytes, int64_t r,
+                               const BlockPlan& b) {
     constexpr int64_t kBlockBytes = 16 * kBits / 8;
     const int64_t index = r * x.dim + b.c0;
     const int64_t bit = index * kBits;
@@ -108,11 +114,26 @@ struct KvQuantKernels {
     return V::template Unpack<8>(buf);
   }
 
+  // Per-token scales (and zeros) lane by lane, for a block whose lanes span
+  // several groups (groups narrower than 16 channels: rare, kept out of line).
+  template <Layout L>
+  [[gnu::noinline]] static void LaneScales(const QuantizedKvRows& x, int64_t base,
+                                           const BlockPlan& b, F* s, F* z) {
+    alignas(64) float sb[16] = {}, zb[16] = {};
+    for (int l = 0; l < b.m; ++l) {
+      const int64_t g = base + (b.c0 + l) / x.group;
+      sb[l] = x.scales[g];
+      if constexpr (L == Layout::kPerTokenAsymmetric) zb[l] = x.zeros[g];
+    }
+    *s = V::Load(sb, 16);
+    *z = V::Load(zb, 16);
+  }
+
   // The dequantised block: x(r, c0 + l) in lane l < m, +0 in the others (as
   // the f32 kernels' zero padding).
   template <Layout L, int kBits>
-  static F Block(const QuantizedKvRows& x, int64_t code_bytes, const RowCursor<L>& row,
-                 const BlockPlan& b) {
+  VC_KVQ_INLINE static F Block(const QuantizedKvRows& x, int64_t code_bytes,
+                               const RowCursor<L>& row, const BlockPlan& b) {
     const I u = Codes<kBits>(x, code_bytes, row.row, b);
     F s, z;
     if constexpr (L == Layout::kPerChannelAsymmetric) {
@@ -122,14 +143,7 @@ struct KvQuantKernels {
       s = V::Set1(x.scales[row.base + b.group]);
       z = L == Layout::kPerTokenAsymmetric ? V::Set1(x.zeros[row.base + b.group]) : V::Zero();
     } else {  // groups narrower than a block: one scale per lane
-      alignas(64) float sb[16] = {}, zb[16] = {};
-      for (int l = 0; l < b.m; ++l) {
-        const int64_t g = row.base + (b.c0 + l) / x.group;
-        sb[l] = x.scales[g];
-        if constexpr (L == Layout::kPerTokenAsymmetric) zb[l] = x.zeros[g];
-      }
-      s = V::Load(sb, 16);
-      z = V::Load(zb, 16);
+      LaneScales<L>(x, row.base, b, &s, &z);
     }
     F v;
     if constexpr (L == Layout::kPerTokenSymmetric) {
@@ -267,5 +281,7 @@ struct KvQuantKernels {
   }
   static KvQuantOps Ops() { return {ScoresEntry, AccumulateEntry}; }
 };
+
+#undef VC_KVQ_INLINE
 
 }  // namespace vc::kernels::cpu
