@@ -311,9 +311,9 @@ TEST(DraftVerifyTest, DrafterOverQuantisedKvIsTheSameOnEverySimdLevelThreadCount
           for (bool fused : {true, false}) {
             for (int shape : {0, 1, 2}) {
               SCOPED_TRACE(::testing::Message()
-                           << "head_dim " << c.head_dim << " " << o.name << " bits " << o.bits << " " << simd
-                           << " x" << threads << (fused ? " fused" : " decoded") << " shape "
-                           << shape);
+                           << "head_dim " << c.head_dim << " " << o.name << " bits " << o.bits
+                           << " " << simd << " x" << threads << (fused ? " fused" : " decoded")
+                           << " shape " << shape);
               const std::vector<float> got = run(*engine, fused, shape);
               ASSERT_EQ(got.size(), drafts.size() * c.vocab_size);
               if (want.empty()) want = got;

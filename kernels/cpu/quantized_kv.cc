@@ -1,3 +1,5 @@
+// The public entry points of kernels/quantized_kv.h: CPU-only kernels, so the
+// level dispatch lives beside the per-level tables it chooses from.
 #include "kernels/quantized_kv.h"
 
 #include "kernels/cpu/internal/kv_quant_ops.h"
