@@ -140,79 +140,82 @@ std::vector<Format> Formats() {
 // value passes (130).
 constexpr int kDims[] = {1, 5, 8, 13, 16, 17, 31, 64, 80, 130};
 
-TEST(QuantizedKvTest, ScoresMatchTheDefinitionOnEveryLevel) {
-  std::mt19937_64 rng(7);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+// fn(rows, rng) for random rows of every format and head dim.
+template <typename Fn>
+void ForEveryFormatAndDim(uint64_t seed, Fn fn) {
+  std::mt19937_64 rng(seed);
   for (const Format& f : Formats()) {
     for (int dim : kDims) {
       SCOPED_TRACE(Name(f, dim));
-      const Stored s = MakeRows(rng, f, dim);
-      const int64_t rows = s.view.rows;
-      std::vector<float> q(static_cast<size_t>(dim));
-      for (float& x : q) x = u(rng);
-      const float scale = 0.37f;
-      // Runs that start at odd rows put 2- and 4-bit rows off byte boundaries.
-      for (const auto& [first, n] :
-           std::vector<std::pair<int64_t, int64_t>>{{0, rows}, {1, 7}, {3, 40}, {95, 1}}) {
-        std::vector<float> want(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j)
-          want[j] = ReferenceScore(q.data(), s.view, first + j, scale);
-        for (int64_t j = 0; j < n; ++j) {
-          double dot = 0, mag = 0;
-          for (int c = 0; c < dim; ++c) {
-            const double e = Element(s.view, first + j, c);
-            dot += double{q[c]} * e;
-            mag += std::fabs(double{q[c]} * e);
-          }
-          ASSERT_NEAR(want[j], dot * scale, 1e-6 * (mag + 1.0) * dim) << "row " << first + j;
-        }
-        for (SimdLevel level : Levels()) {
-          std::vector<float> got(static_cast<size_t>(n), -1.0f);
-          QuantizedScores(level, q.data(), s.view, first, n, scale, got.data());
-          EXPECT_TRUE(SameBits(got, want))
-              << SimdLevelName(level) << " rows [" << first << ", " << first + n << ")";
-        }
-      }
+      fn(MakeRows(rng, f, dim), rng);
     }
   }
 }
 
-TEST(QuantizedKvTest, ValueSumsMatchTheDefinitionOnEveryLevel) {
-  std::mt19937_64 rng(8);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const Format& f : Formats()) {
-    for (int dim : kDims) {
-      SCOPED_TRACE(Name(f, dim));
-      const Stored s = MakeRows(rng, f, dim);
-      const int64_t rows = s.view.rows;
-      std::vector<float> p(static_cast<size_t>(rows)), init(static_cast<size_t>(dim));
-      for (float& x : p) x = u(rng);
-      for (float& x : init) x = u(rng);  // the kernel accumulates onto out
-      for (const auto& [first, n] :
-           std::vector<std::pair<int64_t, int64_t>>{{0, rows}, {1, 7}, {3, 40}, {95, 1}}) {
-        std::vector<float> want = init;
-        std::vector<double> exact(init.begin(), init.end());
-        for (int64_t j = 0; j < n; ++j) {
-          for (int d = 0; d < dim; ++d) {
-            const float e = Element(s.view, first + j, d);
-            want[d] = std::fma(p[j], e, want[d]);
-            exact[d] += double{p[j]} * e;
-          }
+TEST(QuantizedKvTest, ScoresMatchTheDefinitionOnEveryLevel) {
+  ForEveryFormatAndDim(7, [](const Stored& s, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int dim = s.view.dim;
+    const int64_t rows = s.view.rows;
+    std::vector<float> q(static_cast<size_t>(dim));
+    for (float& x : q) x = u(rng);
+    const float scale = 0.37f;
+    // Runs that start at odd rows put 2- and 4-bit rows off byte boundaries.
+    for (const auto& [first, n] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, rows}, {1, 7}, {3, 40}, {95, 1}}) {
+      std::vector<float> want(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) want[j] = ReferenceScore(q.data(), s.view, first + j, scale);
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0, mag = 0;
+        for (int c = 0; c < dim; ++c) {
+          const double e = Element(s.view, first + j, c);
+          dot += double{q[c]} * e;
+          mag += std::fabs(double{q[c]} * e);
         }
-        for (int d = 0; d < dim; ++d) ASSERT_NEAR(want[d], exact[d], 1e-5 * (n + 1)) << d;
-        for (SimdLevel level : Levels()) {
-          // A guard after out: lanes past dim must never be written.
-          std::vector<float> got = init;
-          got.push_back(12345.0f);
-          QuantizedAccumulate(level, p.data(), s.view, first, n, got.data());
-          EXPECT_EQ(got.back(), 12345.0f) << SimdLevelName(level) << " wrote past out";
-          got.pop_back();
-          EXPECT_TRUE(SameBits(got, want))
-              << SimdLevelName(level) << " rows [" << first << ", " << first + n << ")";
-        }
+        ASSERT_NEAR(want[j], dot * scale, 1e-6 * (mag + 1.0) * dim) << "row " << first + j;
+      }
+      for (SimdLevel level : Levels()) {
+        std::vector<float> got(static_cast<size_t>(n), -1.0f);
+        QuantizedScores(level, q.data(), s.view, first, n, scale, got.data());
+        EXPECT_TRUE(SameBits(got, want))
+            << SimdLevelName(level) << " rows [" << first << ", " << first + n << ")";
       }
     }
-  }
+  });
+}
+
+TEST(QuantizedKvTest, ValueSumsMatchTheDefinitionOnEveryLevel) {
+  ForEveryFormatAndDim(8, [](const Stored& s, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int dim = s.view.dim;
+    const int64_t rows = s.view.rows;
+    std::vector<float> p(static_cast<size_t>(rows)), init(static_cast<size_t>(dim));
+    for (float& x : p) x = u(rng);
+    for (float& x : init) x = u(rng);  // the kernel accumulates onto out
+    for (const auto& [first, n] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, rows}, {1, 7}, {3, 40}, {95, 1}}) {
+      std::vector<float> want = init;
+      std::vector<double> exact(init.begin(), init.end());
+      for (int64_t j = 0; j < n; ++j) {
+        for (int d = 0; d < dim; ++d) {
+          const float e = Element(s.view, first + j, d);
+          want[d] = std::fma(p[j], e, want[d]);
+          exact[d] += double{p[j]} * e;
+        }
+      }
+      for (int d = 0; d < dim; ++d) ASSERT_NEAR(want[d], exact[d], 1e-5 * (n + 1)) << d;
+      for (SimdLevel level : Levels()) {
+        // A guard after out: lanes past dim must never be written.
+        std::vector<float> got = init;
+        got.push_back(12345.0f);
+        QuantizedAccumulate(level, p.data(), s.view, first, n, got.data());
+        EXPECT_EQ(got.back(), 12345.0f) << SimdLevelName(level) << " wrote past out";
+        got.pop_back();
+        EXPECT_TRUE(SameBits(got, want))
+            << SimdLevelName(level) << " rows [" << first << ", " << first + n << ")";
+      }
+    }
+  });
 }
 
 // Extreme codes and scales (all-zero and all-ones bytes, zero scales, large

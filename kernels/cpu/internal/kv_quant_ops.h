@@ -24,6 +24,11 @@ const KvQuantOps& KvQuantScalarOps();
 const KvQuantOps* KvQuantAvx2Ops();    // null when not compiled in
 const KvQuantOps* KvQuantAvx512Ops();  // null when not compiled in
 
+// The per-block helpers are forced inline: out of line, GCC keeps Block (a
+// function returning a vector) as a call per block, which costs more than
+// the block's arithmetic.
+#define VC_KVQ_INLINE [[gnu::always_inline]] inline
+
 // The kernels over a vector type V of 16 f32 lanes (F) and 16 i32 lanes (I):
 //   F Zero(); F Set1(float); F Load(const float* p, int m)  (lanes >= m zero)
 //   void Store(float* p, F v, int m)  (lanes < m only)
@@ -31,13 +36,9 @@ const KvQuantOps* KvQuantAvx512Ops();  // null when not compiled in
 //   F KeepFirst(F, int m)  (lanes >= m set to +0)
 //   I Unpack<bits>(const uint8_t* p)  (codes 0..15 from 16 * bits / 8 bytes)
 //   I SubConst(I, int); F ToFloat(I) (exact); float Reduce(F) (the fixed tree)
-// Templates only (every instantiation names the level's own V), so no code
-// compiled for one level can be linked into another.
-// The per-block helpers are forced inline: out of line, GCC keeps Block (a
-// function returning a vector) as a call per block, which costs more than
-// the block's arithmetic.
-#define VC_KVQ_INLINE [[gnu::always_inline]] inline
-
+// Members of a template over the level's own V (a type private to its
+// translation unit), so no kernel compiled for one level is shared with
+// another at link time.
 template <class V>
 struct KvQuantKernels {
   using F = typename V::F;
