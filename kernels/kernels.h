@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,10 @@ class KernelBackend {
   // e.g. "cpu/avx512".
   virtual std::string name() const = 0;
   virtual int threads() const = 0;
+  // The SIMD level of a CPU backend's kernels, so that kernels outside the
+  // backend (the fused compressed-KV attention, kernels/quantized_kv.h) run
+  // at the same level on the same host memory; nullopt for other backends.
+  virtual std::optional<SimdLevel> cpu_simd_level() const { return std::nullopt; }
   // The pool that the backend's own kernels use; callers may run their own
   // element-parallel loops on it (never from inside a kernel).
   virtual ThreadPool& pool() = 0;

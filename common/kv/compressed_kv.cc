@@ -1,9 +1,11 @@
 #include "common/kv/compressed_kv.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "kernels/quantized_kv.h"
 
 namespace vc {
 
@@ -238,6 +240,25 @@ void ForEachChunk(const RowStore& store, int64_t first, int64_t count, int head_
   }
 }
 
+// Rows [first, first + count) of `store`, in order. With `fused` on a CPU
+// backend: quantised(level, rows, j, n) over the quantised rows (the fused
+// kernels read them in place), then f32(j, rows, n) over the f32 rows after
+// them (in place too). Otherwise every row goes through f32, decoded in
+// chunks by ForEachChunk. Both give the same bits (kernels/quantized_kv.h).
+template <typename Quantised, typename F32>
+void ForEachRun(const RowStore& store, const kernels::KernelBackend& backend, bool fused,
+                int64_t first, int64_t count, int head_dim, Quantised quantised, F32 f32) {
+  const std::optional<kernels::SimdLevel> level = backend.cpu_simd_level();
+  if (!fused || !level.has_value()) {
+    ForEachChunk(store, first, count, head_dim, f32);
+    return;
+  }
+  const kernels::QuantizedKvRows rows = store.QuantizedRows();
+  const int64_t q = std::clamp<int64_t>(rows.rows - first, 0, count);
+  if (q > 0) quantised(*level, rows, int64_t{0}, q);
+  if (q < count) f32(q, store.RowIfF32(first + q), count - q);
+}
+
 }  // namespace
 
 void CompressedSequenceKv::Scores(const kernels::KernelBackend& backend, int layer, int kv_head,
@@ -246,10 +267,14 @@ void CompressedSequenceKv::Scores(const kernels::KernelBackend& backend, int lay
   const CompressedPrefix::Head& head = prefix_->layer(layer).heads[kv_head];
   const int64_t kept = static_cast<int64_t>(head.positions.size());
   const int64_t in_prefix = std::clamp<int64_t>(kept - range.first, 0, range.count);
-  ForEachChunk(*head.keys, range.first, in_prefix, head_dim_,
-               [&](int64_t j, const float* rows, int64_t n) {
-                 backend.AttentionScores(q, rows, n, head_dim_, scale, scores + j);
-               });
+  ForEachRun(
+      *head.keys, backend, fused_, range.first, in_prefix, head_dim_,
+      [&](kernels::SimdLevel level, const kernels::QuantizedKvRows& rows, int64_t j, int64_t n) {
+        kernels::QuantizedScores(level, q, rows, range.first + j, n, scale, scores + j);
+      },
+      [&](int64_t j, const float* rows, int64_t n) {
+        backend.AttentionScores(q, rows, n, head_dim_, scale, scores + j);
+      });
   if (in_prefix < range.count) {
     tail_->Scores(backend, layer, kv_head,
                  {range.first + in_prefix - kept, range.count - in_prefix}, q, scale,
@@ -262,10 +287,14 @@ void CompressedSequenceKv::MixValues(const kernels::KernelBackend& backend, int 
   const CompressedPrefix::Head& head = prefix_->layer(layer).heads[kv_head];
   const int64_t kept = static_cast<int64_t>(head.positions.size());
   const int64_t in_prefix = std::clamp<int64_t>(kept - range.first, 0, range.count);
-  ForEachChunk(*head.values, range.first, in_prefix, head_dim_,
-               [&](int64_t j, const float* rows, int64_t n) {
-                 backend.AccumulateValues(p + j, rows, n, head_dim_, out);
-               });
+  ForEachRun(
+      *head.values, backend, fused_, range.first, in_prefix, head_dim_,
+      [&](kernels::SimdLevel level, const kernels::QuantizedKvRows& rows, int64_t j, int64_t n) {
+        kernels::QuantizedAccumulate(level, p + j, rows, range.first + j, n, out);
+      },
+      [&](int64_t j, const float* rows, int64_t n) {
+        backend.AccumulateValues(p + j, rows, n, head_dim_, out);
+      });
   if (in_prefix < range.count) {
     tail_->MixValues(backend, layer, kv_head,
                     {range.first + in_prefix - kept, range.count - in_prefix}, p + in_prefix, out);

@@ -9,7 +9,10 @@
 // CompressedSequenceKv is a SequenceKv made of that prefix plus an exact,
 // full-precision tail for the tokens after it (drafted tokens, and accepted
 // tokens whose exact K/V the verifier refreshed). Attention reads the prefix
-// rows directly from their stored format, a row at a time.
+// rows directly from their stored format: on a CPU backend quantised rows go
+// to the fused kernels of kernels/quantized_kv.h, which read the codes in
+// place and give bit for bit what decoding the rows and running the
+// backend's f32 kernels gives (the path taken otherwise).
 //
 // Online compression (a compressor's Update, common/compress/compressor.h)
 // folds the oldest tail rows into a new, larger prefix and Rebase swaps it
@@ -107,6 +110,12 @@ class CompressedSequenceKv final : public SequenceKv {
   void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
                  const float* p, float* out) const override;
 
+  // False: decode quantised rows into an f32 buffer and run the backend's
+  // f32 kernels even on a CPU backend (the path before the fused kernels;
+  // the results are the same bits). For benchmarks and tests that compare
+  // the two. Default true.
+  void set_fused_attention(bool fused) { fused_ = fused; }
+
   const CompressedPrefix& prefix() const { return *prefix_; }
   // The exact tail (positions >= prefix_len).
   // Rebase replaces the tail object: do not keep references across it.
@@ -146,6 +155,7 @@ class CompressedSequenceKv final : public SequenceKv {
   std::shared_ptr<const CompressedPrefix> prefix_;
   std::unique_ptr<PagedKvCache> tail_;
   int32_t settled_;
+  bool fused_ = true;
 };
 
 }  // namespace vc

@@ -260,9 +260,12 @@ class QuantRowStore final : public RowStore {
 
   void Decode(int64_t i, float* out) const override { DecodeRows(i, 1, out); }
 
-  // Attention decodes every compressed row of every layer for every draft
-  // step, so this is the drafter's inner loop: the codes of a run of rows are
-  // unpacked at once, then each row is one tight loop per group. The
+  // Attention over a non-CPU backend (and CompressedSequenceKv with
+  // set_fused_attention(false)) decodes every compressed row of every layer
+  // for every draft step through here: the codes of a run of rows are
+  // unpacked at once, then each row is one tight loop per group. The fused
+  // kernels (kernels/quantized_kv.h) compute each element with the same
+  // expression, in registers. The
   // arithmetic per element is that of the format (row_codec_test checks it
   // bit for bit against a plain decoder of the stored form).
   void DecodeRows(int64_t first, int64_t n, float* out) const override {
@@ -297,6 +300,22 @@ class QuantRowStore final : public RowStore {
 
   const float* RowIfF32(int64_t i) const override {
     return i >= n_quant_ ? &residual_[(i - n_quant_) * dim_] : nullptr;
+  }
+
+  kernels::QuantizedKvRows QuantizedRows() const override {
+    using Layout = kernels::QuantizedKvRows::Layout;
+    kernels::QuantizedKvRows v;
+    v.layout = spec_.kind == Kind::kPerTokenSymmetric    ? Layout::kPerTokenSymmetric
+               : spec_.kind == Kind::kPerTokenAsymmetric ? Layout::kPerTokenAsymmetric
+                                                         : Layout::kPerChannelAsymmetric;
+    v.bits = spec_.bits;
+    v.dim = dim_;
+    v.group = group_;
+    v.rows = n_quant_;
+    v.codes = codes_.raw().data();
+    v.scales = scale_.data();
+    v.zeros = zero_.empty() ? nullptr : zero_.data();
+    return v;
   }
 
   void AppendSerialized(std::string* out) const override {
@@ -454,6 +473,11 @@ class F32RowStore final : public RowStore {
   F32RowStore(int64_t n, int dim, std::vector<float> data)
       : n_(n), dim_(dim), data_(std::move(data)) {}
   const float* RowIfF32(int64_t i) const override { return &data_[i * dim_]; }
+  kernels::QuantizedKvRows QuantizedRows() const override {
+    kernels::QuantizedKvRows v;
+    v.dim = dim_;
+    return v;  // no quantised rows
+  }
   int64_t bytes() const override { return static_cast<int64_t>(data_.size() * sizeof(float)); }
   void AppendSerialized(std::string* out) const override {
     PutHeader(out, RowCodecSpec::F32(), n_, dim_);

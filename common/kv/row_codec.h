@@ -1,7 +1,9 @@
 // Storage formats for rows of K or V (one row = one token of one KV head,
 // head_dim floats): full precision, or quantised. A compressed KV view keeps
-// its rows in one of these and dequantises a row at a time inside attention,
-// so no full-precision copy of a compressed cache is ever materialised.
+// its rows in one of these; attention reads quantised rows in place (the
+// fused kernels of kernels/quantized_kv.h, through QuantizedRows) or decodes
+// a short run of rows at a time, so no full-precision copy of a compressed
+// cache is ever materialised.
 //
 // Formats:
 //  * f32: rows as they are.
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/quantized_kv.h"
 
 namespace vc {
 
@@ -58,6 +61,11 @@ class RowStore {
   // stored as f32 are contiguous: RowIfF32(i + 1) == RowIfF32(i) + dim()
   // whenever both are non-null.
   virtual const float* RowIfF32(int64_t i) const = 0;
+  // The quantised rows [0, view.rows) in place, for the fused attention
+  // kernels (their element is exactly what Decode writes); every row from
+  // view.rows on is f32 (RowIfF32). view.rows is 0 for an f32 store. The
+  // view points into this store: valid while it lives.
+  virtual kernels::QuantizedKvRows QuantizedRows() const = 0;
   // Exact bytes held: codes, scales and zero points (not container slack).
   virtual int64_t bytes() const = 0;
 

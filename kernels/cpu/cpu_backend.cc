@@ -35,6 +35,7 @@ class CpuBackend final : public KernelBackend {
 
   std::string name() const override { return absl::StrCat("cpu/", std::string(SimdLevelName(level_))); }
   int threads() const override { return pool_.num_threads(); }
+  std::optional<SimdLevel> cpu_simd_level() const override { return level_; }
   ThreadPool& pool() override { return pool_; }
 
   float Dot(const float* a, const float* b, int64_t n) const override { return ops_.dot(a, b, n); }

@@ -162,6 +162,25 @@ class CompressedKvTest : public ::testing::Test {
     auto backend = kernels::CreateBackend({.name = "cpu", .threads = 1, .simd = "scalar"});
     ASSERT_TRUE(backend.ok()) << backend.status();
     backend_ = std::move(*backend);
+    // Every SIMD level this CPU has: the fused kernels run at the backend's.
+    for (const char* simd : {"scalar", "avx2", "avx512"}) {
+      if (!kernels::ParseSimdLevel(simd).ok()) continue;
+      auto b = kernels::CreateBackend({.name = "cpu", .threads = 2, .simd = simd});
+      ASSERT_TRUE(b.ok()) << b.status();
+      levels_.push_back(std::move(*b));
+    }
+  }
+
+  // The brute-force check on every level, fused and through the decode path.
+  void CheckEveryLevel(CompressedSequenceKv& kv) {
+    for (const auto& backend : levels_) {
+      for (bool fused : {true, false}) {
+        SCOPED_TRACE(backend->name() + (fused ? " fused" : " decoded"));
+        kv.set_fused_attention(fused);
+        CheckAgainstBruteForce(config_, kv, *backend);
+      }
+    }
+    kv.set_fused_attention(true);
   }
 
   std::shared_ptr<const CompressedPrefix> MustBuild(const Kept& kept, const RowCodecSpec& k,
@@ -174,6 +193,7 @@ class CompressedKvTest : public ::testing::Test {
   ModelConfig config_ = Config();
   std::unique_ptr<PagedKvCache> full_;
   std::unique_ptr<kernels::KernelBackend> backend_;
+  std::vector<std::unique_ptr<kernels::KernelBackend>> levels_;
 };
 
 TEST_F(CompressedKvTest, ViewMatchesBruteForceForEveryFormat) {
@@ -182,6 +202,9 @@ TEST_F(CompressedKvTest, ViewMatchesBruteForceForEveryFormat) {
       {{Kind::kPerChannelAsymmetric, 2, 3, 2}, {Kind::kPerTokenAsymmetric, 2, 4, 2}},
       {{Kind::kPerChannelAsymmetric, 4, 4, 0}, {Kind::kPerTokenAsymmetric, 4, 0, 0}},
       {{Kind::kPerTokenSymmetric, 8, 0, 0}, {Kind::kPerTokenSymmetric, 8, 0, 0}},
+      // Residual f32 rows after the quantised ones, groups narrower than a row.
+      {{Kind::kPerTokenSymmetric, 8, 3, 5}, {Kind::kPerTokenSymmetric, 4, 0, 5}},
+      {{Kind::kPerChannelAsymmetric, 2, 4, 4}, {Kind::kPerTokenAsymmetric, 4, 3, 7}},
   };
   for (const Kept& kept : {SomeKept(), AllKept(config_)}) {
     for (const auto& [ks, vs] : formats) {
@@ -193,13 +216,13 @@ TEST_F(CompressedKvTest, ViewMatchesBruteForceForEveryFormat) {
       EXPECT_EQ(kv.Keys(0, 0, 0, 1000).count, static_cast<int64_t>(kept[0][0].size()));
       ASSERT_TRUE(kv.Append(kTail).ok());
       FillRandom(config_, kv, kPrefix, kTail, 2);
-      CheckAgainstBruteForce(config_, kv, *backend_);
+      CheckEveryLevel(kv);
       // Rolling back part of the tail (rejected drafts) shrinks the view.
       kv.Truncate(kPrefix + 2);
       EXPECT_EQ(kv.next_position(), kPrefix + 2);
-      CheckAgainstBruteForce(config_, kv, *backend_);
+      CheckEveryLevel(kv);
       kv.Truncate(kPrefix);
-      CheckAgainstBruteForce(config_, kv, *backend_);
+      CheckEveryLevel(kv);
     }
   }
 }

@@ -7,13 +7,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "common/compress/attention_stats.h"
+#include "common/compress/compressor.h"
 #include "common/decode/full_decode.h"
+#include "common/kv/compressed_kv.h"
 #include "common/model/quantized_weights.h"
 #include "gtest/gtest.h"
 #include "tests/common/sampling/chi_square.h"
@@ -235,6 +239,91 @@ TEST(DraftVerifyTest, SeededSamplingIsExact) {
   reqs.push_back(MakeRequest(*f.engine, prompt, ro));
   ASSERT_TRUE(RunBatch(*f.engine, reqs).ok());
   EXPECT_EQ(reqs[0]->output(), expected);
+}
+
+// The drafter's forward pass over INT8 / KIVI compressed KV (its attention
+// runs the fused kernels of kernels/quantized_kv.h at the backend's SIMD
+// level) gives the same logits, bit for bit, on every SIMD level, thread
+// count and batch shape, and the same as decoding the rows first
+// (set_fused_attention(false)). Head dims 8 and 20 (one partial 16-lane
+// block; a full block and a partial one); KIVI with groups of 3 tokens /
+// channels and f32 residual rows.
+TEST(DraftVerifyTest, DrafterOverQuantisedKvIsTheSameOnEverySimdLevelThreadCountAndBatch) {
+  ModelConfig wide = SmallConfig();
+  wide.dim = 40;
+  wide.n_heads = 2;
+  wide.n_kv_heads = 2;
+  wide.head_dim = 20;
+  constexpr int32_t kPrompt = 60;
+  std::vector<CompressorOptions> compressors(3);
+  compressors[0].name = "int8";
+  compressors[1].name = "kivi";
+  compressors[1].bits = 2;
+  compressors[2].name = "kivi";
+  compressors[2].bits = 4;
+  compressors[2].quant_group = 3;
+  compressors[2].residual = 5;
+  const std::vector<int32_t> drafts = {5, 9, 14, 3, 22};
+  for (const ModelConfig& c : {SmallConfig(), wide}) {
+    auto model = std::move(Model::CreateRandom(c, 31)).value();
+    const auto prompt = RandomPrompt(kPrompt, c.vocab_size, 5);
+    auto prefiller = std::move(Engine::Create(*model, EngineOptions{})).value();
+    PagedKvCache full(c);
+    AttentionStats stats(c, kPrompt, 8);
+    const SequenceInput prefill{&full, prompt, kPrompt, &stats};
+    std::vector<float> ignored;
+    ASSERT_TRUE(prefiller->Forward({&prefill, 1}, &ignored).ok());
+    for (const CompressorOptions& o : compressors) {
+      auto compressor = std::move(CreateCompressor(o)).value();
+      auto prefix = compressor->Compress(c, full, kPrompt, stats);
+      ASSERT_TRUE(prefix.ok()) << prefix.status();
+      // Logits of the drafts run through a fresh view of the prefix: all at
+      // once, one at a time, or in a batch beside a second sequence.
+      auto run = [&](Engine& e, bool fused, int shape) {
+        CompressedSequenceKv kv(c, *prefix), other(c, *prefix);
+        kv.set_fused_attention(fused);
+        std::vector<float> out, logits;
+        if (shape == 0) {
+          const SequenceInput in{&kv, drafts, 0};
+          EXPECT_TRUE(e.Forward({&in, 1}, &out).ok());
+        } else if (shape == 1) {
+          for (size_t i = 0; i < drafts.size(); ++i) {
+            const SequenceInput in{&kv, std::span<const int32_t>(&drafts[i], 1), 0};
+            EXPECT_TRUE(e.Forward({&in, 1}, &logits).ok());
+            out.insert(out.end(), logits.begin(), logits.end());
+          }
+        } else {
+          const std::vector<int32_t> two = {7, 8};
+          const SequenceInput in[2] = {{&other, two, 0}, {&kv, drafts, 0}};
+          EXPECT_TRUE(e.Forward(in, &logits).ok());
+          out.assign(logits.begin() + 2 * c.vocab_size, logits.end());
+        }
+        return out;
+      };
+      std::vector<float> want;
+      for (const char* simd : {"scalar", "avx2", "avx512"}) {
+        if (!kernels::ParseSimdLevel(simd).ok()) continue;  // the CPU lacks it
+        for (int threads : {1, 2}) {
+          EngineOptions eo;
+          eo.backend.threads = threads;
+          eo.backend.simd = simd;
+          auto engine = std::move(Engine::Create(*model, eo)).value();
+          for (bool fused : {true, false}) {
+            for (int shape : {0, 1, 2}) {
+              SCOPED_TRACE(::testing::Message()
+                           << "head_dim " << c.head_dim << " " << o.name << " bits " << o.bits
+                           << " " << simd << " x" << threads << (fused ? " fused" : " decoded")
+                           << " shape " << shape);
+              const std::vector<float> got = run(*engine, fused, shape);
+              ASSERT_EQ(got.size(), drafts.size() * c.vocab_size);
+              if (want.empty()) want = got;
+              EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // Rejection sampling must draw from the full-KV distribution. Compare the

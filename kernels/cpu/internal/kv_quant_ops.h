@@ -1,0 +1,288 @@
+// Private to kernels/: the fused attention kernels over quantised K/V rows
+// (kernels/quantized_kv.h states their numerics), one table per SIMD level.
+// The algorithm is written once, in KvQuantKernels below, over a 16-lane
+// vector type that each level's translation unit supplies (compiled with that
+// level's -m flags, like simd_ops.h and quant_ops.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/quantized_kv.h"
+
+namespace vc::kernels::cpu {
+
+struct KvQuantOps {
+  void (*scores)(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n, float scale,
+                 float* scores);
+  void (*accumulate)(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                     float* out);
+};
+
+const KvQuantOps& KvQuantScalarOps();
+const KvQuantOps* KvQuantAvx2Ops();    // null when not compiled in
+const KvQuantOps* KvQuantAvx512Ops();  // null when not compiled in
+
+// The per-block helpers are forced inline: out of line, GCC keeps Block (a
+// function returning a vector) as a call per block, which costs more than
+// the block's arithmetic.
+#define VC_KVQ_INLINE [[gnu::always_inline]] inline
+
+// The kernels over a vector type V of 16 f32 lanes (F) and 16 i32 lanes (I):
+//   F Zero(); F Set1(float); F Load(const float* p, int m)  (lanes >= m zero)
+//   void Store(float* p, F v, int m)  (lanes < m only)
+//   F Mul(F, F); F Add(F, F); F Fma(F a, F b, F c) (a * b + c, one rounding)
+//   F KeepFirst(F, int m)  (lanes >= m set to +0)
+//   I Unpack<bits>(const uint8_t* p)  (codes 0..15 from 16 * bits / 8 bytes)
+//   I SubConst(I, int); F ToFloat(I) (exact); float Reduce(F) (the fixed tree)
+// Members of a template over the level's own V (a type private to its
+// translation unit), so no kernel compiled for one level is shared with
+// another at link time.
+template <class V>
+struct KvQuantKernels {
+  using F = typename V::F;
+  using I = typename V::I;
+  using Layout = QuantizedKvRows::Layout;
+
+  // A 16-lane block of channels [c0, c0 + m) (m <= 16) of every row, and
+  // where its per-token scales come from: `group` is the group (within a
+  // row) of all of its lanes, or -1 when its lanes span several groups.
+  // Fixed for a call, so the divisions are done once.
+  struct BlockPlan {
+    int c0 = 0, m = 0, group = -1;
+  };
+  VC_KVQ_INLINE static BlockPlan Plan(const QuantizedKvRows& x, int c0) {
+    BlockPlan b;
+    b.c0 = c0;
+    b.m = std::min(16, x.dim - c0);
+    if (x.layout != Layout::kPerChannelAsymmetric && c0 / x.group == (c0 + b.m - 1) / x.group) {
+      b.group = c0 / x.group;
+    }
+    return b;
+  }
+
+  // Where a row's scales start (per-token: [row][groups_per_row]; per-channel:
+  // [row / group][dim]), advanced row by row without dividing.
+  template <Layout L>
+  struct RowCursor {
+    int64_t row, base, step, in_group;
+    RowCursor(const QuantizedKvRows& x, int64_t first) : row(first) {
+      if constexpr (L == Layout::kPerChannelAsymmetric) {
+        base = (first / x.group) * x.dim;
+        step = x.dim;
+        in_group = first % x.group;
+      } else {
+        step = (x.dim + x.group - 1) / x.group;
+        base = first * step;
+        in_group = 0;
+      }
+    }
+    void Next(const QuantizedKvRows& x) {
+      ++row;
+      if constexpr (L != Layout::kPerChannelAsymmetric) {
+        base += step;
+      } else if (++in_group == x.group) {
+        in_group = 0;
+        base += step;
+      }
+    }
+  };
+
+  // Codes of block b of row r (lanes >= b.m unspecified). A block that starts
+  // on a byte boundary is unpacked from the stored bytes in registers; near
+  // the end of the codes (where a whole-block load would read past them) from
+  // a zero-filled copy of just its own bytes. Otherwise code by code.
+  template <int kBits>
+  VC_KVQ_INLINE static I Codes(const QuantizedKvRows& x, int64_t code_bytes, int64_t r,
+                               const BlockPlan& b) {
+    constexpr int64_t kBlockBytes = 16 * kBits / 8;
+    const int64_t index = r * x.dim + b.c0;
+    const int64_t bit = index * kBits;
+    if (bit % 8 == 0) {
+      const uint8_t* p = x.codes + bit / 8;
+      if (bit / 8 + kBlockBytes <= code_bytes) return V::template Unpack<kBits>(p);
+      alignas(16) uint8_t buf[16] = {};
+      std::memcpy(buf, p, static_cast<size_t>((b.m * kBits + 7) / 8));
+      return V::template Unpack<kBits>(buf);
+    }
+    constexpr unsigned kMask = (1u << kBits) - 1u;
+    alignas(16) uint8_t buf[16] = {};
+    for (int l = 0; l < b.m; ++l) {
+      const int64_t at = (index + l) * kBits;
+      buf[l] = static_cast<uint8_t>((x.codes[at / 8] >> (at % 8)) & kMask);
+    }
+    return V::template Unpack<8>(buf);
+  }
+
+  // Per-token scales (and zeros) lane by lane, for a block whose lanes span
+  // several groups (groups narrower than 16 channels: rare, kept out of line).
+  template <Layout L>
+  [[gnu::noinline]] static void LaneScales(const QuantizedKvRows& x, int64_t base,
+                                           const BlockPlan& b, F* s, F* z) {
+    alignas(64) float sb[16] = {}, zb[16] = {};
+    for (int l = 0; l < b.m; ++l) {
+      const int64_t g = base + (b.c0 + l) / x.group;
+      sb[l] = x.scales[g];
+      if constexpr (L == Layout::kPerTokenAsymmetric) zb[l] = x.zeros[g];
+    }
+    *s = V::Load(sb, 16);
+    *z = V::Load(zb, 16);
+  }
+
+  // The dequantised block: x(r, c0 + l) in lane l < m, +0 in the others (as
+  // the f32 kernels' zero padding).
+  template <Layout L, int kBits>
+  VC_KVQ_INLINE static F Block(const QuantizedKvRows& x, int64_t code_bytes,
+                               const RowCursor<L>& row, const BlockPlan& b) {
+    const I u = Codes<kBits>(x, code_bytes, row.row, b);
+    F s, z;
+    if constexpr (L == Layout::kPerChannelAsymmetric) {
+      s = V::Load(x.scales + row.base + b.c0, b.m);
+      z = V::Load(x.zeros + row.base + b.c0, b.m);
+    } else if (b.group >= 0) {
+      s = V::Set1(x.scales[row.base + b.group]);
+      z = L == Layout::kPerTokenAsymmetric ? V::Set1(x.zeros[row.base + b.group]) : V::Zero();
+    } else {  // groups narrower than a block: one scale per lane
+      LaneScales<L>(x, row.base, b, &s, &z);
+    }
+    F v;
+    if constexpr (L == Layout::kPerTokenSymmetric) {
+      v = V::Mul(V::ToFloat(V::SubConst(u, (1 << (kBits - 1)) - 1)), s);
+    } else {
+      v = V::Add(V::Mul(V::ToFloat(u), s), z);
+    }
+    return b.m == 16 ? v : V::KeepFirst(v, b.m);
+  }
+
+  static int64_t CodeBytes(const QuantizedKvRows& x) { return (x.rows * x.dim * x.bits + 7) / 8; }
+
+  template <Layout L, int kBits>
+  static void Scores(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n,
+                     float scale, float* scores) {
+    constexpr int kPlanned = 32;  // head dims up to 512 planned once per call
+    BlockPlan plans[kPlanned];
+    const int blocks = (k.dim + 15) / 16;
+    for (int i = 0; i < std::min(blocks, kPlanned); ++i) plans[i] = Plan(k, 16 * i);
+    const int64_t code_bytes = CodeBytes(k);
+    RowCursor<L> row(k, first);
+    if (blocks == 1) {  // head dims up to 16: q stays in a register
+      const BlockPlan b = plans[0];
+      const F qv = V::Load(q, b.m);
+      for (int64_t j = 0; j < n; ++j, row.Next(k)) {
+        scores[j] =
+            V::Reduce(V::Fma(qv, Block<L, kBits>(k, code_bytes, row, b), V::Zero())) * scale;
+      }
+      return;
+    }
+    for (int64_t j = 0; j < n; ++j, row.Next(k)) {
+      F acc = V::Zero();
+      for (int i = 0; i < blocks; ++i) {
+        const BlockPlan b = i < kPlanned ? plans[i] : Plan(k, 16 * i);
+        acc = V::Fma(V::Load(q + b.c0, b.m), Block<L, kBits>(k, code_bytes, row, b), acc);
+      }
+      scores[j] = V::Reduce(acc) * scale;
+    }
+  }
+
+  // C 16-lane chunks of out starting at channel d0 (up to 64 channels per
+  // pass): C independent FMA chains per key, each in key order.
+  template <Layout L, int kBits, int C>
+  static void AccumulateChunks(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                               int d0, float* out) {
+    F acc[C];
+    BlockPlan plans[C];
+    for (int c = 0; c < C; ++c) {
+      plans[c] = Plan(v, d0 + 16 * c);
+      acc[c] = V::Load(out + plans[c].c0, plans[c].m);
+    }
+    const int64_t code_bytes = CodeBytes(v);
+    RowCursor<L> row(v, first);
+    for (int64_t j = 0; j < n; ++j, row.Next(v)) {
+      const F pj = V::Set1(p[j]);
+      for (int c = 0; c < C; ++c) {
+        acc[c] = V::Fma(pj, Block<L, kBits>(v, code_bytes, row, plans[c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < C; ++c) V::Store(out + plans[c].c0, acc[c], plans[c].m);
+  }
+
+  template <Layout L, int kBits>
+  static void Accumulate(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                         float* out) {
+    for (int d0 = 0; d0 < v.dim; d0 += 64) {
+      switch ((std::min(64, v.dim - d0) + 15) / 16) {
+        case 1:
+          AccumulateChunks<L, kBits, 1>(p, v, first, n, d0, out);
+          break;
+        case 2:
+          AccumulateChunks<L, kBits, 2>(p, v, first, n, d0, out);
+          break;
+        case 3:
+          AccumulateChunks<L, kBits, 3>(p, v, first, n, d0, out);
+          break;
+        default:
+          AccumulateChunks<L, kBits, 4>(p, v, first, n, d0, out);
+          break;
+      }
+    }
+  }
+
+  // One instantiation per (layout, bits), chosen once per call.
+  template <template <Layout, int> class Op, class... Args>
+  static void Dispatch(const QuantizedKvRows& x, Args... args) {
+    auto bits = [&]<Layout L>() {
+      switch (x.bits) {
+        case 2:
+          Op<L, 2>::Run(args...);
+          break;
+        case 4:
+          Op<L, 4>::Run(args...);
+          break;
+        default:
+          Op<L, 8>::Run(args...);
+          break;
+      }
+    };
+    switch (x.layout) {
+      case Layout::kPerTokenSymmetric:
+        bits.template operator()<Layout::kPerTokenSymmetric>();
+        break;
+      case Layout::kPerTokenAsymmetric:
+        bits.template operator()<Layout::kPerTokenAsymmetric>();
+        break;
+      case Layout::kPerChannelAsymmetric:
+        bits.template operator()<Layout::kPerChannelAsymmetric>();
+        break;
+    }
+  }
+
+  template <Layout L, int kBits>
+  struct ScoresOp {
+    static void Run(const float* q, const QuantizedKvRows* k, int64_t first, int64_t n, float scale,
+                    float* scores) {
+      Scores<L, kBits>(q, *k, first, n, scale, scores);
+    }
+  };
+  template <Layout L, int kBits>
+  struct AccumulateOp {
+    static void Run(const float* p, const QuantizedKvRows* v, int64_t first, int64_t n,
+                    float* out) {
+      Accumulate<L, kBits>(p, *v, first, n, out);
+    }
+  };
+
+  static void ScoresEntry(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n,
+                          float scale, float* scores) {
+    Dispatch<ScoresOp>(k, q, &k, first, n, scale, scores);
+  }
+  static void AccumulateEntry(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
+                              float* out) {
+    Dispatch<AccumulateOp>(v, p, &v, first, n, out);
+  }
+  static KvQuantOps Ops() { return {ScoresEntry, AccumulateEntry}; }
+};
+
+#undef VC_KVQ_INLINE
+
+}  // namespace vc::kernels::cpu
