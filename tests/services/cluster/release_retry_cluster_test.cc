@@ -22,12 +22,12 @@
 #include <vector>
 
 #include "common/decode/full_decode.h"
-#include "common/http/httplib.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/model/model.h"
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_metrics.h"
 #include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -86,15 +86,9 @@ class ReleaseRetryClusterTest : public ::testing::Test {
   // The sum of the samples of `daemon`'s /metrics whose line starts with
   // `prefix` and contains `label` (0 when there is none yet).
   double Metric(const std::string& daemon, const std::string& prefix, const std::string& label) {
-    const std::string addr = cluster_->Find(daemon)->metrics;
-    const size_t colon = addr.rfind(':');
-    httplib::Client client(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)));
-    client.set_read_timeout(10, 0);
-    auto res = client.Get("/metrics");
-    EXPECT_TRUE(res && res->status == 200);
-    if (!res) return -1;
+    const std::string page = clustertest::MetricsPage(cluster_->Find(daemon)->metrics);
     double sum = 0;
-    std::istringstream in(res->body);
+    std::istringstream in(page);
     std::string line;
     while (std::getline(in, line)) {
       if (line.rfind(prefix, 0) != 0 || line.find(label) == std::string::npos) continue;

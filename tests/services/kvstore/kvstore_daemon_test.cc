@@ -428,9 +428,8 @@ TEST_F(KvStoreDaemonTest, FetchWaitsForARestartedStore) {
   channel_.reset();
   daemon_->Kill();  // kill -9
   absl::StatusOr<std::vector<std::string>> fetched;
-  std::thread fetch([&] {
-    fetched = (*client)->Fetch({Key('r')}, Clock::now() + std::chrono::seconds(30));
-  });
+  std::thread fetch(
+      [&] { fetched = (*client)->Fetch({Key('r')}, Clock::now() + std::chrono::seconds(30)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   daemon_ = std::make_unique<Daemon>();
   std::string error;
