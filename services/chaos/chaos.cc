@@ -118,6 +118,29 @@ bool IsCleanFailure(const grpc::Status& status) {
   }
 }
 
+void CancelTally::Add(grpc::StatusCode code, double cancel_to_end_ms, double bound_ms) {
+  ++sent;
+  if (code == grpc::StatusCode::OK) {
+    ++after_end;
+  } else if (code == grpc::StatusCode::CANCELLED) {
+    ++mid_request;
+    to_end_ms.push_back(cancel_to_end_ms);
+    if (cancel_to_end_ms > bound_ms) ++slow;
+  } else {
+    ++other;
+  }
+}
+
+std::string CancelSummary(const CancelTally& t) {
+  double max = 0;
+  for (double v : t.to_end_ms) max = std::max(max, v);
+  return absl::StrFormat(
+      "cancels=%d (mid-request %d, after the end %d, other %d, slow %d) "
+      "p50/p99/max_cancel_to_end_ms=%.1f/%.1f/%.1f",
+      t.sent, t.mid_request, t.after_end, t.other, t.slow, internal::Percentile(t.to_end_ms, 0.5),
+      internal::Percentile(t.to_end_ms, 0.99), max);
+}
+
 std::string SummaryLine(const ChaosReport& r) {
   std::string faults;
   for (const auto& [type, n] : r.faults_by_type)
@@ -126,12 +149,12 @@ std::string SummaryLine(const ChaosReport& r) {
   for (const auto& [code, n] : r.failures_by_code)
     absl::StrAppend(&codes, codes.empty() ? "" : ",", code, "=", n);
   return absl::StrFormat(
-      "chaos: %s seed=%d requests=%d completed=%d (exact-checked %d) failed=%d [%s] cancelled=%d "
+      "chaos: %s seed=%d requests=%d completed=%d (exact-checked %d) failed=%d [%s] %s "
       "failed_after_recovery=%d/%d faults=%d [%s] fault_errors=%d wrong_tokens=%d "
       "unclean_failures=%d leaks=%s wall=%.0fs",
       r.ok() ? "PASS" : "FAIL", r.seed, r.requests, r.completed, r.exact_checked, r.failed,
-      codes.empty() ? "none" : codes, r.cancelled, r.failed_after_recovery, r.after_recovery,
-      r.faults, faults.empty() ? "none" : faults, r.fault_errors, r.wrong_tokens,
+      codes.empty() ? "none" : codes, CancelSummary(r.cancels), r.failed_after_recovery,
+      r.after_recovery, r.faults, faults.empty() ? "none" : faults, r.fault_errors, r.wrong_tokens,
       r.unclean_failures, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"", r.wall_seconds);
 }
 
@@ -322,7 +345,16 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         std::lock_guard<std::mutex> lock(mu);
         ++report.requests;
         if (recovered) ++report.after_recovery;
-        if (out.cancelled) ++report.cancelled;
+        if (out.cancelled) {
+          const double bound_ms = options.setup.max_cancel_seconds * 1000;
+          report.cancels.Add(out.status.error_code(), out.cancel_to_end_ms, bound_ms);
+          if (out.status.error_code() == grpc::StatusCode::CANCELLED &&
+              out.cancel_to_end_ms > bound_ms && report.problems.size() < 50) {
+            report.problems.push_back(
+                absl::StrFormat("slow cancel: %s ended %.0f ms after its cancel (bound %.0f ms)",
+                                spec.request.request_id(), out.cancel_to_end_ms, bound_ms));
+          }
+        }
         if (out.status.ok()) {
           ++report.completed;
           if (spec.exact) ++report.exact_checked;
@@ -355,9 +387,11 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
         }
         if (report.requests % 50 == 0) {
           log << absl::StrFormat(
-              "chaos: t=%.0fs %d requests (%d ok, %d failed, %d cancelled, %d wrong)\n",
+              "chaos: t=%.0fs %d requests (%d ok, %d failed, %d cancelled (%d mid-request), %d "
+              "wrong)\n",
               std::chrono::duration<double>(Clock::now() - t0).count(), report.requests,
-              report.completed, report.failed, report.cancelled, report.wrong_tokens);
+              report.completed, report.failed, report.cancels.sent, report.cancels.mid_request,
+              report.wrong_tokens);
           log.flush();
         }
       }

@@ -42,7 +42,30 @@ struct ClusterSetup {
   // ends, 120 s by default.
   int put_lease_seconds = 20;
   int64_t request_timeout_seconds = 120;  // gRPC deadline of each Generate
+  // A cancel that landed mid-request must end its stream within this; a
+  // slower one is a violation (a hang, not a fault: a paused worker holds
+  // a call for at most the coordinator's --rpc-timeout-ms, 10 s).
+  double max_cancel_seconds = 30;
 };
+
+// Client cancels and where they landed. Each is sent at a point drawn
+// inside the request's expected life (after a share of its expected tokens
+// streamed); it landed mid-request when the request then ended CANCELLED,
+// after the end when the request had completed first (OK), and "other"
+// when it ended with another status (a fault).
+struct CancelTally {
+  int64_t sent = 0;
+  int64_t mid_request = 0;
+  int64_t after_end = 0;
+  int64_t other = 0;
+  // Mid-request cancels whose stream took longer than the bound to end.
+  int64_t slow = 0;
+  std::vector<double> to_end_ms;  // cancel sent -> stream ended (mid-request)
+  void Add(grpc::StatusCode code, double cancel_to_end_ms, double bound_ms);
+};
+// "cancels=N (mid-request M, after the end A, other O, slow S)
+// p50/p99/max_cancel_to_end_ms=a/b/c".
+std::string CancelSummary(const CancelTally& t);
 
 struct ChaosOptions {
   ClusterSetup setup;
@@ -90,7 +113,7 @@ struct ChaosReport {
   int64_t completed = 0;      // OK, tokens compared
   int64_t exact_checked = 0;  // of completed: compared token for token
   int64_t failed = 0;         // non-OK, not cancelled by us
-  int64_t cancelled = 0;      // cancelled by the client (any outcome)
+  CancelTally cancels;        // cancelled by the client
   int64_t wrong_tokens = 0;   // requests whose tokens (or streamed prefix) differ
   int64_t unclean_failures = 0;
   std::map<std::string, int64_t> failures_by_code;
@@ -109,7 +132,7 @@ struct ChaosReport {
   bool below_minimum = false;  // fewer faults or requests than asked for
   bool ok() const {
     return wrong_tokens == 0 && unclean_failures == 0 && fault_errors == 0 && leaks.empty() &&
-           !below_minimum;
+           !below_minimum && cancels.slow == 0;
   }
 };
 std::string SummaryLine(const ChaosReport& r);
@@ -149,20 +172,21 @@ struct SoakReport {
   int64_t requests = 0;
   int64_t completed = 0;
   int64_t failed = 0;
-  int64_t cancelled = 0;
+  CancelTally cancels;
   int64_t wrong_tokens = 0;
   int64_t dropped = 0;  // ticks skipped because `concurrency` were in flight
   std::vector<SoakWindow> windows;
   // MiB per 10 minutes, least squares over the samples after the warm-up.
   std::map<std::string, double> rss_slope_mib_per_10min;
   std::map<std::string, double> rss_last_mib;
-  double p99_cancel_to_end_ms = 0;    // Cancel RPC -> the stream ended
   double p50_cancel_to_freed_ms = 0;  // probes: Cancel -> every worker idle
   double p99_cancel_to_freed_ms = 0;
   int cancel_probes = 0;
   std::string leaks;
   std::vector<std::string> problems;
-  bool ok() const { return wrong_tokens == 0 && leaks.empty() && problems.empty(); }
+  bool ok() const {
+    return wrong_tokens == 0 && leaks.empty() && problems.empty() && cancels.slow == 0;
+  }
 };
 std::string SummaryLine(const SoakReport& r);
 

@@ -50,13 +50,12 @@ std::string SummaryLine(const SoakReport& r) {
   std::vector<double> p99s;
   for (const SoakWindow& w : r.windows) p99s.push_back(w.p99_ttft_ms);
   return absl::StrFormat(
-      "soak: %s seed=%d duration=%.0fs requests=%d completed=%d failed=%d cancelled=%d dropped=%d "
+      "soak: %s seed=%d duration=%.0fs requests=%d completed=%d failed=%d %s dropped=%d "
       "wrong_tokens=%d rss_slope_mib_per_10min=[%s] cancel_probes=%d "
-      "p50/p99_cancel_to_freed_ms=%.1f/%.1f "
-      "p99_cancel_to_end_ms=%.1f leaks=%s",
+      "p50/p99_cancel_to_freed_ms=%.1f/%.1f leaks=%s",
       r.ok() ? "PASS" : "FAIL", r.seed, r.duration_s, r.requests, r.completed, r.failed,
-      r.cancelled, r.dropped, r.wrong_tokens, slopes, r.cancel_probes, r.p50_cancel_to_freed_ms,
-      r.p99_cancel_to_freed_ms, r.p99_cancel_to_end_ms,
+      CancelSummary(r.cancels), r.dropped, r.wrong_tokens, slopes, r.cancel_probes,
+      r.p50_cancel_to_freed_ms, r.p99_cancel_to_freed_ms,
       r.leaks.empty() ? "none" : "\"" + r.leaks + "\"");
 }
 
@@ -91,7 +90,8 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     double ttft_ms = -1;
     int64_t tokens = 0;
     bool ok = false;
-    bool cancelled = false;
+    bool cancelled = false;  // a cancel was sent before the stream ended
+    grpc::StatusCode code = grpc::StatusCode::OK;
     double cancel_to_end_ms = -1;
   };
   std::mutex mu;
@@ -123,9 +123,11 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
         rec.start_s = since(Clock::now());
         internal::RequestSpec spec = (*workload)->Draw(i);
         if (cancel) {
-          // A random point of its life: requests here last ~0.05-1 s.
+          // A random point of its life, in tokens (see RequestSpec).
+          const uint64_t h = std::hash<int64_t>{}(i * 7919 + 13);
           spec.cancel = true;
-          spec.cancel_after_ms = static_cast<int>(std::hash<int64_t>{}(i * 7919 + 13) % 250);
+          spec.cancel_point = static_cast<double>(h % 1000) / 1000.0;
+          spec.cancel_after_ms = static_cast<int>(h / 1000 % 20);
         }
         const internal::Outcome out = (*workload)->Run(spec, client, stub.get());
         const std::string wrong = (*workload)->Check(spec, out);
@@ -134,11 +136,14 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
         rec.tokens = static_cast<int64_t>(out.streamed.size());
         rec.ok = out.status.ok();
         rec.cancelled = out.cancelled;
+        rec.code = out.status.error_code();
         rec.cancel_to_end_ms = out.cancel_to_end_ms;
         std::lock_guard<std::mutex> lock(mu);
         --in_flight;
         if (cancel) --cancels_pending;
-        if (out.cancelled) ++cancels_landed;
+        if (out.cancelled && out.status.error_code() == grpc::StatusCode::CANCELLED) {
+          ++cancels_landed;
+        }
         records.push_back(rec);
         if (!wrong.empty()) {
           ++report.wrong_tokens;
@@ -189,8 +194,8 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
         ++report.dropped;
       } else {
         // Cancel this one if the landed and pending cancels are behind the
-        // pace that reaches `cancels` at the end (a cancel that comes after
-        // the request ended does not count, so the pace catches up).
+        // pace that reaches `cancels` at the end (a cancel that did not end
+        // its request CANCELLED does not count, so the pace catches up).
         const double due = static_cast<double>(options.cancels) *
                            std::min(1.0, since(tick) / options.duration_s +
                                              1.0 / (options.rate * options.duration_s));
@@ -225,15 +230,15 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
   const int nwin = std::max(1, static_cast<int>(options.duration_s / options.window_s + 0.999));
   std::vector<std::vector<double>> ttfts(nwin);
   std::vector<int64_t> tokens(nwin, 0), counts(nwin, 0);
-  std::vector<double> cancel_to_end;
+  const double cancel_bound_ms = setup.max_cancel_seconds * 1000;
   for (const Record& r : records) {
     ++report.requests;
-    if (r.cancelled) {
-      ++report.cancelled;
-      if (r.cancel_to_end_ms >= 0) cancel_to_end.push_back(r.cancel_to_end_ms);
-    } else if (r.ok) {
+    // A request whose cancel came after it completed counts as completed
+    // too (its tokens were checked like any other).
+    if (r.cancelled) report.cancels.Add(r.code, r.cancel_to_end_ms, cancel_bound_ms);
+    if (r.ok) {
       ++report.completed;
-    } else {
+    } else if (!r.cancelled) {
       ++report.failed;
     }
     const int ws = std::min(nwin - 1, static_cast<int>(r.start_s / options.window_s));
@@ -254,7 +259,11 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     log << absl::StrFormat("soak: %5.0fs  %8d  %11.1f  %11.1f  %8.1f\n", win.start_s, win.requests,
                            win.p50_ttft_ms, win.p99_ttft_ms, win.tokens_per_s);
   }
-  report.p99_cancel_to_end_ms = internal::Percentile(cancel_to_end, 0.99);
+  if (report.cancels.slow > 0) {
+    report.problems.push_back(
+        absl::StrFormat("%d cancels landed mid-request but their streams took over %.0f ms to end",
+                        report.cancels.slow, cancel_bound_ms));
+  }
   for (const auto& [name, ts] : rss_t) {
     std::vector<double> x, y;
     for (size_t i = 0; i < ts.size(); ++i) {
@@ -299,7 +308,8 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
       internal::RequestSpec spec = (*probe_load)->Draw(1000000 + k);
       spec.cancel = true;
       spec.cancel_by_rpc = true;
-      spec.cancel_after_ms = static_cast<int>(rng() % 150);
+      spec.cancel_point = static_cast<double>(rng() % 1000) / 1000.0;
+      spec.cancel_after_ms = static_cast<int>(rng() % 20);
       spec.request.set_max_new_tokens(setup.max_new_tokens);
       spec.request.set_ignore_eos(true);
       const internal::Outcome out = (*probe_load)->Run(spec, client, stub.get());

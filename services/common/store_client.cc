@@ -1,6 +1,8 @@
 #include "services/common/store_client.h"
 
+#include <algorithm>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -69,7 +71,20 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
     deadline = std::chrono::steady_clock::now() + options_.timeout;
   }
   if (data_ == nullptr) return absl::FailedPreconditionError("this store client has no data plane");
-  VC_ASSIGN_OR_RETURN(std::vector<std::string> values, data_->Fetch(keys, deadline));
+  // A store that was restarted: while it is down connects are refused, and
+  // afterwards connections pooled before the restart fail one by one (the
+  // data plane client tries a second connection, not every one). A fetch is
+  // a read, so it is tried again until its deadline, as the gRPC reads wait
+  // for the store's channel.
+  absl::StatusOr<std::vector<std::string>> fetched = data_->Fetch(keys, deadline);
+  for (auto backoff = std::chrono::milliseconds(20);
+       !fetched.ok() && absl::IsUnavailable(fetched.status()) &&
+       std::chrono::steady_clock::now() + backoff < deadline;
+       backoff = std::min(backoff * 2, std::chrono::milliseconds(250))) {
+    std::this_thread::sleep_for(backoff);
+    fetched = data_->Fetch(keys, deadline);
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<std::string> values, std::move(fetched));
   if (options_.seal_trust == nullptr) return values;
   // The seal is checked before anyone decodes a byte of the entry.
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -409,7 +409,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
         // restarted) may be waited for; Release is idempotent.
         return self->ReleaseOn(pool, i, session, /*wait_for_ready=*/true);
       },
-      ReleaseRetryOptions{}, [self](ReleaseRetry::Outcome o) {
+      ReleaseRetryOptions{.max_attempts = options.release_retry_attempts},
+      [self](ReleaseRetry::Outcome o) {
         self->metrics_->release_retries->Labels({ReleaseRetry::OutcomeName(o)}).Inc();
       });
   service->release_retry_->Start();
@@ -1238,7 +1239,10 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     pb::VerifierOpenResponse resp;
     auto ctx = CallContext(r);
     const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+    if (!s.ok()) {
+      ReleaseAfterFailedOpen(WorkerPool::kVerifier, v, plan.session, s);
+      return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+    }
     plan.verifier_open = true;
     ++v.active;
   }
@@ -1259,6 +1263,7 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     auto ctx = CallContext(r);
     const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
     if (!s.ok()) {
+      ReleaseAfterFailedOpen(WorkerPool::kDrafter, d, plan.session, s);
       const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
       if (!Retryable(st)) return st;
       CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
@@ -1457,7 +1462,10 @@ absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
     pb::VerifierOpenResponse resp;
     auto ctx = CallContext(r);
     const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+    if (!s.ok()) {
+      ReleaseAfterFailedOpen(WorkerPool::kVerifier, v, plan.session, s);
+      return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+    }
     plan.verifier_open = true;
     ++v.active;
   } else {
@@ -1517,7 +1525,10 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
     pb::DrafterOpenResponse resp;
     auto ctx = CallContext(r);
     const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
+    if (!s.ok()) {
+      ReleaseAfterFailedOpen(WorkerPool::kDrafter, d, plan.session, s);
+      return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
+    }
     plan.drafter_open = true;
     ++d.active;
     plan.totals.set_compression_ratio(resp.achieved_ratio());
@@ -1604,6 +1615,16 @@ void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t ses
   if (!ReleaseOn(pool, w.index, session, /*wait_for_ready=*/false).ok()) {
     (void)release_retry_->Add(pool, w.index, session);
   }
+}
+
+void CoordinatorService::ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session,
+                                                const grpc::Status& s) {
+  // An Open that timed out may still have opened the session (the worker
+  // was paused or slow and the reply came too late): release it, or it
+  // stays until the worker's idle timeout. The worker also drops an Open
+  // whose caller's deadline passed before it finished; this covers a reply
+  // lost after the session was made. An unknown session releases as OK.
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ReleaseOrRetry(pool, w, session);
 }
 
 void CoordinatorService::ReleaseSessions(Plan& plan) {

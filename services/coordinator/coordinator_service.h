@@ -107,6 +107,10 @@ struct CoordinatorOptions {
   // prompt plus the tokens accepted so far (they are exact), at most this
   // many times; then it fails with UNAVAILABLE naming what died.
   int max_worker_retries = 2;
+  // A session Release that failed at a request's end is retried this many
+  // times off the request path (release_retry.h); 0: no retries, the
+  // workers' idle timeouts free such sessions.
+  int release_retry_attempts = 6;
 };
 
 // Bounds on request fields, checked before anything is allocated for them.
@@ -232,6 +236,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   absl::Status ReleaseOn(WorkerPool pool, int index, uint64_t session, bool wait_for_ready);
   // ReleaseOn, failing fast; a failure is queued in release_retry_.
   void ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session);
+  // After an Open that failed with `s`: releases (or queues) the session if
+  // the worker may have opened it anyway (the call timed out).
+  void ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session, const grpc::Status& s);
   // Auto slot: folds a drafter's step time into the slot duration.
   void Calibrate(double step_seconds);
   void UpdateSchedulerGauges();

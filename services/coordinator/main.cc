@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
   flags.Add("--health-check-timeout-ms", &health_check_timeout_ms, "N", "deadline of one health probe");
   flags.Add("--max-worker-retries", &o.max_worker_retries, "N",
             "times a request whose worker died is re-established on live workers");
+  flags.Add("--release-retry-attempts", &o.release_retry_attempts, "N",
+            "retries of a session Release that failed at a request's end (off the request "
+            "path); 0: leave such sessions to the workers' idle timeouts");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     return vc::daemon::BadFlags(kName, std::string(s.message()));
   }
@@ -133,10 +136,11 @@ int main(int argc, char** argv) {
     return vc::daemon::BadFlags(kName, "--stream-write-timeout-ms must be >= 1");
   }
   o.stream_write_timeout = std::chrono::milliseconds(stream_write_timeout_ms);
-  if (health_check_interval_ms < 1 || health_check_timeout_ms < 1 || o.max_worker_retries < 0) {
+  if (health_check_interval_ms < 1 || health_check_timeout_ms < 1 || o.max_worker_retries < 0 ||
+      o.release_retry_attempts < 0) {
     return vc::daemon::BadFlags(kName,
                                 "--health-check-interval-ms and --health-check-timeout-ms must be "
-                                ">= 1, --max-worker-retries >= 0");
+                                ">= 1, --max-worker-retries and --release-retry-attempts >= 0");
   }
   o.health_check_interval = std::chrono::milliseconds(health_check_interval_ms);
   o.health_check_timeout = std::chrono::milliseconds(health_check_timeout_ms);

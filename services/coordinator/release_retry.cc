@@ -79,6 +79,10 @@ void ReleaseRetry::Stop() {
 bool ReleaseRetry::Add(WorkerPool pool, int index, uint64_t session) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (options_.max_attempts <= 0) {  // retries are off
+      Count(Outcome::kGaveUp);
+      return false;
+    }
     if (stopping_ || entries_.size() + in_pass_ >= options_.max_pending) {
       Count(Outcome::kDropped);
       return false;

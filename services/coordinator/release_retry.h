@@ -28,7 +28,8 @@ struct ReleaseRetryOptions {
   // Sessions waiting for a retry at most; beyond, new ones are dropped (the
   // worker's idle timeout still frees them). A few KB per thousand.
   size_t max_pending = 4096;
-  // Retries of one session before it is given up (left to the idle timeout).
+  // Retries of one session before it is given up (left to the idle timeout);
+  // 0: none (Add gives up at once).
   int max_attempts = 6;
   // Delay before the first retry; doubles after each failed one, up to
   // max_backoff (defaults: retries 0.5, 1.5, 3.5, 7.5, 15.5, 23.5 s after
@@ -68,7 +69,8 @@ class ReleaseRetry {
   void Stop();
 
   // A Release of `session` on the worker failed: retry it later. Returns
-  // false (and counts it dropped) when max_pending entries are waiting.
+  // false (and counts it dropped) when max_pending entries are waiting, or
+  // (counted gave_up) when max_attempts is 0.
   bool Add(WorkerPool pool, int index, uint64_t session);
 
   // One pass over the entries that are due now (what the thread does):

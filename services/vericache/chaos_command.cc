@@ -30,6 +30,8 @@ void AddSetupFlags(FlagSet& flags, chaos::ClusterSetup* s, bool* insecure) {
             "how long daemons get to release everything after the run (default 60)");
   flags.Add("--session-idle-seconds", &s->session_idle_seconds, "N",
             "workers release sessions untouched this long (default 20; below --drain-seconds)");
+  flags.Add("--max-cancel-seconds", &s->max_cancel_seconds, "S",
+            "a cancel that lands mid-request must end its stream within this (default 30)");
   flags.Add("--log-dir", &s->log_dir, "DIR",
             "daemon logs (default: a temporary dir, removed on success, kept on failure)");
 }
@@ -46,6 +48,9 @@ absl::Status CheckSetup(const chaos::ClusterSetup& s) {
   }
   if (s.drain_seconds <= 0 || s.drain_seconds > 3600) {
     return absl::InvalidArgumentError("--drain-seconds must be in (0, 3600]");
+  }
+  if (!(s.max_cancel_seconds > 0) || s.max_cancel_seconds > 3600) {
+    return absl::InvalidArgumentError("--max-cancel-seconds must be in (0, 3600]");
   }
   if (s.session_idle_seconds < 1 || s.session_idle_seconds > 86400) {
     return absl::InvalidArgumentError("--session-idle-seconds must be 1..86400");
@@ -82,7 +87,8 @@ int RunChaos(int argc, char** argv) {
   flags.Add("--fault-gap", &o.mean_fault_gap_s, "S",
             "mean seconds between two faults (default 2.5)");
   flags.Add("--cancel-fraction", &o.setup.cancel_fraction, "X",
-            "share of requests the client cancels at a random point (default 0.1)");
+            "share of requests the client cancels, at a point drawn inside the request's "
+            "expected life (after a random share of its tokens streamed) (default 0.1)");
   flags.AddBool("--link-faults", &o.link_faults,
                 "also cut and throttle the store's and workers' links (root, ip and tc; the "
                 "cluster runs in a network namespace of its own) (default off)");
@@ -142,7 +148,9 @@ int RunSoak(int argc, char** argv) {
   flags.Add("--rss-interval", &o.rss_interval_s, "S", "RSS sampling period (default 2)");
   flags.Add("--warmup", &o.warmup_s, "S",
             "RSS samples before this are left out of the slope (default 10)");
-  flags.Add("--cancels", &o.cancels, "N", "random cancels spread over the run (default 100)");
+  flags.Add("--cancels", &o.cancels, "N",
+            "cancels spread over the run, each after a random share of its request's expected "
+            "tokens (default 100)");
   flags.Add("--cancel-probes", &o.cancel_probes, "N",
             "serial cancel-to-freed measurements after the run (default 20)");
   flags.Add(

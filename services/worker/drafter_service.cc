@@ -136,6 +136,7 @@ grpc::ServerUnaryReactor* DrafterService::Open(grpc::CallbackServerContext* ctx,
       return reactor;
     }
     open_queue_.push_back(job);
+    opening_.insert(req->session_id());
   }
   open_cv_.notify_one();
   return reactor;
@@ -274,12 +275,28 @@ void DrafterService::RunOpen(OpenJob& job) {
     session->last_used = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::UnavailableError("drafter is shutting down");
+    // The caller gave up (its deadline passed while this drafter was paused
+    // or fetching) and may have released the session already: it never
+    // learns of this one, so none is kept.
+    if (released_while_opening_.count(req.session_id()) > 0) {
+      return absl::CancelledError(
+          absl::StrCat("session ", req.session_id(), " was released before its Open finished"));
+    }
+    if (job.ctx->IsCancelled()) {
+      return absl::DeadlineExceededError("the Open's caller gave up before it finished");
+    }
     if (!sessions_.emplace(req.session_id(), std::move(session)).second) {
       return absl::AlreadyExistsError(absl::StrCat("session ", req.session_id(), " is already open"));
     }
     UpdateGauges();
     return absl::OkStatus();
   }();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = opening_.find(req.session_id());
+    if (it != opening_.end()) opening_.erase(it);
+    if (opening_.count(req.session_id()) == 0) released_while_opening_.erase(req.session_id());
+  }
   if (status.ok()) work_cv_.notify_all();
   job.reactor->Finish(rpc::ToGrpcStatus(status));
 }
@@ -413,6 +430,9 @@ grpc::ServerUnaryReactor* DrafterService::Release(grpc::CallbackServerContext* c
     return it == sessions_.end() || !it->second->busy;
   });
   resp->set_existed(sessions_.erase(req->session_id()) > 0);
+  if (!resp->existed() && opening_.count(req->session_id()) > 0) {
+    released_while_opening_.insert(req->session_id());
+  }
   ServeWaiters();
   UpdateGauges();
   return Finish(ctx, absl::OkStatus());

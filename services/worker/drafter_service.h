@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,6 +109,12 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   std::map<std::string, std::weak_ptr<const SharedVariant>> variant_cache_;
   std::map<std::string, std::weak_ptr<const PagedKvCache>> full_cache_;
   std::deque<OpenJob> open_queue_;
+  // Sessions of Opens queued or running, and those of them released before
+  // the Open finished: the caller gave up on the Open (it timed out) and
+  // released the session, so the Open must not open it when its fetch
+  // completes. Both bounded by the open queue.
+  std::multiset<uint64_t> opening_;
+  std::set<uint64_t> released_while_opening_;
   std::thread batcher_;
   std::thread opener_;
   double step_seconds_ewma_ = 0;  // guarded by mu_

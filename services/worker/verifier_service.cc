@@ -136,6 +136,11 @@ grpc::ServerUnaryReactor* VerifierService::Open(grpc::CallbackServerContext* ctx
   if (!vs.ok()) return Finish(ctx, vs.status());
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
+  // The caller gave up (its deadline passed while this verifier was paused
+  // or busy): it never learns of the session, so none is kept.
+  if (ctx->IsCancelled()) {
+    return Finish(ctx, absl::DeadlineExceededError("the Open's caller gave up before it finished"));
+  }
   if (sessions_.count(req->session_id()) > 0) {
     return Finish(ctx, absl::AlreadyExistsError(
                            absl::StrCat("session ", req->session_id(), " is already open")));

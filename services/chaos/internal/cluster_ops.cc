@@ -405,7 +405,8 @@ RequestSpec MixedWorkload::Draw(int64_t index) const {
       !(req.sampling().mode() == pb::SamplingConfig::REJECTION && req.mode() == pb::MODE_VERICACHE);
   spec.cancel = uniform(0, 1) < setup_.cancel_fraction;
   spec.cancel_by_rpc = uniform(0, 1) < 0.5;
-  spec.cancel_after_ms = pick(250);
+  spec.cancel_point = uniform(0, 1);
+  spec.cancel_after_ms = pick(20);
   spec.shape = absl::StrCat(req.max_new_tokens(), "/", req.ignore_eos(), "/",
                             req.sampling().mode() == pb::SamplingConfig::GREEDY ? 0 : 1, "/",
                             req.sampling().seed(), "/");
@@ -414,29 +415,56 @@ RequestSpec MixedWorkload::Draw(int64_t index) const {
 }
 
 Outcome MixedWorkload::Run(const RequestSpec& spec, const rpc::ClientConfig& coordinator,
-                           pb::Coordinator::Stub* stub) const {
+                           pb::Coordinator::Stub* stub) {
   Outcome out;
+  // The cancel point in tokens: [0, expected - 1], so it comes before the
+  // last token (the request still running) unless one round delivers the
+  // rest at once or the reference length was only a guess.
+  int64_t cancel_after_tokens = 0;
+  if (spec.cancel) {
+    const int64_t expected = ExpectedTokens(spec);
+    cancel_after_tokens =
+        std::clamp<int64_t>(static_cast<int64_t>(spec.cancel_point * static_cast<double>(expected)),
+                            0, std::max<int64_t>(0, expected - 1));
+  }
   auto ctx =
       rpc::ContextWithTimeout(coordinator, std::chrono::seconds(setup_.request_timeout_seconds));
   const auto start = Clock::now();
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  int64_t streamed = 0;  // mirrors out.streamed.size() under mu
   Clock::time_point cancel_at{};
+  int64_t cancelled_at_tokens = -1;
   std::thread canceller;
   if (spec.cancel) {
     canceller = std::thread([&] {
       std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, std::chrono::milliseconds(spec.cancel_after_ms), [&] { return done; }))
+      cv.wait(lock, [&] { return done || streamed >= cancel_after_tokens; });
+      if (done) return;
+      if (cancel_after_tokens == 0 &&
+          cv.wait_for(lock, std::chrono::milliseconds(spec.cancel_after_ms),
+                      [&] { return done; })) {
         return;
+      }
       cancel_at = Clock::now();
+      cancelled_at_tokens = streamed;
       lock.unlock();
       if (spec.cancel_by_rpc) {
-        pb::CancelRequest creq;
-        creq.set_request_id(spec.request.request_id());
-        pb::CancelResponse cresp;
-        auto cctx = rpc::ContextWithTimeout(coordinator, std::chrono::seconds(10));
-        (void)stub->Cancel(cctx.get(), creq, &cresp);  // a failed Cancel leaves a completed request
+        // Before the first token the coordinator may not have recorded the
+        // request yet (existed = false): try again while the stream is open.
+        for (int attempt = 0; attempt < 400; ++attempt) {
+          pb::CancelRequest creq;
+          creq.set_request_id(spec.request.request_id());
+          pb::CancelResponse cresp;
+          auto cctx = rpc::ContextWithTimeout(coordinator, std::chrono::seconds(10));
+          const grpc::Status s = stub->Cancel(cctx.get(), creq, &cresp);
+          if (!s.ok() || cresp.existed()) break;  // a failed Cancel leaves a completed request
+          lock.lock();
+          const bool ended = cv.wait_for(lock, std::chrono::milliseconds(5), [&] { return done; });
+          lock.unlock();
+          if (ended) break;
+        }
       } else {
         ctx->TryCancel();
       }
@@ -453,6 +481,13 @@ Outcome MixedWorkload::Run(const RequestSpec& spec, const rpc::ClientConfig& coo
             std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       }
       out.streamed.insert(out.streamed.end(), msg.tokens().begin(), msg.tokens().end());
+      if (spec.cancel) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          streamed = static_cast<int64_t>(out.streamed.size());
+        }
+        cv.notify_all();
+      }
     }
   }
   out.status = reader->Finish();
@@ -468,10 +503,38 @@ Outcome MixedWorkload::Run(const RequestSpec& spec, const rpc::ClientConfig& coo
     if (cancel_at != Clock::time_point{}) {
       out.cancelled = true;
       out.cancel_at = cancel_at;
+      out.cancel_after_tokens = cancelled_at_tokens;
       out.cancel_to_end_ms = std::chrono::duration<double, std::milli>(end - cancel_at).count();
     }
   }
   return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> MixedWorkload::Reference(const RequestSpec& spec) {
+  const pb::GenerateRequest& req = spec.request;
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  auto it = references_.find(spec.shape);
+  if (it == references_.end()) {
+    DecodeOptions d;
+    d.max_new_tokens = req.max_new_tokens();
+    d.ignore_eos = req.ignore_eos();
+    if (req.sampling().mode() != pb::SamplingConfig::GREEDY) {
+      d.sampling.temperature = req.sampling().temperature();
+      d.sampling.top_k = req.sampling().top_k();
+      d.sampling.top_p = req.sampling().top_p();
+      d.sampling.seed = req.sampling().seed();
+    }
+    absl::StatusOr<DecodeResult> r = DecodeFull(*engine_, spec.prompt, d);
+    if (!r.ok()) return r.status();
+    it = references_.emplace(spec.shape, r->tokens).first;
+  }
+  return it->second;
+}
+
+int64_t MixedWorkload::ExpectedTokens(const RequestSpec& spec) {
+  if (spec.request.ignore_eos()) return spec.request.max_new_tokens();
+  absl::StatusOr<std::vector<int32_t>> ref = Reference(spec);
+  return ref.ok() ? static_cast<int64_t>(ref->size()) : spec.request.max_new_tokens();
 }
 
 std::string MixedWorkload::Check(const RequestSpec& spec, const Outcome& out) {
@@ -497,28 +560,12 @@ std::string MixedWorkload::Check(const RequestSpec& spec, const Outcome& out) {
     }
     return "";
   }
-  std::vector<int32_t> ref;
-  {
-    std::lock_guard<std::mutex> lock(engine_mu_);
-    auto it = references_.find(spec.shape);
-    if (it == references_.end()) {
-      DecodeOptions d;
-      d.max_new_tokens = req.max_new_tokens();
-      d.ignore_eos = req.ignore_eos();
-      if (req.sampling().mode() != pb::SamplingConfig::GREEDY) {
-        d.sampling.temperature = req.sampling().temperature();
-        d.sampling.top_k = req.sampling().top_k();
-        d.sampling.top_p = req.sampling().top_p();
-        d.sampling.seed = req.sampling().seed();
-      }
-      absl::StatusOr<DecodeResult> r = DecodeFull(*engine_, spec.prompt, d);
-      if (!r.ok())
-        return absl::StrCat(req.request_id(),
-                            ": reference decoding failed: ", r.status().message());
-      it = references_.emplace(spec.shape, r->tokens).first;
-    }
-    ref = it->second;
+  absl::StatusOr<std::vector<int32_t>> reference = Reference(spec);
+  if (!reference.ok()) {
+    return absl::StrCat(req.request_id(),
+                        ": reference decoding failed: ", reference.status().message());
   }
+  const std::vector<int32_t>& ref = *reference;
   const std::vector<int32_t>& got = out.status.ok() ? out.tokens : out.streamed;
   const bool match =
       out.status.ok() ? got == ref

@@ -80,6 +80,11 @@ struct RequestSpec {
   bool exact = true;            // token-identical to full KV (not rejection in vericache)
   bool cancel = false;
   bool cancel_by_rpc = false;  // Coordinator.Cancel (else the client drops the stream)
+  // Where in the request's life the client cancels: once this share of its
+  // expected tokens (MixedWorkload::ExpectedTokens) has streamed, so the
+  // cancel lands while the request runs, not after it ended. A point below
+  // the first token cancels cancel_after_ms after the stream opened.
+  double cancel_point = 0;  // [0, 1)
   int cancel_after_ms = 0;
   std::string shape;  // prompt, length, sampling: the reference cache key
 };
@@ -90,7 +95,8 @@ struct Outcome {
   std::vector<int32_t> tokens;    // final totals (OK only)
   double client_ttft_ms = -1;     // to the first streamed token
   double seconds = 0;
-  bool cancelled = false;  // the client cancelled it
+  bool cancelled = false;            // the client cancelled it (before the stream ended)
+  int64_t cancel_after_tokens = -1;  // tokens streamed when the cancel was sent
   double cancel_to_end_ms = -1;
   std::chrono::steady_clock::time_point cancel_at{};  // when the cancel was sent
 };
@@ -108,7 +114,11 @@ class MixedWorkload {
   RequestSpec Draw(int64_t index) const;
   // Runs one request against the coordinator (cancelling it if the spec says).
   Outcome Run(const RequestSpec& spec, const rpc::ClientConfig& coordinator,
-              vericache::v1::Coordinator::Stub* stub) const;
+              vericache::v1::Coordinator::Stub* stub);
+  // How many tokens the request should stream: the length of its full-KV
+  // reference (for rejection sampling in vericache mode, of seeded sampling
+  // with its seed: a guess, its length may differ).
+  int64_t ExpectedTokens(const RequestSpec& spec);
   // "" if the outcome's tokens agree with full-KV decoding (the streamed
   // prefix for failed or cancelled requests), else what differs.
   std::string Check(const RequestSpec& spec, const Outcome& outcome);
@@ -118,6 +128,8 @@ class MixedWorkload {
 
  private:
   MixedWorkload() = default;
+  // Full-KV decoding of the spec's prompt and sampling (cached by shape).
+  absl::StatusOr<std::vector<int32_t>> Reference(const RequestSpec& spec);
   ClusterSetup setup_;
   uint64_t seed_ = 0;
   std::unique_ptr<Model> model_;

@@ -87,6 +87,42 @@ TEST_F(ChaosClusterTest, IdleCheckSeesHeldSessionsAndSilentDaemons) {
   EXPECT_TRUE(after.idle) << after.detail;
 }
 
+// Cancels drawn inside a request's life land while it runs: every request
+// here streams 48 tokens and is cancelled after a share of them (by RPC or
+// by dropping the stream); it must end CANCELLED (or, if its last round
+// raced the cancel, OK), what it streamed must be a prefix of full-KV
+// decoding, and every session must be released afterwards.
+TEST_F(ChaosClusterTest, CancelsLandMidRequestAndReleaseEverything) {
+  int mid = 0, after = 0;
+  for (int k = 0; k < 8; ++k) {
+    internal::RequestSpec spec;
+    for (int i = 2000 + 100 * k;; ++i) {
+      spec = workload_->Draw(i);
+      if (spec.exact) break;
+    }
+    spec.request.set_max_new_tokens(48);
+    spec.request.set_ignore_eos(true);
+    spec.shape += "/48";
+    spec.cancel = true;
+    spec.cancel_by_rpc = k % 2 == 0;
+    spec.cancel_point = 0.1 * k;  // 0 .. 0.7 of 48 tokens
+    const internal::Outcome out = workload_->Run(spec, cluster_->client(), stub_.get());
+    EXPECT_EQ(workload_->Check(spec, out), "") << spec.request.request_id();
+    ASSERT_TRUE(out.cancelled) << "no cancel sent for " << spec.request.request_id();
+    EXPECT_GE(out.cancel_after_tokens, static_cast<int64_t>(spec.cancel_point * 48));
+    if (out.status.error_code() == grpc::StatusCode::CANCELLED) {
+      ++mid;
+      EXPECT_LT(out.streamed.size(), 48u);
+    } else {
+      EXPECT_TRUE(out.status.ok()) << out.status.error_message();
+      ++after;
+    }
+  }
+  EXPECT_GE(mid, 4) << mid << " of 8 cancels landed mid-request, " << after << " after the end";
+  const internal::IdleState idle = internal::WaitIdle(*cluster_, std::chrono::seconds(30));
+  EXPECT_TRUE(idle.idle) << idle.detail;
+}
+
 // Regression: the first 10-minute run reported a drafter session as leaked
 // 60 s after the drain. The coordinator's Release had timed out (2 s, best
 // effort) while that drafter was paused; the worker frees such a session by

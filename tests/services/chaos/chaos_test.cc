@@ -163,6 +163,35 @@ TEST(SummaryTest, FailsOnAnyViolation) {
   EXPECT_FALSE(r.ok());
 }
 
+// Where a cancel landed is read from how its request ended; a mid-request
+// cancel whose stream ended after the bound is slow, and slow fails a run.
+TEST(CancelTallyTest, ClassifiesByTheEndingStatus) {
+  CancelTally t;
+  t.Add(grpc::StatusCode::CANCELLED, 12, 1000);
+  t.Add(grpc::StatusCode::CANCELLED, 30, 1000);
+  t.Add(grpc::StatusCode::OK, 5, 1000);
+  t.Add(grpc::StatusCode::UNAVAILABLE, 5, 1000);
+  EXPECT_EQ(t.sent, 4);
+  EXPECT_EQ(t.mid_request, 2);
+  EXPECT_EQ(t.after_end, 1);
+  EXPECT_EQ(t.other, 1);
+  EXPECT_EQ(t.slow, 0);
+  EXPECT_EQ(t.to_end_ms, (std::vector<double>{12, 30}));
+  EXPECT_NE(CancelSummary(t).find("cancels=4 (mid-request 2, after the end 1, other 1, slow 0)"),
+            std::string::npos)
+      << CancelSummary(t);
+  ChaosReport r;
+  r.cancels = t;
+  EXPECT_TRUE(r.ok());
+  r.cancels.Add(grpc::StatusCode::CANCELLED, 1500, 1000);
+  EXPECT_EQ(r.cancels.slow, 1);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(SummaryLine(r).find("max_cancel_to_end_ms="), std::string::npos);
+  SoakReport soak;
+  soak.cancels = r.cancels;
+  EXPECT_FALSE(soak.ok());
+}
+
 class WorkloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -192,6 +221,8 @@ TEST_F(WorkloadTest, DrawIsReplayableAndMixesEverything) {
     if (!a.request.compressor().empty()) compressors.insert(a.request.compressor());
     if (a.prompt.size() > 96) ++shared;
     if (a.cancel) ++cancels;
+    EXPECT_GE(a.cancel_point, 0);
+    EXPECT_LT(a.cancel_point, 1);
     EXPECT_LE(a.request.max_new_tokens(), setup_.max_new_tokens);
     EXPECT_EQ(a.exact, !(a.request.mode() == pb::MODE_VERICACHE &&
                          a.request.sampling().mode() == pb::SamplingConfig::REJECTION));
@@ -201,6 +232,21 @@ TEST_F(WorkloadTest, DrawIsReplayableAndMixesEverything) {
   EXPECT_EQ(compressors, (std::set<std::string>{"snapkv", "int8", "kivi", "streamingllm"}));
   EXPECT_GT(shared, 50);
   EXPECT_GT(cancels, 10);
+}
+
+// The cancel point is measured against the tokens a request will stream:
+// its full-KV reference's length (shorter than max_new_tokens at an EOS,
+// which this small model rarely emits within 32 tokens).
+TEST_F(WorkloadTest, ExpectedTokensIsTheReferenceLength) {
+  for (int i = 0; i < 200; ++i) {
+    const internal::RequestSpec spec = workload_->Draw(i);
+    const int64_t expected = workload_->ExpectedTokens(spec);
+    EXPECT_GE(expected, 1);
+    EXPECT_LE(expected, spec.request.max_new_tokens());
+    if (spec.request.ignore_eos()) {
+      EXPECT_EQ(expected, spec.request.max_new_tokens());
+    }
+  }
 }
 
 TEST_F(WorkloadTest, CheckCatchesWrongTokens) {

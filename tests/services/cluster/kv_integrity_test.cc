@@ -26,6 +26,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_metrics.h"
 #include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -179,18 +180,13 @@ class KvIntegrityTest : public ::testing::Test {
 
   // The coordinator's vericache_kv_heals_total.
   double Heals() {
-    const std::string addr = cluster_->Find("coordinator")->metrics;
-    const size_t colon = addr.rfind(':');
-    httplib::Client client(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)));
-    client.set_read_timeout(10, 0);
-    auto res = client.Get("/metrics");
-    EXPECT_TRUE(res && res->status == 200);
-    if (!res) return -1;
+    const std::string body = clustertest::MetricsPage(cluster_->Find("coordinator")->metrics);
+    if (body.empty()) return -1;
     const std::string name = "vericache_kv_heals_total ";
-    const size_t at = res->body.find("\n" + name);
-    EXPECT_NE(at, std::string::npos) << res->body;
+    const size_t at = body.find("\n" + name);
+    EXPECT_NE(at, std::string::npos) << body;
     if (at == std::string::npos) return -1;
-    return std::stod(res->body.substr(at + 1 + name.size()));
+    return std::stod(body.substr(at + 1 + name.size()));
   }
 
   // Generates over the registered prefix + one suffix token; the request

@@ -1,6 +1,6 @@
 // ReleaseRetry with a fake release call: a failed release is retried until
 // the worker answers, one unreachable worker costs one call per pass (not
-// one per session), retries stop after max_attempts, the queue is bounded,
+// one per session), retries stop after max_attempts (none at 0), the queue is bounded,
 // and the background thread frees a session once its worker is back.
 #include "services/coordinator/release_retry.h"
 
@@ -101,6 +101,20 @@ TEST(ReleaseRetryTest, GivesUpAfterMaxAttempts) {
   EXPECT_EQ(outcomes["queued"], 1);
   EXPECT_EQ(outcomes["gave_up"], 1);
   EXPECT_EQ(outcomes["released"], 0);
+}
+
+// --release-retry-attempts 0: nothing is queued or retried.
+TEST(ReleaseRetryTest, ZeroAttemptsTurnsRetriesOff) {
+  FakeWorkers fake;
+  ReleaseRetryOptions o = Immediate();
+  o.max_attempts = 0;
+  ReleaseRetry retry([&](WorkerPool p, int i, uint64_t s) { return fake(p, i, s); }, o);
+  EXPECT_FALSE(retry.Add(WorkerPool::kDrafter, 0, 1));
+  retry.RunDue();
+  EXPECT_EQ(fake.Calls(), 0u);
+  EXPECT_EQ(retry.pending(), 0u);
+  EXPECT_EQ(retry.stats().queued, 0);
+  EXPECT_EQ(retry.stats().gave_up, 1);
 }
 
 TEST(ReleaseRetryTest, TheQueueIsBounded) {

@@ -404,6 +404,45 @@ TEST_F(KvStoreDaemonTest, SigtermDrainsAndDataSurvivesRestart) {
   EXPECT_EQ(daemon_->SignalAndWait(SIGINT), 0);
 }
 
+// Regression (docs/results.md section 6): a verifier's first data-plane
+// fetch after a store restart failed ("data plane connect to ...: Connection
+// refused" while the store was down, "peer closed the connection" on
+// connections pooled before the restart). A fetch is a read: the
+// StoreClient now tries again until its deadline, so one made while the
+// store is down returns once it is back on its addresses. Without that this
+// fetch fails at once.
+TEST_F(KvStoreDaemonTest, FetchWaitsForARestartedStore) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  const std::string grpc_addr = daemon_->grpc_addr();
+  const std::string data_addr = daemon_->data_addr();
+  vc::daemon::StoreClientOptions so;
+  so.control_address = grpc_addr;
+  so.data_plane = "tcp";
+  so.link = vc::transport::LinkClass::kFast;
+  auto client = vc::daemon::StoreClient::Create(so);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->PutAll({{Key('r'), "restarted"}}).ok());
+  // A pooled connection to the store that is about to die.
+  ASSERT_TRUE((*client)->Fetch({Key('r')}).ok());
+  stub_.reset();
+  channel_.reset();
+  daemon_->Kill();  // kill -9
+  absl::StatusOr<std::vector<std::string>> fetched;
+  std::thread fetch(
+      [&] { fetched = (*client)->Fetch({Key('r')}, Clock::now() + std::chrono::seconds(30)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  daemon_ = std::make_unique<Daemon>();
+  std::string error;
+  const bool restarted =
+      daemon_->Start({"--listen", grpc_addr, "--metrics-listen", "127.0.0.1:0", "--data-listen",
+                      data_addr, "--data-dir", data_dir_ + "/db"},
+                     &error);
+  fetch.join();
+  ASSERT_TRUE(restarted) << error;
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(*fetched, std::vector<std::string>{"restarted"});
+}
+
 void KvStoreDaemonTest::PutsOverTheDataPlane(const std::string& kind) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon({"--data-plane", kind}));
   vc::daemon::StoreClientOptions so;
