@@ -72,7 +72,8 @@ void AttendOnce(const kernels::KernelBackend& backend, const ModelConfig& c, con
       const int kvh = h / group;
       const SequenceKv::KeyRange range = kv.Keys(l, kvh, 0, kv.next_position());
       scores->resize(static_cast<size_t>(range.count));
-      kv.Scores(backend, l, kvh, range, &q[h * c.head_dim], scale, scores->data());
+      kv.Scores(backend, l, kvh, range, &q[static_cast<size_t>(h) * c.head_dim], scale,
+                scores->data());
       backend.Softmax(scores->data(), range.count);
       float* o = &(*out)[(static_cast<size_t>(l) * c.n_heads + h) * c.head_dim];
       std::fill(o, o + c.head_dim, 0.0f);

@@ -133,7 +133,8 @@ TEST(DraftVerifyTest, LosslessCompressorAcceptsEveryDraft) {
     const RequestStats& st = reqs[0]->stats();
     ASSERT_EQ(st.accept_lengths.size(), st.draft_lengths.size());
     for (size_t i = 0; i < st.accept_lengths.size(); ++i) {
-      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i]) << "round " << i << " refresh " << refresh;
+      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i])
+          << "round " << i << " refresh " << refresh;
     }
     EXPECT_EQ(reqs[0]->output(), FullTokens(*f.engine, prompt, 40));
   }
@@ -170,9 +171,8 @@ TEST(DraftVerifyTest, StopsAtAnyOfSeveralEosIds) {
   // The stop id: the first token after the first that did not occur before
   // (so the output must end there, not earlier).
   size_t stop_at = 1;
-  while (stop_at < tokens.size() &&
-         std::find(tokens.begin(), tokens.begin() + stop_at, tokens[stop_at]) !=
-             tokens.begin() + stop_at) {
+  while (stop_at < tokens.size() && std::find(tokens.begin(), tokens.begin() + stop_at,
+                                              tokens[stop_at]) != tokens.begin() + stop_at) {
     ++stop_at;
   }
   ASSERT_LT(stop_at, tokens.size());
@@ -296,7 +296,7 @@ TEST(DraftVerifyTest, DrafterOverQuantisedKvIsTheSameOnEverySimdLevelThreadCount
           const std::vector<int32_t> two = {7, 8};
           const SequenceInput in[2] = {{&other, two, 0}, {&kv, drafts, 0}};
           EXPECT_TRUE(e.Forward(in, &logits).ok());
-          out.assign(logits.begin() + 2 * c.vocab_size, logits.end());
+          out.assign(logits.begin() + 2 * static_cast<std::ptrdiff_t>(c.vocab_size), logits.end());
         }
         return out;
       };
@@ -450,7 +450,8 @@ TEST(OnlineUpdateTest, AnExactViewStillAcceptsEveryDraftAfterFolds) {
     const RequestStats& st = reqs[0]->stats();
     EXPECT_GT(st.online_folds, 5);
     for (size_t i = 0; i < st.accept_lengths.size(); ++i) {
-      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i]) << "round " << i << " refresh " << refresh;
+      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i])
+          << "round " << i << " refresh " << refresh;
     }
     EXPECT_EQ(reqs[0]->output(), FullTokens(*f.engine, prompt, 60));
   }
@@ -468,8 +469,8 @@ TEST(OnlineUpdateTest, DrafterViewStaysNearTheBudgetWhileWithoutItTheTailGrows) 
     std::string name;
     double ratio;
     int bits;
-    double bound_ratio;   // the method's bytes over full f32 bytes, at most
-    int64_t slack_tokens; // f32 rows it may hold besides: window + tail
+    double bound_ratio;    // the method's bytes over full f32 bytes, at most
+    int64_t slack_tokens;  // f32 rows it may hold besides: window + tail
   };
   // StreamingLLM: the ratio of the current length, plus the drafts of one
   // round in the tail. KIVI-2 (head_dim 8, groups of 8): 10 of 32 bytes per

@@ -46,7 +46,7 @@ struct Spec {
 struct Acceptance {
   int64_t accepted = 0;
   int64_t rounds = 0;
-  double mean() const { return rounds > 0 ? static_cast<double>(accepted) / rounds : 0; }
+  double Mean() const { return rounds > 0 ? static_cast<double>(accepted) / rounds : 0; }
 };
 
 class DraftWeightsClusterTest : public ::testing::Test {
@@ -167,13 +167,13 @@ TEST_F(DraftWeightsClusterTest, QuantisedDraftersStayExactAndReportAcceptance) {
           "draft_weights=%s compressor=%s verify_rounds=%lld accepted_drafts=%lld "
           "mean_accepted=%.2f\n",
           weights.c_str(), compressor.c_str(), static_cast<long long>(a.rounds),
-          static_cast<long long>(a.accepted), a.mean());
+          static_cast<long long>(a.accepted), a.Mean());
     }
   }
   // int4 drafts of stories260K are far worse than f32 ones (docs/results.md,
   // the lossless suite with a quantised drafter); equal acceptance would
   // mean the drafters ignored the flag.
-  EXPECT_LT(by_format["int4"]["int8"].mean(), by_format["f32"]["int8"].mean());
+  EXPECT_LT(by_format["int4"]["int8"].Mean(), by_format["f32"]["int8"].Mean());
 }
 
 TEST_F(DraftWeightsClusterTest, BadDraftWeightsExitTwoWithOneLine) {
