@@ -29,6 +29,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_generate.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
@@ -139,26 +140,10 @@ class ModelDtypeClusterTest : public ::testing::Test {
       DecodeOptions d;
       d.max_new_tokens = 32;
       d.ignore_eos = true;
-      if (s.seeded) {
-        req.mutable_sampling()->set_mode(pb::SamplingConfig::SEEDED);
-        req.mutable_sampling()->set_temperature(0.9f);
-        req.mutable_sampling()->set_top_k(40);
-        req.mutable_sampling()->set_top_p(0.95f);
-        req.mutable_sampling()->set_seed(11 + i);
-        d.sampling.temperature = 0.9f;
-        d.sampling.top_k = 40;
-        d.sampling.top_p = 0.95f;
-        d.sampling.seed = 11 + i;
-      }
-      auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(120));
-      auto reader = stub->Generate(ctx.get(), req);
-      pb::GenerateResponse msg;
-      pb::GenerateTotals totals;
-      while (reader->Read(&msg)) {
-        if (msg.final()) totals = msg.totals();
-      }
-      const grpc::Status st = reader->Finish();
-      ASSERT_TRUE(st.ok()) << path << " request " << i << ": " << st.error_message();
+      if (s.seeded) clustertest::UseSeededSampling(11 + i, req, d);
+      absl::StatusOr<pb::GenerateTotals> generated = clustertest::GenerateTotals(stub.get(), req);
+      ASSERT_TRUE(generated.ok()) << path << " request " << i << ": " << generated.status();
+      const pb::GenerateTotals& totals = *generated;
       std::vector<int32_t> prompt = prefix;
       prompt.insert(prompt.end(), suffix.begin(), suffix.end());
       auto ref = DecodeFull(**engine, prompt, d);
