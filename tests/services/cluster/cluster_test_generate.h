@@ -1,11 +1,12 @@
-// Shared by the cluster suites: the suites' seeded sampling, set alike on a
-// Generate request and on its single-process reference, and one Generate
-// streamed to its end.
+// Shared by the cluster suites: registering a prefix, the suites' seeded
+// sampling, set alike on a Generate request and on its single-process
+// reference, and one Generate streamed to its end.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/decode/full_decode.h"
@@ -13,6 +14,21 @@
 #include "vericache/v1/coordinator.grpc.pb.h"
 
 namespace vc::clustertest {
+
+// Registers `tokens` as a prefix (120 s deadline): its id, or the RPC's status.
+inline absl::StatusOr<std::string> RegisterPrefix(vericache::v1::Coordinator::Stub* stub,
+                                                  const std::vector<int32_t>& tokens) {
+  vericache::v1::RegisterPrefixRequest request;
+  for (int32_t t : tokens) request.add_tokens(t);
+  vericache::v1::RegisterPrefixResponse response;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(120));
+  if (absl::Status st = rpc::FromGrpcStatus(stub->RegisterPrefix(ctx.get(), request, &response),
+                                            "RegisterPrefix");
+      !st.ok()) {
+    return st;
+  }
+  return response.prefix_id();
+}
 
 // Seeded sampling (temperature 0.9, top-k 40, top-p 0.95) with `seed`, on the
 // request and on the reference's decode options.

@@ -86,16 +86,9 @@ class DraftWeightsClusterTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status() << " (daemon logs in " << o.log_dir << ")";
     auto stub = pb::Coordinator::NewStub(rpc::MakeChannel((*cluster)->client(), 64 << 20));
 
-    std::string prefix_id;
-    {
-      pb::RegisterPrefixRequest req;
-      for (int32_t t : prefix) req.add_tokens(t);
-      pb::RegisterPrefixResponse resp;
-      auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(120));
-      const grpc::Status s = stub->RegisterPrefix(ctx.get(), req, &resp);
-      ASSERT_TRUE(s.ok()) << s.error_message();
-      prefix_id = resp.prefix_id();
-    }
+    absl::StatusOr<std::string> registered = clustertest::RegisterPrefix(stub.get(), prefix);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    const std::string prefix_id = *registered;
 
     const std::vector<Spec> specs = {
         {"int8", 0, false}, {"int8", 0, false}, {"int8", 0, true},

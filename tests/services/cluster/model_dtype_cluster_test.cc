@@ -102,16 +102,9 @@ class ModelDtypeClusterTest : public ::testing::Test {
     auto store = pb::KvStore::NewStub(
         rpc::MakeChannel((*cluster)->internal((*cluster)->Find("kvstore")->address), 64 << 20));
 
-    std::string prefix_id;
-    {
-      pb::RegisterPrefixRequest req;
-      for (int32_t t : prefix) req.add_tokens(t);
-      pb::RegisterPrefixResponse resp;
-      auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(120));
-      const grpc::Status s = stub->RegisterPrefix(ctx.get(), req, &resp);
-      ASSERT_TRUE(s.ok()) << s.error_message();
-      prefix_id = resp.prefix_id();
-    }
+    absl::StatusOr<std::string> registered = clustertest::RegisterPrefix(stub.get(), prefix);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    const std::string prefix_id = *registered;
 
     const std::vector<Spec> specs = {
         {pb::MODE_VERICACHE, "int8", 0, false, false},
