@@ -3,15 +3,19 @@
 #
 #   deploy/scripts/test.sh          per-commit tier (what CI runs, .ci/run):
 #     1. build-test/  RelWithDebInfo (-O3, line tables only), -Werror,
-#                     everything: every test except label "long"; then
+#                     everything except the unit tests not labelled
+#                     "numerics" (stage 2 runs every unit test); ctest over
+#                     what was built, except label "long"; then
 #                     lint: private internal/ headers, clang-format over the
 #                     tree, clang-tidy over the files changed since
 #                     deploy/lint/'s baseline
 #     2. build-fuzz/  clang ASan+UBSan (+ libFuzzer coverage hooks): the
-#                     unit tests' targets and every fuzz target, one build;
+#                     unit tests' targets and every fuzz target, one build
+#                     (compiled at nice 19 while stage 1's tests run);
 #                     ctest label "unit" under ASan+UBSan
-#     3. build-tsan/  clang TSan, the concurrency-heavy unit tests
-#     4. every fuzz target (build-fuzz/) for VC_FUZZ_SECONDS (default 10)
+#     3. build-tsan/  clang TSan, the concurrency-heavy unit tests (compiled
+#                     at nice 19 while stage 2's tests run)
+#     4. every fuzz target (build-fuzz/) for VC_FUZZ_SECONDS (default 6)
 #                     over its seed corpus
 #   deploy/scripts/test.sh --long   the long tier (builds what it needs):
 #     ctest label "long" in build-test/, clang-tidy over every file, every
@@ -28,13 +32,16 @@ tier=commit
 case "${1:-}" in
   "") ;;
   --long) tier=long ;;
-  -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}"; exit 0 ;;
+  -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
   *) echo "test.sh: unknown argument '$1' (use --long or nothing)" >&2; exit 2 ;;
 esac
 # Debug info: line tables only (-g1). Sanitizer reports and backtraces need
 # no more, and full -g costs ~35% of the compile time of a gRPC-heavy file and
 # 5x its object size (slower links). The code generated is the same.
-REL_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+# The compiler-independent unit tests run in build-fuzz/ (ASan+UBSan) only;
+# build-test/ compiles the numerics ones (tests/CMakeLists.txt, VC_UNIT_TESTS).
+REL_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+           -DVC_UNIT_TESTS=NUMERICS)
 DEBUG_G1="-DCMAKE_CXX_FLAGS_DEBUG=-g1"
 # ctest's parallelism. The build-test/ stage runs one test more than there
 # are cores: its cluster tests mostly wait on daemons and sockets (at -j2 they
@@ -63,6 +70,32 @@ summary() {
   echo "== stage times ($tier tier) =="
   printf '  %s\n' "${STAGE_TIMES[@]}"
   echo "  total: $SECONDS s"
+}
+
+# Builds that overlap a test stage run in the background at nice 19, each in
+# its own process group (so a failing run takes it down too), with its output
+# in a log that is printed if it fails.
+declare -A BG_PID=()
+BG_LOGS="$(mktemp -d)"
+bg_cleanup() {
+  local pid
+  for pid in "${BG_PID[@]}"; do kill -- -"$pid" 2>/dev/null || true; done
+  rm -rf "$BG_LOGS"
+}
+trap bg_cleanup EXIT
+background() {  # background NAME CMD...: starts CMD
+  local name="$1"; shift
+  setsid nice -n 19 "$@" >"$BG_LOGS/$name.log" 2>&1 &
+  BG_PID[$name]=$!
+}
+await() {  # await NAME: waits for it; if it failed, prints its log and stops
+  if ! wait "${BG_PID[$1]}"; then
+    cat "$BG_LOGS/$1.log" >&2
+    echo "test: the background $1 step failed (output above)" >&2
+    exit 1
+  fi
+  unset "BG_PID[$1]"
+  tail -n 2 "$BG_LOGS/$1.log"
 }
 
 bash "$REPO_ROOT/deploy/scripts/install_deps.sh"
@@ -113,8 +146,6 @@ stage "lint (internal/ includes; clang-format; clang-tidy on files changed since
 python3 "$REPO_ROOT/deploy/scripts/lint.py" internal-includes
 python3 "$REPO_ROOT/deploy/scripts/lint.py" format
 python3 "$REPO_ROOT/deploy/scripts/lint.py" tidy --build-dir "$REPO_ROOT/build-test" --jobs "$JOBS"
-stage "tests (all but label long)"
-(cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS_INTEGRATION" -LE long --no-tests=error --output-on-failure --timeout 900)
 
 # Only the unit tests run under ASan+UBSan, so only their targets are built:
 # no daemons, CLI or integration tests, no benches, and no CUDA (nvcc code
@@ -122,26 +153,44 @@ stage "tests (all but label long)"
 # compiles the CUDA backend). They share build-fuzz/ with the fuzz targets:
 # one set of sanitised libraries, compiled by clang (about 2.4x faster than
 # gcc at -fsanitize=address,undefined on this code; fuzz.sh says more).
-stage "build (build-fuzz/, clang ASan+UBSan: unit tests and fuzz targets)"
-bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
-stage "unit tests under ASan+UBSan"
-(cd "$REPO_ROOT/build-fuzz" && \
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest -j "$CTEST_JOBS" -L unit -LE long --no-tests=error --output-on-failure --timeout 900)
+#
+# That build starts now, in the background at the lowest CPU priority, while
+# build-test/'s tests run: those mostly wait on daemons and sockets (at -j3
+# they keep ~1.3 of 2 cores busy), and a nice-19 process gets only the CPU
+# they leave idle.
+background build-fuzz bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
 
+stage "tests (all but label long; build-fuzz/ compiles beside them at nice 19)"
+(cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS_INTEGRATION" -LE long --no-tests=error --output-on-failure --timeout 900)
+
+stage "build (build-fuzz/, clang ASan+UBSan: unit tests and fuzz targets; the rest)"
+await build-fuzz
 # ThreadSanitizer for the concurrency-heavy units: the thread pool, the copy
 # engine and the long-context runtime that drives it, the data plane (TCP and
 # UCX servers and clients, fetches and stages, the link pacer) and the
 # coordinator's slot clock, its worker health tracker (probe thread) and its
-# release-retry queue (retry thread).
+# release-retry queue (retry thread). Their build runs in the background
+# while the ASan+UBSan tests keep the cores busy: it gets the CPU of the
+# stage's tail, where the last long tests run one at a time.
 TSAN_TESTS=(thread_pool_test copy_engine_test long_context_runtime_test
             link_pacer_test data_plane_test data_plane_stage_test slot_clock_test
             worker_health_test release_retry_test)
-stage "build (build-tsan/, TSan: ${#TSAN_TESTS[@]} tests)"
-cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
-  -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++-14}" -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \
-  -DVC_MODELS_DIR="$VC_MODELS_DIR" >/dev/null
-ninja -C "$REPO_ROOT/build-tsan" -j "$JOBS" "${TSAN_TESTS[@]}"
+build_tsan() {
+  cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
+    -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++-14}" -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \
+    -DVC_MODELS_DIR="$VC_MODELS_DIR" >/dev/null
+  ninja -C "$REPO_ROOT/build-tsan" -j "$JOBS" "$@"
+}
+export REPO_ROOT JOBS DEBUG_G1 VC_MODELS_DIR
+background build-tsan bash -c "set -euo pipefail; $(declare -f build_tsan); build_tsan \"\$@\"" build_tsan "${TSAN_TESTS[@]}"
+
+stage "unit tests under ASan+UBSan (build-tsan/ compiles beside them at nice 19)"
+(cd "$REPO_ROOT/build-fuzz" && \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest -j "$CTEST_JOBS" -L unit -LE long --no-tests=error --output-on-failure --timeout 900)
+
+stage "build (build-tsan/, TSan: ${#TSAN_TESTS[@]} tests; the rest)"
+await build-tsan
 stage "concurrency tests under TSan"
 # UCX_MEM_EVENTS=no: UCX's memory hooks (libucm) crash TSan-instrumented
 # threads at start; the data plane does not need them (no registered memory).
@@ -150,7 +199,7 @@ for t in "${TSAN_TESTS[@]}"; do
     "$REPO_ROOT/build-tsan/bin/$t" --gtest_brief=1
 done
 
-stage "fuzzing (build-fuzz/, every target ${VC_FUZZ_SECONDS:-10} s)"
-bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --no-build --seconds "${VC_FUZZ_SECONDS:-10}"
+stage "fuzzing (build-fuzz/, every target ${VC_FUZZ_SECONDS:-6} s)"
+bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --no-build --seconds "${VC_FUZZ_SECONDS:-6}"
 summary
 echo "== all test stages passed =="
