@@ -90,9 +90,10 @@ bool Retryable(const absl::Status& s) {
 
 struct CoordinatorService::Worker {
   std::string address;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::Verifier::Stub> verifier;
-  std::unique_ptr<pb::Drafter::Stub> drafter;
+  // One of the two, by the worker's pool.
+  std::unique_ptr<VerifierClient> verifier;
+  std::unique_ptr<DrafterClient> drafter;
+  WorkerClient& client() { return verifier ? static_cast<WorkerClient&>(*verifier) : *drafter; }
   std::atomic<int> active{0};
   int index = 0;
 };
@@ -434,14 +435,11 @@ absl::Status CoordinatorService::Connect() {
   auto info_of = [&](Worker& w, bool verifier) -> absl::Status {
     pb::WorkerInfoRequest req;
     pb::WorkerInfoResponse resp;
-    auto ctx = rpc::ContextWithTimeout(
-        std::chrono::duration_cast<std::chrono::milliseconds>(options_.startup_timeout));
-    ctx->set_wait_for_ready(true);
-    const grpc::Status s = verifier ? w.verifier->Info(ctx.get(), req, &resp)
-                                    : w.drafter->Info(ctx.get(), req, &resp);
+    WorkerCallOptions o = CallWithin(options_.startup_timeout);
+    o.wait_for_ready = true;
+    const absl::Status s = w.client().Info(o, req, &resp);
     if (!s.ok()) {
-      return rpc::FromGrpcStatus(s, absl::StrCat(verifier ? "verifier " : "drafter ", w.address,
-                                                 " Info"));
+      return WithCallName(s, absl::StrCat(verifier ? "verifier " : "drafter ", w.address, " Info"));
     }
     if (resp.role() != (verifier ? "verifier" : "drafter")) {
       return absl::FailedPreconditionError(absl::StrCat(w.address, " is a ", resp.role(),
@@ -472,8 +470,7 @@ absl::Status CoordinatorService::Connect() {
     auto w = std::make_unique<Worker>();
     w->address = options_.verifiers[i];
     w->index = static_cast<int>(i);
-    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes, options_.tls);
-    w->verifier = pb::Verifier::NewStub(w->channel);
+    w->verifier = MakeGrpcVerifierClient(w->address, options_.max_message_bytes, options_.tls);
     VC_RETURN_IF_ERROR(info_of(*w, true));
     verifiers_.push_back(std::move(w));
   }
@@ -481,8 +478,7 @@ absl::Status CoordinatorService::Connect() {
     auto w = std::make_unique<Worker>();
     w->address = options_.drafters[i];
     w->index = static_cast<int>(i);
-    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes, options_.tls);
-    w->drafter = pb::Drafter::NewStub(w->channel);
+    w->drafter = MakeGrpcDrafterClient(w->address, options_.max_message_bytes, options_.tls);
     VC_RETURN_IF_ERROR(info_of(*w, false));
     drafters_.push_back(std::move(w));
   }
@@ -510,12 +506,10 @@ Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
   return std::min(r.deadline, Clock::now() + options_.rpc_timeout);
 }
 
-std::unique_ptr<grpc::ClientContext> CoordinatorService::CallContext(const Request& r) const {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  const auto left = CallDeadline(r) - Clock::now();
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
-  return ctx;
+WorkerCallOptions CoordinatorService::CallOptions(const Request& r) const {
+  WorkerCallOptions o;
+  o.deadline = CallDeadline(r);
+  return o;
 }
 
 // ------------------------------------------------------------- admission
@@ -940,8 +934,8 @@ absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
       }
       req.set_variants(variants);
       pb::IngestResponse resp;
-      const grpc::Status s = CallIngest(v, r, req, &resp);
-      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest"));
+      const absl::Status s = CallIngest(v, r, req, &resp);
+      if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
       ChargeStored(r.tenant, resp.bytes());
       bool has_variant = false;
       for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
@@ -1007,16 +1001,13 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   return true;
 }
 
-grpc::Status CoordinatorService::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,
+absl::Status CoordinatorService::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,
                                             pb::IngestResponse* resp) {
   // A child of the client's call: when the client cancels (or its deadline
   // passes) the ingest is cancelled too instead of running on for nobody.
-  std::unique_ptr<grpc::ClientContext> ctx =
-      r.server_ctx != nullptr ? grpc::ClientContext::FromServerContext(*r.server_ctx)
-                              : std::make_unique<grpc::ClientContext>();
-  // The child's deadline is the earlier of this and the client's.
-  ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout * 6);
-  return v.verifier->Ingest(ctx.get(), req, resp);
+  WorkerCallOptions o = CallWithin(options_.rpc_timeout * 6);
+  o.parent = r.server_ctx;
+  return v.verifier->Ingest(o, req, resp);
 }
 
 // ------------------------------------------------------------------ rounds
@@ -1099,13 +1090,11 @@ absl::Status CoordinatorService::ProbeWorker(WorkerPool pool, int index) {
   Worker& w = *workers[static_cast<size_t>(index)];
   pb::WorkerInfoRequest req;
   pb::WorkerInfoResponse resp;
-  auto ctx = rpc::ContextWithTimeout(options_.health_check_timeout);
-  const grpc::Status s = pool == WorkerPool::kVerifier ? w.verifier->Info(ctx.get(), req, &resp)
-                                                       : w.drafter->Info(ctx.get(), req, &resp);
+  const absl::Status s = w.client().Info(CallWithin(options_.health_check_timeout), req, &resp);
   if (!s.ok()) {
     // Any failed probe means down, whatever its code (a hung worker times out).
     return absl::UnavailableError(absl::StrCat(WorkerPoolName(pool), " ", w.address,
-                                               " health check: ", s.error_message()));
+                                               " health check: ", s.message()));
   }
   // A worker restarted on the same address must still be the same model,
   // numerics and stop set (the rule the coordinator applied at start).
@@ -1237,11 +1226,10 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     *req.mutable_sampling() = plan.req.sampling();
     req.set_tenant_salt(plan.req.tenant_salt());
     pb::VerifierOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
+    const absl::Status s = v.verifier->Open(CallOptions(r), req, &resp);
     if (!s.ok()) {
       ReleaseAfterFailedOpen(WorkerPool::kVerifier, v, plan.session, s);
-      return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+      return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
     }
     plan.verifier_open = true;
     ++v.active;
@@ -1260,11 +1248,10 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
                          static_cast<int32_t>(plan.resumed));
     pb::DrafterOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
+    const absl::Status s = d.drafter->Open(CallOptions(r), req, &resp);
     if (!s.ok()) {
       ReleaseAfterFailedOpen(WorkerPool::kDrafter, d, plan.session, s);
-      const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
+      const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
       if (!Retryable(st)) return st;
       CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
       drafter_ok = false;  // fall back to full-KV decoding on the verifier
@@ -1328,9 +1315,8 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
         pb::LoadRequest req;
         req.set_session_id(plan.session);
         pb::LoadResponse resp;
-        auto ctx = CallContext(r);
-        const grpc::Status s = v.verifier->Load(ctx.get(), req, &resp);
-        if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Load"));
+        const absl::Status s = v.verifier->Load(CallOptions(r), req, &resp);
+        if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
         if (!clock_->WaitForSlot(verify_slot, r.deadline)) {
           return absl::DeadlineExceededError("request deadline passed");
         }
@@ -1351,10 +1337,9 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
       req.set_min_tokens(take);
       req.set_lookahead(plan.x);
       pb::DraftResponse resp;
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Draft(ctx.get(), req, &resp);
+      const absl::Status s = d.drafter->Draft(CallOptions(r), req, &resp);
       if (!s.ok()) {
-        const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
+        const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
         if (booked) (void)clock_->Release(booking_id);
         if (!Retryable(st)) return st;
         CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
@@ -1371,16 +1356,12 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
     vreq.mutable_draft_probs()->Swap(&draft_probs);
     pb::VerifyResponse vresp;
     const auto t0 = Clock::now();
-    grpc::Status vs;
-    {
-      auto ctx = CallContext(r);
-      vs = v.verifier->Verify(ctx.get(), vreq, &vresp);
-    }
+    const absl::Status vs = v.verifier->Verify(CallOptions(r), vreq, &vresp);
     if (booked) (void)clock_->Release(booking_id);
     if (!vs.ok()) {
       // Without the verifier nothing can be verified: fail cleanly (every
       // token streamed so far was verified).
-      return rpc::FromGrpcStatus(vs, absl::StrCat("verifier ", v.address, " Verify"));
+      return WithCallName(vs, absl::StrCat("verifier ", v.address, " Verify"));
     }
     ++rounds;
     metrics_->rounds->Inc();
@@ -1406,10 +1387,9 @@ absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
       for (int32_t t : tokens) req.add_tokens(t);
       if (options_.kv_refresh) *req.mutable_refresh() = vresp.refresh();
       pb::CommitResponse resp;
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Commit(ctx.get(), req, &resp);
+      const absl::Status s = d.drafter->Commit(CallOptions(r), req, &resp);
       if (!s.ok()) {
-        const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
+        const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
         if (!Retryable(st)) return st;
         CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
         drafter_ok = false;
@@ -1460,11 +1440,10 @@ absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
     req.set_resident(true);
     req.set_tenant_salt(plan.req.tenant_salt());
     pb::VerifierOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
+    const absl::Status s = v.verifier->Open(CallOptions(r), req, &resp);
     if (!s.ok()) {
       ReleaseAfterFailedOpen(WorkerPool::kVerifier, v, plan.session, s);
-      return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
+      return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
     }
     plan.verifier_open = true;
     ++v.active;
@@ -1473,9 +1452,8 @@ absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
     req.set_session_id(plan.session);
     req.set_resident(true);
     pb::LoadResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Load(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Load"));
+    const absl::Status s = v.verifier->Load(CallOptions(r), req, &resp);
+    if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
   }
   while (true) {
     if (r.gone()) return absl::CancelledError("request cancelled");
@@ -1484,9 +1462,8 @@ absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
     req.set_session_id(plan.session);
     pb::VerifyResponse resp;
     const auto t0 = Clock::now();
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Verify(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Verify"));
+    const absl::Status s = v.verifier->Verify(CallOptions(r), req, &resp);
+    if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Verify"));
     pb::RoundStats round;
     round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     round.set_batch_requests(resp.batch_requests());
@@ -1523,11 +1500,10 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
     req.set_end_position(static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() -
                                               plan.resumed));
     pb::DrafterOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
+    const absl::Status s = d.drafter->Open(CallOptions(r), req, &resp);
     if (!s.ok()) {
       ReleaseAfterFailedOpen(WorkerPool::kDrafter, d, plan.session, s);
-      return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
+      return WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
     }
     plan.drafter_open = true;
     ++d.active;
@@ -1544,9 +1520,8 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
     req.set_min_tokens(1);
     pb::DraftResponse resp;
     {
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Draft(ctx.get(), req, &resp);
-      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
+      const absl::Status s = d.drafter->Draft(CallOptions(r), req, &resp);
+      if (!s.ok()) return WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
     }
     // These tokens are final: the drafter's own choices are the output.
     std::vector<int32_t> tokens(resp.drafts().begin(), resp.drafts().end());
@@ -1555,9 +1530,8 @@ absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
     for (int32_t t : tokens) creq.add_tokens(t);
     pb::CommitResponse cresp;
     {
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Commit(ctx.get(), creq, &cresp);
-      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
+      const absl::Status s = d.drafter->Commit(CallOptions(r), creq, &cresp);
+      if (!s.ok()) return WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
     }
     NoteDrafterCommit(cresp, &plan.totals);
     pb::RoundStats round;
@@ -1600,12 +1574,10 @@ absl::Status CoordinatorService::ReleaseOn(WorkerPool pool, int index, uint64_t 
   pb::ReleaseRequest req;
   req.set_session_id(session);
   pb::ReleaseResponse resp;
-  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
-  ctx->set_wait_for_ready(wait_for_ready);
-  const grpc::Status s = pool == WorkerPool::kVerifier ? w.verifier->Release(ctx.get(), req, &resp)
-                                                       : w.drafter->Release(ctx.get(), req, &resp);
-  return rpc::FromGrpcStatus(
-      s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
+  WorkerCallOptions o = CallWithin(std::chrono::milliseconds(2000));
+  o.wait_for_ready = wait_for_ready;
+  const absl::Status s = w.client().Release(o, req, &resp);
+  return WithCallName(s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
 }
 
 void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session) {
@@ -1618,13 +1590,13 @@ void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t ses
 }
 
 void CoordinatorService::ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session,
-                                                const grpc::Status& s) {
+                                                const absl::Status& s) {
   // An Open that timed out may still have opened the session (the worker
   // was paused or slow and the reply came too late): release it, or it
   // stays until the worker's idle timeout. The worker also drops an Open
   // whose caller's deadline passed before it finished; this covers a reply
   // lost after the session was made. An unknown session releases as OK.
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ReleaseOrRetry(pool, w, session);
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) ReleaseOrRetry(pool, w, session);
 }
 
 void CoordinatorService::ReleaseSessions(Plan& plan) {
@@ -1735,11 +1707,9 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
     out->set_role(verifier ? "verifier" : "drafter");
     pb::WorkerInfoRequest req;
     pb::WorkerInfoResponse info;
-    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(1000));
-    const grpc::Status s = verifier ? w.verifier->Info(ctx.get(), req, &info)
-                                    : w.drafter->Info(ctx.get(), req, &info);
+    const absl::Status s = w.client().Info(CallWithin(std::chrono::milliseconds(1000)), req, &info);
     out->set_healthy(s.ok());
-    if (!s.ok()) out->set_error(s.error_message());
+    if (!s.ok()) out->set_error(std::string(s.message()));
     out->set_sessions(info.sessions());
     out->set_kv_bytes(info.kv_bytes());
   };
@@ -1849,12 +1819,12 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   ireq.set_tenant_salt(who->salt);
   ireq.set_variants(variants);
   pb::IngestResponse iresp;
-  const grpc::Status s = CallIngest(v, r, ireq, &iresp);
+  const absl::Status s = CallIngest(v, r, ireq, &iresp);
   Leave(r);
   if (!s.ok()) {
     (void)CheckWorkerAfterFailure(WorkerPool::kVerifier, v,
-                                  rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest")));
-    return s;
+                                  WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest")));
+    return rpc::ToGrpcStatus(s);
   }
   ChargeStored(r.tenant, iresp.bytes());
   *resp->mutable_variants() = iresp.variants();

@@ -40,6 +40,7 @@
 #include "services/coordinator/release_retry.h"
 #include "services/coordinator/slot_clock.h"
 #include "services/coordinator/tenant_auth.h"
+#include "services/coordinator/worker_client.h"
 #include "services/coordinator/worker_compat.h"
 #include "services/coordinator/worker_health.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -184,7 +185,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   absl::StatusOr<std::vector<int32_t>> PrefixTokens(const std::string& prefix_id,
                                                     const std::string& salt);
   // Verifier Ingest under the request's admission: cancelled with its caller.
-  grpc::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
+  absl::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
                           vericache::v1::IngestResponse* resp);
   // Charges an ingest's bytes to its tenant; ResourceExhausted beyond
   // --max-stored-bytes-per-tenant (checked before the ingest starts).
@@ -238,13 +239,13 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   void ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session);
   // After an Open that failed with `s`: releases (or queues) the session if
   // the worker may have opened it anyway (the call timed out).
-  void ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session, const grpc::Status& s);
+  void ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session, const absl::Status& s);
   // Auto slot: folds a drafter's step time into the slot duration.
   void Calibrate(double step_seconds);
   void UpdateSchedulerGauges();
   void ShadowCheck(const vericache::v1::GenerateRequest& req, const std::vector<int32_t>& tokens);
   std::chrono::steady_clock::time_point CallDeadline(const Request& r) const;
-  std::unique_ptr<grpc::ClientContext> CallContext(const Request& r) const;
+  WorkerCallOptions CallOptions(const Request& r) const;
 
   CoordinatorOptions options_;
   metrics::Registry* registry_;
