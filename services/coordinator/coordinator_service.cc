@@ -41,29 +41,6 @@ std::string RequestKey(const std::string& tenant, const std::string& id) {
   return absl::StrCat(tenant.size(), ":", tenant, id);
 }
 
-std::string Hex(const std::string& raw) { return absl::BytesToHexString(raw); }
-
-std::string EncodeTokens(const std::vector<int32_t>& tokens) {
-  std::string out(tokens.size() * 4, '\0');
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const uint32_t u = static_cast<uint32_t>(tokens[i]);
-    for (int b = 0; b < 4; ++b) out[i * 4 + b] = static_cast<char>((u >> (8 * b)) & 0xff);
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
-  if (bytes.size() % 4 != 0) return absl::DataLossError("corrupt prefix manifest");
-  std::vector<int32_t> out(bytes.size() / 4);
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t u = 0;
-    for (int b = 0; b < 4; ++b)
-      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i * 4 + b])) << (8 * b);
-    out[i] = static_cast<int32_t>(u);
-  }
-  return out;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------- internals
@@ -119,12 +96,6 @@ struct CoordinatorService::StreamWatch {
       }
     }
   }
-};
-
-struct CoordinatorService::IngestWait {
-  bool done = false;
-  absl::Status status;
-  std::condition_variable cv;
 };
 
 namespace {
@@ -329,6 +300,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->metrics_->worker_up->Labels({"drafter", absl::StrCat(i)}).Set(1);
   }
   service->health_->Start();
+  service->catalogue_store_ = StoreClientCatalogue(service->store_.get());
+  service->catalogue_ = std::make_unique<PrefixCatalogue>(
+      CatalogueOptions{.chunk_tokens = options.chunk_tokens,
+                       .ingest_variants = options.ingest_variants,
+                       .rpc_timeout = options.rpc_timeout,
+                       .max_worker_retries = options.max_worker_retries},
+      CatalogueModel{.model_id = service->model_id_,
+                     .numerics_version = service->numerics_version_,
+                     .vocab = service->vocab_,
+                     .context = service->context_,
+                     .kv_bytes_per_token = service->kv_bytes_per_token_},
+      service->catalogue_store_.get(), service->admission_.get(),
+      CatalogueHooks{
+          .place_verifier =
+              [self](const std::string& prefix_key) { return self->PlaceVerifier(prefix_key); },
+          .worker_failed =
+              [self](WorkerPool pool, Worker& w, const absl::Status& s) {
+                return self->CheckWorkerAfterFailure(pool, w, s);
+              },
+          .on_retry = [self] { self->metrics_->retries->Labels({"verifier"}).Inc(); }});
   RunnerContext& rc = service->runner_;
   rc.options = RunnerOptions{.max_draft_len = options.max_draft_len,
                              .kv_refresh = options.kv_refresh,
@@ -633,10 +624,10 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   }
   VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req));
   VC_RETURN_IF_ERROR(Admit(r));
-  absl::Status status = EnsureStored(plan, r);
+  absl::Status status = catalogue_->EnsureStored(plan, r);
   if (status.ok()) status = Run(plan, r, sink);
   if (!status.ok() && PrepareHeal(plan, r, status)) {
-    status = EnsureStored(plan, r);
+    status = catalogue_->EnsureStored(plan, r);
     if (status.ok()) status = Run(plan, r, sink);
   }
   ReleaseSessions(plan);
@@ -664,37 +655,12 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std::string& id,
-                                                                      const std::string& salt) {
-  VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
-  const absl::Status not_found =
-      absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
-  absl::StatusOr<std::string> manifest = store_->Get(raw);
-  if (!manifest.ok()) {
-    if (manifest.status().code() == absl::StatusCode::kNotFound) return not_found;
-    return manifest.status();
-  }
-  if (manifest->size() > static_cast<size_t>(context_) * 4) {
-    return absl::DataLossError("prefix manifest longer than the model's context");
-  }
-  VC_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, DecodeTokens(*manifest));
-  // The id is the manifest key under the registering tenant's salt: an id
-  // registered by another tenant (or a forged manifest) does not match this
-  // caller's key for these tokens, and answers exactly like an unknown id.
-  kvstore::ChunkKeyOptions ko;
-  ko.chunk_tokens = options_.chunk_tokens;
-  ko.numerics_version = numerics_version_;
-  ko.tenant_salt = salt;
-  if (kvstore::PrefixManifestKey(ko, model_id_, tokens).Raw() != raw) return not_found;
-  return tokens;
-}
-
 absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& req) {
   Plan plan;
   plan.req = req;
   VC_RETURN_IF_ERROR(CheckPromptSource(req));
   if (!req.prefix_id().empty()) {
-    VC_ASSIGN_OR_RETURN(plan.prompt, PrefixTokens(req.prefix_id(), req.tenant_salt()));
+    VC_ASSIGN_OR_RETURN(plan.prompt, catalogue_->Tokens(req.prefix_id(), req.tenant_salt()));
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
   } else {
     plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
@@ -743,96 +709,6 @@ absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& 
   return plan;
 }
 
-absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
-  if (plan.prefix_tokens == 0) return absl::OkStatus();
-  // The chunks and the request's variant (every mode ingests both, so a
-  // later request over the same prefix finds its variant too).
-  std::vector<std::string> keys = plan.chunk_keys;
-  keys.push_back(plan.variant_key);
-  // One ingest per (prefix, variant) at a time; the others wait for it and
-  // look again (a failed or narrower ingest is retried by the waiter).
-  const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys));
-    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) return absl::OkStatus();
-    std::shared_ptr<IngestWait> wait;
-    bool mine = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto& slot = ingesting_[ingest_key];
-      if (slot == nullptr) {
-        slot = std::make_shared<IngestWait>();
-        mine = true;
-      }
-      wait = slot;
-    }
-    if (!mine) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!wait->cv.wait_until(lock, CallDeadline(r) + options_.rpc_timeout,
-                               [&] { return wait->done; })) {
-        return absl::DeadlineExceededError("waiting for another request's ingest of this prefix");
-      }
-      continue;
-    }
-    Worker* ingest_on = nullptr;
-    absl::Status status = [&]() -> absl::Status {
-      VC_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
-      // Ingest on the verifier this prefix is placed on.
-      VC_ASSIGN_OR_RETURN(ingest_on, PlaceVerifier(plan.prefix_key));
-      Worker& v = *ingest_on;
-      pb::IngestRequest req;
-      for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
-      req.set_chunk_tokens(options_.chunk_tokens);
-      req.set_tenant_salt(plan.req.tenant_salt());
-      // The requested variant plus the configured defaults (without a
-      // duplicate of it).
-      std::string variants = options_.ingest_variants;
-      if (!plan.req.compressor().empty()) {
-        const CompressorOptions& c = plan.variant.compressor;
-        std::string spec = c.name;
-        auto compressor = CreateCompressor(c);
-        if (compressor.ok() && (*compressor)->info().takes_ratio)
-          absl::StrAppend(&spec, ":", c.ratio);
-        if (compressor.ok() && (*compressor)->info().takes_bits && c.bits > 0) {
-          absl::StrAppend(&spec, ":", c.bits);
-        }
-        const bool merged = ingest::ParseVariantList(absl::StrCat(spec, ",", variants)).ok();
-        variants = merged ? absl::StrCat(spec, ",", variants) : spec;
-      }
-      req.set_variants(variants);
-      pb::IngestResponse resp;
-      const absl::Status s = CallIngest(v, r, req, &resp);
-      if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
-      admission_->ChargeStored(r.tenant, resp.bytes());
-      bool has_variant = false;
-      for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
-      if (!has_variant) {
-        return absl::InternalError(
-            absl::StrCat("ingest did not produce the variant ", plan.variant.compressor.name));
-      }
-      plan.totals.set_ingested(true);
-      return absl::OkStatus();
-    }();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      wait->done = true;
-      wait->status = status;
-      ingesting_.erase(ingest_key);
-    }
-    wait->cv.notify_all();
-    // The verifier died under the ingest: look again (the prefix may be
-    // stored by now) and ingest on a live one.
-    if (ingest_on != nullptr && IsWorkerLost(status) &&
-        CheckWorkerAfterFailure(WorkerPool::kVerifier, *ingest_on, status) &&
-        attempt < std::min(2, options_.max_worker_retries)) {
-      metrics_->retries->Labels({"verifier"}).Inc();
-      continue;
-    }
-    return status;
-  }
-  return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
-}
-
 bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status& failed) {
   // Only before the first token: every token already streamed was verified,
   // but a second run could not take them back. Once is enough; a prefix that
@@ -856,26 +732,13 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   // entry before it answers, and the store deletes one that fails its check
   // on a disk read, so a miss here means "ingest again", whatever error
   // text the worker chose.
-  std::vector<std::string> keys = plan.chunk_keys;
-  keys.push_back(plan.variant_key);
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
-  if (!hits.ok() || std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) return false;
+  if (!catalogue_->Missing(plan)) return false;
   ReleaseSessions(plan);
   plan.healed = true;
   plan.session = next_session_.fetch_add(1);
   plan.fallback = AcceptanceFallback(options_);
   metrics_->kv_heals->Inc();
   return true;
-}
-
-absl::Status CoordinatorService::CallIngest(Worker& v, const Request& r,
-                                            const pb::IngestRequest& req,
-                                            pb::IngestResponse* resp) {
-  // A child of the client's call: when the client cancels (or its deadline
-  // passes) the ingest is cancelled too instead of running on for nobody.
-  WorkerCallOptions o = CallWithin(options_.rpc_timeout * 6);
-  o.parent = r.server_ctx;
-  return v.verifier->Ingest(o, req, resp);
 }
 
 // ------------------------------------------------------------------ rounds
@@ -1193,65 +1056,11 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-namespace {
-// A variant list from a request: bounded text and count, parsed.
-absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
-  if (text.size() > kMaxVariantsTextBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("variants is longer than the limit of ", kMaxVariantsTextBytes, " bytes"));
-  }
-  VC_ASSIGN_OR_RETURN(std::vector<ingest::VariantSpec> v, ingest::ParseVariantList(text));
-  if (v.size() > kMaxVariantsPerPrefix) {
-    return absl::InvalidArgumentError(absl::StrCat("variants names ", v.size(),
-                                                   " variants, the limit is ",
-                                                   kMaxVariantsPerPrefix, " per prefix"));
-  }
-  return v;
-}
-}  // namespace
-
 grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
                                                 const pb::RegisterPrefixRequest* req,
                                                 pb::RegisterPrefixResponse* resp) {
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) return rpc::ToGrpcStatus(who.status());
-  // Sizes first, before the tokens are copied or anything is built.
-  if (req->tokens_size() >= context_) {
-    return rpc::ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("a prefix of ", req->tokens_size(),
-                     " tokens leaves no room in the context of ", context_)));
-  }
-  const std::string variants = req->variants().empty() ? options_.ingest_variants : req->variants();
-  if (absl::Status s = RequestVariants(variants).status(); !s.ok()) return rpc::ToGrpcStatus(s);
-  if (absl::Status s = ValidateRegisterPrefix(*req, {vocab_, context_, options_.chunk_tokens},
-                                              options_.ingest_variants);
-      !s.ok()) {
-    return rpc::ToGrpcStatus(s);
-  }
-  std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
-  kvstore::ChunkKeyOptions ko;
-  ko.chunk_tokens = options_.chunk_tokens;
-  ko.numerics_version = numerics_version_;
-  ko.tenant_salt = who->salt;
-  const int32_t whole =
-      static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
-  absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
-      kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(tokens).first(whole));
-  if (!keys.ok()) return rpc::ToGrpcStatus(keys.status());
-  const kvstore::ChunkKey manifest = kvstore::PrefixManifestKey(ko, model_id_, tokens);
-  resp->set_prefix_id(manifest.Hex());
-  resp->set_prefix_tokens(whole);
-  // Keys are under the tenant's own salt: already_stored says only whether
-  // this tenant stored the prefix, never whether another one did.
-  std::vector<std::string> lookup;
-  for (const auto& k : *keys) lookup.push_back(k.Raw());
-  lookup.push_back(manifest.Raw());
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup);
-  if (!hits.ok()) return rpc::ToGrpcStatus(hits.status());
-  if (std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) {
-    resp->set_already_stored(true);
-    return grpc::Status::OK;
-  }
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
   Request r;
@@ -1265,35 +1074,7 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
     r.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     ctx->deadline() - std::chrono::system_clock::now());
   }
-  if (absl::Status s = admission_->CheckStoredBudget(r.tenant); !s.ok())
-    return rpc::ToGrpcStatus(s);
-  if (absl::Status s = Admit(r); !s.ok()) return rpc::ToGrpcStatus(s);
-  absl::StatusOr<Worker*> placed = PlaceVerifier(keys->back().Hex());
-  if (!placed.ok()) {
-    Leave(r);
-    return rpc::ToGrpcStatus(placed.status());
-  }
-  Worker& v = **placed;
-  pb::IngestRequest ireq;
-  for (int32_t i = 0; i < whole; ++i) ireq.add_tokens(tokens[i]);
-  ireq.set_chunk_tokens(options_.chunk_tokens);
-  ireq.set_tenant_salt(who->salt);
-  ireq.set_variants(variants);
-  pb::IngestResponse iresp;
-  const absl::Status s = CallIngest(v, r, ireq, &iresp);
-  Leave(r);
-  if (!s.ok()) {
-    (void)CheckWorkerAfterFailure(WorkerPool::kVerifier, v,
-                                  WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest")));
-    return rpc::ToGrpcStatus(s);
-  }
-  admission_->ChargeStored(r.tenant, iresp.bytes());
-  *resp->mutable_variants() = iresp.variants();
-  // The manifest last: a registered id always names a stored prefix.
-  if (absl::Status st = store_->PutAll({{manifest.Raw(), EncodeTokens(tokens)}}); !st.ok()) {
-    return rpc::ToGrpcStatus(st);
-  }
-  return grpc::Status::OK;
+  return rpc::ToGrpcStatus(catalogue_->Register(who->salt, *req, r, resp));
 }
 
 grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
@@ -1301,74 +1082,7 @@ grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
                                               pb::ManagePrefixResponse* resp) {
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) return rpc::ToGrpcStatus(who.status());
-  daemon::StoreClient::KeyAction action;
-  switch (req->action()) {
-    case pb::ManagePrefixRequest::PIN:
-      action = daemon::StoreClient::KeyAction::kPin;
-      break;
-    case pb::ManagePrefixRequest::UNPIN:
-      action = daemon::StoreClient::KeyAction::kUnpin;
-      break;
-    case pb::ManagePrefixRequest::DELETE:
-      action = daemon::StoreClient::KeyAction::kDelete;
-      break;
-    default:
-      return rpc::ToGrpcStatus(absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE"));
-  }
-  const std::string variants_text =
-      req->variants().empty() ? options_.ingest_variants : req->variants();
-  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = RequestVariants(variants_text);
-  if (!variants.ok()) return rpc::ToGrpcStatus(variants.status());
-  // Another tenant's prefix id answers NOT_FOUND, like an unknown one.
-  absl::StatusOr<std::vector<int32_t>> tokens = PrefixTokens(req->prefix_id(), who->salt);
-  if (!tokens.ok()) return rpc::ToGrpcStatus(tokens.status());
-  if (action == daemon::StoreClient::KeyAction::kPin) {
-    if (absl::Status s = admission_->CheckPin(who->tenant, req->prefix_id()); !s.ok()) {
-      return rpc::ToGrpcStatus(s);
-    }
-  }
-  kvstore::ChunkKeyOptions ko;
-  ko.chunk_tokens = options_.chunk_tokens;
-  ko.numerics_version = numerics_version_;
-  ko.tenant_salt = who->salt;
-  const int32_t whole =
-      static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;
-  absl::StatusOr<std::vector<kvstore::ChunkKey>> chunks =
-      kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(*tokens).first(whole));
-  if (!chunks.ok()) return rpc::ToGrpcStatus(chunks.status());
-  std::vector<std::string> keys;
-  for (const auto& k : *chunks) keys.push_back(k.Raw());
-  if (!chunks->empty()) {
-    for (const auto& v : *variants) {
-      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v);
-      if (vk.ok()) keys.push_back(vk->Raw());
-    }
-  }
-  // Only what is stored (variants may never have been made); the manifest
-  // goes last on delete so a half-done delete can be repeated.
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
-  if (!hits.ok()) return rpc::ToGrpcStatus(hits.status());
-  std::vector<std::string> present;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if ((*hits)[i]) present.push_back(keys[i]);
-  }
-  present.push_back(absl::HexStringToBytes(req->prefix_id()));  // the manifest
-  int32_t applied = 0;
-  for (const auto& key : present) {
-    const absl::Status s = store_->Apply(action, key);
-    if (!s.ok() && !(action == daemon::StoreClient::KeyAction::kDelete &&
-                     s.code() == absl::StatusCode::kNotFound)) {
-      return rpc::ToGrpcStatus(s);
-    }
-    ++applied;
-  }
-  // On delete, the full chunks' size; the variants' is not known here (an
-  // estimate on the low side: the budget errs towards refusing).
-  admission_->NotePrefix(
-      who->tenant, req->prefix_id(), action == daemon::StoreClient::KeyAction::kPin,
-      action == daemon::StoreClient::KeyAction::kDelete ? int64_t{whole} * kv_bytes_per_token_ : 0);
-  resp->set_entries(applied);
-  return grpc::Status::OK;
+  return rpc::ToGrpcStatus(catalogue_->Manage(who->tenant, who->salt, *req, resp));
 }
 
 }  // namespace vc::coordinator

@@ -1,24 +1,15 @@
-// vc-coordinator's public API (vericache.v1.Coordinator) and the request
-// runner behind it (DESIGN.md sections 3, 6 and 7).
-//
-// Admission: at most max_active requests run; up to max_queued more wait for
-// a place; beyond that Generate answers RESOURCE_EXHAUSTED. A running
-// request is placed on one drafter (least loaded) and one verifier (by its
-// prefix, so requests over one prefix meet on one verifier and can share its
-// load); a prompt whose prefix is not stored yet is ingested first.
-//
-// vericache mode, per round: the ring scheduler (SlotClock) books the
-// prefix's reload on the fast link and the verifier's memory and names the
-// verify slot nearest x slots ahead (or joins the pending verify of another
-// request over the same prefix: prefix-aware verification); the reload
-// starts at its slot (Load), the drafts are taken at the verify slot and
-// verified; the accepted tokens stream to the client and go back to the
-// drafter with their exact K/V (Commit, KV refresh). A drafter that fails or
-// whose acceptance collapses is dropped for plain full-KV decoding on the
-// verifier (fallback). Baseline modes: full_local (the verifier decodes with
-// the prefix resident), full_remote (the drafter fetches the full prefix over
-// the slow link and decodes exactly), lossy_remote (the drafter decodes on
-// the compressed prefix without verification: NOT lossless).
+// vc-coordinator's public API (vericache.v1.Coordinator): the gRPC edge over
+// the coordinator's parts (DESIGN.md sections 3, 6 and 7; docs/architecture.md
+// "The coordinator's parts"). A Generate is authenticated, bounded, recorded
+// (GetRequest, Cancel), admitted (admission.h: max_active running, max_queued
+// waiting, tenant quotas; beyond that RESOURCE_EXHAUSTED), planned (prompt,
+// chunk keys, variant, x), its prefix stored (prefix_catalogue.h: ingested
+// first if missing), placed (placement.h: the verifier by its prefix so
+// requests over one prefix meet, the drafter least loaded) and run by the
+// runner of its mode (request_runner.h: vericache, full_local, full_remote,
+// lossy_remote). The edge keeps what spans runs: re-establishing a request on
+// live workers when one it ran on died, healing a prefix that went missing,
+// releasing sessions, shadow checks of the lossless guarantee and metrics.
 #pragma once
 
 #include <atomic>
@@ -39,6 +30,7 @@
 #include "services/common/store_client.h"
 #include "services/coordinator/admission.h"
 #include "services/coordinator/placement.h"
+#include "services/coordinator/prefix_catalogue.h"
 #include "services/coordinator/release_retry.h"
 #include "services/coordinator/request_runner.h"
 #include "services/coordinator/slot_clock.h"
@@ -119,8 +111,6 @@ struct CoordinatorOptions {
 
 // Bounds on request fields, checked before anything is allocated for them.
 inline constexpr size_t kMaxRequestIdBytes = 128;
-inline constexpr size_t kMaxVariantsPerPrefix = 16;
-inline constexpr size_t kMaxVariantsTextBytes = 1024;
 inline constexpr size_t kMaxCompressorNameBytes = 64;
 inline constexpr size_t kMaxTenantSaltBytes = 64;
 
@@ -173,14 +163,6 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
   [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
   absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req);
-  // A registered prefix's token list from its manifest; NotFound if unknown
-  // or registered under another salt (another tenant's id looks unknown).
-  absl::StatusOr<std::vector<int32_t>> PrefixTokens(const std::string& prefix_id,
-                                                    const std::string& salt);
-  // Verifier Ingest under the request's admission: cancelled with its caller.
-  absl::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
-                          vericache::v1::IngestResponse* resp);
-  absl::Status EnsureStored(Plan& plan, Request& r);
   // After `failed` ended a run before any token was sent: true (and the
   // plan's sessions released, a fresh session id taken) when one of the
   // prefix's entries is missing from the store — evicted, or quarantined by
@@ -242,15 +224,14 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   std::unique_ptr<ReleaseRetry> release_retry_;
 
   std::unique_ptr<AdmissionController> admission_;
-  // Guards the request table and the ingests in flight.
+  std::unique_ptr<CatalogueStore> catalogue_store_;
+  std::unique_ptr<PrefixCatalogue> catalogue_;
+  // Guards the request table.
   std::mutex mu_;
   // Running requests and a bounded history of finished ones (GetRequest),
   // keyed by (tenant, request id): a tenant sees only its own.
   std::map<std::string, std::shared_ptr<Request>> requests_;
   std::deque<std::string> finished_order_;
-  // Prefixes being ingested: later requests wait for the first one's ingest.
-  struct IngestWait;
-  std::map<std::string, std::shared_ptr<IngestWait>> ingesting_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int64_t> next_request_{1};
   std::atomic<int> shadow_checks_running_{0};
