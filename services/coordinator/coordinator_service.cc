@@ -3,21 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
-#include <set>
 #include <thread>
 
-#include "absl/cleanup/cleanup.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
-#include "common/compress/compressor.h"
 #include "common/rpc/rpc.h"
-#include "common/sampling/sampler.h"
-#include "common/scheduler/prefix_policy.h"
 #include "common/speculative/accept_rule.h"
-#include "common/speculative/draft_verify.h"
 #include "services/common/daemon.h"
 #include "services/common/sampling_config.h"
 #include "services/coordinator/request_validation.h"

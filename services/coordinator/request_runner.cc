@@ -6,23 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/speculative/draft_verify.h"
+#include "services/coordinator/request_validation.h"
 
 namespace vc::coordinator {
 
 namespace pb = ::vericache::v1;
-
-const char* ModeName(pb::Mode mode) {
-  switch (mode) {
-    case pb::MODE_FULL_REMOTE:
-      return "full_remote";
-    case pb::MODE_FULL_LOCAL:
-      return "full_local";
-    case pb::MODE_LOSSY_REMOTE:
-      return "lossy_remote";
-    default:
-      return "vericache";
-  }
-}
 
 WorkerCallOptions RunnerContext::CallOptions(const Request& r) const {
   WorkerCallOptions o;
@@ -96,6 +84,28 @@ void SetOnlineUpdate(const pb::GenerateRequest& gen, int32_t prefix_tokens,
   req->set_bits(variant.bits);
 }
 
+// Opens the plan's session on its verifier (`resident`: the prefix stays
+// loaded for the whole session, full_local).
+absl::Status OpenVerifier(const RunnerContext& ctx, Plan& plan, const Request& r, bool resident) {
+  Worker& v = *plan.verifier;
+  pb::VerifierOpenRequest req;
+  req.set_session_id(plan.session);
+  for (int32_t t : plan.prompt) req.add_prompt(t);
+  *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+  *req.mutable_sampling() = plan.req.sampling();
+  if (resident) req.set_resident(true);
+  req.set_tenant_salt(plan.req.tenant_salt());
+  pb::VerifierOpenResponse resp;
+  const absl::Status s = v.verifier->Open(ctx.CallOptions(r), req, &resp);
+  if (!s.ok()) {
+    ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
+    return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
+  }
+  plan.verifier_open = true;
+  ++v.active;
+  return absl::OkStatus();
+}
+
 // Appends verified tokens (up to EOS / max_new_tokens) and streams them.
 // Returns false when the request is complete.
 bool Emit(const RunnerContext& ctx, Plan& plan, Request& r, const std::vector<int32_t>& tokens,
@@ -142,22 +152,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
   const int32_t n = static_cast<int32_t>(plan.prompt.size());
   // Open both sessions; the drafter starts drafting as soon as its
   // compressed prefix has arrived over the slow link.
-  {
-    pb::VerifierOpenRequest req;
-    req.set_session_id(plan.session);
-    for (int32_t t : plan.prompt) req.add_prompt(t);
-    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
-    *req.mutable_sampling() = plan.req.sampling();
-    req.set_tenant_salt(plan.req.tenant_salt());
-    pb::VerifierOpenResponse resp;
-    const absl::Status s = v.verifier->Open(ctx.CallOptions(r), req, &resp);
-    if (!s.ok()) {
-      ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
-      return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
-    }
-    plan.verifier_open = true;
-    ++v.active;
-  }
+  VC_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/false));
   bool drafter_ok = true;
   {
     pb::DrafterOpenRequest req;
@@ -360,21 +355,7 @@ absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink
   };
   UpdateGauges(ctx);
   if (!already_open) {
-    pb::VerifierOpenRequest req;
-    req.set_session_id(plan.session);
-    for (int32_t t : plan.prompt) req.add_prompt(t);
-    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
-    *req.mutable_sampling() = plan.req.sampling();
-    req.set_resident(true);
-    req.set_tenant_salt(plan.req.tenant_salt());
-    pb::VerifierOpenResponse resp;
-    const absl::Status s = v.verifier->Open(ctx.CallOptions(r), req, &resp);
-    if (!s.ok()) {
-      ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
-      return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
-    }
-    plan.verifier_open = true;
-    ++v.active;
+    VC_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/true));
   } else {
     pb::LoadRequest req;
     req.set_session_id(plan.session);

@@ -38,9 +38,6 @@ namespace vc::coordinator {
 
 using Clock = std::chrono::steady_clock;
 
-// The mode's name in metrics labels.
-const char* ModeName(vericache::v1::Mode mode);
-
 // One worker of a pool as the coordinator holds it.
 struct Worker {
   std::string address;
