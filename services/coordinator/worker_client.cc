@@ -44,70 +44,66 @@ absl::Status Call(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*,
                       s.error_message());
 }
 
-class GrpcVerifierClient final : public VerifierClient {
+// What both kinds of worker answer, over `Service`'s stub.
+template <typename Client, typename Service>
+class GrpcWorker : public Client {
  public:
-  GrpcVerifierClient(std::string address, std::shared_ptr<grpc::Channel> channel)
-      : address_(std::move(address)), stub_(pb::Verifier::NewStub(channel)) {}
+  GrpcWorker(std::string address, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)), stub_(Service::NewStub(channel)) {}
   const std::string& address() const override { return address_; }
   absl::Status Info(const WorkerCallOptions& o, const pb::WorkerInfoRequest& req,
                     pb::WorkerInfoResponse* resp) override {
-    return Call(*stub_, &pb::Verifier::Stub::Info, o, req, resp);
+    return Call(*stub_, &Service::Stub::Info, o, req, resp);
   }
   absl::Status Release(const WorkerCallOptions& o, const pb::ReleaseRequest& req,
                        pb::ReleaseResponse* resp) override {
-    return Call(*stub_, &pb::Verifier::Stub::Release, o, req, resp);
+    return Call(*stub_, &Service::Stub::Release, o, req, resp);
   }
+
+ protected:
+  typename Service::Stub& stub() { return *stub_; }
+
+ private:
+  std::string address_;
+  std::unique_ptr<typename Service::Stub> stub_;
+};
+
+class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier> {
+ public:
+  using GrpcWorker::GrpcWorker;
   absl::Status Open(const WorkerCallOptions& o, const pb::VerifierOpenRequest& req,
                     pb::VerifierOpenResponse* resp) override {
-    return Call(*stub_, &pb::Verifier::Stub::Open, o, req, resp);
+    return Call(stub(), &pb::Verifier::Stub::Open, o, req, resp);
   }
   absl::Status Load(const WorkerCallOptions& o, const pb::LoadRequest& req,
                     pb::LoadResponse* resp) override {
-    return Call(*stub_, &pb::Verifier::Stub::Load, o, req, resp);
+    return Call(stub(), &pb::Verifier::Stub::Load, o, req, resp);
   }
   absl::Status Verify(const WorkerCallOptions& o, const pb::VerifyRequest& req,
                       pb::VerifyResponse* resp) override {
-    return Call(*stub_, &pb::Verifier::Stub::Verify, o, req, resp);
+    return Call(stub(), &pb::Verifier::Stub::Verify, o, req, resp);
   }
   absl::Status Ingest(const WorkerCallOptions& o, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
-    return Call(*stub_, &pb::Verifier::Stub::Ingest, o, req, resp);
+    return Call(stub(), &pb::Verifier::Stub::Ingest, o, req, resp);
   }
-
- private:
-  std::string address_;
-  std::unique_ptr<pb::Verifier::Stub> stub_;
 };
 
-class GrpcDrafterClient final : public DrafterClient {
+class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
  public:
-  GrpcDrafterClient(std::string address, std::shared_ptr<grpc::Channel> channel)
-      : address_(std::move(address)), stub_(pb::Drafter::NewStub(channel)) {}
-  const std::string& address() const override { return address_; }
-  absl::Status Info(const WorkerCallOptions& o, const pb::WorkerInfoRequest& req,
-                    pb::WorkerInfoResponse* resp) override {
-    return Call(*stub_, &pb::Drafter::Stub::Info, o, req, resp);
-  }
-  absl::Status Release(const WorkerCallOptions& o, const pb::ReleaseRequest& req,
-                       pb::ReleaseResponse* resp) override {
-    return Call(*stub_, &pb::Drafter::Stub::Release, o, req, resp);
-  }
+  using GrpcWorker::GrpcWorker;
   absl::Status Open(const WorkerCallOptions& o, const pb::DrafterOpenRequest& req,
                     pb::DrafterOpenResponse* resp) override {
-    return Call(*stub_, &pb::Drafter::Stub::Open, o, req, resp);
+    return Call(stub(), &pb::Drafter::Stub::Open, o, req, resp);
   }
   absl::Status Draft(const WorkerCallOptions& o, const pb::DraftRequest& req,
                      pb::DraftResponse* resp) override {
-    return Call(*stub_, &pb::Drafter::Stub::Draft, o, req, resp);
+    return Call(stub(), &pb::Drafter::Stub::Draft, o, req, resp);
   }
   absl::Status Commit(const WorkerCallOptions& o, const pb::CommitRequest& req,
                       pb::CommitResponse* resp) override {
-    return Call(*stub_, &pb::Drafter::Stub::Commit, o, req, resp);
+    return Call(stub(), &pb::Drafter::Stub::Commit, o, req, resp);
   }
-
- private:
-  std::string address_;
-  std::unique_ptr<pb::Drafter::Stub> stub_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/services/coordinator/fake_workers.h"
 
 namespace vc::coordinator {
 namespace {
@@ -56,30 +57,10 @@ class FakeStore final : public CatalogueStore {
 };
 
 // Ingest stores the chunks and variants the request names, as the verifier does.
-class FakeVerifier final : public VerifierClient {
+class FakeVerifier final : public FakeVerifierBase {
  public:
   FakeVerifier(std::string address, FakeStore* store)
-      : address_(std::move(address)), store_(store) {}
-  const std::string& address() const override { return address_; }
-  absl::Status Info(const WorkerCallOptions&, const pb::WorkerInfoRequest&,
-                    pb::WorkerInfoResponse*) override {
-    return absl::OkStatus();
-  }
-  absl::Status Release(const WorkerCallOptions&, const pb::ReleaseRequest&,
-                       pb::ReleaseResponse*) override {
-    return absl::OkStatus();
-  }
-  absl::Status Open(const WorkerCallOptions&, const pb::VerifierOpenRequest&,
-                    pb::VerifierOpenResponse*) override {
-    return absl::UnimplementedError("not used");
-  }
-  absl::Status Load(const WorkerCallOptions&, const pb::LoadRequest&, pb::LoadResponse*) override {
-    return absl::UnimplementedError("not used");
-  }
-  absl::Status Verify(const WorkerCallOptions&, const pb::VerifyRequest&,
-                      pb::VerifyResponse*) override {
-    return absl::UnimplementedError("not used");
-  }
+      : FakeVerifierBase(std::move(address)), store_(store) {}
   absl::Status Ingest(const WorkerCallOptions&, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
     ++ingests;
@@ -108,7 +89,6 @@ class FakeVerifier final : public VerifierClient {
   std::optional<absl::Status> fail;
 
  private:
-  std::string address_;
   FakeStore* store_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/services/coordinator/fake_workers.h"
 
 namespace vc::coordinator {
 namespace {
@@ -34,14 +35,9 @@ struct Calls {
   }
 };
 
-class FakeVerifier final : public VerifierClient {
+class FakeVerifier final : public FakeVerifierBase {
  public:
-  explicit FakeVerifier(Calls* calls) : calls_(calls) {}
-  const std::string& address() const override { return address_; }
-  absl::Status Info(const WorkerCallOptions&, const pb::WorkerInfoRequest&,
-                    pb::WorkerInfoResponse*) override {
-    return absl::OkStatus();
-  }
+  explicit FakeVerifier(Calls* calls) : FakeVerifierBase("fake-verifier:1"), calls_(calls) {}
   absl::Status Release(const WorkerCallOptions&, const pb::ReleaseRequest&,
                        pb::ReleaseResponse*) override {
     calls_->Add("v.Release");
@@ -69,26 +65,16 @@ class FakeVerifier final : public VerifierClient {
     pos_ += accepted + 1;
     return absl::OkStatus();
   }
-  absl::Status Ingest(const WorkerCallOptions&, const pb::IngestRequest&,
-                      pb::IngestResponse*) override {
-    return absl::UnimplementedError("not used");
-  }
   std::optional<absl::Status> verify_error;
 
  private:
   Calls* calls_;
-  std::string address_ = "fake-verifier:1";
   int64_t pos_ = 0;
 };
 
-class FakeDrafter final : public DrafterClient {
+class FakeDrafter final : public FakeDrafterBase {
  public:
-  explicit FakeDrafter(Calls* calls) : calls_(calls) {}
-  const std::string& address() const override { return address_; }
-  absl::Status Info(const WorkerCallOptions&, const pb::WorkerInfoRequest&,
-                    pb::WorkerInfoResponse*) override {
-    return absl::OkStatus();
-  }
+  explicit FakeDrafter(Calls* calls) : FakeDrafterBase("fake-drafter:1"), calls_(calls) {}
   absl::Status Release(const WorkerCallOptions&, const pb::ReleaseRequest&,
                        pb::ReleaseResponse*) override {
     calls_->Add("d.Release");
@@ -120,7 +106,6 @@ class FakeDrafter final : public DrafterClient {
 
  private:
   Calls* calls_;
-  std::string address_ = "fake-drafter:1";
   int64_t pos_ = 0;
 };
 
