@@ -28,7 +28,8 @@ std::unique_ptr<grpc::ClientContext> ContextFor(const WorkerCallOptions& o) {
   const auto left = o.deadline - std::chrono::steady_clock::now();
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
-  ctx->set_wait_for_ready(o.wait_for_ready);
+  // Only when asked: unset, the channel's default (fail fast) applies.
+  if (o.wait_for_ready) ctx->set_wait_for_ready(true);
   return ctx;
 }
 
