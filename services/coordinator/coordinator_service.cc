@@ -3,21 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
-#include <set>
 #include <thread>
 
-#include "absl/strings/escaping.h"
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
-#include "common/compress/compressor.h"
-#include "common/sampling/sampler.h"
-#include "common/scheduler/prefix_policy.h"
-#include "common/speculative/accept_rule.h"
-#include "common/speculative/draft_verify.h"
 #include "common/rpc/rpc.h"
+#include "common/speculative/accept_rule.h"
 #include "services/common/daemon.h"
 #include "services/common/sampling_config.h"
 #include "services/coordinator/request_validation.h"
@@ -41,88 +33,9 @@ std::string RequestKey(const std::string& tenant, const std::string& id) {
   return absl::StrCat(tenant.size(), ":", tenant, id);
 }
 
-const char* ModeName(pb::Mode mode) {
-  switch (mode) {
-    case pb::MODE_FULL_REMOTE:
-      return "full_remote";
-    case pb::MODE_FULL_LOCAL:
-      return "full_local";
-    case pb::MODE_LOSSY_REMOTE:
-      return "lossy_remote";
-    default:
-      return "vericache";
-  }
-}
-
-std::string Hex(const std::string& raw) { return absl::BytesToHexString(raw); }
-
-std::string EncodeTokens(const std::vector<int32_t>& tokens) {
-  std::string out(tokens.size() * 4, '\0');
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const uint32_t u = static_cast<uint32_t>(tokens[i]);
-    for (int b = 0; b < 4; ++b) out[i * 4 + b] = static_cast<char>((u >> (8 * b)) & 0xff);
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
-  if (bytes.size() % 4 != 0) return absl::DataLossError("corrupt prefix manifest");
-  std::vector<int32_t> out(bytes.size() / 4);
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t u = 0;
-    for (int b = 0; b < 4; ++b) u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i * 4 + b])) << (8 * b);
-    out[i] = static_cast<int32_t>(u);
-  }
-  return out;
-}
-
-bool Retryable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable ||
-         s.code() == absl::StatusCode::kDeadlineExceeded ||
-         s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInternal ||
-         s.code() == absl::StatusCode::kOutOfRange || s.code() == absl::StatusCode::kAborted ||
-         s.code() == absl::StatusCode::kResourceExhausted;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------- internals
-
-struct CoordinatorService::Worker {
-  std::string address;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::Verifier::Stub> verifier;
-  std::unique_ptr<pb::Drafter::Stub> drafter;
-  std::atomic<int> active{0};
-  int index = 0;
-};
-
-struct CoordinatorService::Request {
-  std::string id;
-  std::string tenant;
-  // The client's call, when there is one (not for shadow checks): calls made
-  // on its behalf that may run long (ingest) are cancelled with it.
-  grpc::ServerContext* server_ctx = nullptr;
-  // A Generate (counted in completed_requests), or a prefix registration
-  // that only borrows an admission place.
-  bool is_generate = true;
-  pb::Mode mode = pb::MODE_VERICACHE;
-  std::atomic<bool> cancelled{false};
-  std::string state = "queued";
-  std::string error;
-  std::atomic<int64_t> generated{0};
-  Clock::time_point start;
-  Clock::time_point deadline = Clock::time_point::max();
-  // True once the client has gone away (cancelled call).
-  std::function<bool()> client_gone = [] { return false; };
-  bool gone() const { return cancelled || client_gone(); }
-};
-
-struct CoordinatorService::TenantState {
-  int requests = 0;              // running or queued
-  std::set<std::string> pins;    // prefix ids pinned through ManagePrefix
-  int64_t stored_bytes = 0;      // what its ingests added (estimate on delete)
-};
 
 // Ends Generate streams whose reader stopped reading: every blocking write
 // is registered, and one thread cancels the call of a write that has been
@@ -159,8 +72,8 @@ struct CoordinatorService::StreamWatch {
     writes.erase(id);
   }
   void Loop() {
-    const auto tick = std::min<std::chrono::milliseconds>(timeout / 4 + std::chrono::milliseconds(1),
-                                                          std::chrono::milliseconds(250));
+    const auto tick = std::min<std::chrono::milliseconds>(
+        timeout / 4 + std::chrono::milliseconds(1), std::chrono::milliseconds(250));
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
       cv.wait_for(lock, tick);
@@ -175,43 +88,6 @@ struct CoordinatorService::StreamWatch {
       }
     }
   }
-};
-
-struct CoordinatorService::IngestWait {
-  bool done = false;
-  absl::Status status;
-  std::condition_variable cv;
-};
-
-struct CoordinatorService::Plan {
-  pb::GenerateRequest req;
-  std::vector<int32_t> prompt;
-  int32_t prefix_tokens = 0;
-  std::vector<std::string> chunk_keys;  // raw
-  std::string prefix_key;               // hex of the last chunk key ("" if none)
-  ingest::VariantSpec variant;
-  std::string variant_key;              // raw
-  int x = 8;
-  double accept_ewma = -1;
-  bool adaptive = false;
-  // Placement and sessions.
-  Worker* verifier = nullptr;
-  Worker* drafter = nullptr;
-  uint64_t session = 0;
-  bool verifier_open = false;
-  bool drafter_open = false;
-  // Output.
-  std::vector<int32_t> output;
-  bool stopped_at_eos = false;
-  pb::GenerateTotals totals;
-  // Acceptance collapse (rounds with at least two drafts): common/speculative's
-  // one fallback rule, with the coordinator's window and minimum.
-  FallbackPolicy fallback{FallbackOptions{}};
-  bool first_token_sent = false;
-  Clock::time_point first_token_time;
-  // Output tokens already folded into `prompt` by a retry on other workers.
-  size_t resumed = 0;
-  bool healed = false;  // PrepareHeal ran once
 };
 
 namespace {
@@ -254,36 +130,37 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                    "Generate requests by mode and outcome "
                                    "(ok, error, cancelled, rejected).",
                                    {"mode", "outcome"});
-  m.ttft = daemon::MustHistogram(registry, "vericache_ttft_seconds",
-                                 "Time to the first verified token.", {"mode"},
-                                 daemon::SecondsBuckets());
+  m.ttft =
+      daemon::MustHistogram(registry, "vericache_ttft_seconds", "Time to the first verified token.",
+                            {"mode"}, daemon::SecondsBuckets());
   m.tpot = daemon::MustHistogram(registry, "vericache_time_per_output_token_seconds",
                                  "Mean time per output token after the first, per request.",
                                  {"mode"}, daemon::SecondsBuckets());
-  m.accepted_per_round =
-      &daemon::MustHistogram(registry, "vericache_accepted_tokens_per_round",
-                             "Drafts accepted per verify round.", {},
-                             {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64})
-           ->Get();
+  m.accepted_per_round = &daemon::MustHistogram(registry, "vericache_accepted_tokens_per_round",
+                                                "Drafts accepted per verify round.", {},
+                                                {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64})
+                              ->Get();
   m.wasted = &daemon::MustCounter(registry, "vericache_drafted_tokens_wasted_total",
                                   "Drafts the verifier rejected.")
                   ->Get();
-  m.rounds = &daemon::MustCounter(registry, "vericache_verify_rounds_total", "Verify passes.")->Get();
+  m.rounds =
+      &daemon::MustCounter(registry, "vericache_verify_rounds_total", "Verify passes.")->Get();
   m.fallbacks = &daemon::MustCounter(registry, "vericache_fallbacks_total",
                                      "Requests that fell back to full-KV decoding.")
                      ->Get();
-  m.rejections = &daemon::MustCounter(registry, "vericache_admission_rejections_total",
-                                      "Generate calls and prefix registrations refused by admission (the queue "
-                                      "full, or the tenant at --max-requests-per-tenant).")
+  m.rejections = &daemon::MustCounter(
+                      registry, "vericache_admission_rejections_total",
+                      "Generate calls and prefix registrations refused by admission (the queue "
+                      "full, or the tenant at --max-requests-per-tenant).")
                       ->Get();
   m.workers_refused =
       &daemon::MustCounter(registry, "vericache_workers_refused_total",
                            "Workers refused at startup: another model id, numerics version or "
                            "end-of-sequence set than the first worker's.")
            ->Get();
-  m.queue_depth = &daemon::MustGauge(registry, "vericache_queue_depth",
-                                     "Requests waiting for admission.")
-                       ->Get();
+  m.queue_depth =
+      &daemon::MustGauge(registry, "vericache_queue_depth", "Requests waiting for admission.")
+           ->Get();
   m.active = &daemon::MustGauge(registry, "vericache_active_requests", "Requests running.")->Get();
   m.link_occupancy = daemon::MustGauge(registry, "vericache_scheduler_link_occupancy_ratio",
                                        "Booked transfer seconds / slot seconds in the current "
@@ -300,9 +177,9 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
   m.scheduler_queued = &daemon::MustCounter(registry, "vericache_scheduler_queued_total",
                                             "Admit attempts the ring scheduler answered queued.")
                             ->Get();
-  m.lossless_check = daemon::MustCounter(registry, "vericache_lossless_check_total",
-                                         "Shadow checks of vericache output against full_local.",
-                                         {"result"});
+  m.lossless_check =
+      daemon::MustCounter(registry, "vericache_lossless_check_total",
+                          "Shadow checks of vericache output against full_local.", {"result"});
   m.worker_up = daemon::MustGauge(registry, "vericache_worker_up",
                                   "1 while a worker answers its health checks, 0 while it is "
                                   "down (placement skips it).",
@@ -311,11 +188,12 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                   "Requests re-established on live workers after a worker they "
                                   "ran on died, by the pool of the worker that died.",
                                   {"pool"});
-  m.kv_heals = &daemon::MustCounter(registry, "vericache_kv_heals_total",
-                                    "Requests whose stored prefix went missing while they were served "
-                                    "(an entry quarantined for failing its seal, or evicted): the "
-                                    "prefix was ingested again and the request run again.")
-                    ->Get();
+  m.kv_heals =
+      &daemon::MustCounter(registry, "vericache_kv_heals_total",
+                           "Requests whose stored prefix went missing while they were served "
+                           "(an entry quarantined for failing its seal, or evicted): the "
+                           "prefix was ingested again and the request run again.")
+           ->Get();
   m.release_retries = daemon::MustCounter(
       registry, "vericache_release_retries_total",
       "Worker session releases that failed at a request's end and were retried in the "
@@ -356,15 +234,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   }
   auto service = std::unique_ptr<CoordinatorService>(new CoordinatorService(options, registry));
   VC_ASSIGN_OR_RETURN(service->auth_, TenantAuth::Create(options.auth));
-  VC_ASSIGN_OR_RETURN(service->default_variants_, ingest::ParseVariantList(options.ingest_variants));
+  VC_ASSIGN_OR_RETURN(service->default_variants_,
+                      ingest::ParseVariantList(options.ingest_variants));
   if (service->default_variants_.empty()) {
     return absl::InvalidArgumentError("--ingest-variants must name at least one variant");
   }
   if (service->default_variants_.size() > kMaxVariantsPerPrefix) {
-    return absl::InvalidArgumentError(absl::StrCat("--ingest-variants names more than ",
-                                                   kMaxVariantsPerPrefix, " variants"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ingest-variants names more than ", kMaxVariantsPerPrefix, " variants"));
   }
   VC_RETURN_IF_ERROR(service->Connect());
+  service->admission_ = std::make_unique<AdmissionController>(
+      AdmissionOptions{.max_active = options.max_active_requests,
+                       .max_queued = options.max_queued_requests,
+                       .max_requests_per_tenant = options.max_requests_per_tenant,
+                       .max_pins_per_tenant = options.max_pins_per_tenant,
+                       .max_stored_bytes_per_tenant = options.max_stored_bytes_per_tenant},
+      AdmissionMetrics{.rejections = service->metrics_->rejections,
+                       .queue_depth = service->metrics_->queue_depth,
+                       .active = service->metrics_->active});
   RingSchedulerOptions ro;
   ro.slot_seconds = options.slot_seconds;
   ro.window_slots = options.window_slots;
@@ -390,7 +278,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
         const auto& workers = pool == WorkerPool::kVerifier ? self->verifiers_ : self->drafters_;
         const std::string address = workers[static_cast<size_t>(i)]->address;
         if (up) {
-          std::fprintf(stderr, "vc-coordinator: %s %s is up again\n", WorkerPoolName(pool), address.c_str());
+          std::fprintf(stderr, "vc-coordinator: %s %s is up again\n", WorkerPoolName(pool),
+                       address.c_str());
         } else {
           std::fprintf(stderr, "vc-coordinator: %s %s is down: %s\n", WorkerPoolName(pool),
                        address.c_str(), std::string(why.message()).c_str());
@@ -403,6 +292,50 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     service->metrics_->worker_up->Labels({"drafter", absl::StrCat(i)}).Set(1);
   }
   service->health_->Start();
+  service->catalogue_store_ = StoreClientCatalogue(service->store_.get());
+  service->catalogue_ = std::make_unique<PrefixCatalogue>(
+      CatalogueOptions{.chunk_tokens = options.chunk_tokens,
+                       .ingest_variants = options.ingest_variants,
+                       .rpc_timeout = options.rpc_timeout,
+                       .max_worker_retries = options.max_worker_retries},
+      CatalogueModel{.model_id = service->model_id_,
+                     .numerics_version = service->numerics_version_,
+                     .vocab = service->vocab_,
+                     .context = service->context_,
+                     .kv_bytes_per_token = service->kv_bytes_per_token_},
+      service->catalogue_store_.get(), service->admission_.get(),
+      CatalogueHooks{
+          .place_verifier =
+              [self](const std::string& prefix_key) { return self->PlaceVerifier(prefix_key); },
+          .worker_failed =
+              [self](WorkerPool pool, Worker& w, const absl::Status& s) {
+                return self->CheckWorkerAfterFailure(pool, w, s);
+              },
+          .on_retry = [self] { self->metrics_->retries->Labels({"verifier"}).Inc(); }});
+  RunnerContext& rc = service->runner_;
+  rc.options = RunnerOptions{.max_draft_len = options.max_draft_len,
+                             .kv_refresh = options.kv_refresh,
+                             .baseline_chunk = options.baseline_chunk,
+                             .rpc_timeout = options.rpc_timeout};
+  rc.clock = service->clock_.get();
+  rc.eos_ids = service->eos_ids_;
+  rc.kv_bytes_per_token = service->kv_bytes_per_token_;
+  rc.metrics = RunnerMetrics{.ttft = service->metrics_->ttft,
+                             .accepted_per_round = service->metrics_->accepted_per_round,
+                             .wasted = service->metrics_->wasted,
+                             .rounds = service->metrics_->rounds,
+                             .fallbacks = service->metrics_->fallbacks,
+                             .scheduler_queued = service->metrics_->scheduler_queued};
+  rc.worker_failed = [self](WorkerPool pool, Worker& w, const absl::Status& s) {
+    return self->CheckWorkerAfterFailure(pool, w, s);
+  };
+  rc.release = [self](WorkerPool pool, Worker& w, uint64_t session) {
+    self->ReleaseOrRetry(pool, w, session);
+  };
+  rc.calibrate = [self](double step_seconds) { self->Calibrate(step_seconds); };
+  rc.update_gauges = [self] { self->UpdateSchedulerGauges(); };
+  service->placement_ =
+      std::make_unique<Placement>(service->health_.get(), options.verifiers, options.drafters);
   service->release_retry_ = std::make_unique<ReleaseRetry>(
       [self](WorkerPool pool, int i, uint64_t session) {
         // Off the request path: a worker that is reconnecting (just
@@ -434,19 +367,15 @@ absl::Status CoordinatorService::Connect() {
   auto info_of = [&](Worker& w, bool verifier) -> absl::Status {
     pb::WorkerInfoRequest req;
     pb::WorkerInfoResponse resp;
-    auto ctx = rpc::ContextWithTimeout(
-        std::chrono::duration_cast<std::chrono::milliseconds>(options_.startup_timeout));
-    ctx->set_wait_for_ready(true);
-    const grpc::Status s = verifier ? w.verifier->Info(ctx.get(), req, &resp)
-                                    : w.drafter->Info(ctx.get(), req, &resp);
+    WorkerCallOptions o = CallWithin(options_.startup_timeout);
+    o.wait_for_ready = true;
+    const absl::Status s = w.client().Info(o, req, &resp);
     if (!s.ok()) {
-      return rpc::FromGrpcStatus(s, absl::StrCat(verifier ? "verifier " : "drafter ", w.address,
-                                                 " Info"));
+      return WithCallName(s, absl::StrCat(verifier ? "verifier " : "drafter ", w.address, " Info"));
     }
     if (resp.role() != (verifier ? "verifier" : "drafter")) {
-      return absl::FailedPreconditionError(absl::StrCat(w.address, " is a ", resp.role(),
-                                                        ", listed as a ",
-                                                        verifier ? "verifier" : "drafter"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          w.address, " is a ", resp.role(), ", listed as a ", verifier ? "verifier" : "drafter"));
     }
     const WorkerModel reported = WorkerModelOf(resp);
     absl::Status refused;
@@ -472,8 +401,7 @@ absl::Status CoordinatorService::Connect() {
     auto w = std::make_unique<Worker>();
     w->address = options_.verifiers[i];
     w->index = static_cast<int>(i);
-    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes, options_.tls);
-    w->verifier = pb::Verifier::NewStub(w->channel);
+    w->verifier = MakeGrpcVerifierClient(w->address, options_.max_message_bytes, options_.tls);
     VC_RETURN_IF_ERROR(info_of(*w, true));
     verifiers_.push_back(std::move(w));
   }
@@ -481,8 +409,7 @@ absl::Status CoordinatorService::Connect() {
     auto w = std::make_unique<Worker>();
     w->address = options_.drafters[i];
     w->index = static_cast<int>(i);
-    w->channel = rpc::MakeChannel(w->address, options_.max_message_bytes, options_.tls);
-    w->drafter = pb::Drafter::NewStub(w->channel);
+    w->drafter = MakeGrpcDrafterClient(w->address, options_.max_message_bytes, options_.tls);
     VC_RETURN_IF_ERROR(info_of(*w, false));
     drafters_.push_back(std::move(w));
   }
@@ -492,10 +419,9 @@ absl::Status CoordinatorService::Connect() {
 void CoordinatorService::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
     for (auto& [id, r] : requests_) r->cancelled = true;
   }
-  admit_cv_.notify_all();
+  if (admission_) admission_->Stop();
   if (health_) health_->Stop();
   if (release_retry_) release_retry_->Stop();
   // Shadow checks run on their own threads; wait for them (bounded by their
@@ -510,111 +436,26 @@ Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
   return std::min(r.deadline, Clock::now() + options_.rpc_timeout);
 }
 
-std::unique_ptr<grpc::ClientContext> CoordinatorService::CallContext(const Request& r) const {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  const auto left = CallDeadline(r) - Clock::now();
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
-  return ctx;
-}
-
 // ------------------------------------------------------------- admission
 
 absl::Status CoordinatorService::Admit(Request& r) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (stopping_) return absl::UnavailableError("coordinator is shutting down");
-  TenantState& tenant = tenants_[r.tenant];
-  if (tenant.requests >= options_.max_requests_per_tenant) {
-    metrics_->rejections->Inc();
-    ForgetTenantIfIdle(r.tenant);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this tenant already has ", options_.max_requests_per_tenant,
-                     " requests running or queued (--max-requests-per-tenant)"));
-  }
-  ++tenant.requests;
-  // Every refusal below gives the tenant's place back.
-  auto refuse = [&](absl::Status s) {
-    --tenants_[r.tenant].requests;
-    ForgetTenantIfIdle(r.tenant);
-    return s;
-  };
-  if (active_ >= options_.max_active_requests) {
-    if (queued_ >= options_.max_queued_requests) {
-      metrics_->rejections->Inc();
-      return refuse(absl::ResourceExhaustedError(absl::StrCat(
-          "coordinator is full: ", active_, " requests running and ", queued_,
-          " queued (--max-active-requests ", options_.max_active_requests,
-          ", --max-queued-requests ", options_.max_queued_requests, ")")));
-    }
-    ++queued_;
-    metrics_->queue_depth->Set(queued_);
-    while (!stopping_ && active_ >= options_.max_active_requests && !r.gone() &&
-           Clock::now() < r.deadline) {
-      admit_cv_.wait_for(lock, std::chrono::milliseconds(50));
-    }
-    --queued_;
-    metrics_->queue_depth->Set(queued_);
-    if (stopping_) return refuse(absl::UnavailableError("coordinator is shutting down"));
-    if (r.gone()) return refuse(absl::CancelledError("request cancelled while queued"));
-    if (Clock::now() >= r.deadline) {
-      return refuse(absl::DeadlineExceededError("deadline passed while queued"));
-    }
-  }
-  ++active_;
-  metrics_->active->Set(active_);
+  VC_RETURN_IF_ERROR(admission_->Admit(
+      r.tenant, [&r] { return r.gone(); }, r.deadline));
+  std::lock_guard<std::mutex> lock(mu_);
   r.state = "running";
   return absl::OkStatus();
 }
 
-void CoordinatorService::Leave(Request& r) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    --tenants_[r.tenant].requests;
-    ForgetTenantIfIdle(r.tenant);
-    --active_;
-    if (r.is_generate) ++completed_;
-    metrics_->active->Set(active_);
-  }
-  admit_cv_.notify_all();
-}
-
-void CoordinatorService::ForgetTenantIfIdle(const std::string& tenant) {
-  auto it = tenants_.find(tenant);
-  if (it != tenants_.end() && it->second.requests == 0 && it->second.pins.empty() &&
-      it->second.stored_bytes == 0) {
-    tenants_.erase(it);
-  }
-}
-
-absl::Status CoordinatorService::CheckStoredBudget(const std::string& tenant) {
-  if (options_.max_stored_bytes_per_tenant == 0) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = tenants_.find(tenant);
-  if (it != tenants_.end() && it->second.stored_bytes >= options_.max_stored_bytes_per_tenant) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this tenant has stored ", it->second.stored_bytes, " bytes of KV, the limit is ",
-        options_.max_stored_bytes_per_tenant,
-        " (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)"));
-  }
-  return absl::OkStatus();
-}
-
-void CoordinatorService::ChargeStored(const std::string& tenant, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TenantState& t = tenants_[tenant];
-  t.stored_bytes = std::max<int64_t>(0, t.stored_bytes + bytes);
-  ForgetTenantIfIdle(tenant);
-}
+void CoordinatorService::Leave(Request& r) { admission_->Leave(r.tenant, r.is_generate); }
 
 // ------------------------------------------------------------ identity
 
 absl::StatusOr<Identity> CoordinatorService::Caller(grpc::ServerContext* ctx,
-                                                   const std::string& request_salt) {
+                                                    const std::string& request_salt) {
   if (!auth_->enabled()) {
     if (request_salt.size() > kMaxTenantSaltBytes) {
       return absl::InvalidArgumentError(absl::StrCat("tenant_salt is ", request_salt.size(),
-                                                     " bytes, the limit is ",
-                                                     kMaxTenantSaltBytes));
+                                                     " bytes, the limit is ", kMaxTenantSaltBytes));
     }
     Identity id;
     id.salt = request_salt;
@@ -649,12 +490,12 @@ absl::Status CoordinatorService::CheckBounds(const pb::GenerateRequest& req) con
                                                    " bytes, the limit is ", kMaxRequestIdBytes));
   }
   if (req.compressor().size() > kMaxCompressorNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compressor name is longer than the limit of ", kMaxCompressorNameBytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("compressor name is longer than the limit of ",
+                                                   kMaxCompressorNameBytes, " bytes"));
   }
   if (req.prompt_ids_size() > context_ || req.suffix_ids_size() > context_) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has more tokens than the model's context of ",
-                                                   context_, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has more tokens than the model's context of ", context_, " tokens"));
   }
   if (req.max_new_tokens() < 1) {
     return absl::InvalidArgumentError(
@@ -672,8 +513,8 @@ absl::Status CoordinatorService::CheckBounds(const pb::GenerateRequest& req) con
                                                    "] (--max-draft-len), got ", req.draft_len()));
   }
   if (req.deadline_ms() < 0 || req.deadline_ms() > kMaxDeadlineMs) {
-    return absl::InvalidArgumentError(absl::StrCat("deadline_ms must be in [0, ", kMaxDeadlineMs,
-                                                   "], got ", req.deadline_ms()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("deadline_ms must be in [0, ", kMaxDeadlineMs, "], got ", req.deadline_ms()));
   }
   if (!req.compressor().empty() && !(req.ratio() >= 0 && req.ratio() <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("ratio must be in (0, 1], got ", req.ratio()));
@@ -715,7 +556,8 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = requests_.find(key);
-    if (it != requests_.end() && (it->second->state == "running" || it->second->state == "queued")) {
+    if (it != requests_.end() &&
+        (it->second->state == "running" || it->second->state == "queued")) {
       return rpc::ToGrpcStatus(
           absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running")));
     }
@@ -737,19 +579,21 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
   sink.watch = watch_.get();
   std::vector<int32_t> output;
   const absl::Status s = Serve(*req, *r, &sink, &output);
-  const char* outcome = s.ok()                                              ? "ok"
-                        : s.code() == absl::StatusCode::kCancelled          ? "cancelled"
+  const char* outcome = s.ok()                                             ? "ok"
+                        : s.code() == absl::StatusCode::kCancelled         ? "cancelled"
                         : s.code() == absl::StatusCode::kResourceExhausted ? "rejected"
-                                                                            : "error";
+                                                                           : "error";
   metrics_->requests->Labels({mode, outcome}).Inc();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    r->state = s.ok() ? "done" : (s.code() == absl::StatusCode::kCancelled ? "cancelled" : "failed");
+    r->state =
+        s.ok() ? "done" : (s.code() == absl::StatusCode::kCancelled ? "cancelled" : "failed");
     r->error = std::string(s.message());
     finished_order_.push_back(key);
     while (finished_order_.size() > kFinishedHistory) {
       auto it = requests_.find(finished_order_.front());
-      if (it != requests_.end() && it->second->state != "running" && it->second->state != "queued") {
+      if (it != requests_.end() && it->second->state != "running" &&
+          it->second->state != "queued") {
         requests_.erase(it);
       }
       finished_order_.pop_front();
@@ -772,10 +616,10 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   }
   VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req));
   VC_RETURN_IF_ERROR(Admit(r));
-  absl::Status status = EnsureStored(plan, r);
+  absl::Status status = catalogue_->EnsureStored(plan, r);
   if (status.ok()) status = Run(plan, r, sink);
   if (!status.ok() && PrepareHeal(plan, r, status)) {
-    status = EnsureStored(plan, r);
+    status = catalogue_->EnsureStored(plan, r);
     if (status.ok()) status = Run(plan, r, sink);
   }
   ReleaseSessions(plan);
@@ -803,38 +647,12 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> CoordinatorService::PrefixTokens(const std::string& id,
-                                                                     const std::string& salt) {
-  VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
-  const absl::Status not_found =
-      absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
-  absl::StatusOr<std::string> manifest = store_->Get(raw);
-  if (!manifest.ok()) {
-    if (manifest.status().code() == absl::StatusCode::kNotFound) return not_found;
-    return manifest.status();
-  }
-  if (manifest->size() > static_cast<size_t>(context_) * 4) {
-    return absl::DataLossError("prefix manifest longer than the model's context");
-  }
-  VC_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, DecodeTokens(*manifest));
-  // The id is the manifest key under the registering tenant's salt: an id
-  // registered by another tenant (or a forged manifest) does not match this
-  // caller's key for these tokens, and answers exactly like an unknown id.
-  kvstore::ChunkKeyOptions ko;
-  ko.chunk_tokens = options_.chunk_tokens;
-  ko.numerics_version = numerics_version_;
-  ko.tenant_salt = salt;
-  if (kvstore::PrefixManifestKey(ko, model_id_, tokens).Raw() != raw) return not_found;
-  return tokens;
-}
-
-absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
-    const pb::GenerateRequest& req) {
+absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& req) {
   Plan plan;
   plan.req = req;
   VC_RETURN_IF_ERROR(CheckPromptSource(req));
   if (!req.prefix_id().empty()) {
-    VC_ASSIGN_OR_RETURN(plan.prompt, PrefixTokens(req.prefix_id(), req.tenant_salt()));
+    VC_ASSIGN_OR_RETURN(plan.prompt, catalogue_->Tokens(req.prefix_id(), req.tenant_salt()));
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
   } else {
     plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
@@ -842,13 +660,13 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
   VC_RETURN_IF_ERROR(ValidateGenerate(req, plan.prompt, {vocab_, context_, options_.chunk_tokens},
                                       default_variants_.front().compressor));
   if (req.stop_token_ids_size() > kMaxStopTokenIds) {
-    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxStopTokenIds,
-                                                   " stop_token_ids, got ", req.stop_token_ids_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at most ", kMaxStopTokenIds, " stop_token_ids, got ", req.stop_token_ids_size()));
   }
   for (int32_t id : req.stop_token_ids()) {
     if (id < 0 || id >= vocab_) {
-      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has id ", id,
-                                                     ", outside the vocabulary [0, ", vocab_, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids has id ", id, ", outside the vocabulary [0, ", vocab_, ")"));
     }
   }
   plan.x = req.draft_len() > 0 ? req.draft_len() : options_.draft_len;
@@ -871,9 +689,9 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
     ko.chunk_tokens = options_.chunk_tokens;
     ko.numerics_version = numerics_version_;
     ko.tenant_salt = req.tenant_salt();
-    VC_ASSIGN_OR_RETURN(auto keys, kvstore::ChunkKeysForTokens(
-                                       ko, model_id_,
-                                       absl::MakeConstSpan(plan.prompt).first(plan.prefix_tokens)));
+    VC_ASSIGN_OR_RETURN(
+        auto keys, kvstore::ChunkKeysForTokens(
+                       ko, model_id_, absl::MakeConstSpan(plan.prompt).first(plan.prefix_tokens)));
     for (const auto& k : keys) plan.chunk_keys.push_back(k.Raw());
     plan.prefix_key = keys.back().Hex();
     VC_ASSIGN_OR_RETURN(kvstore::ChunkKey vk, ingest::VariantKeyFor(keys.back(), plan.variant));
@@ -881,95 +699,6 @@ absl::StatusOr<CoordinatorService::Plan> CoordinatorService::PlanRequest(
   }
   plan.session = next_session_.fetch_add(1);
   return plan;
-}
-
-absl::Status CoordinatorService::EnsureStored(Plan& plan, Request& r) {
-  if (plan.prefix_tokens == 0) return absl::OkStatus();
-  // The chunks and the request's variant (every mode ingests both, so a
-  // later request over the same prefix finds its variant too).
-  std::vector<std::string> keys = plan.chunk_keys;
-  keys.push_back(plan.variant_key);
-  // One ingest per (prefix, variant) at a time; the others wait for it and
-  // look again (a failed or narrower ingest is retried by the waiter).
-  const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys));
-    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) return absl::OkStatus();
-    std::shared_ptr<IngestWait> wait;
-    bool mine = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto& slot = ingesting_[ingest_key];
-      if (slot == nullptr) {
-        slot = std::make_shared<IngestWait>();
-        mine = true;
-      }
-      wait = slot;
-    }
-    if (!mine) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!wait->cv.wait_until(lock, CallDeadline(r) + options_.rpc_timeout,
-                               [&] { return wait->done; })) {
-        return absl::DeadlineExceededError("waiting for another request's ingest of this prefix");
-      }
-      continue;
-    }
-    Worker* ingest_on = nullptr;
-    absl::Status status = [&]() -> absl::Status {
-      VC_RETURN_IF_ERROR(CheckStoredBudget(r.tenant));
-      // Ingest on the verifier this prefix is placed on.
-      VC_ASSIGN_OR_RETURN(ingest_on, PlaceVerifier(plan.prefix_key));
-      Worker& v = *ingest_on;
-      pb::IngestRequest req;
-      for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
-      req.set_chunk_tokens(options_.chunk_tokens);
-      req.set_tenant_salt(plan.req.tenant_salt());
-      // The requested variant plus the configured defaults (without a
-      // duplicate of it).
-      std::string variants = options_.ingest_variants;
-      if (!plan.req.compressor().empty()) {
-        const CompressorOptions& c = plan.variant.compressor;
-        std::string spec = c.name;
-        auto compressor = CreateCompressor(c);
-        if (compressor.ok() && (*compressor)->info().takes_ratio) absl::StrAppend(&spec, ":", c.ratio);
-        if (compressor.ok() && (*compressor)->info().takes_bits && c.bits > 0) {
-          absl::StrAppend(&spec, ":", c.bits);
-        }
-        const bool merged = ingest::ParseVariantList(absl::StrCat(spec, ",", variants)).ok();
-        variants = merged ? absl::StrCat(spec, ",", variants) : spec;
-      }
-      req.set_variants(variants);
-      pb::IngestResponse resp;
-      const grpc::Status s = CallIngest(v, r, req, &resp);
-      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest"));
-      ChargeStored(r.tenant, resp.bytes());
-      bool has_variant = false;
-      for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
-      if (!has_variant) {
-        return absl::InternalError(absl::StrCat("ingest did not produce the variant ",
-                                                plan.variant.compressor.name));
-      }
-      plan.totals.set_ingested(true);
-      return absl::OkStatus();
-    }();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      wait->done = true;
-      wait->status = status;
-      ingesting_.erase(ingest_key);
-    }
-    wait->cv.notify_all();
-    // The verifier died under the ingest: look again (the prefix may be
-    // stored by now) and ingest on a live one.
-    if (ingest_on != nullptr && IsWorkerLost(status) &&
-        CheckWorkerAfterFailure(WorkerPool::kVerifier, *ingest_on, status) &&
-        attempt < std::min(2, options_.max_worker_retries)) {
-      metrics_->retries->Labels({"verifier"}).Inc();
-      continue;
-    }
-    return status;
-  }
-  return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
 }
 
 bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status& failed) {
@@ -995,10 +724,7 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   // entry before it answers, and the store deletes one that fails its check
   // on a disk read, so a miss here means "ingest again", whatever error
   // text the worker chose.
-  std::vector<std::string> keys = plan.chunk_keys;
-  keys.push_back(plan.variant_key);
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
-  if (!hits.ok() || std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) return false;
+  if (!catalogue_->Missing(plan)) return false;
   ReleaseSessions(plan);
   plan.healed = true;
   plan.session = next_session_.fetch_add(1);
@@ -1007,65 +733,12 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   return true;
 }
 
-grpc::Status CoordinatorService::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,
-                                            pb::IngestResponse* resp) {
-  // A child of the client's call: when the client cancels (or its deadline
-  // passes) the ingest is cancelled too instead of running on for nobody.
-  std::unique_ptr<grpc::ClientContext> ctx =
-      r.server_ctx != nullptr ? grpc::ClientContext::FromServerContext(*r.server_ctx)
-                              : std::make_unique<grpc::ClientContext>();
-  // The child's deadline is the earlier of this and the client's.
-  ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout * 6);
-  return v.verifier->Ingest(ctx.get(), req, resp);
-}
-
 // ------------------------------------------------------------------ rounds
 
-bool CoordinatorService::Emit(Plan& plan, Request& r, const std::vector<int32_t>& tokens,
-                              const pb::RoundStats& round,
-                              Sink* writer) {
-  pb::GenerateResponse msg;
-  msg.set_request_id(r.id);
-  *msg.mutable_round() = round;
-  bool done = false;
-  for (int32_t t : tokens) {
-    plan.output.push_back(t);
-    msg.add_tokens(t);
-    const auto& stop_ids = plan.req.stop_token_ids();
-    if ((std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end() &&
-         !plan.req.ignore_eos()) ||
-        std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) {
-      plan.stopped_at_eos = true;
-      done = true;
-      break;
-    }
-    if (static_cast<int64_t>(plan.output.size()) >= plan.req.max_new_tokens()) {
-      done = true;
-      break;
-    }
-  }
-  r.generated = static_cast<int64_t>(plan.output.size());
-  if (!plan.first_token_sent && msg.tokens_size() > 0) {
-    plan.first_token_sent = true;
-    plan.first_token_time = Clock::now();
-    const double ttft = std::chrono::duration<double>(plan.first_token_time - r.start).count();
-    plan.totals.set_ttft_ms(ttft * 1000);
-    metrics_->ttft->Labels({ModeName(r.mode)}).Observe(ttft);
-  }
-  if (!writer->Write(msg)) r.cancelled = true;  // the receiver is gone
-  return !done;
-}
-
-absl::StatusOr<CoordinatorService::Worker*> CoordinatorService::PlaceVerifier(const std::string& key) {
-  std::optional<int> i = health_->PickByKey(WorkerPool::kVerifier, key);
-  if (!i) {
-    std::vector<std::string> down;
-    for (const auto& v : verifiers_) {
-      down.push_back(absl::StrCat(v->address, " (", health_->DownReason(WorkerPool::kVerifier, v->index), ")"));
-    }
-    return absl::UnavailableError(absl::StrCat("no live verifier: ", absl::StrJoin(down, ", ")));
-  }
-  return verifiers_[static_cast<size_t>(*i)].get();
+absl::StatusOr<Worker*> CoordinatorService::PlaceVerifier(const std::string& prefix_key,
+                                                          uint64_t session) {
+  VC_ASSIGN_OR_RETURN(const int i, placement_->Verifier(prefix_key, session));
+  return verifiers_[static_cast<size_t>(i)].get();
 }
 
 absl::Status CoordinatorService::Place(Plan& plan, pb::Mode mode) {
@@ -1076,18 +749,16 @@ absl::Status CoordinatorService::Place(Plan& plan, pb::Mode mode) {
   if (needs_verifier) {
     // By prefix (requests over one prefix meet there); a prompt without a
     // stored prefix by its session.
-    VC_ASSIGN_OR_RETURN(plan.verifier, PlaceVerifier(PlacementKey(plan.prefix_key, plan.session)));
+    VC_ASSIGN_OR_RETURN(plan.verifier, PlaceVerifier(plan.prefix_key, plan.session));
   }
   if (needs_drafter) {
     std::vector<int> loads;
     for (const auto& d : drafters_) loads.push_back(d->active.load());
-    std::optional<int> i = health_->PickLeastLoaded(WorkerPool::kDrafter, loads);
-    if (i) {
+    absl::StatusOr<int> i = placement_->Drafter(loads);
+    if (i.ok()) {
       plan.drafter = drafters_[static_cast<size_t>(*i)].get();
     } else if (mode != pb::MODE_VERICACHE) {
-      return absl::UnavailableError(absl::StrCat(
-          "no live drafter: ", drafters_[0]->address, " (",
-          health_->DownReason(WorkerPool::kDrafter, 0), ")", drafters_.size() > 1 ? " and the others" : ""));
+      return i.status();
     }
     // vericache without a live drafter: the verifier decodes alone.
   }
@@ -1099,13 +770,11 @@ absl::Status CoordinatorService::ProbeWorker(WorkerPool pool, int index) {
   Worker& w = *workers[static_cast<size_t>(index)];
   pb::WorkerInfoRequest req;
   pb::WorkerInfoResponse resp;
-  auto ctx = rpc::ContextWithTimeout(options_.health_check_timeout);
-  const grpc::Status s = pool == WorkerPool::kVerifier ? w.verifier->Info(ctx.get(), req, &resp)
-                                                       : w.drafter->Info(ctx.get(), req, &resp);
+  const absl::Status s = w.client().Info(CallWithin(options_.health_check_timeout), req, &resp);
   if (!s.ok()) {
     // Any failed probe means down, whatever its code (a hung worker times out).
-    return absl::UnavailableError(absl::StrCat(WorkerPoolName(pool), " ", w.address,
-                                               " health check: ", s.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat(WorkerPoolName(pool), " ", w.address, " health check: ", s.message()));
   }
   // A worker restarted on the same address must still be the same model,
   // numerics and stop set (the rule the coordinator applied at start).
@@ -1126,7 +795,8 @@ WorkerModel CoordinatorService::ExpectedWorkerModel() const {
   return expected;
 }
 
-bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s) {
+bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w,
+                                                 const absl::Status& s) {
   if (!IsWorkerLost(s)) return false;
   const absl::Status probe = ProbeWorker(pool, w.index);
   if (probe.ok()) {
@@ -1138,8 +808,7 @@ bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w, con
   return true;
 }
 
-absl::Status CoordinatorService::Run(Plan& plan, Request& r,
-                                     Sink* writer) {
+absl::Status CoordinatorService::Run(Plan& plan, Request& r, Sink* writer) {
   for (int attempt = 0;; ++attempt) {
     VC_RETURN_IF_ERROR(Place(plan, r.mode));
     absl::Status s = RunOnce(plan, r, writer);
@@ -1169,7 +838,8 @@ absl::Status CoordinatorService::Run(Plan& plan, Request& r,
     // token accepted so far (sampling is keyed by absolute position, so the
     // continuation is the same). A new session id is a new epoch: nothing
     // from the old sessions is read again.
-    plan.prompt.insert(plan.prompt.end(), plan.output.begin() + static_cast<std::ptrdiff_t>(plan.resumed),
+    plan.prompt.insert(plan.prompt.end(),
+                       plan.output.begin() + static_cast<std::ptrdiff_t>(plan.resumed),
                        plan.output.end());
     plan.resumed = plan.output.size();
     plan.session = next_session_.fetch_add(1);
@@ -1180,388 +850,18 @@ absl::Status CoordinatorService::Run(Plan& plan, Request& r,
 absl::Status CoordinatorService::RunOnce(Plan& plan, Request& r, Sink* writer) {
   switch (r.mode) {
     case pb::MODE_FULL_LOCAL:
-      return RunVerifierOnly(plan, r, writer, false);
+      return RunFullLocal(runner_, plan, r, writer, false);
     case pb::MODE_FULL_REMOTE:
     case pb::MODE_LOSSY_REMOTE:
-      return RunDrafterOnly(plan, r, writer);
+      return RunRemote(runner_, plan, r, writer);
     default:
       if (plan.drafter == nullptr) {
         // No live drafter: the verifier decodes alone (a fallback).
         plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
         metrics_->fallbacks->Inc();
-        return RunVerifierOnly(plan, r, writer, false);
+        return RunFullLocal(runner_, plan, r, writer, false);
       }
-      return RunVeriCache(plan, r, writer);
-  }
-}
-
-namespace {
-pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys) {
-  pb::PrefixRef ref;
-  ref.set_prefix_tokens(tokens);
-  for (const auto& k : keys) ref.add_chunk_keys(k);
-  return ref;
-}
-
-void NoteDrafterCommit(const pb::CommitResponse& resp, pb::GenerateTotals* totals) {
-  totals->set_online_folds(resp.online_folds());
-  totals->set_drafter_kv_peak_bytes(std::max(totals->drafter_kv_peak_bytes(), resp.kv_bytes()));
-}
-
-// `variant`: the compressor the request's variant was ingested with
-// (ParseVariantList's options: name, ratio, bits; default method parameters).
-void SetOnlineUpdate(const pb::GenerateRequest& gen, int32_t prefix_tokens,
-                     const CompressorOptions& variant, pb::DrafterOpenRequest* req) {
-  // A prompt without a whole stored chunk has no compressed view to fold
-  // into: its drafter keeps every token exact, as without online update.
-  if (!gen.online_update() || prefix_tokens == 0) return;
-  req->set_online_update(true);
-  req->set_compressor(variant.name);
-  req->set_ratio(variant.ratio);
-  req->set_bits(variant.bits);
-}
-}  // namespace
-
-absl::Status CoordinatorService::RunVeriCache(Plan& plan, Request& r,
-                                              Sink* writer) {
-  Worker& v = *plan.verifier;
-  Worker& d = *plan.drafter;
-  const int32_t n = static_cast<int32_t>(plan.prompt.size());
-  // Open both sessions; the drafter starts drafting as soon as its
-  // compressed prefix has arrived over the slow link.
-  {
-    pb::VerifierOpenRequest req;
-    req.set_session_id(plan.session);
-    for (int32_t t : plan.prompt) req.add_prompt(t);
-    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
-    *req.mutable_sampling() = plan.req.sampling();
-    req.set_tenant_salt(plan.req.tenant_salt());
-    pb::VerifierOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
-    if (!s.ok()) {
-      ReleaseAfterFailedOpen(WorkerPool::kVerifier, v, plan.session, s);
-      return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
-    }
-    plan.verifier_open = true;
-    ++v.active;
-  }
-  bool drafter_ok = true;
-  {
-    pb::DrafterOpenRequest req;
-    req.set_session_id(plan.session);
-    for (int32_t t : plan.prompt) req.add_prompt(t);
-    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
-    *req.mutable_sampling() = plan.req.sampling();
-    req.set_variant_key(plan.variant_key);
-    req.set_tenant_salt(plan.req.tenant_salt());
-    SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
-    req.set_lookahead(plan.x);
-    req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
-                         static_cast<int32_t>(plan.resumed));
-    pb::DrafterOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
-    if (!s.ok()) {
-      ReleaseAfterFailedOpen(WorkerPool::kDrafter, d, plan.session, s);
-      const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
-      if (!Retryable(st)) return st;
-      CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
-      drafter_ok = false;  // fall back to full-KV decoding on the verifier
-    } else {
-      plan.drafter_open = true;
-      ++d.active;
-      plan.totals.set_compression_ratio(resp.achieved_ratio());
-      plan.totals.set_compressor(resp.compressor());
-    }
-  }
-  const int64_t prefix_bytes = int64_t{plan.prefix_tokens} * kv_bytes_per_token_;
-  int64_t rounds = 0;
-  while (drafter_ok) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
-    const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
-    const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
-    // Book the verify: the reload on the fast link and the verifier's memory.
-    int64_t first_slot = clock_->now();
-    double issue_offset = 0;  // seconds into first_slot (a packed reload)
-    int64_t verify_slot = first_slot;
-    const int64_t booking_id = static_cast<int64_t>(plan.session);
-    bool booked = false;
-    if (prefix_bytes > 0) {
-      SlotClock::Shared shared;
-      if (!clock_->lock_step() &&
-          clock_->FindShared(plan.prefix_key, v.index, clock_->now() + std::max(1, take), &shared)) {
-        first_slot = std::max(shared.first_slot, clock_->now());
-        verify_slot = shared.verify_slot;
-      } else {
-        while (true) {
-          AdmitRequest ar;
-          ar.id = booking_id;
-          ar.full_kv_bytes = prefix_bytes;
-          ar.target_offset = std::max(1, take);
-          ar.min_offset = 1;
-          ar.link = 0;
-          ar.gpu = v.index;
-          VC_ASSIGN_OR_RETURN(Admission adm, clock_->Admit(ar));
-          if (!adm.queued) {
-            first_slot = adm.booking.first_slot();
-            issue_offset = adm.booking.issue_offset_seconds;
-            verify_slot = adm.booking.verify_slot;
-            booked = true;
-            clock_->NoteShared(plan.prefix_key, v.index, adm.booking);
-            break;
-          }
-          metrics_->scheduler_queued->Inc();
-          if (!clock_->WaitForSlot(clock_->now() + 1, r.deadline)) {
-            return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
-          }
-        }
-      }
-    }
-    absl::Status round_status = [&]() -> absl::Status {
-      // The reload starts at its slot (just in time within it when packed).
-      if (prefix_bytes > 0) {
-        if (!clock_->WaitForSlot(first_slot, issue_offset, r.deadline)) {
-          return absl::DeadlineExceededError("request deadline passed");
-        }
-        pb::LoadRequest req;
-        req.set_session_id(plan.session);
-        pb::LoadResponse resp;
-        auto ctx = CallContext(r);
-        const grpc::Status s = v.verifier->Load(ctx.get(), req, &resp);
-        if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Load"));
-        if (!clock_->WaitForSlot(verify_slot, r.deadline)) {
-          return absl::DeadlineExceededError("request deadline passed");
-        }
-      }
-      return absl::OkStatus();
-    }();
-    if (!round_status.ok()) {
-      if (booked) (void)clock_->Release(booking_id);
-      return round_status;
-    }
-    // Take the drafts (they have been drafting since the last commit).
-    std::vector<int32_t> drafts;
-    google::protobuf::RepeatedPtrField<pb::DraftDistribution> draft_probs;  // rejection sampling
-    if (take > 0) {
-      pb::DraftRequest req;
-      req.set_session_id(plan.session);
-      req.set_max_tokens(take);
-      req.set_min_tokens(take);
-      req.set_lookahead(plan.x);
-      pb::DraftResponse resp;
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Draft(ctx.get(), req, &resp);
-      if (!s.ok()) {
-        const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
-        if (booked) (void)clock_->Release(booking_id);
-        if (!Retryable(st)) return st;
-        CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
-        drafter_ok = false;
-        break;
-      }
-      drafts.assign(resp.drafts().begin(), resp.drafts().end());
-      draft_probs.Swap(resp.mutable_draft_probs());
-      Calibrate(resp.step_seconds());
-    }
-    pb::VerifyRequest vreq;
-    vreq.set_session_id(plan.session);
-    for (int32_t t : drafts) vreq.add_drafts(t);
-    vreq.mutable_draft_probs()->Swap(&draft_probs);
-    pb::VerifyResponse vresp;
-    const auto t0 = Clock::now();
-    grpc::Status vs;
-    {
-      auto ctx = CallContext(r);
-      vs = v.verifier->Verify(ctx.get(), vreq, &vresp);
-    }
-    if (booked) (void)clock_->Release(booking_id);
-    if (!vs.ok()) {
-      // Without the verifier nothing can be verified: fail cleanly (every
-      // token streamed so far was verified).
-      return rpc::FromGrpcStatus(vs, absl::StrCat("verifier ", v.address, " Verify"));
-    }
-    ++rounds;
-    metrics_->rounds->Inc();
-    UpdateSchedulerGauges();
-    metrics_->accepted_per_round->Observe(vresp.accepted());
-    metrics_->wasted->Inc(static_cast<double>(drafts.size()) - vresp.accepted());
-    plan.totals.set_verify_rounds(rounds);
-    plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() + static_cast<int64_t>(drafts.size()));
-    plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + vresp.accepted());
-    std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
-    pb::RoundStats round;
-    round.set_drafted(static_cast<int32_t>(drafts.size()));
-    round.set_accepted(vresp.accepted());
-    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    round.set_batch_requests(vresp.batch_requests());
-    round.set_prefix_shared(vresp.prefix_shared());
-    if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
-    // Tell the drafter: its confirmed drafts survive, the rest roll back,
-    // and the exact K/V of the verified tokens replaces its own.
-    {
-      pb::CommitRequest req;
-      req.set_session_id(plan.session);
-      for (int32_t t : tokens) req.add_tokens(t);
-      if (options_.kv_refresh) *req.mutable_refresh() = vresp.refresh();
-      pb::CommitResponse resp;
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Commit(ctx.get(), req, &resp);
-      if (!s.ok()) {
-        const absl::Status st = rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
-        if (!Retryable(st)) return st;
-        CheckWorkerAfterFailure(WorkerPool::kDrafter, d, st);
-        drafter_ok = false;
-        break;
-      }
-      plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
-      NoteDrafterCommit(resp, &plan.totals);
-    }
-    if (plan.adaptive && take > 0) {
-      plan.x = NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1, options_.max_draft_len);
-    }
-    // Acceptance collapse: decoding on the verifier alone is faster.
-    if (take >= 2) {
-      plan.fallback.RecordRound(vresp.accepted());
-      if (plan.fallback.ShouldFallBack()) drafter_ok = false;
-    }
-  }
-  // Fallback: plain full-KV decoding on the verifier.
-  plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
-  metrics_->fallbacks->Inc();
-  if (plan.drafter_open) {
-    ReleaseOrRetry(WorkerPool::kDrafter, d, plan.session);
-    plan.drafter_open = false;
-    --d.active;
-  }
-  return RunVerifierOnly(plan, r, writer, true);
-}
-
-absl::Status CoordinatorService::RunVerifierOnly(Plan& plan, Request& r,
-                                                 Sink* writer,
-                                                 bool already_open) {
-  Worker& v = *plan.verifier;
-  // The prefix stays loaded for the whole session: keep that memory out of
-  // what the scheduler books reloads into, until the session ends.
-  const int64_t resident_bytes = int64_t{plan.prefix_tokens} * kv_bytes_per_token_;
-  clock_->HoldResident(plan.prefix_key, v.index, resident_bytes);
-  absl::Cleanup release_resident = [&] {
-    clock_->ReleaseResident(plan.prefix_key, v.index);
-    UpdateSchedulerGauges();
-  };
-  UpdateSchedulerGauges();
-  if (!already_open) {
-    pb::VerifierOpenRequest req;
-    req.set_session_id(plan.session);
-    for (int32_t t : plan.prompt) req.add_prompt(t);
-    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
-    *req.mutable_sampling() = plan.req.sampling();
-    req.set_resident(true);
-    req.set_tenant_salt(plan.req.tenant_salt());
-    pb::VerifierOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Open(ctx.get(), req, &resp);
-    if (!s.ok()) {
-      ReleaseAfterFailedOpen(WorkerPool::kVerifier, v, plan.session, s);
-      return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Open"));
-    }
-    plan.verifier_open = true;
-    ++v.active;
-  } else {
-    pb::LoadRequest req;
-    req.set_session_id(plan.session);
-    req.set_resident(true);
-    pb::LoadResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Load(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Load"));
-  }
-  while (true) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
-    pb::VerifyRequest req;
-    req.set_session_id(plan.session);
-    pb::VerifyResponse resp;
-    const auto t0 = Clock::now();
-    auto ctx = CallContext(r);
-    const grpc::Status s = v.verifier->Verify(ctx.get(), req, &resp);
-    if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Verify"));
-    pb::RoundStats round;
-    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    round.set_batch_requests(resp.batch_requests());
-    round.set_fallback(already_open);
-    std::vector<int32_t> tokens(resp.tokens().begin(), resp.tokens().end());
-    if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
-  }
-}
-
-absl::Status CoordinatorService::RunDrafterOnly(Plan& plan, Request& r,
-                                                Sink* writer) {
-  Worker& d = *plan.drafter;
-  const bool full = r.mode == pb::MODE_FULL_REMOTE;
-  {
-    pb::DrafterOpenRequest req;
-    req.set_session_id(plan.session);
-    for (int32_t t : plan.prompt) req.add_prompt(t);
-    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
-    *req.mutable_sampling() = plan.req.sampling();
-    // Without a verifier nothing is judged: rejection sampling is plain
-    // seeded sampling here, as in full-KV decoding (so full_remote equals
-    // full_local token for token).
-    if (req.sampling().mode() == pb::SamplingConfig::REJECTION) {
-      req.mutable_sampling()->set_mode(pb::SamplingConfig::SEEDED);
-    }
-    req.set_tenant_salt(plan.req.tenant_salt());
-    if (full) {
-      req.set_full_prefix(true);
-    } else {
-      req.set_variant_key(plan.variant_key);
-      SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
-    }
-    req.set_lookahead(options_.baseline_chunk);
-    req.set_end_position(static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() -
-                                              plan.resumed));
-    pb::DrafterOpenResponse resp;
-    auto ctx = CallContext(r);
-    const grpc::Status s = d.drafter->Open(ctx.get(), req, &resp);
-    if (!s.ok()) {
-      ReleaseAfterFailedOpen(WorkerPool::kDrafter, d, plan.session, s);
-      return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Open"));
-    }
-    plan.drafter_open = true;
-    ++d.active;
-    plan.totals.set_compression_ratio(resp.achieved_ratio());
-    plan.totals.set_compressor(full ? "full" : resp.compressor());
-  }
-  while (true) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
-    const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
-    pb::DraftRequest req;
-    req.set_session_id(plan.session);
-    req.set_max_tokens(static_cast<int32_t>(std::min<int64_t>(options_.baseline_chunk, remaining)));
-    req.set_min_tokens(1);
-    pb::DraftResponse resp;
-    {
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Draft(ctx.get(), req, &resp);
-      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Draft"));
-    }
-    // These tokens are final: the drafter's own choices are the output.
-    std::vector<int32_t> tokens(resp.drafts().begin(), resp.drafts().end());
-    pb::CommitRequest creq;
-    creq.set_session_id(plan.session);
-    for (int32_t t : tokens) creq.add_tokens(t);
-    pb::CommitResponse cresp;
-    {
-      auto ctx = CallContext(r);
-      const grpc::Status s = d.drafter->Commit(ctx.get(), creq, &cresp);
-      if (!s.ok()) return rpc::FromGrpcStatus(s, absl::StrCat("drafter ", d.address, " Commit"));
-    }
-    NoteDrafterCommit(cresp, &plan.totals);
-    pb::RoundStats round;
-    if (!Emit(plan, r, tokens, round, writer)) return absl::OkStatus();
+      return RunVeriCache(runner_, plan, r, writer);
   }
 }
 
@@ -1600,12 +900,10 @@ absl::Status CoordinatorService::ReleaseOn(WorkerPool pool, int index, uint64_t 
   pb::ReleaseRequest req;
   req.set_session_id(session);
   pb::ReleaseResponse resp;
-  auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(2000));
-  ctx->set_wait_for_ready(wait_for_ready);
-  const grpc::Status s = pool == WorkerPool::kVerifier ? w.verifier->Release(ctx.get(), req, &resp)
-                                                       : w.drafter->Release(ctx.get(), req, &resp);
-  return rpc::FromGrpcStatus(
-      s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
+  WorkerCallOptions o = CallWithin(std::chrono::milliseconds(2000));
+  o.wait_for_ready = wait_for_ready;
+  const absl::Status s = w.client().Release(o, req, &resp);
+  return WithCallName(s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
 }
 
 void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session) {
@@ -1615,16 +913,6 @@ void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t ses
   if (!ReleaseOn(pool, w.index, session, /*wait_for_ready=*/false).ok()) {
     (void)release_retry_->Add(pool, w.index, session);
   }
-}
-
-void CoordinatorService::ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session,
-                                                const grpc::Status& s) {
-  // An Open that timed out may still have opened the session (the worker
-  // was paused or slow and the reply came too late): release it, or it
-  // stays until the worker's idle timeout. The worker also drops an Open
-  // whose caller's deadline passed before it finished; this covers a reply
-  // lost after the session was made. An unknown session releases as OK.
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ReleaseOrRetry(pool, w, session);
 }
 
 void CoordinatorService::ReleaseSessions(Plan& plan) {
@@ -1690,11 +978,11 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* ctx, const pb::Canc
   std::lock_guard<std::mutex> lock(mu_);
   // Another tenant's request with this id is not found: existed = false.
   auto it = requests_.find(RequestKey(who->tenant, req->request_id()));
-  const bool live = it != requests_.end() &&
-                    (it->second->state == "running" || it->second->state == "queued");
+  const bool live =
+      it != requests_.end() && (it->second->state == "running" || it->second->state == "queued");
   if (live) it->second->cancelled = true;
   resp->set_existed(live);
-  admit_cv_.notify_all();
+  admission_->Wake();
   return grpc::Status::OK;
 }
 
@@ -1710,9 +998,9 @@ grpc::Status CoordinatorService::GetRequest(grpc::ServerContext* ctx,
   std::lock_guard<std::mutex> lock(mu_);
   auto it = requests_.find(RequestKey(who->tenant, req->request_id()));
   if (it == requests_.end()) {
-    return rpc::ToGrpcStatus(absl::NotFoundError(
-        absl::StrCat("no request '", req->request_id(), "' (running or among the last ",
-                     kFinishedHistory, " finished)")));
+    return rpc::ToGrpcStatus(absl::NotFoundError(absl::StrCat("no request '", req->request_id(),
+                                                              "' (running or among the last ",
+                                                              kFinishedHistory, " finished)")));
   }
   resp->set_request_id(it->second->id);
   resp->set_state(it->second->state);
@@ -1735,22 +1023,17 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
     out->set_role(verifier ? "verifier" : "drafter");
     pb::WorkerInfoRequest req;
     pb::WorkerInfoResponse info;
-    auto ctx = rpc::ContextWithTimeout(std::chrono::milliseconds(1000));
-    const grpc::Status s = verifier ? w.verifier->Info(ctx.get(), req, &info)
-                                    : w.drafter->Info(ctx.get(), req, &info);
+    const absl::Status s = w.client().Info(CallWithin(std::chrono::milliseconds(1000)), req, &info);
     out->set_healthy(s.ok());
-    if (!s.ok()) out->set_error(s.error_message());
+    if (!s.ok()) out->set_error(std::string(s.message()));
     out->set_sessions(info.sessions());
     out->set_kv_bytes(info.kv_bytes());
   };
   for (auto& v : verifiers_) add(*v, true);
   for (auto& d : drafters_) add(*d, false);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    resp->set_active_requests(active_);
-    resp->set_queued_requests(queued_);
-    resp->set_completed_requests(completed_);
-  }
+  resp->set_active_requests(admission_->active());
+  resp->set_queued_requests(admission_->queued());
+  resp->set_completed_requests(admission_->completed());
   resp->set_slot_seconds(clock_->slot_seconds());
   resp->set_context_length(context_);
   resp->set_slot(clock_->now());
@@ -1765,63 +1048,11 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-namespace {
-// A variant list from a request: bounded text and count, parsed.
-absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
-  if (text.size() > kMaxVariantsTextBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("variants is longer than the limit of ", kMaxVariantsTextBytes, " bytes"));
-  }
-  VC_ASSIGN_OR_RETURN(std::vector<ingest::VariantSpec> v, ingest::ParseVariantList(text));
-  if (v.size() > kMaxVariantsPerPrefix) {
-    return absl::InvalidArgumentError(absl::StrCat("variants names ", v.size(),
-                                                   " variants, the limit is ",
-                                                   kMaxVariantsPerPrefix, " per prefix"));
-  }
-  return v;
-}
-}  // namespace
-
 grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
                                                 const pb::RegisterPrefixRequest* req,
                                                 pb::RegisterPrefixResponse* resp) {
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) return rpc::ToGrpcStatus(who.status());
-  // Sizes first, before the tokens are copied or anything is built.
-  if (req->tokens_size() >= context_) {
-    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "a prefix of ", req->tokens_size(), " tokens leaves no room in the context of ", context_)));
-  }
-  const std::string variants = req->variants().empty() ? options_.ingest_variants : req->variants();
-  if (absl::Status s = RequestVariants(variants).status(); !s.ok()) return rpc::ToGrpcStatus(s);
-  if (absl::Status s = ValidateRegisterPrefix(*req, {vocab_, context_, options_.chunk_tokens},
-                                              options_.ingest_variants);
-      !s.ok()) {
-    return rpc::ToGrpcStatus(s);
-  }
-  std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
-  kvstore::ChunkKeyOptions ko;
-  ko.chunk_tokens = options_.chunk_tokens;
-  ko.numerics_version = numerics_version_;
-  ko.tenant_salt = who->salt;
-  const int32_t whole = static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
-  absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
-      kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(tokens).first(whole));
-  if (!keys.ok()) return rpc::ToGrpcStatus(keys.status());
-  const kvstore::ChunkKey manifest = kvstore::PrefixManifestKey(ko, model_id_, tokens);
-  resp->set_prefix_id(manifest.Hex());
-  resp->set_prefix_tokens(whole);
-  // Keys are under the tenant's own salt: already_stored says only whether
-  // this tenant stored the prefix, never whether another one did.
-  std::vector<std::string> lookup;
-  for (const auto& k : *keys) lookup.push_back(k.Raw());
-  lookup.push_back(manifest.Raw());
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup);
-  if (!hits.ok()) return rpc::ToGrpcStatus(hits.status());
-  if (std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) {
-    resp->set_already_stored(true);
-    return grpc::Status::OK;
-  }
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
   Request r;
@@ -1835,34 +1066,7 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
     r.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     ctx->deadline() - std::chrono::system_clock::now());
   }
-  if (absl::Status s = CheckStoredBudget(r.tenant); !s.ok()) return rpc::ToGrpcStatus(s);
-  if (absl::Status s = Admit(r); !s.ok()) return rpc::ToGrpcStatus(s);
-  absl::StatusOr<Worker*> placed = PlaceVerifier(keys->back().Hex());
-  if (!placed.ok()) {
-    Leave(r);
-    return rpc::ToGrpcStatus(placed.status());
-  }
-  Worker& v = **placed;
-  pb::IngestRequest ireq;
-  for (int32_t i = 0; i < whole; ++i) ireq.add_tokens(tokens[i]);
-  ireq.set_chunk_tokens(options_.chunk_tokens);
-  ireq.set_tenant_salt(who->salt);
-  ireq.set_variants(variants);
-  pb::IngestResponse iresp;
-  const grpc::Status s = CallIngest(v, r, ireq, &iresp);
-  Leave(r);
-  if (!s.ok()) {
-    (void)CheckWorkerAfterFailure(WorkerPool::kVerifier, v,
-                                  rpc::FromGrpcStatus(s, absl::StrCat("verifier ", v.address, " Ingest")));
-    return s;
-  }
-  ChargeStored(r.tenant, iresp.bytes());
-  *resp->mutable_variants() = iresp.variants();
-  // The manifest last: a registered id always names a stored prefix.
-  if (absl::Status st = store_->PutAll({{manifest.Raw(), EncodeTokens(tokens)}}); !st.ok()) {
-    return rpc::ToGrpcStatus(st);
-  }
-  return grpc::Status::OK;
+  return rpc::ToGrpcStatus(catalogue_->Register(who->salt, *req, r, resp));
 }
 
 grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
@@ -1870,91 +1074,7 @@ grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
                                               pb::ManagePrefixResponse* resp) {
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) return rpc::ToGrpcStatus(who.status());
-  daemon::StoreClient::KeyAction action;
-  switch (req->action()) {
-    case pb::ManagePrefixRequest::PIN:
-      action = daemon::StoreClient::KeyAction::kPin;
-      break;
-    case pb::ManagePrefixRequest::UNPIN:
-      action = daemon::StoreClient::KeyAction::kUnpin;
-      break;
-    case pb::ManagePrefixRequest::DELETE:
-      action = daemon::StoreClient::KeyAction::kDelete;
-      break;
-    default:
-      return rpc::ToGrpcStatus(absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE"));
-  }
-  const std::string variants_text =
-      req->variants().empty() ? options_.ingest_variants : req->variants();
-  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = RequestVariants(variants_text);
-  if (!variants.ok()) return rpc::ToGrpcStatus(variants.status());
-  // Another tenant's prefix id answers NOT_FOUND, like an unknown one.
-  absl::StatusOr<std::vector<int32_t>> tokens = PrefixTokens(req->prefix_id(), who->salt);
-  if (!tokens.ok()) return rpc::ToGrpcStatus(tokens.status());
-  if (action == daemon::StoreClient::KeyAction::kPin) {
-    std::lock_guard<std::mutex> lock(mu_);
-    TenantState& t = tenants_[who->tenant];
-    if (!t.pins.count(req->prefix_id()) &&
-        static_cast<int>(t.pins.size()) >= options_.max_pins_per_tenant) {
-      ForgetTenantIfIdle(who->tenant);
-      return rpc::ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("this tenant already pins ", t.pins.size(),
-                       " prefixes, the limit is ", options_.max_pins_per_tenant,
-                       " (--max-pins-per-tenant); unpin one first")));
-    }
-  }
-  kvstore::ChunkKeyOptions ko;
-  ko.chunk_tokens = options_.chunk_tokens;
-  ko.numerics_version = numerics_version_;
-  ko.tenant_salt = who->salt;
-  const int32_t whole =
-      static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;
-  absl::StatusOr<std::vector<kvstore::ChunkKey>> chunks =
-      kvstore::ChunkKeysForTokens(ko, model_id_, absl::MakeConstSpan(*tokens).first(whole));
-  if (!chunks.ok()) return rpc::ToGrpcStatus(chunks.status());
-  std::vector<std::string> keys;
-  for (const auto& k : *chunks) keys.push_back(k.Raw());
-  if (!chunks->empty()) {
-    for (const auto& v : *variants) {
-      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v);
-      if (vk.ok()) keys.push_back(vk->Raw());
-    }
-  }
-  // Only what is stored (variants may never have been made); the manifest
-  // goes last on delete so a half-done delete can be repeated.
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
-  if (!hits.ok()) return rpc::ToGrpcStatus(hits.status());
-  std::vector<std::string> present;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if ((*hits)[i]) present.push_back(keys[i]);
-  }
-  present.push_back(absl::HexStringToBytes(req->prefix_id()));  // the manifest
-  int32_t applied = 0;
-  for (const auto& key : present) {
-    const absl::Status s = store_->Apply(action, key);
-    if (!s.ok() && !(action == daemon::StoreClient::KeyAction::kDelete &&
-                     s.code() == absl::StatusCode::kNotFound)) {
-      return rpc::ToGrpcStatus(s);
-    }
-    ++applied;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    TenantState& t = tenants_[who->tenant];
-    if (action == daemon::StoreClient::KeyAction::kPin) {
-      t.pins.insert(req->prefix_id());
-    } else {
-      t.pins.erase(req->prefix_id());
-    }
-    if (action == daemon::StoreClient::KeyAction::kDelete) {
-      // The full chunks' size; the variants' is not known here (an estimate
-      // on the low side: the budget errs towards refusing).
-      t.stored_bytes = std::max<int64_t>(0, t.stored_bytes - int64_t{whole} * kv_bytes_per_token_);
-    }
-    ForgetTenantIfIdle(who->tenant);
-  }
-  resp->set_entries(applied);
-  return grpc::Status::OK;
+  return rpc::ToGrpcStatus(catalogue_->Manage(who->tenant, who->salt, *req, resp));
 }
 
 }  // namespace vc::coordinator

@@ -1,24 +1,15 @@
-// vc-coordinator's public API (vericache.v1.Coordinator) and the request
-// runner behind it (DESIGN.md sections 3, 6 and 7).
-//
-// Admission: at most max_active requests run; up to max_queued more wait for
-// a place; beyond that Generate answers RESOURCE_EXHAUSTED. A running
-// request is placed on one drafter (least loaded) and one verifier (by its
-// prefix, so requests over one prefix meet on one verifier and can share its
-// load); a prompt whose prefix is not stored yet is ingested first.
-//
-// vericache mode, per round: the ring scheduler (SlotClock) books the
-// prefix's reload on the fast link and the verifier's memory and names the
-// verify slot nearest x slots ahead (or joins the pending verify of another
-// request over the same prefix: prefix-aware verification); the reload
-// starts at its slot (Load), the drafts are taken at the verify slot and
-// verified; the accepted tokens stream to the client and go back to the
-// drafter with their exact K/V (Commit, KV refresh). A drafter that fails or
-// whose acceptance collapses is dropped for plain full-KV decoding on the
-// verifier (fallback). Baseline modes: full_local (the verifier decodes with
-// the prefix resident), full_remote (the drafter fetches the full prefix over
-// the slow link and decodes exactly), lossy_remote (the drafter decodes on
-// the compressed prefix without verification: NOT lossless).
+// vc-coordinator's public API (vericache.v1.Coordinator): the gRPC edge over
+// the coordinator's parts (DESIGN.md sections 3, 6 and 7; docs/architecture.md
+// "The coordinator's parts"). A Generate is authenticated, bounded, recorded
+// (GetRequest, Cancel), admitted (admission.h: max_active running, max_queued
+// waiting, tenant quotas; beyond that RESOURCE_EXHAUSTED), planned (prompt,
+// chunk keys, variant, x), its prefix stored (prefix_catalogue.h: ingested
+// first if missing), placed (placement.h: the verifier by its prefix so
+// requests over one prefix meet, the drafter least loaded) and run by the
+// runner of its mode (request_runner.h: vericache, full_local, full_remote,
+// lossy_remote). The edge keeps what spans runs: re-establishing a request on
+// live workers when one it ran on died, healing a prefix that went missing,
+// releasing sessions, shadow checks of the lossless guarantee and metrics.
 #pragma once
 
 #include <atomic>
@@ -37,9 +28,14 @@
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
+#include "services/coordinator/admission.h"
+#include "services/coordinator/placement.h"
+#include "services/coordinator/prefix_catalogue.h"
 #include "services/coordinator/release_retry.h"
+#include "services/coordinator/request_runner.h"
 #include "services/coordinator/slot_clock.h"
 #include "services/coordinator/tenant_auth.h"
+#include "services/coordinator/worker_client.h"
 #include "services/coordinator/worker_compat.h"
 #include "services/coordinator/worker_health.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
@@ -115,8 +111,6 @@ struct CoordinatorOptions {
 
 // Bounds on request fields, checked before anything is allocated for them.
 inline constexpr size_t kMaxRequestIdBytes = 128;
-inline constexpr size_t kMaxVariantsPerPrefix = 16;
-inline constexpr size_t kMaxVariantsTextBytes = 1024;
 inline constexpr size_t kMaxCompressorNameBytes = 64;
 inline constexpr size_t kMaxTenantSaltBytes = 64;
 
@@ -143,23 +137,12 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   grpc::Status RegisterPrefix(grpc::ServerContext* ctx,
                               const vericache::v1::RegisterPrefixRequest* req,
                               vericache::v1::RegisterPrefixResponse* resp) override;
-  grpc::Status ManagePrefix(grpc::ServerContext* ctx,
-                            const vericache::v1::ManagePrefixRequest* req,
+  grpc::Status ManagePrefix(grpc::ServerContext* ctx, const vericache::v1::ManagePrefixRequest* req,
                             vericache::v1::ManagePrefixResponse* resp) override;
 
  private:
-  struct Worker;
-  struct Request;
-  // Where a request's messages go: the client's stream, or nowhere (the
-  // shadow check). Write returns false when the receiver is gone.
-  struct Sink {
-    virtual ~Sink() = default;
-    virtual bool Write(const vericache::v1::GenerateResponse& msg) = 0;
-  };
   struct Metrics;
-  struct Plan;
   struct StreamWatch;
-  struct TenantState;
 
   CoordinatorService(const CoordinatorOptions& options, metrics::Registry* registry);
   absl::Status Connect();
@@ -168,31 +151,18 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // totals) is the last thing written to `sink`.
   absl::Status Serve(const vericache::v1::GenerateRequest& req, Request& r, Sink* sink,
                      std::vector<int32_t>* output);
-  // Admission: waits for a place among the active requests.
+  // Admission (admission.h): waits for a place among the active requests.
   absl::Status Admit(Request& r);
   void Leave(Request& r);
 
   // The caller's identity (UNAUTHENTICATED without a valid key) with the
   // salt its KV keys use: derived when authentication is on (a request salt
   // is then refused), the request's own salt when it is off.
-  [[nodiscard]] absl::StatusOr<Identity> Caller(grpc::ServerContext* ctx, const std::string& request_salt);
+  [[nodiscard]] absl::StatusOr<Identity> Caller(grpc::ServerContext* ctx,
+                                                const std::string& request_salt);
   // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
   [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
   absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req);
-  // A registered prefix's token list from its manifest; NotFound if unknown
-  // or registered under another salt (another tenant's id looks unknown).
-  absl::StatusOr<std::vector<int32_t>> PrefixTokens(const std::string& prefix_id,
-                                                    const std::string& salt);
-  // Verifier Ingest under the request's admission: cancelled with its caller.
-  grpc::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
-                          vericache::v1::IngestResponse* resp);
-  // Charges an ingest's bytes to its tenant; ResourceExhausted beyond
-  // --max-stored-bytes-per-tenant (checked before the ingest starts).
-  [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
-  void ChargeStored(const std::string& tenant, int64_t bytes);
-  // Drops a tenant's bookkeeping once it holds nothing (mu_ held).
-  void ForgetTenantIfIdle(const std::string& tenant);
-  absl::Status EnsureStored(Plan& plan, Request& r);
   // After `failed` ended a run before any token was sent: true (and the
   // plan's sessions released, a fresh session id taken) when one of the
   // prefix's entries is missing from the store — evicted, or quarantined by
@@ -201,13 +171,12 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   bool PrepareHeal(Plan& plan, Request& r, const absl::Status& failed);
   // Places the request on live workers and runs it; re-establishes it on
   // live workers (bounded) when a worker it runs on dies.
-  absl::Status Run(Plan& plan, Request& r,
-                   Sink* writer);
+  absl::Status Run(Plan& plan, Request& r, Sink* writer);
   absl::Status RunOnce(Plan& plan, Request& r, Sink* writer);
-  // Placement among the live workers: the verifier by `key` (a prefix's
-  // last chunk key in hex: requests over one prefix meet on one verifier),
-  // the drafter least loaded. UNAVAILABLE when the pool has no live worker.
-  absl::StatusOr<Worker*> PlaceVerifier(const std::string& key);
+  // Placement among the live workers (placement.h): the verifier by the
+  // prefix (or the session), the drafter least loaded. UNAVAILABLE when the
+  // pool has no live worker.
+  absl::StatusOr<Worker*> PlaceVerifier(const std::string& prefix_key, uint64_t session = 0);
   absl::Status Place(Plan& plan, vericache::v1::Mode mode);
   // One health probe of a worker (Info, with a deadline; same model).
   absl::Status ProbeWorker(WorkerPool pool, int index);
@@ -216,18 +185,6 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // Probes a worker a call to which failed with `s` (now, not at the next
   // round) and marks it down if it is gone; returns true if it is down.
   bool CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);
-  absl::Status RunVeriCache(Plan& plan, Request& r,
-                            Sink* writer);
-  absl::Status RunVerifierOnly(Plan& plan, Request& r,
-                               Sink* writer,
-                               bool already_open);
-  absl::Status RunDrafterOnly(Plan& plan, Request& r,
-                              Sink* writer);
-  // Appends verified tokens (up to EOS / max_new_tokens) and streams them.
-  // Returns false when the request is complete.
-  bool Emit(Plan& plan, Request& r, const std::vector<int32_t>& tokens,
-            const vericache::v1::RoundStats& round,
-            Sink* writer);
   // Releases the plan's worker sessions (2 s deadline each); a failed
   // Release is queued for retries off the request path (release_retry_).
   void ReleaseSessions(Plan& plan);
@@ -236,21 +193,19 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   absl::Status ReleaseOn(WorkerPool pool, int index, uint64_t session, bool wait_for_ready);
   // ReleaseOn, failing fast; a failure is queued in release_retry_.
   void ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session);
-  // After an Open that failed with `s`: releases (or queues) the session if
-  // the worker may have opened it anyway (the call timed out).
-  void ReleaseAfterFailedOpen(WorkerPool pool, Worker& w, uint64_t session, const grpc::Status& s);
   // Auto slot: folds a drafter's step time into the slot duration.
   void Calibrate(double step_seconds);
   void UpdateSchedulerGauges();
   void ShadowCheck(const vericache::v1::GenerateRequest& req, const std::vector<int32_t>& tokens);
   std::chrono::steady_clock::time_point CallDeadline(const Request& r) const;
-  std::unique_ptr<grpc::ClientContext> CallContext(const Request& r) const;
 
   CoordinatorOptions options_;
   metrics::Registry* registry_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<daemon::StoreClient> store_;
   std::unique_ptr<SlotClock> clock_;
+  // What the runners (request_runner.h) get from the service.
+  RunnerContext runner_;
   std::vector<std::unique_ptr<Worker>> verifiers_;
   std::vector<std::unique_ptr<Worker>> drafters_;
   kvstore::ModelId model_id_;
@@ -265,22 +220,18 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   std::unique_ptr<TenantAuth> auth_;
   std::unique_ptr<StreamWatch> watch_;
   std::unique_ptr<WorkerHealth> health_;
+  std::unique_ptr<Placement> placement_;
   std::unique_ptr<ReleaseRetry> release_retry_;
 
+  std::unique_ptr<AdmissionController> admission_;
+  std::unique_ptr<CatalogueStore> catalogue_store_;
+  std::unique_ptr<PrefixCatalogue> catalogue_;
+  // Guards the request table.
   std::mutex mu_;
-  std::condition_variable admit_cv_;
-  bool stopping_ = false;
-  int active_ = 0;
-  int queued_ = 0;
-  int64_t completed_ = 0;
   // Running requests and a bounded history of finished ones (GetRequest),
   // keyed by (tenant, request id): a tenant sees only its own.
   std::map<std::string, std::shared_ptr<Request>> requests_;
-  std::map<std::string, TenantState> tenants_;
   std::deque<std::string> finished_order_;
-  // Prefixes being ingested: later requests wait for the first one's ingest.
-  struct IngestWait;
-  std::map<std::string, std::shared_ptr<IngestWait>> ingesting_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int64_t> next_request_{1};
   std::atomic<int> shadow_checks_running_{0};

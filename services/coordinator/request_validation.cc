@@ -14,19 +14,6 @@ namespace {
 
 namespace pb = ::vericache::v1;
 
-const char* ModeText(pb::Mode mode) {
-  switch (mode) {
-    case pb::MODE_FULL_REMOTE:
-      return "full_remote";
-    case pb::MODE_FULL_LOCAL:
-      return "full_local";
-    case pb::MODE_LOSSY_REMOTE:
-      return "lossy_remote";
-    default:
-      return "vericache";
-  }
-}
-
 // Every id in [0, vocab); `what` names the list in the error.
 absl::Status CheckIds(absl::Span<const int32_t> ids, int vocab, const char* what) {
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -39,6 +26,19 @@ absl::Status CheckIds(absl::Span<const int32_t> ids, int vocab, const char* what
 }
 
 }  // namespace
+
+const char* ModeName(pb::Mode mode) {
+  switch (mode) {
+    case pb::MODE_FULL_REMOTE:
+      return "full_remote";
+    case pb::MODE_FULL_LOCAL:
+      return "full_local";
+    case pb::MODE_LOSSY_REMOTE:
+      return "lossy_remote";
+    default:
+      return "vericache";
+  }
+}
 
 absl::StatusOr<std::string> ParsePrefixId(const std::string& id) {
   const bool hex = std::all_of(id.begin(), id.end(), [](char c) {
@@ -77,14 +77,15 @@ absl::Status ValidateGenerate(const pb::GenerateRequest& req, absl::Span<const i
   // Compared without adding them: prompt + a max_new_tokens near INT64_MAX
   // would overflow.
   if (req.max_new_tokens() > limits.context - static_cast<int64_t>(prompt.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
-        ") exceeds the model's context of ", limits.context, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", prompt.size(), " tokens) + max_new_tokens (", req.max_new_tokens(),
+                     ") exceeds the model's context of ", limits.context, " tokens"));
   }
   // The workers' own check, here before any session opens.
   VC_RETURN_IF_ERROR(daemon::ToSessionSampling(req.sampling()).status());
   if (req.draft_len() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("draft_len must be >= 0, got ", req.draft_len()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft_len must be >= 0, got ", req.draft_len()));
   }
   // The compressed variant the drafter uses.
   CompressorOptions compressor = default_compressor;
@@ -108,7 +109,7 @@ absl::Status ValidateGenerate(const pb::GenerateRequest& req, absl::Span<const i
       return absl::InvalidArgumentError(absl::StrCat(
           "online_update folds tokens into the drafter's compressed KV: it needs mode vericache "
           "or lossy_remote, not ",
-          ModeText(mode)));
+          ModeName(mode)));
     }
     VC_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, CreateCompressor(compressor));
     if (c->online_policy().kind == OnlinePolicy::Kind::kNone) {
@@ -131,8 +132,8 @@ absl::Status ValidateRegisterPrefix(const pb::RegisterPrefixRequest& req,
                                                    limits.chunk_tokens, " tokens, got ", n));
   }
   if (n >= limits.context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a prefix of ", n, " tokens leaves no room in the context of ", limits.context));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a prefix of ", n, " tokens leaves no room in the context of ", limits.context));
   }
   const std::string& variants = req.variants().empty() ? default_variants : req.variants();
   return ingest::ParseVariantList(variants).status();

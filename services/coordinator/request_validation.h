@@ -26,6 +26,9 @@ struct RequestLimits {
 // InvalidArgument otherwise.
 absl::StatusOr<std::string> ParsePrefixId(const std::string& id);
 
+// A mode's name as flags, messages and metric labels spell it.
+const char* ModeName(vericache::v1::Mode mode);
+
 // Where a GenerateRequest's prompt comes from: prompt_ids, or prefix_id (+
 // suffix_ids). InvalidArgument for both, or suffix_ids without a prefix_id.
 absl::Status CheckPromptSource(const vericache::v1::GenerateRequest& req);

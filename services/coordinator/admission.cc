@@ -1,0 +1,159 @@
+#include "services/coordinator/admission.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace vc::coordinator {
+
+AdmissionController::AdmissionController(AdmissionOptions options, AdmissionMetrics metrics)
+    : options_(std::move(options)), metrics_(metrics) {}
+
+void AdmissionController::SetGauges() {
+  if (metrics_.queue_depth != nullptr) metrics_.queue_depth->Set(queued_);
+  if (metrics_.active != nullptr) metrics_.active->Set(active_);
+}
+
+absl::Status AdmissionController::Admit(const std::string& tenant_name,
+                                        const std::function<bool()>& gone,
+                                        Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("coordinator is shutting down");
+  Tenant& tenant = tenants_[tenant_name];
+  if (tenant.requests >= options_.max_requests_per_tenant) {
+    if (metrics_.rejections != nullptr) metrics_.rejections->Inc();
+    ForgetIfIdle(tenant_name);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this tenant already has ", options_.max_requests_per_tenant,
+                     " requests running or queued (--max-requests-per-tenant)"));
+  }
+  ++tenant.requests;
+  // Every refusal below gives the tenant's place back.
+  auto refuse = [&](absl::Status s) {
+    --tenants_[tenant_name].requests;
+    ForgetIfIdle(tenant_name);
+    return s;
+  };
+  if (active_ >= options_.max_active) {
+    if (queued_ >= options_.max_queued) {
+      if (metrics_.rejections != nullptr) metrics_.rejections->Inc();
+      return refuse(absl::ResourceExhaustedError(
+          absl::StrCat("coordinator is full: ", active_, " requests running and ", queued_,
+                       " queued (--max-active-requests ", options_.max_active,
+                       ", --max-queued-requests ", options_.max_queued, ")")));
+    }
+    ++queued_;
+    SetGauges();
+    // Polled as well as woken: `gone` may turn true without a Wake.
+    while (!stopping_ && active_ >= options_.max_active && !gone() && Clock::now() < deadline) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    --queued_;
+    SetGauges();
+    if (stopping_) return refuse(absl::UnavailableError("coordinator is shutting down"));
+    if (gone()) return refuse(absl::CancelledError("request cancelled while queued"));
+    if (Clock::now() >= deadline)
+      return refuse(absl::DeadlineExceededError("deadline passed while queued"));
+  }
+  ++active_;
+  SetGauges();
+  return absl::OkStatus();
+}
+
+void AdmissionController::Leave(const std::string& tenant, bool completed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --tenants_[tenant].requests;
+    ForgetIfIdle(tenant);
+    --active_;
+    if (completed) ++completed_;
+    SetGauges();
+  }
+  cv_.notify_all();
+}
+
+void AdmissionController::Wake() { cv_.notify_all(); }
+
+void AdmissionController::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+void AdmissionController::ForgetIfIdle(const std::string& tenant) {
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end() && it->second.requests == 0 && it->second.pins.empty() &&
+      it->second.stored_bytes == 0) {
+    tenants_.erase(it);
+  }
+}
+
+absl::Status AdmissionController::CheckStoredBudget(const std::string& tenant) {
+  if (options_.max_stored_bytes_per_tenant == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end() && it->second.stored_bytes >= options_.max_stored_bytes_per_tenant) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this tenant has stored ", it->second.stored_bytes, " bytes of KV, the limit is ",
+        options_.max_stored_bytes_per_tenant,
+        " (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)"));
+  }
+  return absl::OkStatus();
+}
+
+void AdmissionController::ChargeStored(const std::string& tenant, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  t.stored_bytes = std::max<int64_t>(0, t.stored_bytes + bytes);
+  ForgetIfIdle(tenant);
+}
+
+absl::Status AdmissionController::CheckPin(const std::string& tenant,
+                                           const std::string& prefix_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  const size_t pins = it == tenants_.end() ? 0 : it->second.pins.size();
+  const bool pinned = it != tenants_.end() && it->second.pins.count(prefix_id) > 0;
+  if (pinned || static_cast<int>(pins) < options_.max_pins_per_tenant) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("this tenant already pins ", pins, " prefixes, the limit is ",
+                   options_.max_pins_per_tenant, " (--max-pins-per-tenant); unpin one first"));
+}
+
+void AdmissionController::NotePrefix(const std::string& tenant, const std::string& prefix_id,
+                                     bool pinned, int64_t freed_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  if (pinned) {
+    t.pins.insert(prefix_id);
+  } else {
+    t.pins.erase(prefix_id);
+  }
+  t.stored_bytes = std::max<int64_t>(0, t.stored_bytes - freed_bytes);
+  ForgetIfIdle(tenant);
+}
+
+int AdmissionController::active() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_;
+}
+
+int AdmissionController::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_;
+}
+
+int64_t AdmissionController::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+size_t AdmissionController::tenants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tenants_.size();
+}
+
+}  // namespace vc::coordinator

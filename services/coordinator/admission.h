@@ -1,0 +1,96 @@
+// The coordinator's admission controller: how many requests run and wait,
+// and what each tenant may hold. At most max_active requests run; up to
+// max_queued more wait (until a place frees, their caller goes away, their
+// deadline passes or the coordinator stops); beyond that a request is refused
+// with RESOURCE_EXHAUSTED. Per tenant: requests running or queued, prefixes
+// pinned, and bytes of KV its ingests added. A tenant's bookkeeping is
+// dropped once it holds nothing, so idle tenants cost no memory.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/metrics/metrics.h"
+
+namespace vc::coordinator {
+
+struct AdmissionOptions {
+  int max_active = 64;
+  int max_queued = 256;
+  int max_requests_per_tenant = 128;
+  int max_pins_per_tenant = 64;
+  int64_t max_stored_bytes_per_tenant = 0;  // 0: no limit
+};
+
+// Where the controller reports (any may be null: unit tests).
+struct AdmissionMetrics {
+  metrics::Counter* rejections = nullptr;  // refused: queue full or tenant at its limit
+  metrics::Gauge* queue_depth = nullptr;
+  metrics::Gauge* active = nullptr;
+};
+
+class AdmissionController {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit AdmissionController(AdmissionOptions options, AdmissionMetrics metrics = {});
+
+  // Takes a place for `tenant`'s request, waiting while max_active run.
+  // `gone` says the caller went away (checked while waiting). OK: the request
+  // runs and must Leave(); otherwise it holds nothing.
+  [[nodiscard]] absl::Status Admit(const std::string& tenant, const std::function<bool()>& gone,
+                                   Clock::time_point deadline);
+  // Gives an admitted request's place back; `completed` counts it among the
+  // completed requests (a Generate, not a prefix registration).
+  void Leave(const std::string& tenant, bool completed);
+  // Wakes the waiters to look at their `gone` again (a Cancel).
+  void Wake();
+  // Refuses new requests and ends the waits (UNAVAILABLE).
+  void Stop();
+
+  // RESOURCE_EXHAUSTED when the tenant's ingests already added
+  // max_stored_bytes_per_tenant (checked before an ingest starts).
+  [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
+  // Charges (or, negative, gives back) bytes of KV to the tenant.
+  void ChargeStored(const std::string& tenant, int64_t bytes);
+  // RESOURCE_EXHAUSTED when pinning `prefix_id` would pass max_pins_per_tenant.
+  [[nodiscard]] absl::Status CheckPin(const std::string& tenant, const std::string& prefix_id);
+  // After a pin, unpin or delete of `prefix_id` was applied: `pinned` is
+  // whether it is pinned now; `freed_bytes` what a delete gave back.
+  void NotePrefix(const std::string& tenant, const std::string& prefix_id, bool pinned,
+                  int64_t freed_bytes);
+
+  int active() const;
+  int queued() const;
+  int64_t completed() const;
+  // Tenants with bookkeeping (for tests: idle ones are dropped).
+  size_t tenants() const;
+
+ private:
+  struct Tenant {
+    int requests = 0;            // running or queued
+    std::set<std::string> pins;  // prefix ids pinned through ManagePrefix
+    int64_t stored_bytes = 0;    // what its ingests added (estimate on delete)
+  };
+  void ForgetIfIdle(const std::string& tenant);  // mu_ held
+  void SetGauges();                              // mu_ held
+
+  const AdmissionOptions options_;
+  const AdmissionMetrics metrics_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  int active_ = 0;
+  int queued_ = 0;
+  int64_t completed_ = 0;
+  std::map<std::string, Tenant> tenants_;
+};
+
+}  // namespace vc::coordinator

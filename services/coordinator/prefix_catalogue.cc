@@ -1,0 +1,383 @@
+#include "services/coordinator/prefix_catalogue.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/compress/compressor.h"
+#include "services/common/store_client.h"
+#include "services/coordinator/request_validation.h"
+
+namespace vc::coordinator {
+
+namespace pb = ::vericache::v1;
+
+namespace {
+
+std::string Hex(const std::string& raw) { return absl::BytesToHexString(raw); }
+
+std::string EncodeTokens(const std::vector<int32_t>& tokens) {
+  std::string out(tokens.size() * 4, '\0');
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(tokens[i]);
+    for (int b = 0; b < 4; ++b) out[i * 4 + b] = static_cast<char>((u >> (8 * b)) & 0xff);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
+  if (bytes.size() % 4 != 0) return absl::DataLossError("corrupt prefix manifest");
+  std::vector<int32_t> out(bytes.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b)
+      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i * 4 + b])) << (8 * b);
+    out[i] = static_cast<int32_t>(u);
+  }
+  return out;
+}
+
+class StoreClientAdapter final : public CatalogueStore {
+ public:
+  explicit StoreClientAdapter(daemon::StoreClient* store) : store_(store) {}
+  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys) override {
+    return store_->Lookup(keys);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override { return store_->Get(key); }
+  absl::Status Put(const std::string& key, const std::string& value) override {
+    return store_->PutAll({{key, value}});
+  }
+  absl::Status Apply(Action action, const std::string& key) override {
+    switch (action) {
+      case Action::kPin:
+        return store_->Apply(daemon::StoreClient::KeyAction::kPin, key);
+      case Action::kUnpin:
+        return store_->Apply(daemon::StoreClient::KeyAction::kUnpin, key);
+      case Action::kDelete:
+        break;
+    }
+    return store_->Apply(daemon::StoreClient::KeyAction::kDelete, key);
+  }
+
+ private:
+  daemon::StoreClient* store_;
+};
+
+bool AllTrue(const std::vector<bool>& hits) {
+  return std::all_of(hits.begin(), hits.end(), [](bool h) { return h; });
+}
+
+}  // namespace
+
+// A variant list from a request: bounded text and count, parsed.
+absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
+  if (text.size() > kMaxVariantsTextBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variants is longer than the limit of ", kMaxVariantsTextBytes, " bytes"));
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<ingest::VariantSpec> v, ingest::ParseVariantList(text));
+  if (v.size() > kMaxVariantsPerPrefix) {
+    return absl::InvalidArgumentError(absl::StrCat("variants names ", v.size(),
+                                                   " variants, the limit is ",
+                                                   kMaxVariantsPerPrefix, " per prefix"));
+  }
+  return v;
+}
+
+std::unique_ptr<CatalogueStore> StoreClientCatalogue(daemon::StoreClient* store) {
+  return std::make_unique<StoreClientAdapter>(store);
+}
+
+PrefixCatalogue::PrefixCatalogue(CatalogueOptions options, CatalogueModel model,
+                                 CatalogueStore* store, AdmissionController* admission,
+                                 CatalogueHooks hooks)
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      store_(store),
+      admission_(admission),
+      hooks_(std::move(hooks)) {}
+
+absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::Tokens(const std::string& id,
+                                                             const std::string& salt) {
+  VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
+  const absl::Status not_found =
+      absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
+  absl::StatusOr<std::string> manifest = store_->Get(raw);
+  if (!manifest.ok()) {
+    if (manifest.status().code() == absl::StatusCode::kNotFound) return not_found;
+    return manifest.status();
+  }
+  if (manifest->size() > static_cast<size_t>(model_.context) * 4) {
+    return absl::DataLossError("prefix manifest longer than the model's context");
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, DecodeTokens(*manifest));
+  // The id is the manifest key under the registering tenant's salt: an id
+  // registered by another tenant (or a forged manifest) does not match this
+  // caller's key for these tokens, and answers exactly like an unknown id.
+  const kvstore::ChunkKeyOptions ko = KeyOptions(salt);
+  if (kvstore::PrefixManifestKey(ko, model_.model_id, tokens).Raw() != raw) return not_found;
+  return tokens;
+}
+
+absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
+  if (plan.prefix_tokens == 0) return absl::OkStatus();
+  // The chunks and the request's variant (every mode ingests both, so a
+  // later request over the same prefix finds its variant too).
+  std::vector<std::string> keys = plan.chunk_keys;
+  keys.push_back(plan.variant_key);
+  // One ingest per (prefix, variant) at a time; the others wait for it and
+  // look again (a failed or narrower ingest is retried by the waiter).
+  const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys));
+    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) return absl::OkStatus();
+    std::shared_ptr<IngestWait> wait;
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& slot = ingesting_[ingest_key];
+      if (slot == nullptr) {
+        slot = std::make_shared<IngestWait>();
+        mine = true;
+      }
+      wait = slot;
+    }
+    if (!mine) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!wait->cv.wait_until(
+              lock,
+              std::min(r.deadline, Clock::now() + options_.rpc_timeout) + options_.rpc_timeout,
+              [&] { return wait->done; })) {
+        return absl::DeadlineExceededError("waiting for another request's ingest of this prefix");
+      }
+      continue;
+    }
+    Worker* ingest_on = nullptr;
+    absl::Status status = [&]() -> absl::Status {
+      VC_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
+      // Ingest on the verifier this prefix is placed on.
+      VC_ASSIGN_OR_RETURN(ingest_on, hooks_.place_verifier(plan.prefix_key));
+      Worker& v = *ingest_on;
+      pb::IngestRequest req;
+      for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
+      req.set_chunk_tokens(options_.chunk_tokens);
+      req.set_tenant_salt(plan.req.tenant_salt());
+      // The requested variant plus the configured defaults (without a
+      // duplicate of it).
+      std::string variants = options_.ingest_variants;
+      if (!plan.req.compressor().empty()) {
+        const CompressorOptions& c = plan.variant.compressor;
+        std::string spec = c.name;
+        auto compressor = CreateCompressor(c);
+        if (compressor.ok() && (*compressor)->info().takes_ratio)
+          absl::StrAppend(&spec, ":", c.ratio);
+        if (compressor.ok() && (*compressor)->info().takes_bits && c.bits > 0) {
+          absl::StrAppend(&spec, ":", c.bits);
+        }
+        const bool merged = ingest::ParseVariantList(absl::StrCat(spec, ",", variants)).ok();
+        variants = merged ? absl::StrCat(spec, ",", variants) : spec;
+      }
+      req.set_variants(variants);
+      pb::IngestResponse resp;
+      const absl::Status s = CallIngest(v, r, req, &resp);
+      if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
+      admission_->ChargeStored(r.tenant, resp.bytes());
+      bool has_variant = false;
+      for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
+      if (!has_variant) {
+        return absl::InternalError(
+            absl::StrCat("ingest did not produce the variant ", plan.variant.compressor.name));
+      }
+      plan.totals.set_ingested(true);
+      return absl::OkStatus();
+    }();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      wait->done = true;
+      wait->status = status;
+      ingesting_.erase(ingest_key);
+    }
+    wait->cv.notify_all();
+    // The verifier died under the ingest: look again (the prefix may be
+    // stored by now) and ingest on a live one.
+    if (ingest_on != nullptr && IsWorkerLost(status) &&
+        hooks_.worker_failed(WorkerPool::kVerifier, *ingest_on, status) &&
+        attempt < std::min(2, options_.max_worker_retries)) {
+      if (hooks_.on_retry) hooks_.on_retry();
+      continue;
+    }
+    return status;
+  }
+  return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
+}
+
+kvstore::ChunkKeyOptions PrefixCatalogue::KeyOptions(const std::string& salt) const {
+  kvstore::ChunkKeyOptions ko;
+  ko.chunk_tokens = options_.chunk_tokens;
+  ko.numerics_version = model_.numerics_version;
+  ko.tenant_salt = salt;
+  return ko;
+}
+
+bool PrefixCatalogue::Missing(const Plan& plan) {
+  std::vector<std::string> keys = plan.chunk_keys;
+  keys.push_back(plan.variant_key);
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
+  return hits.ok() && !AllTrue(*hits);
+}
+
+absl::Status PrefixCatalogue::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,
+                                         pb::IngestResponse* resp) {
+  // A child of the client's call: when the client cancels (or its deadline
+  // passes) the ingest is cancelled too instead of running on for nobody.
+  WorkerCallOptions o = CallWithin(options_.rpc_timeout * 6);
+  o.parent = r.server_ctx;
+  return v.verifier->Ingest(o, req, resp);
+}
+
+absl::Status PrefixCatalogue::Register(const std::string& salt,
+                                       const pb::RegisterPrefixRequest& req, Request& r,
+                                       pb::RegisterPrefixResponse* resp) {
+  // Sizes first, before the tokens are copied or anything is built.
+  if (req.tokens_size() >= model_.context) {
+    return (absl::InvalidArgumentError(absl::StrCat("a prefix of ", req.tokens_size(),
+                                                    " tokens leaves no room in the context of ",
+                                                    model_.context)));
+  }
+  const std::string variants = req.variants().empty() ? options_.ingest_variants : req.variants();
+  if (absl::Status s = RequestVariants(variants).status(); !s.ok()) return (s);
+  if (absl::Status s = ValidateRegisterPrefix(
+          req, {model_.vocab, model_.context, options_.chunk_tokens}, options_.ingest_variants);
+      !s.ok()) {
+    return (s);
+  }
+  std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
+  const kvstore::ChunkKeyOptions ko = KeyOptions(salt);
+  const int32_t whole =
+      static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
+  absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
+      kvstore::ChunkKeysForTokens(ko, model_.model_id, absl::MakeConstSpan(tokens).first(whole));
+  if (!keys.ok()) return (keys.status());
+  const kvstore::ChunkKey manifest = kvstore::PrefixManifestKey(ko, model_.model_id, tokens);
+  resp->set_prefix_id(manifest.Hex());
+  resp->set_prefix_tokens(whole);
+  // Keys are under the tenant's own salt: already_stored says only whether
+  // this tenant stored the prefix, never whether another one did.
+  std::vector<std::string> lookup;
+  for (const auto& k : *keys) lookup.push_back(k.Raw());
+  lookup.push_back(manifest.Raw());
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup);
+  if (!hits.ok()) return (hits.status());
+  if (std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) {
+    resp->set_already_stored(true);
+    return absl::OkStatus();
+  }
+  // The ingest is admitted like a request (it holds a verifier as long as a
+  // prefill) and ends when its caller goes away.
+  if (absl::Status s = admission_->CheckStoredBudget(r.tenant); !s.ok()) return (s);
+  if (absl::Status s = admission_->Admit(
+          r.tenant, [&r] { return r.gone(); }, r.deadline);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Worker*> placed = hooks_.place_verifier(keys->back().Hex());
+  if (!placed.ok()) {
+    admission_->Leave(r.tenant, false);
+    return (placed.status());
+  }
+  Worker& v = **placed;
+  pb::IngestRequest ireq;
+  for (int32_t i = 0; i < whole; ++i) ireq.add_tokens(tokens[i]);
+  ireq.set_chunk_tokens(options_.chunk_tokens);
+  ireq.set_tenant_salt(salt);
+  ireq.set_variants(variants);
+  pb::IngestResponse iresp;
+  const absl::Status s = CallIngest(v, r, ireq, &iresp);
+  admission_->Leave(r.tenant, false);
+  if (!s.ok()) {
+    (void)hooks_.worker_failed(WorkerPool::kVerifier, v,
+                               WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest")));
+    return s;
+  }
+  admission_->ChargeStored(r.tenant, iresp.bytes());
+  *resp->mutable_variants() = iresp.variants();
+  // The manifest last: a registered id always names a stored prefix.
+  if (absl::Status st = store_->Put(manifest.Raw(), EncodeTokens(tokens)); !st.ok()) {
+    return (st);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::string& salt,
+                                     const pb::ManagePrefixRequest& req,
+                                     pb::ManagePrefixResponse* resp) {
+  CatalogueStore::Action action;
+  switch (req.action()) {
+    case pb::ManagePrefixRequest::PIN:
+      action = CatalogueStore::Action::kPin;
+      break;
+    case pb::ManagePrefixRequest::UNPIN:
+      action = CatalogueStore::Action::kUnpin;
+      break;
+    case pb::ManagePrefixRequest::DELETE:
+      action = CatalogueStore::Action::kDelete;
+      break;
+    default:
+      return (absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE"));
+  }
+  const std::string variants_text =
+      req.variants().empty() ? options_.ingest_variants : req.variants();
+  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = RequestVariants(variants_text);
+  if (!variants.ok()) return (variants.status());
+  // Another tenant's prefix id answers NOT_FOUND, like an unknown one.
+  absl::StatusOr<std::vector<int32_t>> tokens = Tokens(req.prefix_id(), salt);
+  if (!tokens.ok()) return (tokens.status());
+  if (action == CatalogueStore::Action::kPin) {
+    if (absl::Status s = admission_->CheckPin(tenant, req.prefix_id()); !s.ok()) {
+      return (s);
+    }
+  }
+  const kvstore::ChunkKeyOptions ko = KeyOptions(salt);
+  const int32_t whole =
+      static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;
+  absl::StatusOr<std::vector<kvstore::ChunkKey>> chunks =
+      kvstore::ChunkKeysForTokens(ko, model_.model_id, absl::MakeConstSpan(*tokens).first(whole));
+  if (!chunks.ok()) return (chunks.status());
+  std::vector<std::string> keys;
+  for (const auto& k : *chunks) keys.push_back(k.Raw());
+  if (!chunks->empty()) {
+    for (const auto& v : *variants) {
+      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v);
+      if (vk.ok()) keys.push_back(vk->Raw());
+    }
+  }
+  // Only what is stored (variants may never have been made); the manifest
+  // goes last on delete so a half-done delete can be repeated.
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
+  if (!hits.ok()) return (hits.status());
+  std::vector<std::string> present;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if ((*hits)[i]) present.push_back(keys[i]);
+  }
+  present.push_back(absl::HexStringToBytes(req.prefix_id()));  // the manifest
+  int32_t applied = 0;
+  for (const auto& key : present) {
+    const absl::Status s = store_->Apply(action, key);
+    if (!s.ok() &&
+        !(action == CatalogueStore::Action::kDelete && s.code() == absl::StatusCode::kNotFound)) {
+      return (s);
+    }
+    ++applied;
+  }
+  // On delete, the full chunks' size; the variants' is not known here (an
+  // estimate on the low side: the budget errs towards refusing).
+  admission_->NotePrefix(
+      tenant, req.prefix_id(), action == CatalogueStore::Action::kPin,
+      action == CatalogueStore::Action::kDelete ? int64_t{whole} * model_.kv_bytes_per_token : 0);
+  resp->set_entries(applied);
+  return absl::OkStatus();
+}
+
+}  // namespace vc::coordinator

@@ -1,0 +1,131 @@
+// The coordinator's prefix catalogue: what is stored for a prefix, and under
+// which id. It owns
+//  * manifests: a registered prefix's token list, stored under its id (the
+//    manifest key under the registering tenant's salt, so another tenant's
+//    id answers exactly like an unknown one);
+//  * EnsureStored: a request's chunks and its compressed variant are in the
+//    store before it runs, ingested on the verifier the prefix is placed on
+//    if not; one ingest per (prefix, variant) at a time, the others wait for
+//    it and look again (ingest de-duplication);
+//  * RegisterPrefix (ingest ahead of requests, admitted like a request) and
+//    ManagePrefix (pin, unpin, delete), with the tenant quotas of the
+//    admission controller.
+// The store is behind a seam (CatalogueStore) and the verifiers behind the
+// worker-client interface, so the catalogue is unit-tested on fakes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ingest/prefix_ingest.h"
+#include "common/kvstore/chunk_key.h"
+#include "services/coordinator/admission.h"
+#include "services/coordinator/request_runner.h"
+#include "vericache/v1/coordinator.pb.h"
+
+namespace vc::daemon {
+class StoreClient;
+}  // namespace vc::daemon
+
+namespace vc::coordinator {
+
+// Bounds on the variants a request names.
+inline constexpr size_t kMaxVariantsPerPrefix = 16;
+inline constexpr size_t kMaxVariantsTextBytes = 1024;
+
+// A variant list from a request: bounded text and count, parsed.
+absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text);
+
+// The store calls the catalogue makes.
+class CatalogueStore {
+ public:
+  enum class Action { kDelete, kPin, kUnpin };
+  virtual ~CatalogueStore() = default;
+  virtual absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys) = 0;
+  virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
+  virtual absl::Status Put(const std::string& key, const std::string& value) = 0;
+  virtual absl::Status Apply(Action action, const std::string& key) = 0;
+};
+// The daemon's: the KV store's client (which must outlive it).
+std::unique_ptr<CatalogueStore> StoreClientCatalogue(daemon::StoreClient* store);
+
+struct CatalogueOptions {
+  int chunk_tokens = 64;
+  std::string ingest_variants = "snapkv:0.25";
+  std::chrono::milliseconds rpc_timeout{10000};
+  int max_worker_retries = 2;
+};
+
+// The model the workers serve (their Info), as keys and bounds need it.
+struct CatalogueModel {
+  kvstore::ModelId model_id;
+  uint32_t numerics_version = 0;
+  int vocab = 0;
+  int context = 0;
+  int64_t kv_bytes_per_token = 0;
+};
+
+struct CatalogueHooks {
+  // The verifier a prefix (last chunk key in hex) is placed on.
+  std::function<absl::StatusOr<Worker*>(const std::string& prefix_key)> place_verifier;
+  // A call to `w` failed with `s`: true if the worker is down now.
+  std::function<bool(WorkerPool pool, Worker& w, const absl::Status& s)> worker_failed;
+  // An ingest is tried again on another verifier (a metric).
+  std::function<void()> on_retry;
+};
+
+class PrefixCatalogue {
+ public:
+  PrefixCatalogue(CatalogueOptions options, CatalogueModel model, CatalogueStore* store,
+                  AdmissionController* admission, CatalogueHooks hooks);
+
+  // A registered prefix's token list from its manifest; NotFound if unknown
+  // or registered under another salt.
+  absl::StatusOr<std::vector<int32_t>> Tokens(const std::string& prefix_id,
+                                              const std::string& salt);
+  // The plan's chunks and variant are stored (ingested if not), within r's
+  // deadline; the ingest is charged to r's tenant.
+  absl::Status EnsureStored(Plan& plan, Request& r);
+  // True when the store answers and one of the plan's entries is missing
+  // (evicted, or quarantined for failing its seal).
+  bool Missing(const Plan& plan);
+  // RegisterPrefix for r's tenant, whose keys use `salt`; `r` is the call
+  // (deadline, cancellation) and takes an admission place while the ingest
+  // runs.
+  absl::Status Register(const std::string& salt, const vericache::v1::RegisterPrefixRequest& req,
+                        Request& r, vericache::v1::RegisterPrefixResponse* resp);
+  // ManagePrefix for `tenant` with key salt `salt`.
+  absl::Status Manage(const std::string& tenant, const std::string& salt,
+                      const vericache::v1::ManagePrefixRequest& req,
+                      vericache::v1::ManagePrefixResponse* resp);
+
+ private:
+  struct IngestWait {
+    bool done = false;
+    absl::Status status;
+    std::condition_variable cv;
+  };
+  // Verifier Ingest on r's behalf: cancelled with its caller.
+  absl::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
+                          vericache::v1::IngestResponse* resp);
+  kvstore::ChunkKeyOptions KeyOptions(const std::string& salt) const;
+
+  const CatalogueOptions options_;
+  const CatalogueModel model_;
+  CatalogueStore* store_;
+  AdmissionController* admission_;
+  const CatalogueHooks hooks_;
+  std::mutex mu_;
+  // Prefixes being ingested: later requests wait for the first one's ingest.
+  std::map<std::string, std::shared_ptr<IngestWait>> ingesting_;
+};
+
+}  // namespace vc::coordinator

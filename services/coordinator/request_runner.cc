@@ -1,0 +1,453 @@
+#include "services/coordinator/request_runner.h"
+
+#include <algorithm>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/speculative/draft_verify.h"
+#include "services/coordinator/request_validation.h"
+
+namespace vc::coordinator {
+
+namespace pb = ::vericache::v1;
+
+WorkerCallOptions RunnerContext::CallOptions(const Request& r) const {
+  WorkerCallOptions o;
+  o.deadline = std::min(r.deadline, Clock::now() + options.rpc_timeout);
+  return o;
+}
+
+namespace {
+
+bool Retryable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInternal ||
+         s.code() == absl::StatusCode::kOutOfRange || s.code() == absl::StatusCode::kAborted ||
+         s.code() == absl::StatusCode::kResourceExhausted;
+}
+
+void Inc(metrics::Counter* c, double v = 1) {
+  if (c != nullptr) c->Inc(v);
+}
+
+void Observe(metrics::Histogram* h, double v) {
+  if (h != nullptr) h->Observe(v);
+}
+
+bool WorkerFailed(const RunnerContext& ctx, WorkerPool pool, Worker& w, const absl::Status& s) {
+  return ctx.worker_failed ? ctx.worker_failed(pool, w, s) : false;
+}
+
+void ReleaseSession(const RunnerContext& ctx, WorkerPool pool, Worker& w, uint64_t session) {
+  if (ctx.release) ctx.release(pool, w, session);
+}
+
+void UpdateGauges(const RunnerContext& ctx) {
+  if (ctx.update_gauges) ctx.update_gauges();
+}
+
+// After an Open that failed with `s`: an Open that timed out may still have
+// opened the session (the worker was paused or slow and the reply came too
+// late): release it, or it stays until the worker's idle timeout. The worker
+// also drops an Open whose caller's deadline passed before it finished; this
+// covers a reply lost after the session was made. An unknown session
+// releases as OK.
+void ReleaseAfterFailedOpen(const RunnerContext& ctx, WorkerPool pool, Worker& w, uint64_t session,
+                            const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) ReleaseSession(ctx, pool, w, session);
+}
+
+pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys) {
+  pb::PrefixRef ref;
+  ref.set_prefix_tokens(tokens);
+  for (const auto& k : keys) ref.add_chunk_keys(k);
+  return ref;
+}
+
+void NoteDrafterCommit(const pb::CommitResponse& resp, pb::GenerateTotals* totals) {
+  totals->set_online_folds(resp.online_folds());
+  totals->set_drafter_kv_peak_bytes(std::max(totals->drafter_kv_peak_bytes(), resp.kv_bytes()));
+}
+
+// `variant`: the compressor the request's variant was ingested with
+// (ParseVariantList's options: name, ratio, bits; default method parameters).
+void SetOnlineUpdate(const pb::GenerateRequest& gen, int32_t prefix_tokens,
+                     const CompressorOptions& variant, pb::DrafterOpenRequest* req) {
+  // A prompt without a whole stored chunk has no compressed view to fold
+  // into: its drafter keeps every token exact, as without online update.
+  if (!gen.online_update() || prefix_tokens == 0) return;
+  req->set_online_update(true);
+  req->set_compressor(variant.name);
+  req->set_ratio(variant.ratio);
+  req->set_bits(variant.bits);
+}
+
+// Opens the plan's session on its verifier (`resident`: the prefix stays
+// loaded for the whole session, full_local).
+absl::Status OpenVerifier(const RunnerContext& ctx, Plan& plan, const Request& r, bool resident) {
+  Worker& v = *plan.verifier;
+  pb::VerifierOpenRequest req;
+  req.set_session_id(plan.session);
+  for (int32_t t : plan.prompt) req.add_prompt(t);
+  *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+  *req.mutable_sampling() = plan.req.sampling();
+  if (resident) req.set_resident(true);
+  req.set_tenant_salt(plan.req.tenant_salt());
+  pb::VerifierOpenResponse resp;
+  const absl::Status s = v.verifier->Open(ctx.CallOptions(r), req, &resp);
+  if (!s.ok()) {
+    ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
+    return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
+  }
+  plan.verifier_open = true;
+  ++v.active;
+  return absl::OkStatus();
+}
+
+// Appends verified tokens (up to EOS / max_new_tokens) and streams them.
+// Returns false when the request is complete.
+bool Emit(const RunnerContext& ctx, Plan& plan, Request& r, const std::vector<int32_t>& tokens,
+          const pb::RoundStats& round, Sink* writer) {
+  pb::GenerateResponse msg;
+  msg.set_request_id(r.id);
+  *msg.mutable_round() = round;
+  bool done = false;
+  for (int32_t t : tokens) {
+    plan.output.push_back(t);
+    msg.add_tokens(t);
+    const auto& stop_ids = plan.req.stop_token_ids();
+    if ((std::find(ctx.eos_ids.begin(), ctx.eos_ids.end(), t) != ctx.eos_ids.end() &&
+         !plan.req.ignore_eos()) ||
+        std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) {
+      plan.stopped_at_eos = true;
+      done = true;
+      break;
+    }
+    if (static_cast<int64_t>(plan.output.size()) >= plan.req.max_new_tokens()) {
+      done = true;
+      break;
+    }
+  }
+  r.generated = static_cast<int64_t>(plan.output.size());
+  if (!plan.first_token_sent && msg.tokens_size() > 0) {
+    plan.first_token_sent = true;
+    plan.first_token_time = Clock::now();
+    const double ttft = std::chrono::duration<double>(plan.first_token_time - r.start).count();
+    plan.totals.set_ttft_ms(ttft * 1000);
+    if (ctx.metrics.ttft != nullptr) ctx.metrics.ttft->Labels({ModeName(r.mode)}).Observe(ttft);
+  }
+  if (!writer->Write(msg)) r.cancelled = true;  // the receiver is gone
+  return !done;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- vericache
+
+absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer) {
+  Worker& v = *plan.verifier;
+  Worker& d = *plan.drafter;
+  const int32_t n = static_cast<int32_t>(plan.prompt.size());
+  // Open both sessions; the drafter starts drafting as soon as its
+  // compressed prefix has arrived over the slow link.
+  VC_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/false));
+  bool drafter_ok = true;
+  {
+    pb::DrafterOpenRequest req;
+    req.set_session_id(plan.session);
+    for (int32_t t : plan.prompt) req.add_prompt(t);
+    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+    *req.mutable_sampling() = plan.req.sampling();
+    req.set_variant_key(plan.variant_key);
+    req.set_tenant_salt(plan.req.tenant_salt());
+    SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
+    req.set_lookahead(plan.x);
+    req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
+                         static_cast<int32_t>(plan.resumed));
+    pb::DrafterOpenResponse resp;
+    const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, &resp);
+    if (!s.ok()) {
+      ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
+      const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
+      if (!Retryable(st)) return st;
+      WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
+      drafter_ok = false;  // fall back to full-KV decoding on the verifier
+    } else {
+      plan.drafter_open = true;
+      ++d.active;
+      plan.totals.set_compression_ratio(resp.achieved_ratio());
+      plan.totals.set_compressor(resp.compressor());
+    }
+  }
+  const int64_t prefix_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
+  int64_t rounds = 0;
+  while (drafter_ok) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+    const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
+    // Book the verify: the reload on the fast link and the verifier's memory.
+    int64_t first_slot = ctx.clock->now();
+    double issue_offset = 0;  // seconds into first_slot (a packed reload)
+    int64_t verify_slot = first_slot;
+    const int64_t booking_id = static_cast<int64_t>(plan.session);
+    bool booked = false;
+    if (prefix_bytes > 0) {
+      SlotClock::Shared shared;
+      if (!ctx.clock->lock_step() &&
+          ctx.clock->FindShared(plan.prefix_key, v.index, ctx.clock->now() + std::max(1, take),
+                                &shared)) {
+        first_slot = std::max(shared.first_slot, ctx.clock->now());
+        verify_slot = shared.verify_slot;
+      } else {
+        while (true) {
+          AdmitRequest ar;
+          ar.id = booking_id;
+          ar.full_kv_bytes = prefix_bytes;
+          ar.target_offset = std::max(1, take);
+          ar.min_offset = 1;
+          ar.link = 0;
+          ar.gpu = v.index;
+          VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
+          if (!adm.queued) {
+            first_slot = adm.booking.first_slot();
+            issue_offset = adm.booking.issue_offset_seconds;
+            verify_slot = adm.booking.verify_slot;
+            booked = true;
+            ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
+            break;
+          }
+          Inc(ctx.metrics.scheduler_queued);
+          if (!ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline)) {
+            return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
+          }
+        }
+      }
+    }
+    absl::Status round_status = [&]() -> absl::Status {
+      // The reload starts at its slot (just in time within it when packed).
+      if (prefix_bytes > 0) {
+        if (!ctx.clock->WaitForSlot(first_slot, issue_offset, r.deadline)) {
+          return absl::DeadlineExceededError("request deadline passed");
+        }
+        pb::LoadRequest req;
+        req.set_session_id(plan.session);
+        pb::LoadResponse resp;
+        const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
+        if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
+        if (!ctx.clock->WaitForSlot(verify_slot, r.deadline)) {
+          return absl::DeadlineExceededError("request deadline passed");
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!round_status.ok()) {
+      if (booked) (void)ctx.clock->Release(booking_id);
+      return round_status;
+    }
+    // Take the drafts (they have been drafting since the last commit).
+    std::vector<int32_t> drafts;
+    google::protobuf::RepeatedPtrField<pb::DraftDistribution> draft_probs;  // rejection sampling
+    if (take > 0) {
+      pb::DraftRequest req;
+      req.set_session_id(plan.session);
+      req.set_max_tokens(take);
+      req.set_min_tokens(take);
+      req.set_lookahead(plan.x);
+      pb::DraftResponse resp;
+      const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
+      if (!s.ok()) {
+        const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
+        if (booked) (void)ctx.clock->Release(booking_id);
+        if (!Retryable(st)) return st;
+        WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
+        drafter_ok = false;
+        break;
+      }
+      drafts.assign(resp.drafts().begin(), resp.drafts().end());
+      draft_probs.Swap(resp.mutable_draft_probs());
+      if (ctx.calibrate) ctx.calibrate(resp.step_seconds());
+    }
+    pb::VerifyRequest vreq;
+    vreq.set_session_id(plan.session);
+    for (int32_t t : drafts) vreq.add_drafts(t);
+    vreq.mutable_draft_probs()->Swap(&draft_probs);
+    pb::VerifyResponse vresp;
+    const auto t0 = Clock::now();
+    const absl::Status vs = v.verifier->Verify(ctx.CallOptions(r), vreq, &vresp);
+    if (booked) (void)ctx.clock->Release(booking_id);
+    if (!vs.ok()) {
+      // Without the verifier nothing can be verified: fail cleanly (every
+      // token streamed so far was verified).
+      return WithCallName(vs, absl::StrCat("verifier ", v.address, " Verify"));
+    }
+    ++rounds;
+    Inc(ctx.metrics.rounds);
+    UpdateGauges(ctx);
+    Observe(ctx.metrics.accepted_per_round, vresp.accepted());
+    Inc(ctx.metrics.wasted, static_cast<double>(drafts.size()) - vresp.accepted());
+    plan.totals.set_verify_rounds(rounds);
+    plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() +
+                                   static_cast<int64_t>(drafts.size()));
+    plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + vresp.accepted());
+    std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
+    pb::RoundStats round;
+    round.set_drafted(static_cast<int32_t>(drafts.size()));
+    round.set_accepted(vresp.accepted());
+    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    round.set_batch_requests(vresp.batch_requests());
+    round.set_prefix_shared(vresp.prefix_shared());
+    if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+    // Tell the drafter: its confirmed drafts survive, the rest roll back,
+    // and the exact K/V of the verified tokens replaces its own.
+    {
+      pb::CommitRequest req;
+      req.set_session_id(plan.session);
+      for (int32_t t : tokens) req.add_tokens(t);
+      if (ctx.options.kv_refresh) *req.mutable_refresh() = vresp.refresh();
+      pb::CommitResponse resp;
+      const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);
+      if (!s.ok()) {
+        const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
+        if (!Retryable(st)) return st;
+        WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
+        drafter_ok = false;
+        break;
+      }
+      plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
+      NoteDrafterCommit(resp, &plan.totals);
+    }
+    if (plan.adaptive && take > 0) {
+      plan.x =
+          NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1, ctx.options.max_draft_len);
+    }
+    // Acceptance collapse: decoding on the verifier alone is faster.
+    if (take >= 2) {
+      plan.fallback.RecordRound(vresp.accepted());
+      if (plan.fallback.ShouldFallBack()) drafter_ok = false;
+    }
+  }
+  // Fallback: plain full-KV decoding on the verifier.
+  plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
+  Inc(ctx.metrics.fallbacks);
+  if (plan.drafter_open) {
+    ReleaseSession(ctx, WorkerPool::kDrafter, d, plan.session);
+    plan.drafter_open = false;
+    --d.active;
+  }
+  return RunFullLocal(ctx, plan, r, writer, true);
+}
+
+// ------------------------------------------------------------ full_local
+
+absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer,
+                          bool already_open) {
+  Worker& v = *plan.verifier;
+  // The prefix stays loaded for the whole session: keep that memory out of
+  // what the scheduler books reloads into, until the session ends.
+  const int64_t resident_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
+  ctx.clock->HoldResident(plan.prefix_key, v.index, resident_bytes);
+  absl::Cleanup release_resident = [&] {
+    ctx.clock->ReleaseResident(plan.prefix_key, v.index);
+    UpdateGauges(ctx);
+  };
+  UpdateGauges(ctx);
+  if (!already_open) {
+    VC_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/true));
+  } else {
+    pb::LoadRequest req;
+    req.set_session_id(plan.session);
+    req.set_resident(true);
+    pb::LoadResponse resp;
+    const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
+    if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
+  }
+  while (true) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    pb::VerifyRequest req;
+    req.set_session_id(plan.session);
+    pb::VerifyResponse resp;
+    const auto t0 = Clock::now();
+    const absl::Status s = v.verifier->Verify(ctx.CallOptions(r), req, &resp);
+    if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Verify"));
+    pb::RoundStats round;
+    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    round.set_batch_requests(resp.batch_requests());
+    round.set_fallback(already_open);
+    std::vector<int32_t> tokens(resp.tokens().begin(), resp.tokens().end());
+    if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+  }
+}
+
+// ----------------------------------------------- full_remote, lossy_remote
+
+absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer) {
+  Worker& d = *plan.drafter;
+  const bool full = r.mode == pb::MODE_FULL_REMOTE;
+  {
+    pb::DrafterOpenRequest req;
+    req.set_session_id(plan.session);
+    for (int32_t t : plan.prompt) req.add_prompt(t);
+    *req.mutable_prefix() = MakePrefixRef(plan.prefix_tokens, plan.chunk_keys);
+    *req.mutable_sampling() = plan.req.sampling();
+    // Without a verifier nothing is judged: rejection sampling is plain
+    // seeded sampling here, as in full-KV decoding (so full_remote equals
+    // full_local token for token).
+    if (req.sampling().mode() == pb::SamplingConfig::REJECTION) {
+      req.mutable_sampling()->set_mode(pb::SamplingConfig::SEEDED);
+    }
+    req.set_tenant_salt(plan.req.tenant_salt());
+    if (full) {
+      req.set_full_prefix(true);
+    } else {
+      req.set_variant_key(plan.variant_key);
+      SetOnlineUpdate(plan.req, plan.prefix_tokens, plan.variant.compressor, &req);
+    }
+    req.set_lookahead(ctx.options.baseline_chunk);
+    req.set_end_position(
+        static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() - plan.resumed));
+    pb::DrafterOpenResponse resp;
+    const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, &resp);
+    if (!s.ok()) {
+      ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
+      return WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
+    }
+    plan.drafter_open = true;
+    ++d.active;
+    plan.totals.set_compression_ratio(resp.achieved_ratio());
+    plan.totals.set_compressor(full ? "full" : resp.compressor());
+  }
+  while (true) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+    pb::DraftRequest req;
+    req.set_session_id(plan.session);
+    req.set_max_tokens(
+        static_cast<int32_t>(std::min<int64_t>(ctx.options.baseline_chunk, remaining)));
+    req.set_min_tokens(1);
+    pb::DraftResponse resp;
+    {
+      const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
+      if (!s.ok()) return WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
+    }
+    // These tokens are final: the drafter's own choices are the output.
+    std::vector<int32_t> tokens(resp.drafts().begin(), resp.drafts().end());
+    pb::CommitRequest creq;
+    creq.set_session_id(plan.session);
+    for (int32_t t : tokens) creq.add_tokens(t);
+    pb::CommitResponse cresp;
+    {
+      const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), creq, &cresp);
+      if (!s.ok()) return WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
+    }
+    NoteDrafterCommit(cresp, &plan.totals);
+    pb::RoundStats round;
+    if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+  }
+}
+
+}  // namespace vc::coordinator

@@ -1,0 +1,162 @@
+// One Generate request as the coordinator runs it, and the runners that
+// decode it, one per mode, over the worker-client interface (worker_client.h):
+//  * RunVeriCache (vericache): per round, book the verify on the ring
+//    scheduler (SlotClock: the prefix's reload on the fast link and the
+//    verifier's memory, or join another request's pending verify of the same
+//    prefix), Load at its slot, take the drafts, Verify, stream the accepted
+//    tokens, Commit them (with their exact K/V) to the drafter, adapt x; a
+//    drafter that fails or whose acceptance collapses is dropped for
+//    RunFullLocal on the same verifier session (fallback).
+//  * RunFullLocal (full_local, and fallback): the verifier decodes alone
+//    with the prefix resident.
+//  * RunRemote (full_remote, lossy_remote): the drafter decodes alone, on
+//    the full prefix fetched over the slow link or on its compressed variant
+//    (lossy_remote is NOT lossless).
+// The runners own the round loop and nothing else: placement, admission,
+// retries on other workers and session releases at the end belong to the
+// service around them, which reaches in through RunnerContext's hooks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/ingest/prefix_ingest.h"
+#include "common/metrics/metrics.h"
+#include "common/speculative/accept_rule.h"
+#include "services/coordinator/slot_clock.h"
+#include "services/coordinator/worker_client.h"
+#include "services/coordinator/worker_health.h"
+#include "vericache/v1/coordinator.pb.h"
+
+namespace vc::coordinator {
+
+using Clock = std::chrono::steady_clock;
+
+// One worker of a pool as the coordinator holds it.
+struct Worker {
+  std::string address;
+  // One of the two, by the worker's pool.
+  std::unique_ptr<VerifierClient> verifier;
+  std::unique_ptr<DrafterClient> drafter;
+  WorkerClient& client() { return verifier ? static_cast<WorkerClient&>(*verifier) : *drafter; }
+  std::atomic<int> active{0};  // sessions open on it (drafter placement)
+  int index = 0;
+};
+
+// A request's identity and lifetime (what GetRequest and Cancel see).
+struct Request {
+  std::string id;
+  std::string tenant;
+  // The client's call, when there is one (not for shadow checks): calls made
+  // on its behalf that may run long (ingest) are cancelled with it.
+  const grpc::ServerContextBase* server_ctx = nullptr;
+  // A Generate (counted in completed_requests), or a prefix registration
+  // that only borrows an admission place.
+  bool is_generate = true;
+  vericache::v1::Mode mode = vericache::v1::MODE_VERICACHE;
+  std::atomic<bool> cancelled{false};
+  std::string state = "queued";
+  std::string error;
+  std::atomic<int64_t> generated{0};
+  Clock::time_point start;
+  Clock::time_point deadline = Clock::time_point::max();
+  // True once the client has gone away (cancelled call).
+  std::function<bool()> client_gone = [] { return false; };
+  bool gone() const { return cancelled || client_gone(); }
+};
+
+// Where a request's messages go: the client's stream, or nowhere (the
+// shadow check). Write returns false when the receiver is gone.
+struct Sink {
+  virtual ~Sink() = default;
+  virtual bool Write(const vericache::v1::GenerateResponse& msg) = 0;
+};
+
+// What a request decodes and how far it got.
+struct Plan {
+  vericache::v1::GenerateRequest req;
+  std::vector<int32_t> prompt;
+  int32_t prefix_tokens = 0;
+  std::vector<std::string> chunk_keys;  // raw
+  std::string prefix_key;               // hex of the last chunk key ("" if none)
+  ingest::VariantSpec variant;
+  std::string variant_key;  // raw
+  int x = 8;
+  double accept_ewma = -1;
+  bool adaptive = false;
+  // Placement and sessions.
+  Worker* verifier = nullptr;
+  Worker* drafter = nullptr;
+  uint64_t session = 0;
+  bool verifier_open = false;
+  bool drafter_open = false;
+  // Output.
+  std::vector<int32_t> output;
+  bool stopped_at_eos = false;
+  vericache::v1::GenerateTotals totals;
+  // Acceptance collapse (rounds with at least two drafts): common/speculative's
+  // one fallback rule, with the coordinator's window and minimum.
+  FallbackPolicy fallback{FallbackOptions{}};
+  bool first_token_sent = false;
+  Clock::time_point first_token_time;
+  // Output tokens already folded into `prompt` by a retry on other workers.
+  size_t resumed = 0;
+  bool healed = false;  // PrepareHeal ran once
+};
+
+struct RunnerOptions {
+  // Adaptive x is kept within [1, max_draft_len].
+  int max_draft_len = 32;
+  bool kv_refresh = true;
+  int baseline_chunk = 16;  // tokens per Draft call in the remote baselines
+  std::chrono::milliseconds rpc_timeout{10000};
+};
+
+// The runners' metrics (any may be null: unit tests).
+struct RunnerMetrics {
+  metrics::HistogramFamily* ttft = nullptr;  // by mode
+  metrics::Histogram* accepted_per_round = nullptr;
+  metrics::Counter* wasted = nullptr;
+  metrics::Counter* rounds = nullptr;
+  metrics::Counter* fallbacks = nullptr;
+  metrics::Counter* scheduler_queued = nullptr;
+};
+
+struct RunnerContext {
+  RunnerOptions options;
+  SlotClock* clock = nullptr;
+  // The ids that end generation (the workers').
+  std::vector<int32_t> eos_ids = {2};
+  int64_t kv_bytes_per_token = 0;
+  RunnerMetrics metrics;
+  // Hooks into the service (unset: no-ops). A call to `w` failed with `s`:
+  // probe it now and mark it down if it is gone; true if it is down.
+  std::function<bool(WorkerPool pool, Worker& w, const absl::Status& s)> worker_failed;
+  // Release a session (a failure is retried off the request path).
+  std::function<void(WorkerPool pool, Worker& w, uint64_t session)> release;
+  // A drafter's measured step time (auto slot).
+  std::function<void(double step_seconds)> calibrate;
+  // The scheduler's bookings changed.
+  std::function<void()> update_gauges;
+
+  // The options of one call on `r`'s behalf: the earlier of its deadline and
+  // rpc_timeout from now.
+  WorkerCallOptions CallOptions(const Request& r) const;
+};
+
+// vericache mode; falls back to RunFullLocal on the same verifier session.
+absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
+// full_local mode, and the fallback (`already_open`: the verifier session of
+// a vericache run, now loaded resident).
+absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink,
+                          bool already_open);
+// full_remote and lossy_remote modes.
+absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
+
+}  // namespace vc::coordinator

@@ -1,0 +1,126 @@
+#include "services/coordinator/worker_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "vericache/v1/worker.grpc.pb.h"
+
+namespace vc::coordinator {
+
+namespace pb = ::vericache::v1;
+
+WorkerCallOptions CallWithin(std::chrono::milliseconds timeout) {
+  WorkerCallOptions o;
+  o.deadline = std::chrono::steady_clock::now() + timeout;
+  return o;
+}
+
+absl::Status WithCallName(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+namespace {
+
+std::unique_ptr<grpc::ClientContext> ContextFor(const WorkerCallOptions& o) {
+  std::unique_ptr<grpc::ClientContext> ctx = o.parent != nullptr
+                                                 ? grpc::ClientContext::FromServerContext(*o.parent)
+                                                 : std::make_unique<grpc::ClientContext>();
+  // A child's deadline is the earlier of this and its parent's.
+  const auto left = o.deadline - std::chrono::steady_clock::now();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
+  // Only when asked: unset, the channel's default (fail fast) applies.
+  if (o.wait_for_ready) ctx->set_wait_for_ready(true);
+  return ctx;
+}
+
+// One unary call on `stub`, its grpc::Status as an absl::Status (code and
+// message unchanged).
+template <typename Stub, typename Req, typename Resp>
+absl::Status Call(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                  const WorkerCallOptions& o, const Req& req, Resp* resp) {
+  auto ctx = ContextFor(o);
+  const grpc::Status s = (stub.*method)(ctx.get(), req, resp);
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())),
+                      s.error_message());
+}
+
+// What both kinds of worker answer, over `Service`'s stub.
+template <typename Client, typename Service>
+class GrpcWorker : public Client {
+ public:
+  GrpcWorker(std::string address, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)), stub_(Service::NewStub(channel)) {}
+  const std::string& address() const override { return address_; }
+  absl::Status Info(const WorkerCallOptions& o, const pb::WorkerInfoRequest& req,
+                    pb::WorkerInfoResponse* resp) override {
+    return Call(*stub_, &Service::Stub::Info, o, req, resp);
+  }
+  absl::Status Release(const WorkerCallOptions& o, const pb::ReleaseRequest& req,
+                       pb::ReleaseResponse* resp) override {
+    return Call(*stub_, &Service::Stub::Release, o, req, resp);
+  }
+
+ protected:
+  typename Service::Stub& stub() { return *stub_; }
+
+ private:
+  std::string address_;
+  std::unique_ptr<typename Service::Stub> stub_;
+};
+
+class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier> {
+ public:
+  using GrpcWorker::GrpcWorker;
+  absl::Status Open(const WorkerCallOptions& o, const pb::VerifierOpenRequest& req,
+                    pb::VerifierOpenResponse* resp) override {
+    return Call(stub(), &pb::Verifier::Stub::Open, o, req, resp);
+  }
+  absl::Status Load(const WorkerCallOptions& o, const pb::LoadRequest& req,
+                    pb::LoadResponse* resp) override {
+    return Call(stub(), &pb::Verifier::Stub::Load, o, req, resp);
+  }
+  absl::Status Verify(const WorkerCallOptions& o, const pb::VerifyRequest& req,
+                      pb::VerifyResponse* resp) override {
+    return Call(stub(), &pb::Verifier::Stub::Verify, o, req, resp);
+  }
+  absl::Status Ingest(const WorkerCallOptions& o, const pb::IngestRequest& req,
+                      pb::IngestResponse* resp) override {
+    return Call(stub(), &pb::Verifier::Stub::Ingest, o, req, resp);
+  }
+};
+
+class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
+ public:
+  using GrpcWorker::GrpcWorker;
+  absl::Status Open(const WorkerCallOptions& o, const pb::DrafterOpenRequest& req,
+                    pb::DrafterOpenResponse* resp) override {
+    return Call(stub(), &pb::Drafter::Stub::Open, o, req, resp);
+  }
+  absl::Status Draft(const WorkerCallOptions& o, const pb::DraftRequest& req,
+                     pb::DraftResponse* resp) override {
+    return Call(stub(), &pb::Drafter::Stub::Draft, o, req, resp);
+  }
+  absl::Status Commit(const WorkerCallOptions& o, const pb::CommitRequest& req,
+                      pb::CommitResponse* resp) override {
+    return Call(stub(), &pb::Drafter::Stub::Commit, o, req, resp);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<VerifierClient> MakeGrpcVerifierClient(const std::string& address,
+                                                       int max_message_bytes,
+                                                       const rpc::TlsFiles& tls) {
+  return std::make_unique<GrpcVerifierClient>(address,
+                                              rpc::MakeChannel(address, max_message_bytes, tls));
+}
+
+std::unique_ptr<DrafterClient> MakeGrpcDrafterClient(const std::string& address,
+                                                     int max_message_bytes,
+                                                     const rpc::TlsFiles& tls) {
+  return std::make_unique<GrpcDrafterClient>(address,
+                                             rpc::MakeChannel(address, max_message_bytes, tls));
+}
+
+}  // namespace vc::coordinator

@@ -1,0 +1,131 @@
+// The admission controller on its own: limits, the bounded queue and what
+// ends a wait (a place freeing, the caller going away, the deadline, Stop),
+// and the per-tenant quotas (requests, pins, stored bytes), with idle
+// tenants forgotten. Waits are on other threads with generous deadlines; no
+// timing is asserted.
+#include "services/coordinator/admission.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace vc::coordinator {
+namespace {
+
+using Clock = AdmissionController::Clock;
+
+constexpr auto kLong = std::chrono::seconds(120);
+bool Never() { return false; }
+
+// Polls `pred` for up to two minutes (a loaded machine is slow, never wrong).
+template <typename Pred>
+bool Eventually(Pred pred) {
+  const auto until = Clock::now() + kLong;
+  while (Clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+TEST(AdmissionTest, QueuesBeyondMaxActiveAndRefusesBeyondTheQueue) {
+  metrics::Counter rejections;
+  metrics::Gauge depth, active;
+  AdmissionController a({.max_active = 1, .max_queued = 1}, {&rejections, &depth, &active});
+  ASSERT_TRUE(a.Admit("t", Never, Clock::now() + kLong).ok());
+  EXPECT_EQ(active.Value(), 1);
+  absl::Status waiter_status = absl::UnknownError("not run");
+  std::thread waiter([&] { waiter_status = a.Admit("t", Never, Clock::now() + kLong); });
+  ASSERT_TRUE(Eventually([&] { return a.queued() == 1; }));
+  EXPECT_EQ(depth.Value(), 1);
+  const absl::Status third = a.Admit("t", Never, Clock::now() + kLong);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(third.message(),
+            "coordinator is full: 1 requests running and 1 queued (--max-active-requests 1, "
+            "--max-queued-requests 1)");
+  EXPECT_EQ(rejections.Value(), 1);
+  a.Leave("t", /*completed=*/true);
+  waiter.join();
+  EXPECT_TRUE(waiter_status.ok()) << waiter_status;
+  EXPECT_EQ(a.active(), 1);
+  EXPECT_EQ(a.queued(), 0);
+  EXPECT_EQ(a.completed(), 1);
+  a.Leave("t", /*completed=*/false);
+  EXPECT_EQ(a.completed(), 1) << "a prefix registration is not a completed request";
+  EXPECT_EQ(a.active(), 0);
+  EXPECT_EQ(a.tenants(), 0u) << "an idle tenant is forgotten";
+}
+
+TEST(AdmissionTest, AQueuedRequestEndsWhenItsCallerGoesItsDeadlinePassesOrTheCoordinatorStops) {
+  AdmissionController a({.max_active = 1, .max_queued = 4});
+  ASSERT_TRUE(a.Admit("t", Never, Clock::now() + kLong).ok());
+  std::atomic<bool> gone{false};
+  absl::Status cancelled;
+  std::thread t1([&] {
+    cancelled = a.Admit(
+        "u", [&] { return gone.load(); }, Clock::now() + kLong);
+  });
+  ASSERT_TRUE(Eventually([&] { return a.queued() == 1; }));
+  gone = true;
+  a.Wake();
+  t1.join();
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
+  const absl::Status late = a.Admit("u", Never, Clock::now() + std::chrono::milliseconds(1));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded);
+  absl::Status stopped;
+  std::thread t2([&] { stopped = a.Admit("u", Never, Clock::now() + kLong); });
+  ASSERT_TRUE(Eventually([&] { return a.queued() == 1; }));
+  a.Stop();
+  t2.join();
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a.Admit("u", Never, Clock::now() + kLong).code(), absl::StatusCode::kUnavailable);
+  a.Leave("t", true);
+  EXPECT_EQ(a.tenants(), 0u) << "refused requests hold nothing";
+}
+
+TEST(AdmissionTest, ATenantAtItsRequestLimitIsRefusedOthersAreNot) {
+  metrics::Counter rejections;
+  AdmissionController a({.max_active = 8, .max_queued = 8, .max_requests_per_tenant = 2},
+                        {&rejections});
+  ASSERT_TRUE(a.Admit("a", Never, Clock::now() + kLong).ok());
+  ASSERT_TRUE(a.Admit("a", Never, Clock::now() + kLong).ok());
+  const absl::Status s = a.Admit("a", Never, Clock::now() + kLong);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "this tenant already has 2 requests running or queued (--max-requests-per-tenant)");
+  EXPECT_EQ(rejections.Value(), 1);
+  EXPECT_TRUE(a.Admit("b", Never, Clock::now() + kLong).ok());
+  a.Leave("a", true);
+  EXPECT_TRUE(a.Admit("a", Never, Clock::now() + kLong).ok());
+}
+
+TEST(AdmissionTest, PinsAndStoredBytesAreCountedPerTenant) {
+  AdmissionController a({.max_pins_per_tenant = 1, .max_stored_bytes_per_tenant = 100});
+  EXPECT_TRUE(a.CheckPin("a", "p1").ok());
+  a.NotePrefix("a", "p1", /*pinned=*/true, 0);
+  EXPECT_TRUE(a.CheckPin("a", "p1").ok()) << "pinning again is no new pin";
+  const absl::Status s = a.CheckPin("a", "p2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "this tenant already pins 1 prefixes, the limit is 1 (--max-pins-per-tenant); unpin "
+            "one first");
+  EXPECT_TRUE(a.CheckPin("b", "p2").ok());
+  EXPECT_TRUE(a.CheckStoredBudget("a").ok());
+  a.ChargeStored("a", 150);
+  EXPECT_EQ(a.CheckStoredBudget("a").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(a.CheckStoredBudget("b").ok());
+  a.NotePrefix("a", "p1", /*pinned=*/false, /*freed_bytes=*/100);
+  EXPECT_TRUE(a.CheckStoredBudget("a").ok());
+  EXPECT_TRUE(a.CheckPin("a", "p2").ok());
+  a.ChargeStored("a", -1000);  // never below zero
+  EXPECT_EQ(a.tenants(), 0u) << "a tenant holding nothing is forgotten";
+}
+
+TEST(AdmissionTest, NoPinsAllowedMeansNone) {
+  AdmissionController a({.max_pins_per_tenant = 0});
+  EXPECT_EQ(a.CheckPin("a", "p").code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace vc::coordinator

@@ -1,0 +1,263 @@
+// The request runners over fake workers (worker_client.h's seam): the round
+// loop of each mode, its output exact whatever the drafts, fallback when the
+// drafter fails or its acceptance collapses, a worker's failure reported by
+// name, EOS and cancellation. The fake model's output is 10, 11, 12, ... (the
+// token at output position k is 10 + k); the fake drafter drafts it, wrong
+// on demand, and the fake verifier accepts the drafts that match it.
+#include "services/coordinator/request_runner.h"
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/services/coordinator/fake_workers.h"
+
+namespace vc::coordinator {
+namespace {
+
+namespace pb = ::vericache::v1;
+
+int32_t TokenAt(int64_t k) { return static_cast<int32_t>(10 + k); }
+
+struct Calls {
+  std::mutex mu;
+  std::vector<std::string> names;
+  void Add(std::string n) {
+    std::lock_guard<std::mutex> lock(mu);
+    names.push_back(std::move(n));
+  }
+  int Count(const std::string& n) {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<int>(std::count(names.begin(), names.end(), n));
+  }
+};
+
+class FakeVerifier final : public FakeVerifierBase {
+ public:
+  explicit FakeVerifier(Calls* calls) : FakeVerifierBase("fake-verifier:1"), calls_(calls) {}
+  absl::Status Release(const WorkerCallOptions&, const pb::ReleaseRequest&,
+                       pb::ReleaseResponse*) override {
+    calls_->Add("v.Release");
+    return absl::OkStatus();
+  }
+  absl::Status Open(const WorkerCallOptions&, const pb::VerifierOpenRequest& req,
+                    pb::VerifierOpenResponse*) override {
+    calls_->Add(req.resident() ? "v.OpenResident" : "v.Open");
+    return absl::OkStatus();
+  }
+  absl::Status Load(const WorkerCallOptions&, const pb::LoadRequest& req,
+                    pb::LoadResponse*) override {
+    calls_->Add(req.resident() ? "v.LoadResident" : "v.Load");
+    return absl::OkStatus();
+  }
+  absl::Status Verify(const WorkerCallOptions&, const pb::VerifyRequest& req,
+                      pb::VerifyResponse* resp) override {
+    calls_->Add("v.Verify");
+    if (verify_error.has_value()) return *verify_error;
+    int accepted = 0;
+    while (accepted < req.drafts_size() && req.drafts(accepted) == TokenAt(pos_ + accepted))
+      ++accepted;
+    for (int i = 0; i <= accepted; ++i) resp->add_tokens(TokenAt(pos_ + i));
+    resp->set_accepted(accepted);
+    pos_ += accepted + 1;
+    return absl::OkStatus();
+  }
+  std::optional<absl::Status> verify_error;
+
+ private:
+  Calls* calls_;
+  int64_t pos_ = 0;
+};
+
+class FakeDrafter final : public FakeDrafterBase {
+ public:
+  explicit FakeDrafter(Calls* calls) : FakeDrafterBase("fake-drafter:1"), calls_(calls) {}
+  absl::Status Release(const WorkerCallOptions&, const pb::ReleaseRequest&,
+                       pb::ReleaseResponse*) override {
+    calls_->Add("d.Release");
+    return absl::OkStatus();
+  }
+  absl::Status Open(const WorkerCallOptions&, const pb::DrafterOpenRequest& req,
+                    pb::DrafterOpenResponse*) override {
+    calls_->Add("d.Open");
+    opened_with = req;
+    return absl::OkStatus();
+  }
+  absl::Status Draft(const WorkerCallOptions&, const pb::DraftRequest& req,
+                     pb::DraftResponse* resp) override {
+    calls_->Add("d.Draft");
+    if (draft_error.has_value()) return *draft_error;
+    for (int i = 0; i < req.max_tokens(); ++i)
+      resp->add_drafts(always_wrong ? 0 : TokenAt(pos_ + i));
+    return absl::OkStatus();
+  }
+  absl::Status Commit(const WorkerCallOptions&, const pb::CommitRequest& req,
+                      pb::CommitResponse*) override {
+    calls_->Add("d.Commit");
+    pos_ += req.tokens_size();
+    return absl::OkStatus();
+  }
+  std::optional<absl::Status> draft_error;
+  bool always_wrong = false;
+  pb::DrafterOpenRequest opened_with;
+
+ private:
+  Calls* calls_;
+  int64_t pos_ = 0;
+};
+
+struct CollectSink final : Sink {
+  std::vector<int32_t> tokens;
+  int messages = 0;
+  bool Write(const pb::GenerateResponse& msg) override {
+    ++messages;
+    tokens.insert(tokens.end(), msg.tokens().begin(), msg.tokens().end());
+    return true;
+  }
+};
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  RunnerTest() {
+    RingSchedulerOptions ro;
+    ro.slot_seconds = 0.001;
+    ro.links = {RingLink{.name = "fast"}, RingLink{.name = "slow"}};
+    ro.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1 << 20}};
+    clock_ = std::move(SlotClock::Create(ro)).value();
+    auto v = std::make_unique<FakeVerifier>(&calls_);
+    auto d = std::make_unique<FakeDrafter>(&calls_);
+    fake_v_ = v.get();
+    fake_d_ = d.get();
+    verifier_.address = v->address();
+    verifier_.verifier = std::move(v);
+    drafter_.address = d->address();
+    drafter_.drafter = std::move(d);
+    ctx_.clock = clock_.get();
+    ctx_.eos_ids = {2};
+    ctx_.worker_failed = [this](WorkerPool pool, Worker&, const absl::Status& s) {
+      failures_.push_back(absl::StrCat(WorkerPoolName(pool), ": ", s.message()));
+      return true;
+    };
+    ctx_.release = [this](WorkerPool pool, Worker&, uint64_t) {
+      calls_.Add(absl::StrCat("release ", WorkerPoolName(pool)));
+    };
+    plan_.req.set_max_new_tokens(20);
+    plan_.x = 4;
+    plan_.session = 7;
+    plan_.verifier = &verifier_;
+    plan_.drafter = &drafter_;
+    plan_.fallback = FallbackPolicy(FallbackOptions{.window = 2, .min_accepted = 0.5});
+    r_.deadline = Clock::now() + std::chrono::minutes(5);
+  }
+  ~RunnerTest() override { clock_->Stop(); }
+
+  std::vector<int32_t> Expected(int n) {
+    std::vector<int32_t> out;
+    for (int k = 0; k < n; ++k) out.push_back(TokenAt(k));
+    return out;
+  }
+
+  Calls calls_;
+  std::unique_ptr<SlotClock> clock_;
+  FakeVerifier* fake_v_;
+  FakeDrafter* fake_d_;
+  Worker verifier_, drafter_;
+  RunnerContext ctx_;
+  Plan plan_;
+  Request r_;
+  CollectSink sink_;
+  std::vector<std::string> failures_;
+};
+
+TEST_F(RunnerTest, VeriCacheRoundsStreamExactlyTheVerifiedTokens) {
+  metrics::Counter rounds;
+  ctx_.metrics.rounds = &rounds;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  // x = 4 drafts and one bonus token per round: 20 tokens in 4 rounds.
+  EXPECT_EQ(plan_.totals.verify_rounds(), 4);
+  EXPECT_EQ(rounds.Value(), 4);
+  EXPECT_EQ(plan_.totals.accepted_drafts(), 16);
+  EXPECT_EQ(plan_.totals.fallbacks(), 0);
+  // The last round completes the request: no Commit after it.
+  EXPECT_EQ(calls_.Count("d.Commit"), 3);
+  EXPECT_TRUE(plan_.verifier_open);
+  EXPECT_TRUE(plan_.drafter_open);
+  EXPECT_EQ(r_.generated, 20);
+}
+
+TEST_F(RunnerTest, ADrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
+  fake_d_->draft_error = absl::UnavailableError("connection refused");
+  metrics::Counter fallbacks;
+  ctx_.metrics.fallbacks = &fallbacks;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  EXPECT_EQ(fallbacks.Value(), 1);
+  ASSERT_EQ(failures_.size(), 1u);
+  EXPECT_EQ(failures_[0], "drafter: drafter fake-drafter:1 Draft: connection refused");
+  EXPECT_EQ(calls_.Count("release drafter"), 1) << "the drafter's session is let go";
+  EXPECT_EQ(calls_.Count("v.LoadResident"), 1) << "the same verifier session, now resident";
+  EXPECT_FALSE(plan_.drafter_open);
+}
+
+TEST_F(RunnerTest, ACollapsedAcceptanceFallsBackAfterTheWindow) {
+  fake_d_->always_wrong = true;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20)) << "rejected drafts never reach the output";
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  EXPECT_EQ(plan_.totals.verify_rounds(), 2) << "the window is two rounds";
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(RunnerTest, ADrafterRefusingTheRequestFailsItWithTheWorkersName) {
+  fake_d_->draft_error = absl::InvalidArgumentError("bad lookahead");
+  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "drafter fake-drafter:1 Draft: bad lookahead");
+  EXPECT_TRUE(plan_.output.empty());
+}
+
+TEST_F(RunnerTest, AFailedVerifyFailsTheRequestAfterTheVerifiedTokens) {
+  fake_v_->verify_error = absl::UnavailableError("socket closed");
+  const absl::Status s = RunFullLocal(ctx_, plan_, r_, &sink_, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "verifier fake-verifier:1 Verify: socket closed");
+  EXPECT_EQ(calls_.Count("v.OpenResident"), 1);
+}
+
+TEST_F(RunnerTest, FullLocalStopsAtEos) {
+  ctx_.eos_ids = {TokenAt(5)};
+  ASSERT_TRUE(RunFullLocal(ctx_, plan_, r_, &sink_, false).ok());
+  EXPECT_EQ(plan_.output, Expected(6));
+  EXPECT_TRUE(plan_.stopped_at_eos);
+  EXPECT_EQ(sink_.messages, 6) << "one token per full-KV step";
+}
+
+TEST_F(RunnerTest, RemoteDecodesOnTheDrafterAloneWithSeededSampling) {
+  r_.mode = pb::MODE_FULL_REMOTE;
+  plan_.req.mutable_sampling()->set_mode(pb::SamplingConfig::REJECTION);
+  ctx_.options.baseline_chunk = 8;
+  ASSERT_TRUE(RunRemote(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(fake_d_->opened_with.sampling().mode(), pb::SamplingConfig::SEEDED)
+      << "nothing is judged: rejection sampling is plain seeded sampling";
+  EXPECT_TRUE(fake_d_->opened_with.full_prefix());
+  EXPECT_EQ(calls_.Count("d.Draft"), 3) << "8 + 8 + 4 tokens";
+  EXPECT_EQ(plan_.totals.compressor(), "full");
+  EXPECT_EQ(calls_.Count("v.Verify"), 0);
+}
+
+TEST_F(RunnerTest, ACancelledRequestEndsAtTheNextRound) {
+  r_.cancelled = true;
+  EXPECT_EQ(RunVeriCache(ctx_, plan_, r_, &sink_).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(RunRemote(ctx_, plan_, r_, &sink_).code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(sink_.tokens.empty());
+}
+
+}  // namespace
+}  // namespace vc::coordinator
