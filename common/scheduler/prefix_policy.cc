@@ -118,6 +118,14 @@ std::optional<SharedBooking> PrefixPolicy::FindShared(const std::string& prefix,
   return it->second;
 }
 
+bool PrefixPolicy::JoinsAtOnce(const SharedBooking& shared, int64_t target_verify_slot) {
+  return shared.verify_slot <= target_verify_slot;
+}
+
+bool PrefixPolicy::JoinsInsteadOf(const SharedBooking& shared, const Admission& own) {
+  return own.queued || own.booking.verify_slot >= shared.verify_slot;
+}
+
 void PrefixPolicy::NoteShared(const std::string& prefix, int gpu, const Booking& booking) {
   shared_[{prefix, gpu}] = SharedBooking{booking.id, booking.first_slot(), booking.verify_slot};
 }

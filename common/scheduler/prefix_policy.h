@@ -16,7 +16,10 @@
 //    one that exceeds the configured capacity is the scheduler's error.
 //  * joining: a round over a prefix may join the latest booking of that prefix
 //    on the same worker while its verify slot is still ahead (verified in the
-//    same pass, loaded once) instead of booking a second reload.
+//    same pass, loaded once) instead of booking a second reload. It joins when
+//    that verify is no later than the round wants it, or when a booking of
+//    its own would verify no earlier (or would have to wait): then joining
+//    costs no time and saves the reload (JoinsAtOnce, JoinsInsteadOf).
 #pragma once
 
 #include <cstdint>
@@ -91,6 +94,13 @@ class PrefixPolicy {
   // [min_verify_slot, max_verify_slot], if any.
   std::optional<SharedBooking> FindShared(const std::string& prefix, int gpu,
                                           int64_t min_verify_slot, int64_t max_verify_slot) const;
+  // The join rule, in two steps around the round's own admission attempt.
+  // Before it: true when `shared`'s verify is no later than the round's
+  // target verify slot (join; book nothing).
+  static bool JoinsAtOnce(const SharedBooking& shared, int64_t target_verify_slot);
+  // After it: true when the round's own admission (`own`) was queued or
+  // would verify no earlier than `shared` (release it, if booked, and join).
+  static bool JoinsInsteadOf(const SharedBooking& shared, const Admission& own);
   // Records `booking` as the one later rounds over `prefix` on `gpu` join.
   void NoteShared(const std::string& prefix, int gpu, const Booking& booking);
   // Forgets the bookings whose verify slot is before `now` (nobody can join

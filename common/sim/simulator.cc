@@ -687,8 +687,7 @@ absl::Status Simulation::TryBook(Req& r) {
       shared =
           policy_->FindShared(PrefixName(r), gi, now_slot + 1, std::numeric_limits<int64_t>::max());
       if (shared && copies_.count(shared->booking_id) == 0) shared.reset();
-      // As the coordinator: no later than this round wants, join.
-      if (shared && shared->verify_slot <= now_slot + offset) {
+      if (shared && PrefixPolicy::JoinsAtOnce(*shared, now_slot + offset)) {
         Join(r, gi, *shared);
         return absl::OkStatus();
       }
@@ -701,9 +700,7 @@ absl::Status Simulation::TryBook(Req& r) {
     if (fits) {
       VC_ASSIGN_OR_RETURN(adm, sched_->Admit(a));
     }
-    if (shared && (adm.queued || adm.booking.verify_slot >= shared->verify_slot)) {
-      // Later than the booking it could join (the link is booked that far
-      // ahead): joining costs no time and saves the reload.
+    if (shared && PrefixPolicy::JoinsInsteadOf(*shared, adm)) {
       if (!adm.queued) {
         VC_RETURN_IF_ERROR(sched_->Release(adm.booking.id));
         ++tentative_;

@@ -1,6 +1,7 @@
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -195,34 +196,49 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     const int64_t booking_id = static_cast<int64_t>(plan.session);
     bool booked = false;
     if (prefix_bytes > 0) {
-      SlotClock::Shared shared;
-      if (!ctx.clock->lock_step() &&
-          ctx.clock->FindShared(plan.prefix_key, v.index, ctx.clock->now() + std::max(1, take),
-                                &shared)) {
-        first_slot = std::max(shared.first_slot, ctx.clock->now());
-        verify_slot = shared.verify_slot;
-      } else {
-        while (true) {
-          AdmitRequest ar;
-          ar.id = booking_id;
-          ar.full_kv_bytes = prefix_bytes;
-          ar.target_offset = std::max(1, take);
-          ar.min_offset = 1;
-          ar.link = 0;
-          ar.gpu = v.index;
-          VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
-          if (!adm.queued) {
-            first_slot = adm.booking.first_slot();
-            issue_offset = adm.booking.issue_offset_seconds;
-            verify_slot = adm.booking.verify_slot;
-            booked = true;
-            ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
-            break;
-          }
-          Inc(ctx.metrics.scheduler_queued);
-          if (!ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline)) {
-            return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
-          }
+      // PrefixPolicy's join rule (the simulator's too): join a booking of
+      // the prefix on this verifier whose verify is still ahead when it is
+      // no later than this round wants, or when a booking of its own would
+      // verify no earlier or has to wait.
+      while (true) {
+        const int64_t target = ctx.clock->now() + std::max(1, take);
+        SlotClock::Shared shared;
+        const bool can_join =
+            !ctx.clock->lock_step() &&
+            ctx.clock->FindShared(plan.prefix_key, v.index, std::numeric_limits<int64_t>::max(),
+                                  &shared);
+        auto join = [&] {
+          first_slot = std::max(shared.first_slot, ctx.clock->now());
+          verify_slot = shared.verify_slot;
+        };
+        if (can_join && PrefixPolicy::JoinsAtOnce(shared, target)) {
+          join();
+          break;
+        }
+        AdmitRequest ar;
+        ar.id = booking_id;
+        ar.full_kv_bytes = prefix_bytes;
+        ar.target_offset = std::max(1, take);
+        ar.min_offset = 1;
+        ar.link = 0;
+        ar.gpu = v.index;
+        VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
+        if (can_join && PrefixPolicy::JoinsInsteadOf(shared, adm)) {
+          if (!adm.queued) VC_RETURN_IF_ERROR(ctx.clock->Release(booking_id));
+          join();
+          break;
+        }
+        if (!adm.queued) {
+          first_slot = adm.booking.first_slot();
+          issue_offset = adm.booking.issue_offset_seconds;
+          verify_slot = adm.booking.verify_slot;
+          booked = true;
+          ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
+          break;
+        }
+        Inc(ctx.metrics.scheduler_queued);
+        if (!ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline)) {
+          return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
         }
       }
     }

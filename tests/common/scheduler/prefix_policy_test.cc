@@ -109,6 +109,29 @@ TEST(PrefixPolicyTest, JoinsOnlyALiveBookingInsideTheWindow) {
   EXPECT_FALSE(p.FindShared("p", 0, 0, 20).has_value());
 }
 
+// The join rule the coordinator and the simulator share: join at once when
+// the shared verify is no later than the round wants; otherwise join instead
+// of a booking of its own that would verify no earlier, or that is queued.
+TEST(PrefixPolicyTest, JoinRuleSavesTheReloadWheneverItCostsNoTime) {
+  SharedBooking shared;
+  shared.booking_id = 7;
+  shared.verify_slot = 10;
+  EXPECT_TRUE(PrefixPolicy::JoinsAtOnce(shared, 10));
+  EXPECT_TRUE(PrefixPolicy::JoinsAtOnce(shared, 12));
+  EXPECT_FALSE(PrefixPolicy::JoinsAtOnce(shared, 9)) << "the shared verify is later than wanted";
+
+  Admission own;
+  own.queued = true;
+  EXPECT_TRUE(PrefixPolicy::JoinsInsteadOf(shared, own)) << "its own booking would have to wait";
+  own.queued = false;
+  own.booking.verify_slot = 10;
+  EXPECT_TRUE(PrefixPolicy::JoinsInsteadOf(shared, own)) << "no earlier: same slot";
+  own.booking.verify_slot = 11;
+  EXPECT_TRUE(PrefixPolicy::JoinsInsteadOf(shared, own));
+  own.booking.verify_slot = 9;
+  EXPECT_FALSE(PrefixPolicy::JoinsInsteadOf(shared, own)) << "its own booking verifies earlier";
+}
+
 // Property: over random holds, releases and capacity changes the policy agrees
 // with a recount from the list of live holds (a copy's bytes are its first
 // holder's; it is resident while any holder is left).
