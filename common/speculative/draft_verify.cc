@@ -562,13 +562,13 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
       draft_engine->config().vocab_size != engine.config().vocab_size) {
     return absl::InvalidArgumentError("the draft engine's vocabulary differs from the target's");
   }
+  const ModelConfig& t = engine.config();
   for (const auto& r : requests) {
     const ModelConfig* dm = r->options().draft_model;
     if (dm != nullptr && (draft_engine == nullptr || &draft_engine->config() != dm)) {
       return absl::InvalidArgumentError(
           "a request with a separate draft model needs a draft engine that runs that model");
     }
-    const ModelConfig& t = engine.config();
     if (dm == nullptr && draft_engine != nullptr && r->options().mode == DecodeMode::kVeriCache) {
       const ModelConfig& d = draft_engine->config();
       if (d.n_layers != t.n_layers || d.n_kv_heads != t.n_kv_heads || d.head_dim != t.head_dim) {

@@ -268,8 +268,8 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine,
 // engine to run that model (its draft prefill goes there too); requests
 // without one need a draft engine of the target's KV shape (they draft over
 // the target's KV). Draft steps and the other passes then go into separate
-// Forward calls. The output is unchanged:
-// only the verifier's logits decide tokens. Null: everything on `engine`.
+// Forward calls. The output is unchanged: only the verifier's logits decide
+// tokens. Null: everything on `engine`.
 absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
                                      std::span<const std::unique_ptr<SpeculativeRequest>> requests,
                                      const std::function<void()>& after_step = nullptr);

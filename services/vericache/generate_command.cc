@@ -293,6 +293,10 @@ int RunGenerate(int argc, char** argv) {
       draft_options.quantized = quantized.get();
     }
     auto de = Engine::Create(drafter_model, draft_options);
+    if (!de.ok() && draft_model) {
+      return Fail("generate", absl::Status(de.status().code(),
+                                           "--draft-model: " + std::string(de.status().message())));
+    }
     if (!de.ok()) return Fail("generate", de.status());
     draft_engine = std::move(de).value();
   }
