@@ -159,7 +159,12 @@ absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
       return absl::InvalidArgumentError("staged verify does not take a separate draft model");
     }
   }
-  if (options.mode != DecodeMode::kFull) {
+  // A separate draft model without a compressor drafts from its exact KV.
+  const bool exact_draft_kv = options.draft_model != nullptr && options.compressor.name.empty();
+  if (exact_draft_kv && options.online_update) {
+    return absl::InvalidArgumentError("online update needs a compressor");
+  }
+  if (options.mode != DecodeMode::kFull && !exact_draft_kv) {
     VC_RETURN_IF_ERROR(options.draft.Validate());
     VC_ASSIGN_OR_RETURN(compressor, CreateCompressor(options.compressor));
     if (options.online_update && compressor->online_policy().kind == OnlinePolicy::Kind::kNone) {
@@ -168,6 +173,7 @@ absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
           " has no online rule (its published rule compresses once after prefill)"));
     }
   }
+  if (exact_draft_kv) VC_RETURN_IF_ERROR(options.draft.Validate());
   return std::unique_ptr<SpeculativeRequest>(
       new SpeculativeRequest(engine, std::move(prompt), options, std::move(compressor)));
 }
@@ -342,21 +348,32 @@ absl::Status SpeculativeRequest::AfterDraftPrefill() {
 }
 
 absl::Status SpeculativeRequest::BuildDraftView(const PagedKvCache& full) {
-  const AttentionStats empty_stats(draft_config_, 0, 0);
-  const AttentionStats& stats = stats_observer_ ? *stats_observer_ : empty_stats;
-  VC_ASSIGN_OR_RETURN(
-      auto prefix,
-      compressor_->Compress(draft_config_, full, static_cast<int32_t>(prompt_.size()), stats));
+  const int32_t prompt_len = static_cast<int32_t>(prompt_.size());
+  std::shared_ptr<const CompressedPrefix> prefix;
+  if (compressor_ == nullptr) {
+    // A separate draft model without a compressor: every prompt row, in f32.
+    std::vector<int32_t> all(prompt_len);
+    for (int32_t i = 0; i < prompt_len; ++i) all[i] = i;
+    const std::vector<std::vector<std::vector<int32_t>>> kept(
+        draft_config_.n_layers, std::vector<std::vector<int32_t>>(draft_config_.n_kv_heads, all));
+    VC_ASSIGN_OR_RETURN(
+        prefix, CompressedPrefix::Build(draft_config_, full, prompt_len, kept, RowCodecSpec::F32(),
+                                        RowCodecSpec::F32(), "none"));
+  } else {
+    const AttentionStats empty_stats(draft_config_, 0, 0);
+    const AttentionStats& stats = stats_observer_ ? *stats_observer_ : empty_stats;
+    VC_ASSIGN_OR_RETURN(prefix, compressor_->Compress(draft_config_, full, prompt_len, stats));
+  }
   stats_.compressed_kv_bytes = prefix->bytes();
   stats_.compression_ratio = prefix->ratio();
-  stats_.compressor = compressor_->Describe();
+  stats_.compressor = compressor_ != nullptr ? compressor_->Describe() : "none";
   if (options_.draft_kv_arena != nullptr) {
     VC_ASSIGN_OR_RETURN(prefix_reservation_, options_.draft_kv_arena->Reserve(prefix->bytes()));
   }
   draft_kv_ = std::make_unique<CompressedSequenceKv>(draft_config_, std::move(prefix),
                                                      config_.max_seq_len, options_.draft_kv_arena);
   stats_.online_update = options_.online_update;
-  if (options_.online_update) {
+  if (options_.online_update) {  // never without a compressor (Create)
     online_ = compressor_->online_policy();
     if (online_.needs_decode_stats) {
       // Seeded with the prefill's sums, so online eviction continues the

@@ -18,7 +18,8 @@
 // With a separate draft model (RequestOptions::draft_model: another model
 // with the same vocabulary) the drafter keeps KV of its own model: after the
 // target's prefill it prefills the prompt with the draft model, compresses
-// that KV with the request's compressor, and drafts from it. There is no KV
+// that KV with the request's compressor (or keeps it exact without one), and
+// drafts from it. There is no KV
 // refresh (the verifier's rows belong to another model): after each verify
 // the drafter rolls back its rejected rows and runs the accepted tokens and
 // p through the draft model in its next step.
@@ -100,7 +101,9 @@ struct RequestOptions {
   // checks that it is). Its vocabulary must equal the target's; any shape
   // and context length will do (the drafter's KV holds the target's context
   // and RoPE extends past the draft model's trained length). Needs mode
-  // vericache and kv_refresh off. Null: the drafter runs the target model
+  // vericache and kv_refresh off. With an empty compressor name the drafter
+  // keeps its prompt KV exact (every row in f32, no online update). Null: the
+  // drafter runs the target model
   // (or a weight-quantised copy of it) over the target's compressed KV.
   const ModelConfig* draft_model = nullptr;
 };

@@ -104,7 +104,18 @@ absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const
     return o;
   }
   o.compressor = f.compressor_defaults;
-  o.compressor.name = f.compressor.empty() ? "int8" : f.compressor;
+  // A separate draft model without --compressor drafts from its exact KV
+  // (name ""); otherwise the default is int8.
+  o.compressor.name = !f.compressor.empty() ? f.compressor : f.draft_model.empty() ? "int8" : "";
+  if (o.compressor.name.empty()) {
+    for (const char* flag : {"--ratio", "--bits", "--online-update"}) {
+      if (flags.was_set(flag)) {
+        return absl::InvalidArgumentError(std::string(flag) +
+                                          " needs --compressor (with --draft-model and no "
+                                          "--compressor the drafter keeps its exact KV)");
+      }
+    }
+  }
   o.compressor.ratio = f.ratio;
   o.compressor.bits = f.bits;
   if (flags.was_set("--ratio") && !(f.ratio > 0.0 && f.ratio <= 1.0)) {
@@ -162,8 +173,9 @@ int RunGenerate(int argc, char** argv) {
   flags.Add("--draft-model", &f.draft_model, "PATH",
             "vericache: draft with another model of the same vocabulary (llama2.c file: equal "
             "vocab_size; Hugging Face directory: identical tokenizer.json). It prefills the "
-            "prompt itself, its KV compressed by --compressor; no KV refresh; --draft-weights "
-            "applies to it. Verification still runs --model on full KV: the output is unchanged");
+            "prompt itself, its KV compressed by --compressor if given (else kept exact); no KV "
+            "refresh; --draft-weights applies to it. Verification still runs --model on full "
+            "KV: the output is unchanged");
   flags.AddBool("--no-kv-refresh", &f.no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
   flags.AddBool("--online-update", &f.online_update,
@@ -219,7 +231,7 @@ int RunGenerate(int argc, char** argv) {
   if (!f.draft_model.empty() && request_options->mode != DecodeMode::kVeriCache) {
     return BadInput("generate", "--draft-model applies to --mode vericache");
   }
-  if (request_options->mode != DecodeMode::kFull) {
+  if (request_options->mode != DecodeMode::kFull && !request_options->compressor.name.empty()) {
     // Validate the compressor before the (possibly large) model loads.
     auto c = CreateCompressor(request_options->compressor);
     if (!c.ok()) return Fail("generate", c.status());

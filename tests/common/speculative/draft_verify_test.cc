@@ -688,6 +688,8 @@ TEST(DraftModelTest, ExactGreedyAndSeeded) {
     variants.push_back(adaptive);
     RequestOptions online = WithDraftModel(Online("h2o", 0.25, 0, 4, n), *d.model);
     variants.push_back(online);
+    // No compressor: the draft model's exact KV.
+    variants.push_back(WithDraftModel(VeriCache("", 0, 0, 4, n), *d.model));
     const size_t greedy_variants = variants.size();
     for (size_t i = 0; i < greedy_variants; ++i) {
       RequestOptions ro = variants[i];
@@ -704,42 +706,45 @@ TEST(DraftModelTest, ExactGreedyAndSeeded) {
       EXPECT_EQ(reqs[i]->stats().drafter_full_kv_bytes_read, 0) << "variant " << i;
       EXPECT_EQ(reqs[i]->stats().fallbacks, 0) << "variant " << i;
     }
-    EXPECT_GT(reqs.back()->stats().online_folds, 0);
+    EXPECT_GT(reqs[greedy_variants - 2]->stats().online_folds, 0);
+    EXPECT_EQ(reqs.back()->stats().compressor, "none");
   }
 }
 
-// The target itself as a separate draft model over an exact view (every
-// prompt token kept in f32): the drafter's own prefill and its feeding of
-// accepted tokens must reproduce the verifier's context, so every draft is
-// accepted.
+// The target itself as a separate draft model over an exact view (no
+// compressor, or StreamingLLM keeping every token in f32): the drafter's own
+// prefill and its feeding of accepted tokens must reproduce the verifier's
+// context, so every draft is accepted.
 TEST(DraftModelTest, TargetAsItsOwnDraftModelAcceptsEveryDraft) {
   Fixture f = Make(SmallConfig(), 33);
   EngineOptions eo;
   eo.backend.threads = 1;
   auto drafter = std::move(Engine::Create(*f.model, eo)).value();
   const auto prompt = RandomPrompt(20, 64, 7);
-  std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
-  reqs.push_back(MakeRequest(*f.engine, prompt,
-                             WithDraftModel(VeriCache("streamingllm", 1.0, 0, 6, 40), *f.model)));
-  ASSERT_TRUE(RunBatch(*f.engine, drafter.get(), reqs).ok());
-  const RequestStats& st = reqs[0]->stats();
-  ASSERT_EQ(st.accept_lengths.size(), st.draft_lengths.size());
-  for (size_t i = 0; i < st.accept_lengths.size(); ++i) {
-    EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i]) << "round " << i;
+  for (const std::string compressor : {"", "streamingllm"}) {
+    const double ratio = compressor.empty() ? 0 : 1.0;
+    std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+    reqs.push_back(MakeRequest(*f.engine, prompt,
+                               WithDraftModel(VeriCache(compressor, ratio, 0, 6, 40), *f.model)));
+    ASSERT_TRUE(RunBatch(*f.engine, drafter.get(), reqs).ok());
+    const RequestStats& st = reqs[0]->stats();
+    ASSERT_EQ(st.accept_lengths.size(), st.draft_lengths.size());
+    for (size_t i = 0; i < st.accept_lengths.size(); ++i) {
+      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i]) << compressor << " round " << i;
+    }
+    EXPECT_EQ(reqs[0]->output(), FullTokens(*f.engine, prompt, 40));
   }
-  EXPECT_EQ(reqs[0]->output(), FullTokens(*f.engine, prompt, 40));
 }
 
 // Rollback is exact: driving a request pass by pass, every draft step's
 // logits equal, bit for bit, those of a fresh prefill of the same tokens by
-// the draft model (the view keeps every prompt token in f32), however many
-// rejected drafts were rolled back before.
+// the draft model (no compressor: the view keeps every prompt row in f32),
+// however many rejected drafts were rolled back before.
 TEST(DraftModelTest, DrafterAfterRollbackEqualsAFreshPrefill) {
   Fixture f = Make(SmallConfig(), 34);
   Fixture d = Make(DraftConfig(), 35);
   const auto prompt = RandomPrompt(25, 64, 8);
-  auto r = MakeRequest(*f.engine, prompt,
-                       WithDraftModel(VeriCache("streamingllm", 1.0, 0, 5, 60), *d.model));
+  auto r = MakeRequest(*f.engine, prompt, WithDraftModel(VeriCache("", 0, 0, 5, 60), *d.model));
   std::vector<int32_t> round_drafts;
   std::vector<float> logits, fresh;
   int64_t checked = 0, wasted_before_check = 0;
@@ -794,6 +799,12 @@ TEST(DraftModelTest, RejectsBadCombinations) {
   full.mode = DecodeMode::kFull;
   EXPECT_EQ(create(full), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(create(WithDraftModel(good, *other_vocab.model)), absl::StatusCode::kInvalidArgument);
+  RequestOptions exact_online = WithDraftModel(Online("", 0, 0, 4, 10), *d.model);
+  EXPECT_EQ(create(exact_online), absl::StatusCode::kInvalidArgument);
+  RequestOptions no_compressor = good;
+  no_compressor.draft_model = nullptr;
+  no_compressor.compressor.name = "";
+  EXPECT_EQ(create(no_compressor), absl::StatusCode::kInvalidArgument);
 
   // RunBatch: the draft engine must run the request's draft model, and a
   // request without one cannot draft on an engine of another KV shape.

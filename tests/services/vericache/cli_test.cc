@@ -104,6 +104,13 @@ TEST_F(CliTest, DraftModelNeverChangesTokens) {
       EXPECT_EQ(j["kv_refresh"], false);
       EXPECT_GT(j["verify_rounds"].get<int>(), 0);
     }
+    // Without --compressor the draft model keeps its exact KV.
+    RunResult r = RunCli(base + " --mode vericache --draft-model " + aidreams_ + sampling);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"], ref["tokens"]) << sampling;
+    EXPECT_EQ(j["compressor"], "none");
+    EXPECT_EQ(j["compression_ratio"], 1.0);
   }
 }
 
@@ -117,6 +124,7 @@ TEST_F(CliTest, DraftModelRefusals) {
       {" --mode vericache --draft-model /nonexistent/draft.bin", "--draft-model"},
       {" --draft-model " + aidreams_, "--draft-model applies to --mode vericache"},
       {" --mode lossy --draft-model " + aidreams_, "--draft-model applies to --mode vericache"},
+      {" --mode vericache --ratio 0.5 --draft-model " + aidreams_, "--ratio needs --compressor"},
   };
   for (const auto& [extra, needle] : cases) {
     RunResult r = RunCli(base + extra);
