@@ -82,6 +82,7 @@ CompressorOptions ToOptions(const Config& c) {
 struct Acceptance {
   double tokens_per_round = 0;
   double ratio = 0;
+  std::vector<std::vector<int32_t>> outputs;  // per prompt
 };
 
 // draft_engine (optional) runs the draft steps: a weight-quantised copy of
@@ -105,12 +106,14 @@ Acceptance MeasureAcceptance(Engine& engine, const std::vector<std::vector<int32
   }
   if (!RunBatch(engine, draft_engine, reqs).ok()) std::abort();
   double rounds = 0, tokens = 0, ratio = 0;
+  std::vector<std::vector<int32_t>> outputs;
   for (const auto& r : reqs) {
     rounds += r->stats().verify_rounds;
     for (int a : r->stats().accept_lengths) tokens += a + 1;
     ratio += r->stats().compression_ratio;
+    outputs.push_back(r->output());
   }
-  return {rounds > 0 ? tokens / rounds : 0, ratio / reqs.size()};
+  return {rounds > 0 ? tokens / rounds : 0, ratio / reqs.size(), std::move(outputs)};
 }
 
 struct Divergence {
@@ -236,6 +239,14 @@ int DrafterTable(const std::string& models_dir, const char* target_file, const c
   sep.engine = std::move(Engine::Create(*sep.model, {})).value();
   drafters.push_back(std::move(sep));
   const auto prompts = Prompts(*engine, prompt_lengths);
+  // Every drafter's output must be full-KV decoding's.
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) {
+    DecodeOptions o;
+    o.max_new_tokens = std::min<int64_t>(new_tokens, engine->config().max_seq_len - p.size());
+    o.ignore_eos = true;
+    expected.push_back(std::move(DecodeFull(*engine, p, o)).value().tokens);
+  }
   if (!json) {
     std::printf("\n%s: %zu prompts of %d-%d tokens, %lld new tokens, greedy, x=%d\n", target_file,
                 prompts.size(), prompt_lengths.front(), prompt_lengths.back(),
@@ -250,6 +261,13 @@ int DrafterTable(const std::string& models_dir, const char* target_file, const c
     for (const Drafter& d : drafters) {
       const Acceptance a = MeasureAcceptance(*engine, prompts, c, x, new_tokens, d.engine.get(),
                                              d.model ? &d.model->config() : nullptr, d.kv_refresh);
+      if (a.outputs != expected) {
+        std::fprintf(stderr,
+                     "vc_acceptance_bench: %s drafting with %s (%s): output differs from "
+                     "full-KV decoding\n",
+                     target_file, d.label.c_str(), c.Label().c_str());
+        return 1;
+      }
       row["tokens_per_round"][d.label] = a.tokens_per_round;
       if (!json) std::printf(" %18.2f", a.tokens_per_round);
       std::fflush(stdout);
