@@ -7,6 +7,9 @@
 //  2. the lossy baseline's divergence from full KV: the first position where
 //     its free-running greedy output differs, and the per-step KL(full ||
 //     compressed) with both caches teacher-forced along the full-KV output.
+// With --drafters instead: acceptance per compressor x drafter (the target
+// with f32, int8 and int4 weights over its compressed KV, and the other test
+// model as a separate draft model over its own compressed KV).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +20,7 @@
 #include "common/base/flags.h"
 #include "common/compress/compressor.h"
 #include "common/decode/full_decode.h"
+#include "common/model/quantized_weights.h"
 #include "common/speculative/draft_verify.h"
 #include "nlohmann/json.hpp"
 
@@ -78,10 +82,15 @@ CompressorOptions ToOptions(const Config& c) {
 struct Acceptance {
   double tokens_per_round = 0;
   double ratio = 0;
+  std::vector<std::vector<int32_t>> outputs;  // per prompt
 };
 
+// draft_engine (optional) runs the draft steps: a weight-quantised copy of
+// the target, or with draft_model set a separate model (KV refresh off).
 Acceptance MeasureAcceptance(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                             const Config& c, int x, int64_t new_tokens) {
+                             const Config& c, int x, int64_t new_tokens,
+                             Engine* draft_engine = nullptr,
+                             const ModelConfig* draft_model = nullptr, bool kv_refresh = true) {
   std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
   for (const auto& p : prompts) {
     RequestOptions ro;
@@ -91,16 +100,20 @@ Acceptance MeasureAcceptance(Engine& engine, const std::vector<std::vector<int32
     ro.compressor = ToOptions(c);
     ro.draft.draft_len = x;
     ro.draft.fallback_min_accepted = -1;
+    ro.draft_model = draft_model;
+    ro.draft.kv_refresh = kv_refresh && draft_model == nullptr;
     reqs.push_back(std::move(SpeculativeRequest::Create(engine, p, ro)).value());
   }
-  if (!RunBatch(engine, reqs).ok()) std::abort();
+  if (!RunBatch(engine, draft_engine, reqs).ok()) std::abort();
   double rounds = 0, tokens = 0, ratio = 0;
+  std::vector<std::vector<int32_t>> outputs;
   for (const auto& r : reqs) {
     rounds += r->stats().verify_rounds;
     for (int a : r->stats().accept_lengths) tokens += a + 1;
     ratio += r->stats().compression_ratio;
+    outputs.push_back(r->output());
   }
-  return {rounds > 0 ? tokens / rounds : 0, ratio / reqs.size()};
+  return {rounds > 0 ? tokens / rounds : 0, ratio / reqs.size(), std::move(outputs)};
 }
 
 struct Divergence {
@@ -179,13 +192,100 @@ Divergence MeasureLossy(Engine& engine, const std::vector<std::vector<int32_t>>&
   return d;
 }
 
+// The --drafters table for one target: rows are compressors, columns
+// drafters, cells tokens per verify round at draft length x.
+struct Drafter {
+  std::string label;
+  std::unique_ptr<Model> model;  // a separate draft model, or null
+  std::unique_ptr<QuantizedWeights> weights;
+  std::unique_ptr<Engine> engine;  // null: the target's f32 engine
+  bool kv_refresh = true;          // off for a separate model anyway
+};
+
+int DrafterTable(const std::string& models_dir, const char* target_file, const char* draft_file,
+                 const std::vector<int>& prompt_lengths, int x, int64_t new_tokens,
+                 nlohmann::json* out, bool json) {
+  auto model = Model::Load(models_dir + "/" + target_file);
+  auto other = Model::Load(models_dir + "/" + draft_file);
+  for (const auto* m : {&model, &other}) {
+    if (!m->ok()) {
+      std::fprintf(stderr, "vc_acceptance_bench: %s\n", std::string(m->status().message()).c_str());
+      return 2;
+    }
+  }
+  if (absl::Status s = CheckDraftVocabulary(**model, **other); !s.ok()) {
+    std::fprintf(stderr, "vc_acceptance_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  auto engine = std::move(Engine::Create(**model, {})).value();
+  std::vector<Drafter> drafters;
+  drafters.push_back({"target f32", nullptr, nullptr, nullptr});
+  // The target without refresh: what a separate draft model is limited to.
+  drafters.push_back({"f32 no-refresh", nullptr, nullptr, nullptr, false});
+  for (const auto format : {kernels::WeightFormat::kInt8, kernels::WeightFormat::kInt4}) {
+    Drafter d;
+    d.label = "target " + std::string(kernels::WeightFormatName(format));
+    QuantizeOptions qo;
+    qo.format = format;
+    d.weights = std::move(QuantizedWeights::Create(**model, qo)).value();
+    EngineOptions eo;
+    eo.quantized = d.weights.get();
+    d.engine = std::move(Engine::Create(**model, eo)).value();
+    drafters.push_back(std::move(d));
+  }
+  Drafter sep;
+  sep.label = draft_file;
+  sep.model = std::move(other).value();
+  sep.engine = std::move(Engine::Create(*sep.model, {})).value();
+  drafters.push_back(std::move(sep));
+  const auto prompts = Prompts(*engine, prompt_lengths);
+  // Every drafter's output must be full-KV decoding's.
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) {
+    DecodeOptions o;
+    o.max_new_tokens = std::min<int64_t>(new_tokens, engine->config().max_seq_len - p.size());
+    o.ignore_eos = true;
+    expected.push_back(std::move(DecodeFull(*engine, p, o)).value().tokens);
+  }
+  if (!json) {
+    std::printf("\n%s: %zu prompts of %d-%d tokens, %lld new tokens, greedy, x=%d\n", target_file,
+                prompts.size(), prompt_lengths.front(), prompt_lengths.back(),
+                static_cast<long long>(new_tokens), x);
+    std::printf("%-22s", "compressor");
+    for (const Drafter& d : drafters) std::printf(" %18s", d.label.c_str());
+    std::printf("\n");
+  }
+  for (const Config& c : std::vector<Config>{{"int8", 0, 8}, {"kivi", 0, 4}, {"snapkv", 0.5, 0}}) {
+    nlohmann::json row = {{"compressor", c.name}, {"ratio", c.ratio}, {"bits", c.bits}};
+    if (!json) std::printf("%-22s", c.Label().c_str());
+    for (const Drafter& d : drafters) {
+      const Acceptance a = MeasureAcceptance(*engine, prompts, c, x, new_tokens, d.engine.get(),
+                                             d.model ? &d.model->config() : nullptr, d.kv_refresh);
+      if (a.outputs != expected) {
+        std::fprintf(stderr,
+                     "vc_acceptance_bench: %s drafting with %s (%s): output differs from "
+                     "full-KV decoding\n",
+                     target_file, d.label.c_str(), c.Label().c_str());
+        return 1;
+      }
+      row["tokens_per_round"][d.label] = a.tokens_per_round;
+      if (!json) std::printf(" %18.2f", a.tokens_per_round);
+      std::fflush(stdout);
+    }
+    if (!json) std::printf("\n");
+    (*out)[target_file].push_back(row);
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace vc
 
 int main(int argc, char** argv) {
   using namespace vc;
   std::string models_dir = std::getenv("VC_MODELS_DIR") ? std::getenv("VC_MODELS_DIR") : "";
-  bool quick = false, json = false;
+  bool quick = false, json = false, drafters = false;
+  int drafter_x = 8;
   int64_t new_tokens = 100;
   FlagSet flags("vc_acceptance_bench",
                 "Acceptance per compressor/ratio/draft length, and the lossy baseline's divergence.");
@@ -193,6 +293,11 @@ int main(int argc, char** argv) {
   flags.Add("--new-tokens", &new_tokens, "N", "tokens generated per prompt");
   flags.AddBool("--quick", &quick, "fewer configurations (CI smoke)");
   flags.AddBool("--json", &json, "print one JSON object instead of tables");
+  flags.AddBool("--drafters", &drafters,
+                "instead: acceptance per compressor (int8, kivi-4, snapkv 0.5) x drafter (the "
+                "target with f32/int8/int4 weights, KV refresh on; the other test model as "
+                "--draft-model, its own KV, no refresh)");
+  flags.Add("--draft-len", &drafter_x, "X", "draft length for --drafters");
   if (auto s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "vc_acceptance_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -211,6 +316,20 @@ int main(int argc, char** argv) {
       {"aidreams260K.bin", {48, 56, 64, 72, 80}, quick ? std::vector<int>{16} : std::vector<int>{4, 16}},
   };
   nlohmann::json out;
+  if (drafters) {
+    if (int rc = DrafterTable(models_dir, "stories260K.bin", "aidreams260K.bin",
+                              {200, 260, 330, 400}, drafter_x, new_tokens, &out, json);
+        rc != 0) {
+      return rc;
+    }
+    if (int rc = DrafterTable(models_dir, "aidreams260K.bin", "stories260K.bin",
+                              {48, 56, 64, 72, 80}, drafter_x, new_tokens, &out, json);
+        rc != 0) {
+      return rc;
+    }
+    if (json) std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
   for (const ModelSpec& spec : specs) {
     auto model = Model::Load(models_dir + "/" + spec.file);
     if (!model.ok()) {

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -27,7 +30,48 @@ void CopyRows(const PagedKvCache& src, SequenceKv* dst, int32_t from, int32_t to
   }
 }
 
+bool IsLlama2c(const Model& m) { return m.config().architecture == "llama2c"; }
+
+// The bytes of a Hugging Face checkpoint's tokenizer.json.
+absl::StatusOr<std::string> ReadTokenizerJson(const Model& m) {
+  const std::filesystem::path path = std::filesystem::path(m.source()) / "tokenizer.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("draft model: cannot compare tokenizers, ",
+                                                   path.string(), " is missing or unreadable"));
+  }
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
 }  // namespace
+
+absl::Status CheckDraftVocabulary(const Model& target, const Model& draft) {
+  const int tv = target.config().vocab_size, dv = draft.config().vocab_size;
+  if (tv != dv) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model ", draft.source(), " has a vocabulary of ", dv, " tokens but the target ",
+        target.source(), " has ", tv, "; a drafter needs the target's vocabulary"));
+  }
+  if (IsLlama2c(target) != IsLlama2c(draft)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model ", draft.source(), " and target ", target.source(),
+        " mix a llama2.c and a Hugging Face checkpoint; their vocabularies cannot be shown to "
+        "match"));
+  }
+  if (!IsLlama2c(target)) {
+    VC_ASSIGN_OR_RETURN(const std::string t, ReadTokenizerJson(target));
+    VC_ASSIGN_OR_RETURN(const std::string d, ReadTokenizerJson(draft));
+    if (t != d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft model ", draft.source(),
+                       ": its tokenizer.json differs from the "
+                       "target's; a drafter needs the same tokenizer"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<DecodeMode> ParseDecodeMode(const std::string& name) {
   if (name == "full") return DecodeMode::kFull;
@@ -96,7 +140,31 @@ absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
     return absl::InvalidArgumentError(
         "online update compresses the drafter's KV: it needs mode vericache or lossy");
   }
-  if (options.mode != DecodeMode::kFull) {
+  if (options.draft_model != nullptr) {
+    if (options.mode != DecodeMode::kVeriCache) {
+      return absl::InvalidArgumentError("a separate draft model needs mode vericache");
+    }
+    if (options.draft_model->vocab_size != c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the draft model's vocabulary (", options.draft_model->vocab_size,
+                       " tokens) differs from the target's (", c.vocab_size, ")"));
+    }
+    if (options.draft.kv_refresh) {
+      // The verifier's K/V rows are the target's; they mean nothing to
+      // another model.
+      return absl::InvalidArgumentError(
+          "a separate draft model keeps KV of its own: it needs KV refresh off");
+    }
+    if (options.staged_verify) {
+      return absl::InvalidArgumentError("staged verify does not take a separate draft model");
+    }
+  }
+  // A separate draft model without a compressor drafts from its exact KV.
+  const bool exact_draft_kv = options.draft_model != nullptr && options.compressor.name.empty();
+  if (exact_draft_kv && options.online_update) {
+    return absl::InvalidArgumentError("online update needs a compressor");
+  }
+  if (options.mode != DecodeMode::kFull && !exact_draft_kv) {
     VC_RETURN_IF_ERROR(options.draft.Validate());
     VC_ASSIGN_OR_RETURN(compressor, CreateCompressor(options.compressor));
     if (options.online_update && compressor->online_policy().kind == OnlinePolicy::Kind::kNone) {
@@ -105,6 +173,7 @@ absl::StatusOr<std::unique_ptr<SpeculativeRequest>> SpeculativeRequest::Create(
           " has no online rule (its published rule compresses once after prefill)"));
     }
   }
+  if (exact_draft_kv) VC_RETURN_IF_ERROR(options.draft.Validate());
   return std::unique_ptr<SpeculativeRequest>(
       new SpeculativeRequest(engine, std::move(prompt), options, std::move(compressor)));
 }
@@ -113,6 +182,7 @@ SpeculativeRequest::SpeculativeRequest(const Engine& engine, std::vector<int32_t
                                        const RequestOptions& options,
                                        std::unique_ptr<Compressor> compressor)
     : config_(engine.config()),
+      draft_config_(options.draft_model != nullptr ? *options.draft_model : engine.config()),
       vocab_(engine.config().vocab_size),
       prompt_(std::move(prompt)),
       options_(options),
@@ -127,8 +197,9 @@ SpeculativeRequest::SpeculativeRequest(const Engine& engine, std::vector<int32_t
                         options_.draft.max_draft_len)
            : options_.draft.draft_len;
   if (compressor_ != nullptr && compressor_->info().needs_attention_stats) {
+    // It observes the prefill of the drafter's model.
     stats_observer_ = std::make_unique<AttentionStats>(
-        config_, static_cast<int32_t>(prompt_.size()), options_.compressor.window);
+        draft_config_, static_cast<int32_t>(prompt_.size()), options_.compressor.window);
   }
 }
 
@@ -150,6 +221,10 @@ SequenceInput SpeculativeRequest::NextInput() {
   switch (phase_) {
     case Phase::kPrefill:
       return {full_kv_.get(), prompt_, static_cast<int64_t>(prompt_.size()) - 1,
+              separate_draft_model() ? nullptr : stats_observer_.get()};
+    case Phase::kDraftPrefill:
+      // No logits: the first draft step feeds p.
+      return {draft_prompt_kv_.get(), prompt_, static_cast<int64_t>(prompt_.size()),
               stats_observer_.get()};
     case Phase::kDraft:
       full_kv_read_mark_ = full_kv_->bytes_read();
@@ -183,6 +258,8 @@ absl::Status SpeculativeRequest::OnLogits(std::span<const float> rows) {
   switch (phase_) {
     case Phase::kPrefill:
       return AfterPrefill(rows);
+    case Phase::kDraftPrefill:
+      return AfterDraftPrefill();
     case Phase::kDraft:
       stats_.drafter_full_kv_bytes_read += full_kv_->bytes_read() - full_kv_read_mark_;
       NoteDrafterBytes();
@@ -237,34 +314,9 @@ absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
   stats_.prefill_pass_end = t0;
   const int64_t pos = static_cast<int64_t>(prompt_.size());
   const int32_t first = Choose(last_row, pos, 0);
-  if (options_.mode != DecodeMode::kFull) {
+  if (options_.mode != DecodeMode::kFull && !separate_draft_model()) {
     // Compress the prompt's KV once, right after its prefill.
-    const AttentionStats empty_stats(config_, 0, 0);
-    const AttentionStats& stats = stats_observer_ ? *stats_observer_ : empty_stats;
-    VC_ASSIGN_OR_RETURN(auto prefix, compressor_->Compress(config_, *full_kv_,
-                                                           static_cast<int32_t>(prompt_.size()),
-                                                           stats));
-    stats_.compressed_kv_bytes = prefix->bytes();
-    stats_.compression_ratio = prefix->ratio();
-    stats_.compressor = compressor_->Describe();
-    if (options_.draft_kv_arena != nullptr) {
-      VC_ASSIGN_OR_RETURN(prefix_reservation_, options_.draft_kv_arena->Reserve(prefix->bytes()));
-    }
-    draft_kv_ = std::make_unique<CompressedSequenceKv>(config_, std::move(prefix), 0,
-                                                       options_.draft_kv_arena);
-    stats_.online_update = options_.online_update;
-    if (options_.online_update) {
-      online_ = compressor_->online_policy();
-      if (online_.needs_decode_stats) {
-        // Seeded with the prefill's sums, so online eviction continues the
-        // ranking the offline selection started.
-        decode_stats_ = std::make_unique<DecodeAttentionStats>(config_, config_.max_seq_len,
-                                                               stats_observer_.get());
-        decode_stats_->SetView(draft_kv_.get());
-      }
-    }
-    NoteDrafterBytes();
-    stats_observer_.reset();
+    VC_RETURN_IF_ERROR(BuildDraftView(*full_kv_));
     if (options_.mode == DecodeMode::kLossy) {
       // The lossy baseline never needs the full KV again.
       ReleaseFullKv();
@@ -274,11 +326,65 @@ absl::Status SpeculativeRequest::AfterPrefill(std::span<const float> last_row) {
   if (Emit({&first, 1})) return absl::OkStatus();
   pending_ = first;
   draft_feed_ = {first};
-  if (options_.mode == DecodeMode::kVeriCache) {
+  if (separate_draft_model()) {
+    // The draft model's own KV of the prompt comes next, sized for the
+    // target's context (the draft model's may be shorter).
+    draft_prompt_kv_ = std::make_unique<PagedKvCache>(
+        draft_config_, PagedKvCache::Options{.max_tokens = config_.max_seq_len});
+    phase_ = Phase::kDraftPrefill;
+  } else if (options_.mode == DecodeMode::kVeriCache) {
     StartRound();
   } else {
     phase_ = Phase::kFullDecode;
   }
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeRequest::AfterDraftPrefill() {
+  VC_RETURN_IF_ERROR(BuildDraftView(*draft_prompt_kv_));
+  draft_prompt_kv_.reset();
+  StartRound();
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeRequest::BuildDraftView(const PagedKvCache& full) {
+  const int32_t prompt_len = static_cast<int32_t>(prompt_.size());
+  std::shared_ptr<const CompressedPrefix> prefix;
+  if (compressor_ == nullptr) {
+    // A separate draft model without a compressor: every prompt row, in f32.
+    std::vector<int32_t> all(prompt_len);
+    for (int32_t i = 0; i < prompt_len; ++i) all[i] = i;
+    const std::vector<std::vector<std::vector<int32_t>>> kept(
+        draft_config_.n_layers, std::vector<std::vector<int32_t>>(draft_config_.n_kv_heads, all));
+    VC_ASSIGN_OR_RETURN(
+        prefix, CompressedPrefix::Build(draft_config_, full, prompt_len, kept, RowCodecSpec::F32(),
+                                        RowCodecSpec::F32(), "none"));
+  } else {
+    const AttentionStats empty_stats(draft_config_, 0, 0);
+    const AttentionStats& stats = stats_observer_ ? *stats_observer_ : empty_stats;
+    VC_ASSIGN_OR_RETURN(prefix, compressor_->Compress(draft_config_, full, prompt_len, stats));
+  }
+  stats_.compressed_kv_bytes = prefix->bytes();
+  stats_.compression_ratio = prefix->ratio();
+  stats_.compressor = compressor_ != nullptr ? compressor_->Describe() : "none";
+  if (options_.draft_kv_arena != nullptr) {
+    VC_ASSIGN_OR_RETURN(prefix_reservation_, options_.draft_kv_arena->Reserve(prefix->bytes()));
+  }
+  draft_kv_ = std::make_unique<CompressedSequenceKv>(draft_config_, std::move(prefix),
+                                                     config_.max_seq_len, options_.draft_kv_arena);
+  stats_.online_update = options_.online_update;
+  if (options_.online_update) {  // never without a compressor (Create)
+    online_ = compressor_->online_policy();
+    if (online_.needs_decode_stats) {
+      // Seeded with the prefill's sums, so online eviction continues the
+      // ranking the offline selection started.
+      decode_stats_ = std::make_unique<DecodeAttentionStats>(draft_config_, config_.max_seq_len,
+                                                             stats_observer_.get());
+      decode_stats_->SetView(draft_kv_.get());
+    }
+  }
+  NoteDrafterBytes();
+  stats_observer_.reset();
   return absl::OkStatus();
 }
 
@@ -405,7 +511,7 @@ absl::Status SpeculativeRequest::MaybeFold() {
   if (!options_.online_update || draft_kv_ == nullptr || !ShouldFold(online_, *draft_kv_)) {
     return absl::OkStatus();
   }
-  VC_RETURN_IF_ERROR(FoldIntoView(*compressor_, config_, draft_kv_->settled_length(),
+  VC_RETURN_IF_ERROR(FoldIntoView(*compressor_, draft_config_, draft_kv_->settled_length(),
                                   decode_stats_.get(), draft_kv_.get(), options_.draft_kv_arena,
                                   &prefix_reservation_));
   ++stats_.online_folds;
@@ -473,6 +579,27 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
       draft_engine->config().vocab_size != engine.config().vocab_size) {
     return absl::InvalidArgumentError("the draft engine's vocabulary differs from the target's");
   }
+  const ModelConfig& t = engine.config();
+  for (const auto& r : requests) {
+    const ModelConfig* dm = r->options().draft_model;
+    if (dm != nullptr && (draft_engine == nullptr || &draft_engine->config() != dm)) {
+      return absl::InvalidArgumentError(
+          "a request with a separate draft model needs a draft engine that runs that model");
+    }
+    if (dm == nullptr && draft_engine != nullptr && r->options().mode == DecodeMode::kVeriCache) {
+      const ModelConfig& d = draft_engine->config();
+      if (d.n_layers != t.n_layers || d.n_kv_heads != t.n_kv_heads || d.head_dim != t.head_dim) {
+        return absl::InvalidArgumentError(
+            "the draft engine's KV shape differs from the target's, and a request without a "
+            "separate draft model drafts over the target's KV");
+      }
+    }
+  }
+  // Phases whose passes run the drafter's model.
+  auto on_drafter = [&](const SpeculativeRequest& r) {
+    return draft_engine != nullptr && (r.phase() == SpeculativeRequest::Phase::kDraft ||
+                                       r.phase() == SpeculativeRequest::Phase::kDraftPrefill);
+  };
   BatchResult result;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t vocab = engine.config().vocab_size;
@@ -513,14 +640,14 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
     owners.clear();
     size_t drafting = 0;
     for (const auto& r : requests) {
-      if (!r->done() && draft_engine != nullptr && r->phase() == SpeculativeRequest::Phase::kDraft) {
+      if (!r->done() && on_drafter(*r)) {
         inputs.push_back(r->NextInput());
         owners.push_back(r.get());
         ++drafting;
       }
     }
     for (const auto& r : requests) {
-      if (!r->done() && (draft_engine == nullptr || r->phase() != SpeculativeRequest::Phase::kDraft)) {
+      if (!r->done() && !on_drafter(*r)) {
         inputs.push_back(r->NextInput());
         owners.push_back(r.get());
       }

@@ -15,9 +15,19 @@
 // into its compressed prefix by the compressor's online rule; rows still
 // open to rollback or refresh never are.
 //
+// With a separate draft model (RequestOptions::draft_model: another model
+// with the same vocabulary) the drafter keeps KV of its own model: after the
+// target's prefill it prefills the prompt with the draft model, compresses
+// that KV with the request's compressor (or keeps it exact without one), and
+// drafts from it. There is no KV
+// refresh (the verifier's rows belong to another model): after each verify
+// the drafter rolls back its rejected rows and runs the accepted tokens and
+// p through the draft model in its next step.
+//
 // Output equals full-KV decoding exactly for greedy and seeded sampling
 // (same logits, same keyed noise at the same positions), and is
-// distribution-identical for rejection sampling.
+// distribution-identical for rejection sampling: only the target's logits
+// on full KV decide tokens, whatever the drafter runs.
 #pragma once
 
 #include <chrono>
@@ -32,6 +42,7 @@
 #include "common/compress/compressor.h"
 #include "common/engine/engine.h"
 #include "common/kv/compressed_kv.h"
+#include "common/model/model.h"
 #include "common/sampling/sampler.h"
 #include "common/speculative/accept_rule.h"
 
@@ -85,7 +96,25 @@ struct RequestOptions {
   // method's budget instead of keeping every generated token exact. Default
   // off: the drafter's tail of generated tokens stays exact and grows.
   bool online_update = false;
+  // A separate draft model: the config of the draft engine's model
+  // (Model::config() of the model that RunBatch's draft_engine runs; RunBatch
+  // checks that it is). Its vocabulary must equal the target's; any shape
+  // and context length will do (the drafter's KV holds the target's context
+  // and RoPE extends past the draft model's trained length). Needs mode
+  // vericache and kv_refresh off. With an empty compressor name the drafter
+  // keeps its prompt KV exact (every row in f32, no online update). Null: the
+  // drafter runs the target model
+  // (or a weight-quantised copy of it) over the target's compressed KV.
+  const ModelConfig* draft_model = nullptr;
 };
+
+// Whether `draft` may draft for `target`: their vocabularies must match.
+// llama2.c checkpoints (and random models) match when vocab_size is equal;
+// Hugging Face checkpoints when, in addition, their tokenizer.json files are
+// identical. A llama2.c and a Hugging Face checkpoint never match (nothing
+// says their ids mean the same pieces). InvalidArgument with a one-line
+// reason otherwise.
+absl::Status CheckDraftVocabulary(const Model& target, const Model& draft);
 
 struct RequestStats {
   std::vector<int32_t> accept_lengths;  // accepted drafts per verify round
@@ -118,7 +147,9 @@ struct RequestStats {
 // One request's state. Not thread-safe; a batcher drives many of these.
 class SpeculativeRequest {
  public:
-  enum class Phase { kPrefill, kDraft, kVerify, kFullDecode, kDone };
+  // kDraftPrefill: a separate draft model's prefill of the prompt (on the
+  // draft engine, no logits), between kPrefill and the first kDraft.
+  enum class Phase { kPrefill, kDraftPrefill, kDraft, kVerify, kFullDecode, kDone };
 
   // Validates options against the engine's model.
   static absl::StatusOr<std::unique_ptr<SpeculativeRequest>> Create(const Engine& engine,
@@ -162,6 +193,11 @@ class SpeculativeRequest {
   SpeculativeRequest(const Engine& engine, std::vector<int32_t> prompt,
                      const RequestOptions& options, std::unique_ptr<Compressor> compressor);
   absl::Status AfterPrefill(std::span<const float> last_row);
+  absl::Status AfterDraftPrefill();
+  // Compresses the prompt's KV in `full` (of the drafter's model) into the
+  // drafter's view.
+  absl::Status BuildDraftView(const PagedKvCache& full);
+  bool separate_draft_model() const { return options_.draft_model != nullptr; }
   absl::Status AfterDraftStep(std::span<const float> last_row);
   absl::Status AfterVerify(std::span<const float> rows);
   absl::Status AfterFullStep(std::span<const float> last_row);
@@ -180,6 +216,8 @@ class SpeculativeRequest {
   void DropDraftKv();
 
   const ModelConfig& config_;
+  // The drafter's model: *options.draft_model, or the target's config_.
+  const ModelConfig& draft_config_;
   const int vocab_;
   std::vector<int32_t> prompt_;
   RequestOptions options_;
@@ -187,6 +225,8 @@ class SpeculativeRequest {
   Phase phase_ = Phase::kPrefill;
   std::unique_ptr<PagedKvCache> full_kv_;
   std::unique_ptr<CompressedSequenceKv> draft_kv_;
+  // A separate draft model's exact KV of the prompt, until it is compressed.
+  std::unique_ptr<PagedKvCache> draft_prompt_kv_;
   std::unique_ptr<PagedKvCache> verify_kv_;  // staged arena copy for one verify
   KvArena::Reservation prefix_reservation_;   // compressed prefix charged to draft_kv_arena
   std::unique_ptr<AttentionStats> stats_observer_;
@@ -224,11 +264,15 @@ struct BatchResult {
 absl::StatusOr<BatchResult> RunBatch(Engine& engine,
                                      std::span<const std::unique_ptr<SpeculativeRequest>> requests,
                                      const std::function<void()>& after_step = nullptr);
-// The same with the draft steps run on `draft_engine` (e.g. one with
-// weight-quantised copies of the model, EngineOptions::quantized), and the
-// prefill, verify and full-decode passes on `engine`. Draft steps and the
-// other passes then go into separate Forward calls. The output is unchanged:
-// only the verifier's logits decide tokens. Null: everything on `engine`.
+// The same with the draft steps run on `draft_engine` (one with
+// weight-quantised copies of the model, EngineOptions::quantized, or a
+// separate draft model's engine), and the prefill, verify and full-decode
+// passes on `engine`. A request with a separate draft model needs this
+// engine to run that model (its draft prefill goes there too); requests
+// without one need a draft engine of the target's KV shape (they draft over
+// the target's KV). Draft steps and the other passes then go into separate
+// Forward calls. The output is unchanged: only the verifier's logits decide
+// tokens. Null: everything on `engine`.
 absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
                                      std::span<const std::unique_ptr<SpeculativeRequest>> requests,
                                      const std::function<void()>& after_step = nullptr);

@@ -41,6 +41,7 @@ struct GenerateFlags {
   std::string draft_len = "8";
   int max_draft_len = 64;
   std::string draft_weights = "f32";
+  std::string draft_model;
   bool no_kv_refresh = false;
   bool online_update = false;
   int threads = 0;
@@ -103,7 +104,18 @@ absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const
     return o;
   }
   o.compressor = f.compressor_defaults;
-  o.compressor.name = f.compressor.empty() ? "int8" : f.compressor;
+  // A separate draft model without --compressor drafts from its exact KV
+  // (name ""); otherwise the default is int8.
+  o.compressor.name = !f.compressor.empty() ? f.compressor : f.draft_model.empty() ? "int8" : "";
+  if (o.compressor.name.empty()) {
+    for (const char* flag : {"--ratio", "--bits", "--online-update"}) {
+      if (flags.was_set(flag)) {
+        return absl::InvalidArgumentError(std::string(flag) +
+                                          " needs --compressor (with --draft-model and no "
+                                          "--compressor the drafter keeps its exact KV)");
+      }
+    }
+  }
   o.compressor.ratio = f.ratio;
   o.compressor.bits = f.bits;
   if (flags.was_set("--ratio") && !(f.ratio > 0.0 && f.ratio <= 1.0)) {
@@ -121,7 +133,8 @@ absl::StatusOr<RequestOptions> BuildRequestOptions(const GenerateFlags& f, const
     o.draft.draft_len = x;
   }
   o.draft.max_draft_len = f.max_draft_len;
-  o.draft.kv_refresh = !f.no_kv_refresh;
+  // A separate draft model keeps KV of its own: nothing to refresh.
+  o.draft.kv_refresh = !f.no_kv_refresh && f.draft_model.empty();
   if (absl::Status s = o.draft.Validate(); !s.ok()) return s;
   o.online_update = f.online_update;
   return o;
@@ -157,6 +170,12 @@ int RunGenerate(int argc, char** argv) {
             "f32 | int8 | int4: the drafter runs a copy of the model with weights quantised at "
             "load (int8 per output row, int4 in groups of 32 inputs; docs/numerics.md); "
             "verification always uses the f32 model, so the output is unchanged");
+  flags.Add("--draft-model", &f.draft_model, "PATH",
+            "vericache: draft with another model of the same vocabulary (llama2.c file: equal "
+            "vocab_size; Hugging Face directory: identical tokenizer.json). It prefills the "
+            "prompt itself, its KV compressed by --compressor if given (else kept exact); no KV "
+            "refresh; --draft-weights applies to it. Verification still runs --model on full "
+            "KV: the output is unchanged");
   flags.AddBool("--no-kv-refresh", &f.no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
   flags.AddBool("--online-update", &f.online_update,
@@ -209,7 +228,10 @@ int RunGenerate(int argc, char** argv) {
       request_options->mode != DecodeMode::kVeriCache) {
     return BadInput("generate", "--draft-weights int8/int4 applies to --mode vericache");
   }
-  if (request_options->mode != DecodeMode::kFull) {
+  if (!f.draft_model.empty() && request_options->mode != DecodeMode::kVeriCache) {
+    return BadInput("generate", "--draft-model applies to --mode vericache");
+  }
+  if (request_options->mode != DecodeMode::kFull && !request_options->compressor.name.empty()) {
     // Validate the compressor before the (possibly large) model loads.
     auto c = CreateCompressor(request_options->compressor);
     if (!c.ok()) return Fail("generate", c.status());
@@ -255,18 +277,38 @@ int RunGenerate(int argc, char** argv) {
   engine_options.tensor_parallel = f.tensor_parallel;
   auto engine = Engine::Create(**model, engine_options);
   if (!engine.ok()) return Fail("generate", engine.status());
-  // The drafter's engine over a weight-quantised copy (made here, at load).
+  // The drafter's model: --draft-model, or the target itself.
+  std::unique_ptr<Model> draft_model;
+  if (!f.draft_model.empty()) {
+    auto dm = Model::Load(f.draft_model);
+    if (!dm.ok()) {
+      return Fail("generate", absl::Status(dm.status().code(),
+                                           "--draft-model: " + std::string(dm.status().message())));
+    }
+    if (absl::Status s = CheckDraftVocabulary(**model, **dm); !s.ok()) return Fail("generate", s);
+    draft_model = std::move(dm).value();
+    request_options->draft_model = &draft_model->config();
+  }
+  const Model& drafter_model = draft_model ? *draft_model : **model;
+  // The drafter's engine: over a weight-quantised copy (made here, at load)
+  // and/or over the separate draft model.
   std::unique_ptr<QuantizedWeights> quantized;
   std::unique_ptr<Engine> draft_engine;
-  if (*draft_weights != kernels::WeightFormat::kF32) {
-    QuantizeOptions qo;
-    qo.format = *draft_weights;
-    auto q = QuantizedWeights::Create(**model, qo);
-    if (!q.ok()) return Fail("generate", q.status());
-    quantized = std::move(q).value();
+  if (*draft_weights != kernels::WeightFormat::kF32 || draft_model) {
     EngineOptions draft_options = engine_options;
-    draft_options.quantized = quantized.get();
-    auto de = Engine::Create(**model, draft_options);
+    if (*draft_weights != kernels::WeightFormat::kF32) {
+      QuantizeOptions qo;
+      qo.format = *draft_weights;
+      auto q = QuantizedWeights::Create(drafter_model, qo);
+      if (!q.ok()) return Fail("generate", q.status());
+      quantized = std::move(q).value();
+      draft_options.quantized = quantized.get();
+    }
+    auto de = Engine::Create(drafter_model, draft_options);
+    if (!de.ok() && draft_model) {
+      return Fail("generate", absl::Status(de.status().code(),
+                                           "--draft-model: " + std::string(de.status().message())));
+    }
     if (!de.ok()) return Fail("generate", de.status());
     draft_engine = std::move(de).value();
   }
@@ -335,6 +377,8 @@ int RunGenerate(int argc, char** argv) {
     j["decode_tokens_per_s"] = decode_tps;
     j["mean_accepted"] = mean_accept;
     j["draft_weights"] = std::string(kernels::WeightFormatName(*draft_weights));
+    // The separate draft model's path; null when the target drafts.
+    j["draft_model"] = draft_model ? nlohmann::json(f.draft_model) : nlohmann::json(nullptr);
     j["stopped_at_eos"] = r.stopped_at_eos();
     j["backend"] = (*engine)->backend().name();
     j["threads"] = (*engine)->backend().threads();
@@ -387,6 +431,7 @@ int RunGenerate(int argc, char** argv) {
                     static_cast<long long>(st.verify_rounds), mean_accept,
                     static_cast<long long>(st.fallbacks));
       extra += buf;
+      if (draft_model) extra += "; draft model " + f.draft_model;
     }
     if (request_options->mode == DecodeMode::kLossy) extra += "; LOSSY (unverified)";
     std::fprintf(stderr, "[%s: %zu prompt + %zu generated tokens, %.1f tokens/s%s; %s, %d threads]\n",

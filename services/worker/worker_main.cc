@@ -47,6 +47,7 @@ struct Flags {
   std::string kv_secret_file;   // the cluster KV secret: encrypt / decrypt KV at rest
   // drafter: f32, int8 or int4 (kernels::ParseWeightFormat)
   std::string draft_weights = "f32";
+  std::string draft_model;  // refused: single-process only for now
 };
 
 }  // namespace
@@ -95,6 +96,9 @@ int RunWorkerMain(Role role, int argc, char** argv) {
               "draft with a copy of the model whose projection and classifier weights are "
               "quantised at load (int8 per output row, int4 in groups of 32 inputs); drafts "
               "still attend over the compressed KV, and verification stays exact");
+    flags.Add("--draft-model", &f.draft_model, "PATH",
+              "not yet supported in the cluster (refused): a separate draft model needs its own "
+              "prefix KV in the store; use 'vericache generate --draft-model' (single process)");
   }
   flags.Add("--seal-key", &f.seal_key, "FILE",
             "Ed25519 private key (PEM) sealing the KV entries this worker writes "
@@ -131,6 +135,16 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (!draft_weights.ok()) {
     return daemon::BadFlags(name,
                             absl::StrCat("--draft-weights: ", draft_weights.status().message()));
+  }
+  if (!f.draft_model.empty()) {
+    // The store holds only the target's variants, and the coordinator has no
+    // way to ask for another model's: drafting from this model would attend
+    // over KV it cannot read.
+    return daemon::BadFlags(name,
+                            "--draft-model: a separate draft model is single-process only for "
+                            "now (vericache generate --draft-model); the store does not yet keep "
+                            "a draft model's prefix KV. Cluster drafters run the target model "
+                            "(--draft-weights int8|int4 for a quantised copy)");
   }
   if (*draft_weights != kernels::WeightFormat::kF32 && f.tensor_parallel != 1) {
     return daemon::BadFlags(name, "--draft-weights int8/int4 needs --tensor-parallel 1");

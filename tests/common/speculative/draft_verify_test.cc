@@ -639,3 +639,203 @@ TEST(QuantizedDrafterTest, RejectionSamplingMatchesFullDistribution) {
 
 }  // namespace
 }  // namespace vc
+
+namespace vc {
+namespace {
+
+// ---------------------------------------------------------- separate draft model
+
+// A draft model of another shape than SmallConfig (one layer, one KV head,
+// its own classifier) with the same vocabulary and a context shorter than
+// the sequences below, so the drafter also runs past its trained length.
+ModelConfig DraftConfig(int vocab = 64) {
+  ModelConfig c = SmallConfig(vocab);
+  c.dim = 16;
+  c.hidden_dim = 24;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.head_dim = 8;
+  c.max_seq_len = 40;
+  c.tied_embeddings = false;
+  return c;
+}
+
+RequestOptions WithDraftModel(RequestOptions ro, const Model& draft) {
+  ro.draft_model = &draft.config();
+  ro.draft.kv_refresh = false;
+  ro.draft.fallback_min_accepted = -1;  // keep drafting however poor
+  return ro;
+}
+
+TEST(DraftModelTest, ExactGreedyAndSeeded) {
+  Fixture f = Make(SmallConfig(), 31);
+  Fixture d = Make(DraftConfig(), 32);
+  QuantizedDrafter dq = MakeDrafter(*d.model, kernels::WeightFormat::kInt4);
+  const auto prompt = RandomPrompt(30, 64, 6);
+  const int64_t n = 50;
+  const SamplingParams seeded{0.9f, 0, 0.95f, 5};
+  const auto greedy = FullTokens(*f.engine, prompt, n);
+  const auto sampled = FullTokens(*f.engine, prompt, n, seeded);
+  for (Engine* drafter : {d.engine.get(), dq.engine.get()}) {
+    std::vector<RequestOptions> variants;
+    for (int x : {1, 4, 8}) {
+      variants.push_back(WithDraftModel(VeriCache("int8", 0, 8, x, n), *d.model));
+      variants.push_back(WithDraftModel(VeriCache("snapkv", 0.5, 0, x, n), *d.model));
+    }
+    RequestOptions adaptive = WithDraftModel(VeriCache("kivi", 0, 2, 4, n), *d.model);
+    adaptive.draft.adaptive = true;
+    variants.push_back(adaptive);
+    RequestOptions online = WithDraftModel(Online("h2o", 0.25, 0, 4, n), *d.model);
+    variants.push_back(online);
+    // No compressor: the draft model's exact KV.
+    variants.push_back(WithDraftModel(VeriCache("", 0, 0, 4, n), *d.model));
+    const size_t greedy_variants = variants.size();
+    for (size_t i = 0; i < greedy_variants; ++i) {
+      RequestOptions ro = variants[i];
+      ro.sampling_mode = SamplingMode::kSeeded;
+      ro.sampling = seeded;
+      variants.push_back(ro);
+    }
+    std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+    for (const auto& ro : variants) reqs.push_back(MakeRequest(*f.engine, prompt, ro));
+    ASSERT_TRUE(RunBatch(*f.engine, drafter, reqs).ok());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(reqs[i]->output(), i < greedy_variants ? greedy : sampled) << "variant " << i;
+      EXPECT_GT(reqs[i]->stats().verify_rounds, 0) << "variant " << i;
+      EXPECT_EQ(reqs[i]->stats().drafter_full_kv_bytes_read, 0) << "variant " << i;
+      EXPECT_EQ(reqs[i]->stats().fallbacks, 0) << "variant " << i;
+    }
+    EXPECT_GT(reqs[greedy_variants - 2]->stats().online_folds, 0);
+    EXPECT_EQ(reqs.back()->stats().compressor, "none");
+  }
+}
+
+// The target itself as a separate draft model over an exact view (no
+// compressor, or StreamingLLM keeping every token in f32): the drafter's own
+// prefill and its feeding of accepted tokens must reproduce the verifier's
+// context, so every draft is accepted.
+TEST(DraftModelTest, TargetAsItsOwnDraftModelAcceptsEveryDraft) {
+  Fixture f = Make(SmallConfig(), 33);
+  EngineOptions eo;
+  eo.backend.threads = 1;
+  auto drafter = std::move(Engine::Create(*f.model, eo)).value();
+  const auto prompt = RandomPrompt(20, 64, 7);
+  for (const std::string compressor : {"", "streamingllm"}) {
+    const double ratio = compressor.empty() ? 0 : 1.0;
+    std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+    reqs.push_back(MakeRequest(*f.engine, prompt,
+                               WithDraftModel(VeriCache(compressor, ratio, 0, 6, 40), *f.model)));
+    ASSERT_TRUE(RunBatch(*f.engine, drafter.get(), reqs).ok());
+    const RequestStats& st = reqs[0]->stats();
+    ASSERT_EQ(st.accept_lengths.size(), st.draft_lengths.size());
+    for (size_t i = 0; i < st.accept_lengths.size(); ++i) {
+      EXPECT_EQ(st.accept_lengths[i], st.draft_lengths[i]) << compressor << " round " << i;
+    }
+    EXPECT_EQ(reqs[0]->output(), FullTokens(*f.engine, prompt, 40));
+  }
+}
+
+// Rollback is exact: driving a request pass by pass, every draft step's
+// logits equal, bit for bit, those of a fresh prefill of the same tokens by
+// the draft model (no compressor: the view keeps every prompt row in f32),
+// however many rejected drafts were rolled back before.
+TEST(DraftModelTest, DrafterAfterRollbackEqualsAFreshPrefill) {
+  Fixture f = Make(SmallConfig(), 34);
+  Fixture d = Make(DraftConfig(), 35);
+  const auto prompt = RandomPrompt(25, 64, 8);
+  auto r = MakeRequest(*f.engine, prompt, WithDraftModel(VeriCache("", 0, 0, 5, 60), *d.model));
+  std::vector<int32_t> round_drafts;
+  std::vector<float> logits, fresh;
+  int64_t checked = 0, wasted_before_check = 0;
+  while (!r->done()) {
+    const SpeculativeRequest::Phase phase = r->phase();
+    const bool drafting = phase == SpeculativeRequest::Phase::kDraft ||
+                          phase == SpeculativeRequest::Phase::kDraftPrefill;
+    SequenceInput in = r->NextInput();
+    ASSERT_TRUE((drafting ? *d.engine : *f.engine).Forward({&in, 1}, &logits).ok());
+    if (phase == SpeculativeRequest::Phase::kDraft) {
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), r->output().begin(), r->output().end());
+      seq.insert(seq.end(), round_drafts.begin(), round_drafts.end());
+      ASSERT_EQ(r->draft_kv()->next_position(), static_cast<int32_t>(seq.size()));
+      PagedKvCache kv(d.model->config(), PagedKvCache::Options{.max_tokens = 96});
+      SequenceInput ref{&kv, seq, static_cast<int64_t>(seq.size()) - 1};
+      ASSERT_TRUE(d.engine->Forward({&ref, 1}, &fresh).ok());
+      ASSERT_EQ(logits.size(), fresh.size());
+      ASSERT_EQ(std::memcmp(logits.data(), fresh.data(), logits.size() * sizeof(float)), 0)
+          << "draft step at position " << seq.size();
+      round_drafts.push_back(Argmax(logits));
+      ++checked;
+      wasted_before_check = r->stats().wasted_drafts;
+    } else if (phase == SpeculativeRequest::Phase::kVerify) {
+      round_drafts.clear();
+    }
+    ASSERT_TRUE(r->OnLogits(logits).ok());
+  }
+  EXPECT_EQ(r->output(), FullTokens(*f.engine, prompt, 60));
+  EXPECT_GT(checked, 20);
+  // Rejected drafts were rolled back before later checks.
+  EXPECT_GT(wasted_before_check, 5);
+}
+
+TEST(DraftModelTest, RejectsBadCombinations) {
+  Fixture f = Make(SmallConfig(), 36);
+  Fixture d = Make(DraftConfig(), 37);
+  Fixture other_vocab = Make(DraftConfig(32), 38);
+  const auto prompt = RandomPrompt(10, 64, 9);
+  auto create = [&](const RequestOptions& ro) {
+    return SpeculativeRequest::Create(*f.engine, prompt, ro).status().code();
+  };
+  const RequestOptions good = WithDraftModel(VeriCache("int8", 0, 8, 4, 10), *d.model);
+  EXPECT_EQ(create(good), absl::StatusCode::kOk);
+  RequestOptions refresh = good;
+  refresh.draft.kv_refresh = true;
+  EXPECT_EQ(create(refresh), absl::StatusCode::kInvalidArgument);
+  RequestOptions lossy = good;
+  lossy.mode = DecodeMode::kLossy;
+  EXPECT_EQ(create(lossy), absl::StatusCode::kInvalidArgument);
+  RequestOptions full = good;
+  full.mode = DecodeMode::kFull;
+  EXPECT_EQ(create(full), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(WithDraftModel(good, *other_vocab.model)), absl::StatusCode::kInvalidArgument);
+  RequestOptions exact_online = WithDraftModel(Online("", 0, 0, 4, 10), *d.model);
+  EXPECT_EQ(create(exact_online), absl::StatusCode::kInvalidArgument);
+  RequestOptions no_compressor = good;
+  no_compressor.draft_model = nullptr;
+  no_compressor.compressor.name = "";
+  EXPECT_EQ(create(no_compressor), absl::StatusCode::kInvalidArgument);
+
+  // RunBatch: the draft engine must run the request's draft model, and a
+  // request without one cannot draft on an engine of another KV shape.
+  auto run = [&](Engine* drafter, const RequestOptions& ro) {
+    std::vector<std::unique_ptr<SpeculativeRequest>> reqs;
+    reqs.push_back(MakeRequest(*f.engine, prompt, ro));
+    return RunBatch(*f.engine, drafter, reqs).status().code();
+  };
+  EXPECT_EQ(run(nullptr, good), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(f.engine.get(), good), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(d.engine.get(), VeriCache("int8", 0, 8, 4, 10)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(d.engine.get(), good), absl::StatusCode::kOk);
+
+  // Vocabulary check of loaded models: random models are llama2.c-like and
+  // match on vocab_size.
+  EXPECT_TRUE(CheckDraftVocabulary(*f.model, *d.model).ok());
+  const absl::Status s = CheckDraftVocabulary(*f.model, *other_vocab.model);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("vocabulary of 32 tokens"), std::string::npos) << s;
+}
+
+// Rejection sampling drafted by another model (which disagrees with the
+// target often) still draws from the full-KV distribution.
+TEST(DraftModelTest, RejectionSamplingMatchesFullDistribution) {
+  const ModelConfig c = SmallConfig(6);
+  const Fixture f = Make(c, 21);
+  const Fixture d = Make(DraftConfig(6), 22);
+  ExpectRejectionMatchesFull(", separate draft model", c, f, d.engine.get(),
+                             WithDraftModel(VeriCache("int8", 0, 8, 2, 3), *d.model), 9000);
+}
+
+}  // namespace
+}  // namespace vc

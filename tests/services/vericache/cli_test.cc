@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -79,6 +80,87 @@ TEST_F(CliTest, QuantisedDrafterWeightsNeverChangeTokens) {
       }
     }
   }
+}
+
+// A separate draft model (aidreams260K drafting for stories260K: both
+// llama2.c with 512 ids) never changes tokens, greedy or seeded, with f32 or
+// quantised draft weights; the JSON names it and reports KV refresh off.
+TEST_F(CliTest, DraftModelNeverChangesTokens) {
+  const std::string base = "generate --model " + stories_ +
+                           " --prompt-ids \"$(yes '1 306 461 260' | head -n 12 | tr '\\n' ' ')\""
+                           " --max-new-tokens 40 --ignore-eos --json";
+  for (const std::string sampling : {"", " --temperature 0.8 --seed 3"}) {
+    const auto ref = nlohmann::json::parse(RunCli(base + sampling).out);
+    ASSERT_EQ(ref["draft_model"], nullptr);
+    for (const std::string weights : {"f32", "int8"}) {
+      const std::string extra = " --mode vericache --compressor snapkv --ratio 0.5 --draft-model " +
+                                aidreams_ + " --draft-weights " + weights + sampling;
+      RunResult r = RunCli(base + extra);
+      ASSERT_EQ(r.exit_code, 0) << extra << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      EXPECT_EQ(j["tokens"], ref["tokens"]) << extra;
+      EXPECT_EQ(j["draft_model"], aidreams_);
+      EXPECT_EQ(j["draft_weights"], weights);
+      EXPECT_EQ(j["kv_refresh"], false);
+      EXPECT_GT(j["verify_rounds"].get<int>(), 0);
+    }
+    // Without --compressor the draft model keeps its exact KV.
+    RunResult r = RunCli(base + " --mode vericache --draft-model " + aidreams_ + sampling);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"], ref["tokens"]) << sampling;
+    EXPECT_EQ(j["compressor"], "none");
+    EXPECT_EQ(j["compression_ratio"], 1.0);
+  }
+}
+
+// Refusals: one line on stderr, exit code 2, before any token comes out.
+TEST_F(CliTest, DraftModelRefusals) {
+  const std::string base =
+      "generate --model " + stories_ + " --prompt-ids '1 2 3' --max-new-tokens 5";
+  const std::string hf = dir_ + "/tinystories656K";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --mode vericache --draft-model " + hf, "vocabulary of 2048 tokens"},
+      {" --mode vericache --draft-model /nonexistent/draft.bin", "--draft-model"},
+      {" --draft-model " + aidreams_, "--draft-model applies to --mode vericache"},
+      {" --mode lossy --draft-model " + aidreams_, "--draft-model applies to --mode vericache"},
+      {" --mode vericache --ratio 0.5 --draft-model " + aidreams_, "--ratio needs --compressor"},
+  };
+  for (const auto& [extra, needle] : cases) {
+    RunResult r = RunCli(base + extra);
+    EXPECT_EQ(r.exit_code, 2) << extra << "\n" << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << extra << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << extra << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << extra;
+  }
+}
+
+// Hugging Face checkpoints match only with identical tokenizer.json files: a
+// copy of tinystories656K drafts for it (exactly), and the same copy with
+// one byte more in its tokenizer.json is refused.
+TEST_F(CliTest, DraftModelHuggingFaceTokenizersMustBeIdentical) {
+  namespace fs = std::filesystem;
+  const fs::path hf = dir_ + "/tinystories656K";
+  if (!fs::exists(hf / "tokenizer.json")) GTEST_SKIP() << "tinystories656K not found";
+  const fs::path copy = fs::path(::testing::TempDir()) / ("draft_hf_" + std::to_string(getpid()));
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(hf))
+    fs::copy_file(e.path(), copy / e.path().filename());
+  fs::permissions(copy / "tokenizer.json", fs::perms::owner_write, fs::perm_options::add);
+  const std::string base =
+      "generate --model " + hf.string() +
+      " --prompt-ids '1 306 461 260 300' --max-new-tokens 30 --ignore-eos --json";
+  const auto ref = nlohmann::json::parse(RunCli(base).out);
+  RunResult same = RunCli(base + " --mode vericache --draft-model " + copy.string());
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(nlohmann::json::parse(same.out)["tokens"], ref["tokens"]);
+  std::ofstream(copy / "tokenizer.json", std::ios::app) << " ";
+  RunResult differs = RunCli(base + " --mode vericache --draft-model " + copy.string());
+  EXPECT_EQ(differs.exit_code, 2) << differs.err;
+  EXPECT_EQ(CountLines(differs.err), 1) << differs.err;
+  EXPECT_NE(differs.err.find("tokenizer.json differs"), std::string::npos) << differs.err;
+  fs::remove_all(copy);
 }
 
 TEST_F(CliTest, ThreadsAndSimdNeverChangeTokens) {
@@ -301,12 +383,13 @@ TEST_F(CliTest, HelpDescribesEveryFlag) {
   EXPECT_NE(top.out.find("generate"), std::string::npos);
   RunResult r = RunCli("generate --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* flag : {"--model", "--prompt-ids", "--prompt", "--tokenizer", "--max-new-tokens",
-                           "--ignore-eos", "--temperature", "--top-k", "--top-p", "--seed",
-                           "--threads", "--tensor-parallel", "--simd", "--json", "--mode",
-                           "--compressor", "--ratio",
-                           "--bits", "--draft-len", "--sampling", "--no-kv-refresh",
-                           "--online-update", "--draft-weights"}) {
+  for (const char* flag :
+       {"--model",          "--prompt-ids",    "--prompt",        "--tokenizer",
+        "--max-new-tokens", "--ignore-eos",    "--temperature",   "--top-k",
+        "--top-p",          "--seed",          "--threads",       "--tensor-parallel",
+        "--simd",           "--json",          "--mode",          "--compressor",
+        "--ratio",          "--bits",          "--draft-len",     "--sampling",
+        "--no-kv-refresh",  "--online-update", "--draft-weights", "--draft-model"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
