@@ -220,11 +220,14 @@ namespace {
 // Whether a failed put may be started again from its BeginPut: only when the
 // store went away under it (killed, restarted, a dead pooled connection). A
 // refusal (bad input, quota, a full store) or a deadline would fail again;
-// so would an identity the data plane's TLS or authentication refuses,
-// which it reports as Unavailable too.
+// so would TLS set-up, a handshake or data plane authentication that
+// refuses this client, which the transport reports as Unavailable too.
 bool PutMayBeRetried(const absl::Status& s) {
-  return absl::IsUnavailable(s) && !absl::StrContains(s.message(), "TLS") &&
-         !absl::StrContains(s.message(), "authentication");
+  if (!absl::IsUnavailable(s)) return false;
+  for (const char* refusal : {"TLS handshake", "data plane TLS:", "data plane authentication"}) {
+    if (absl::StrContains(s.message(), refusal)) return false;
+  }
+  return true;
 }
 
 }  // namespace
