@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <list>
 #include <mutex>
+#include <random>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -77,6 +78,13 @@ struct DbDeleter {
   }
 };
 
+// Below 2^62 (ids never wrap) and never 0.
+uint64_t FirstPutId() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ static_cast<uint64_t>(rd());
+  return (r >> 2) | 1;
+}
+
 }  // namespace
 
 struct KvStore::Impl {
@@ -126,7 +134,10 @@ struct KvStore::Impl {
     int64_t lease_end_ms = 0;   // discarded at or after this (NowMs)
   };
   std::unordered_map<uint64_t, PendingPut> puts;
-  uint64_t next_put_id = 1;
+  // Starts at a random id, so that ids do not repeat across a restart: a
+  // writer's stage or abort for a put the old process lost must not land in
+  // a put another writer (the same owner, on one host) has just begun.
+  uint64_t next_put_id = FirstPutId();
   int64_t staged_bytes = 0;
   int64_t reserved_bytes = 0;
   // Staged + reserved bytes of each owner's open puts (owners with none

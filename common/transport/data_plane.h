@@ -285,7 +285,10 @@ class DataPlaneClient {
   // Errors as for Fetch, plus the stager's own (same code, the message
   // naming the key), Unimplemented if the server takes no stages,
   // ResourceExhausted / InvalidArgument if it refuses the request's size.
-  // After an error some entries may have been staged: abort the put.
+  // After an error some entries may have been staged: abort the put. Unlike
+  // a fetch, a stage whose pooled connection turns out dead is not repeated
+  // on a fresh one (Unavailable): the put may have died with a restarted
+  // server, so the writer starts the whole put again.
   // (A span, so a writer can send a large put in slices without copies.)
   virtual absl::Status Stage(uint64_t put_id,
                              absl::Span<const std::pair<std::string, std::string>> entries,

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/base/status_macros.h"
@@ -14,7 +15,8 @@ namespace vc::daemon {
 
 namespace pb = ::vericache::v1;
 
-absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
+absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
+    const StoreClientOptions& options) {
   if (options.control_address.empty()) {
     return absl::InvalidArgumentError("--kvstore is required (the vc-kvstore gRPC address)");
   }
@@ -23,8 +25,8 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   }
   auto client = std::unique_ptr<StoreClient>(new StoreClient());
   client->options_ = options;
-  client->stub_ =
-      pb::KvStore::NewStub(rpc::MakeChannel(options.control_address, options.max_message_bytes, options.tls));
+  client->stub_ = pb::KvStore::NewStub(
+      rpc::MakeChannel(options.control_address, options.max_message_bytes, options.tls));
   std::string data_address = options.data_address;
   if (data_address.empty()) {
     // The store advertises its data plane in Stat; ask until it answers (the
@@ -41,16 +43,16 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
       last = client->stub_->Stat(ctx.get(), req, &resp);
       if (last.ok()) {
         if (!options.data_plane.empty() && resp.data_plane() != options.data_plane) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("vc-kvstore at ", options.control_address, " serves the '",
-                           resp.data_plane(), "' data plane, this daemon uses '",
-                           options.data_plane, "' (--data-plane)"));
+          return absl::FailedPreconditionError(absl::StrCat(
+              "vc-kvstore at ", options.control_address, " serves the '", resp.data_plane(),
+              "' data plane, this daemon uses '", options.data_plane, "' (--data-plane)"));
         }
         data_address = resp.data_address();
         break;
       }
       if (std::chrono::steady_clock::now() >= give_up) {
-        return rpc::FromGrpcStatus(last, absl::StrCat("vc-kvstore ", options.control_address, " Stat"));
+        return rpc::FromGrpcStatus(last,
+                                   absl::StrCat("vc-kvstore ", options.control_address, " Stat"));
       }
     }
   }
@@ -94,10 +96,10 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
       // Quarantine: remove it so the next request misses and ingests it
       // again (a pinned entry stays; the store refuses that delete).
       (void)Apply(KeyAction::kDelete, keys[i]);
-      return absl::NotFoundError(absl::StrCat(
-          "vc-kvstore entry ", absl::BytesToHexString(keys[i].substr(0, 8)),
-          "...: treated as missing, its seal failed (", payload.status().message(),
-          "); removed from the store"));
+      return absl::NotFoundError(
+          absl::StrCat("vc-kvstore entry ", absl::BytesToHexString(keys[i].substr(0, 8)),
+                       "...: treated as missing, its seal failed (", payload.status().message(),
+                       "); removed from the store"));
     }
     values[i].resize(payload->size());  // the payload is the entry minus its trailer
   }
@@ -168,14 +170,15 @@ absl::StatusOr<std::vector<std::string>> StoreClient::FetchKv(
 }
 
 absl::Status StoreClient::PutKv(std::vector<std::pair<std::string, std::string>> entries,
-                                absl::string_view tenant_salt) {
+                                absl::string_view tenant_salt,
+                                std::chrono::steady_clock::time_point deadline) {
   if (options_.kv_keyring != nullptr) {
     VC_ASSIGN_OR_RETURN(const kvstore::TenantKey key, KeyFor(*options_.kv_keyring, tenant_salt));
     for (auto& [store_key, value] : entries) {
       VC_ASSIGN_OR_RETURN(value, kvstore::EncryptEntry(key, store_key, value));
     }
   }
-  return PutAll(std::move(entries));
+  return PutAll(std::move(entries), deadline);
 }
 
 std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext() const {
@@ -212,7 +215,25 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
   return std::move(*resp.mutable_value());
 }
 
-absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>> entries) {
+namespace {
+
+// Whether a failed put may be started again from its BeginPut: only when the
+// store went away under it (killed, restarted, a dead pooled connection). A
+// refusal (bad input, quota, a full store) or a deadline would fail again;
+// so would TLS set-up, a handshake or data plane authentication that
+// refuses this client, which the transport reports as Unavailable too.
+bool PutMayBeRetried(const absl::Status& s) {
+  if (!absl::IsUnavailable(s)) return false;
+  for (const char* refusal : {"TLS handshake", "data plane TLS:", "data plane authentication"}) {
+    if (absl::StrContains(s.message(), refusal)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>> entries,
+                                 std::chrono::steady_clock::time_point deadline) {
   // Sealed in place when this client signs (the producer of the entries):
   // a signature over each entry's checksum, appended, no payload copied.
   if (options_.seal_signer != nullptr) {
@@ -221,12 +242,47 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
           options_.seal_signer->Seal(entry.first, options_.seal_context, &entry.second));
     }
   }
+  const bool caller_deadline = deadline != std::chrono::steady_clock::time_point{};
+  if (!caller_deadline) deadline = std::chrono::steady_clock::now() + options_.timeout;
+  // A store restarted under a put loses it (its puts are not persisted; a
+  // stage on a connection pooled before the restart fails). The put is then
+  // begun again and every entry staged again on a fresh connection, never
+  // resumed: nothing of the lost attempt becomes visible, and each attempt
+  // commits all of its entries or none.
+  const auto call_limit = caller_deadline ? deadline : std::chrono::steady_clock::time_point{};
+  bool retryable = false;
+  absl::Status status = PutOnce(entries, call_limit, &retryable);
+  auto backoff = std::chrono::milliseconds(20);
+  for (int attempt = 1;
+       attempt < kMaxPutAttempts && !status.ok() && retryable && PutMayBeRetried(status) &&
+       std::chrono::steady_clock::now() + backoff < deadline;
+       ++attempt) {
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 4, std::chrono::milliseconds(500));
+    status = PutOnce(entries, call_limit, &retryable);
+  }
+  return status;
+}
+
+absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::string>>& entries,
+                                  std::chrono::steady_clock::time_point deadline, bool* retryable) {
+  *retryable = true;
+  // Each call's deadline: the options' timeout, cut to the caller's deadline.
+  auto call_deadline = [&] {
+    const auto own = std::chrono::steady_clock::now() + options_.timeout;
+    return deadline == std::chrono::steady_clock::time_point{} ? own : std::min(own, deadline);
+  };
+  auto context = [&] {
+    const auto left = call_deadline() - std::chrono::steady_clock::now();
+    return rpc::ContextWithTimeout(std::max(
+        std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(left)));
+  };
   pb::BeginPutRequest begin;
   pb::BeginPutResponse began;
   {
     // Nothing is sent before the channel is ready, so waiting for it (a
     // store that is restarting) cannot open a put twice.
-    auto ctx = rpc::ContextWithTimeout(options_.timeout);
+    auto ctx = context();
     ctx->set_wait_for_ready(true);
     const grpc::Status s = stub_->BeginPut(ctx.get(), begin, &began);
     if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore BeginPut");
@@ -255,8 +311,8 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
         bytes += static_cast<int64_t>(all[end_at].second.size());
         ++end_at;
       }
-      const absl::Status s = data_->Stage(id, all.subspan(begin_at, end_at - begin_at),
-                                          std::chrono::steady_clock::now() + options_.timeout);
+      const absl::Status s =
+          data_->Stage(id, all.subspan(begin_at, end_at - begin_at), call_deadline());
       if (!s.ok()) {
         return abort(absl::Status(s.code(), absl::StrCat("vc-kvstore data plane stage (",
                                                          data_address_, "): ", s.message())));
@@ -272,7 +328,7 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
       req.set_key(key);
       req.set_value(value);
       pb::StageChunkResponse resp;
-      auto ctx = rpc::ContextWithTimeout(options_.timeout);
+      auto ctx = context();
       const grpc::Status s = stub_->StageChunk(ctx.get(), req, &resp);
       if (!s.ok()) return abort(rpc::FromGrpcStatus(s, "vc-kvstore StageChunk"));
     }
@@ -280,10 +336,14 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
   pb::CommitPutRequest req;
   req.set_put_id(id);
   pb::CommitPutResponse resp;
-  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  auto ctx = context();
   const grpc::Status s = stub_->CommitPut(ctx.get(), req, &resp);
-  // A failed commit discards the put in the store.
-  if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore CommitPut");
+  // A failed commit discards the put in the store. Not tried again: a
+  // commit whose answer was lost may have been applied.
+  if (!s.ok()) {
+    *retryable = false;
+    return rpc::FromGrpcStatus(s, "vc-kvstore CommitPut");
+  }
   return absl::OkStatus();
 }
 

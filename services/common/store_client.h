@@ -77,8 +77,7 @@ class StoreClient {
   // StoreClientOptions); the deadline is the options' timeout unless
   // `deadline` is given. Decode them with fetched_checksum().
   absl::StatusOr<std::vector<std::string>> Fetch(
-      const std::vector<std::string>& keys,
-      std::chrono::steady_clock::time_point deadline = {});
+      const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline = {});
   // KV entries (full-KV chunks, compressed variants) of the tenant whose
   // salt is `tenant_salt`: Fetch, then decrypt with the keyring (see
   // StoreClientOptions::kv_keyring). Decode them with fetched_checksum().
@@ -107,11 +106,19 @@ class StoreClient {
   // by stage_batch_bytes / _entries), or, for a client without a data
   // plane, in one StageChunk RPC each. Taken by value so that a signer
   // seals each entry in place (move the entries in to avoid a copy).
-  absl::Status PutAll(std::vector<std::pair<std::string, std::string>> entries);
+  // A put the store lost (it went away: Unavailable before the commit) is
+  // begun again and staged again in full, never resumed, up to
+  // kMaxPutAttempts times while `deadline` allows (default: the options'
+  // timeout from now; each call's own deadline is the timeout, cut to a
+  // given `deadline`).
+  absl::Status PutAll(std::vector<std::pair<std::string, std::string>> entries,
+                      std::chrono::steady_clock::time_point deadline = {});
   // PutAll of KV entries of the tenant whose salt is `tenant_salt`, each
   // encrypted first when this client has a keyring (then sealed as usual).
   absl::Status PutKv(std::vector<std::pair<std::string, std::string>> entries,
-                     absl::string_view tenant_salt);
+                     absl::string_view tenant_salt,
+                     std::chrono::steady_clock::time_point deadline = {});
+  static constexpr int kMaxPutAttempts = 4;
 
   // Per-key maintenance (control plane): Delete, Pin, Unpin.
   enum class KeyAction { kDelete, kPin, kUnpin };
@@ -126,6 +133,10 @@ class StoreClient {
   StoreClient() = default;
   // Deadline `timeout`, waiting for the channel to be ready (idempotent calls).
   std::unique_ptr<grpc::ClientContext> ReadOnlyContext() const;
+  // One attempt of PutAll: BeginPut, every stage, CommitPut (the put
+  // aborted on a stage error). `*retryable` false once the commit was sent.
+  absl::Status PutOnce(const std::vector<std::pair<std::string, std::string>>& entries,
+                       std::chrono::steady_clock::time_point deadline, bool* retryable);
   StoreClientOptions options_;
   std::string data_address_;
   std::unique_ptr<vericache::v1::KvStore::Stub> stub_;

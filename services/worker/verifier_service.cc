@@ -134,6 +134,7 @@ grpc::ServerUnaryReactor* VerifierService::Open(grpc::CallbackServerContext* ctx
   vo.tail_arena = &arena_;
   auto vs = cluster::VerifySession::Create(config_, std::move(prompt), prefix->tokens, vo);
   if (!vs.ok()) return Finish(ctx, vs.status());
+  if (options_.before_open_kept) options_.before_open_kept(ctx);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
   // The caller gave up (its deadline passed while this verifier was paused
@@ -574,7 +575,14 @@ void VerifierService::RunIngest(Job& job) {
     for (const auto& e : entries.entries) bytes += static_cast<int64_t>(e.second.size());
     // Encrypted (with a KV secret) before sealed; the bytes counted above
     // are the plaintext's.
-    VC_RETURN_IF_ERROR(store_->PutKv(std::move(entries.entries), req.tenant_salt()));
+    // The put, retries after a store restart included, ends with the
+    // ingest's own deadline (when it has one within the hour).
+    std::chrono::steady_clock::time_point put_deadline{};
+    const auto left = job.ctx->deadline() - std::chrono::system_clock::now();
+    if (left < std::chrono::hours(1)) {
+      put_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+    }
+    VC_RETURN_IF_ERROR(store_->PutKv(std::move(entries.entries), req.tenant_salt(), put_deadline));
     job.ingest_resp->set_bytes(bytes);
     for (const auto& k : entries.chunk_keys) job.ingest_resp->add_chunk_keys(k.Raw());
     for (const auto& v : entries.variants) {

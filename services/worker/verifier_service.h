@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,6 +55,10 @@ struct VerifierOptions {
   // seals and Info carry; the coordinator refuses a worker whose version
   // differs from the first worker's).
   uint32_t numerics_version = 0;
+  // Test seam (null in the daemon): called in Open once the session is
+  // built, just before it is kept, so that a test can hold an Open there
+  // until its caller has given up.
+  std::function<void(grpc::CallbackServerContext*)> before_open_kept;
 };
 
 class VerifierService final : public vericache::v1::Verifier::CallbackService {

@@ -35,8 +35,8 @@ class StreamClient : public DataPlaneClient {
     auto request = EncodeRequest(keys, options_.link, timeout_ms,
                                  static_cast<uint64_t>(options_.max_response_bytes));
     if (!request.ok()) return request.status();
-    auto values =
-        RunExchange<std::vector<std::string>>(deadline, [&](Connection* conn, bool* in_step) {
+    auto values = RunExchange<std::vector<std::string>>(
+        deadline, /*retry_stale=*/true, [&](Connection* conn, bool* in_step) {
           return FetchOn(conn, *request, keys, deadline, in_step);
         });
     if (values.ok()) {
@@ -57,9 +57,13 @@ class StreamClient : public DataPlaneClient {
     if (!body_bytes.ok()) return body_bytes.status();
     const std::string header = EncodeStageHeader(
         put_id, options_.link, static_cast<uint32_t>(entries.size()), *body_bytes, timeout_ms);
-    auto staged = RunExchange<int64_t>(deadline, [&](Connection* conn, bool* in_step) {
-      return StageOn(conn, header, entries, deadline, in_step);
-    });
+    // Not repeated on a fresh connection: the put it belongs to may have
+    // died with a restarted server (a new one could even have reused its
+    // id). The writer starts the whole put again (StoreClient::PutAll).
+    auto staged =
+        RunExchange<int64_t>(deadline, /*retry_stale=*/false, [&](Connection* conn, bool* in_step) {
+          return StageOn(conn, header, entries, deadline, in_step);
+        });
     if (!staged.ok()) return staged.status();
     stages_.fetch_add(1);
     staged_bytes_.fetch_add(*staged);
@@ -98,11 +102,12 @@ class StreamClient : public DataPlaneClient {
 
   // Runs one request/answer exchange `on(conn, &in_step)` on a pooled
   // connection. A pooled connection may have died while idle (server
-  // restarted); the exchange then retries once on a fresh one if the peer
-  // had said nothing (a stage is safe to repeat: a later stage of the same
-  // key wins, and the put is invisible until its commit).
+  // restarted, or it closed idle connections); the other idle ones date from
+  // before the same event, so they are closed too, and with `retry_stale`
+  // the exchange is tried once more on a fresh connection if the peer had
+  // said nothing.
   template <typename T, typename On>
-  absl::StatusOr<T> RunExchange(TimePoint deadline, On&& on) {
+  absl::StatusOr<T> RunExchange(TimePoint deadline, bool retry_stale, On&& on) {
     for (int attempt = 0;; ++attempt) {
       bool reused = false;
       auto conn = Acquire(deadline, &reused);
@@ -115,12 +120,23 @@ class StreamClient : public DataPlaneClient {
       const bool quiet = (*conn)->reader->bytes_received() == before;
       Release(std::move(*conn), in_step);
       if (result.ok()) return result;
-      if (reused && quiet && attempt == 0 && absl::IsUnavailable(result.status()) &&
-          Clock::now() < deadline) {
-        continue;
-      }
+      const bool stale = reused && quiet && absl::IsUnavailable(result.status());
+      if (stale) DropIdle();
+      if (stale && retry_stale && attempt == 0 && Clock::now() < deadline) continue;
       return result.status();
     }
+  }
+
+  // Closes every idle connection (see RunExchange).
+  void DropIdle() {
+    std::vector<std::unique_ptr<Connection>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dropped.swap(idle_);
+      open_ -= static_cast<int>(dropped.size());
+    }
+    cv_.notify_all();
+    for (auto& conn : dropped) conn->stream->Close();
   }
 
   absl::StatusOr<std::unique_ptr<Connection>> Acquire(TimePoint deadline, bool* reused) {

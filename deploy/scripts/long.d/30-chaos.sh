@@ -6,7 +6,9 @@
 # tier runs as root), also link cuts and throttles (--link-faults: the
 # cluster runs in a network namespace of the tool's own; VC_CHAOS_LINK_FAULTS=0
 # turns them off). Fails on any wrong token, unclean failure or leak, and
-# unless at least 100 faults and 2,000 requests ran.
+# unless at least 100 faults and 2,000 requests ran (VC_CHAOS_MIN_FAULTS,
+# VC_CHAOS_MIN_REQUESTS: lower them with VC_CHAOS_SECONDS to try the script
+# in a minute, e.g. 30 s, 3 faults, 200 requests).
 set -euo pipefail
 : "${VC_BUILD_DIR:?}"
 seed="${VC_CHAOS_SEED:-424242}"
@@ -19,4 +21,5 @@ else
   echo "30-chaos: link faults off (needs root, ip and tc; VC_CHAOS_LINK_FAULTS=${VC_CHAOS_LINK_FAULTS:-1})" >&2
 fi
 exec "$VC_BUILD_DIR/bin/vericache" chaos --seed "$seed" --duration "$seconds" \
-  --faults 1000 --requests 1000000 --min-faults 100 --min-requests 2000 "${link[@]}"
+  --faults 1000 --requests 1000000 --min-faults "${VC_CHAOS_MIN_FAULTS:-100}" \
+  --min-requests "${VC_CHAOS_MIN_REQUESTS:-2000}" "${link[@]}"

@@ -119,6 +119,30 @@ class KvStoreDaemonTest : public ::testing::Test {
     return s;
   }
 
+  // A daemon's StoreClient of this store (`so` with its control address).
+  std::unique_ptr<vc::daemon::StoreClient> NewClient(vc::daemon::StoreClientOptions so = {}) {
+    so.control_address = daemon_->grpc_addr();
+    auto client = vc::daemon::StoreClient::Create(so);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // kill -9 the store (the test's channel goes first), then start it again
+  // on the same addresses and data dir (a restart like a supervisor's).
+  void KillDaemon() {
+    stub_.reset();
+    channel_.reset();
+    killed_grpc_addr_ = daemon_->grpc_addr();
+    killed_data_addr_ = daemon_->data_addr();
+    daemon_->Kill();
+  }
+  bool RestartDaemon(std::string* error) {
+    daemon_ = std::make_unique<Daemon>();
+    return daemon_->Start({"--listen", killed_grpc_addr_, "--metrics-listen", "127.0.0.1:0",
+                           "--data-listen", killed_data_addr_, "--data-dir", data_dir_ + "/db"},
+                          error);
+  }
+
   pb::StatResponse Stat() {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -174,6 +198,7 @@ class KvStoreDaemonTest : public ::testing::Test {
   void PutsOverTheDataPlane(const std::string& kind);
 
   std::string data_dir_;
+  std::string killed_grpc_addr_, killed_data_addr_;  // KillDaemon -> RestartDaemon
   std::unique_ptr<Daemon> daemon_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::KvStore::Stub> stub_;
@@ -413,34 +438,89 @@ TEST_F(KvStoreDaemonTest, SigtermDrainsAndDataSurvivesRestart) {
 // fetch fails at once.
 TEST_F(KvStoreDaemonTest, FetchWaitsForARestartedStore) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
-  const std::string grpc_addr = daemon_->grpc_addr();
-  const std::string data_addr = daemon_->data_addr();
-  vc::daemon::StoreClientOptions so;
-  so.control_address = grpc_addr;
-  so.data_plane = "tcp";
-  so.link = vc::transport::LinkClass::kFast;
-  auto client = vc::daemon::StoreClient::Create(so);
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->PutAll({{Key('r'), "restarted"}}).ok());
+  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->PutAll({{Key('r'), "restarted"}}).ok());
   // A pooled connection to the store that is about to die.
-  ASSERT_TRUE((*client)->Fetch({Key('r')}).ok());
-  stub_.reset();
-  channel_.reset();
-  daemon_->Kill();  // kill -9
+  ASSERT_TRUE(client->Fetch({Key('r')}).ok());
+  KillDaemon();
   absl::StatusOr<std::vector<std::string>> fetched;
   std::thread fetch(
-      [&] { fetched = (*client)->Fetch({Key('r')}, Clock::now() + std::chrono::seconds(30)); });
+      [&] { fetched = client->Fetch({Key('r')}, Clock::now() + std::chrono::seconds(30)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  daemon_ = std::make_unique<Daemon>();
   std::string error;
-  const bool restarted =
-      daemon_->Start({"--listen", grpc_addr, "--metrics-listen", "127.0.0.1:0", "--data-listen",
-                      data_addr, "--data-dir", data_dir_ + "/db"},
-                     &error);
+  const bool restarted = RestartDaemon(&error);
   fetch.join();
   ASSERT_TRUE(restarted) << error;
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(*fetched, std::vector<std::string>{"restarted"});
+}
+
+// Regression (issue 13, cluster chaos): a verifier's ingest whose put was
+// under way when the store was killed failed once ("data plane peer closed
+// the connection" on the connection pooled before the kill, or "no open put"
+// once a stage reached the restarted store, which had never heard of the
+// put). A put the store lost is now begun again and staged again in full on
+// a fresh connection, never resumed. Here the store's link is paced so that
+// the kill -9 lands between the put's stage calls; the store comes back on
+// the same addresses and data dir, the put succeeds, and every committed
+// value reads back whole. Without the retry this put fails.
+TEST_F(KvStoreDaemonTest, PutStartsAgainAfterTheStoreIsKilledMidPut) {
+  // 500 kB/s: the put's 16 stage calls of 64 KiB take about two seconds, so
+  // the kill comes well before its end even on a loaded machine.
+  ASSERT_NO_FATAL_FAILURE(StartDaemon({"--fast-link-bytes-per-second", "500000"}));
+  vc::daemon::StoreClientOptions so;
+  so.stage_batch_bytes = 64 << 10;
+  so.timeout = std::chrono::seconds(30);
+  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient(so);
+  ASSERT_NE(client, nullptr);
+  constexpr int kEntries = 16;
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (int i = 0; i < kEntries; ++i) {
+    entries.emplace_back(Key(static_cast<char>('A' + i)),
+                         std::string(64 << 10, static_cast<char>('a' + i)));
+  }
+  absl::Status put;
+  std::thread writer(
+      [&] { put = client->PutAll(entries, Clock::now() + std::chrono::seconds(60)); });
+  // Mid-put: some stage calls answered, not all.
+  const auto limit = Clock::now() + std::chrono::seconds(30);
+  int64_t stages = 0;
+  while (stages < 2 && Clock::now() < limit) {
+    const pb::StatResponse stat = Stat();
+    const pb::LinkStat* fast = FindLink(stat, "fast");
+    stages = fast == nullptr ? 0 : fast->stages();
+    if (stages < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  KillDaemon();
+  std::string error;
+  const bool restarted = RestartDaemon(&error);
+  writer.join();
+  ASSERT_GE(stages, 2) << "the put never got going";
+  ASSERT_TRUE(restarted) << error;
+  ASSERT_TRUE(put.ok()) << put;
+  // The kill did land mid-put: the put was staged again from its start.
+  EXPECT_GT(client->data_stats().stages, kEntries);
+  for (const auto& [key, value] : entries) {
+    absl::StatusOr<std::string> got = client->Get(key);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, value);
+  }
+}
+
+// A put the store refuses is not tried again (only a put it lost is).
+TEST_F(KvStoreDaemonTest, RefusedPutIsNotTriedAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const absl::Status put = client->PutAll({{"short key", "v"}});
+  EXPECT_TRUE(absl::IsInvalidArgument(put)) << put;
+  EXPECT_EQ(client->data_stats().stages, 0);  // the one refused stage call
+  const pb::StatResponse stat = Stat();
+  const pb::LinkStat* fast = FindLink(stat, "fast");
+  ASSERT_NE(fast, nullptr);
+  EXPECT_EQ(fast->stages(), 1);
+  EXPECT_EQ(stat.open_puts(), 0);
 }
 
 void KvStoreDaemonTest::PutsOverTheDataPlane(const std::string& kind) {
