@@ -48,6 +48,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   bool small = false;
+  bool table_only = false;
   int prompt_len = 3000;
   int64_t max_new = 64;
   int threads = 2;
@@ -136,6 +137,25 @@ absl::StatusOr<double> PassSeconds(Engine& engine, SequenceKv& kv, int n, int re
   return Median(t);
 }
 
+void PrintRuns(const Options& o, const RunResult& f, const RunResult& v, bool same) {
+  const double f_tps = f.tokens.size() / f.decode_seconds;
+  const double v_tps = v.tokens.size() / v.decode_seconds;
+  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s",
+              "decode tok/s", "accepted");
+  std::printf("%-58s %10.2f %10.3f %12.2f %9s\n", "full", f.prefill_seconds, f.decode_seconds,
+              f_tps, "-");
+  const std::string label = "vericache --compressor " + o.compressor + " --draft-weights " +
+                            o.draft_weights + " --draft-len " + std::to_string(o.draft_len);
+  std::printf("%-58s %10.2f %10.3f %12.2f %9.2f\n", label.c_str(), v.prefill_seconds,
+              v.decode_seconds, v_tps, v.mean_accepted);
+  std::printf("outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
+              "fallbacks %lld\n",
+              same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
+              static_cast<long long>(v.fallbacks));
+  std::printf("decode speedup (vericache / full): %.3fx (target 1.7x)\n", v_tps / f_tps);
+
+}
+
 absl::Status Run(const Options& o) {
   const ModelConfig c = BenchConfig(o.small);
   VC_ASSIGN_OR_RETURN(const kernels::WeightFormat wf, kernels::ParseWeightFormat(o.draft_weights));
@@ -180,24 +200,13 @@ absl::Status Run(const Options& o) {
   vc.mode = DecodeMode::kVeriCache;
   vc.compressor.name = o.compressor;
   vc.draft.draft_len = o.draft_len;
-  VC_ASSIGN_OR_RETURN(const RunResult f, Generate(*engine, nullptr, prompt, full));
-  VC_ASSIGN_OR_RETURN(const RunResult v, Generate(*engine, draft_engine.get(), prompt, vc));
-  const bool same = f.tokens == v.tokens;
-  const double f_tps = f.tokens.size() / f.decode_seconds;
-  const double v_tps = v.tokens.size() / v.decode_seconds;
-  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s",
-              "decode tok/s", "accepted");
-  std::printf("%-58s %10.2f %10.3f %12.2f %9s\n", "full", f.prefill_seconds, f.decode_seconds,
-              f_tps, "-");
-  const std::string label = "vericache --compressor " + o.compressor + " --draft-weights " +
-                            o.draft_weights + " --draft-len " + std::to_string(o.draft_len);
-  std::printf("%-58s %10.2f %10.3f %12.2f %9.2f\n", label.c_str(), v.prefill_seconds,
-              v.decode_seconds, v_tps, v.mean_accepted);
-  std::printf("outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
-              "fallbacks %lld\n",
-              same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
-              static_cast<long long>(v.fallbacks));
-  std::printf("decode speedup (vericache / full): %.3fx (target 1.7x)\n", v_tps / f_tps);
+  bool same = true;
+  if (!o.table_only) {
+    VC_ASSIGN_OR_RETURN(const RunResult f, Generate(*engine, nullptr, prompt, full));
+    VC_ASSIGN_OR_RETURN(const RunResult v, Generate(*engine, draft_engine.get(), prompt, vc));
+    same = f.tokens == v.tokens;
+    PrintRuns(o, f, v, same);
+  }
 
   // The verify-pass cost table on the prompt's full KV.
   PagedKvCache kv(c);
@@ -239,6 +248,8 @@ int main(int argc, char** argv) {
                     "Single-node decode: VeriCache with a weight-quantised drafter vs full-KV "
                     "decoding on a random llama2.c-shaped model, plus the verify-pass cost table.");
   flags.AddBool("--small", &o.small, "~25M-parameter model, 1500-token prompt, 32 new tokens");
+  flags.AddBool("--table-only", &o.table_only,
+                "only the verify-pass cost table (skips the two generation runs)");
   flags.Add("--prompt-len", &o.prompt_len, "N", "prompt tokens");
   flags.Add("--max-new", &o.max_new, "N", "tokens to generate");
   flags.Add("--threads", &o.threads, "N", "engine threads");

@@ -107,6 +107,9 @@ class KernelBackend {
 
   // Bit-identical to kernels::Softmax below; backends may vectorise it.
   virtual void Softmax(float* s, int64_t n) const;
+  // Softmax of `count` independent rows (row i: rows[i], n[i] scores), each
+  // bit-identical to Softmax on it alone; a backend may interleave the rows.
+  virtual void SoftmaxRows(float* const* rows, const int64_t* n, int64_t count) const;
 };
 
 // Creates a backend by registry name ("cpu"; "cuda" when built with CUDA and

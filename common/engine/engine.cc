@@ -493,6 +493,8 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     pool.ParallelFor(n_units, std::max<int64_t>(1, 32768 / work_per_unit), [&](int64_t u0, int64_t u1) {
       thread_local std::vector<float> qs, scores, outs;
       thread_local std::vector<SequenceKv::KeyRange> ranges;
+      thread_local std::vector<float*> rows;
+      thread_local std::vector<int64_t> counts;
       for (int64_t u = u0; u < u1; ++u) {
         const Scratch::Chunk& ch = s.chunks[u / kv_heads];
         const int kl = static_cast<int>(u % kv_heads);
@@ -523,13 +525,17 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
         scores.resize(nq * qb.ld);
         qb.scores = scores.data();
         kv.ScoresBatch(be, l, kvh, qb, scale);
+        rows.resize(nq);
+        counts.resize(nq);
         for (int64_t t = 0; t < nq; ++t) {
-          float* row_scores = &scores[t * qb.ld + (ranges[t].first - base)];
-          be.Softmax(row_scores, ranges[t].count);
-          if (AttentionObserver* obs = batch[ch.entry].observer) {
-            const int64_t r = ch.begin + t / group;
-            obs->Observe(l, h0 + kl * group + static_cast<int>(t % group), kvh, s.row_pos[r],
-                         ranges[t], row_scores);
+          rows[t] = &scores[t * qb.ld + (ranges[t].first - base)];
+          counts[t] = ranges[t].count;
+        }
+        be.SoftmaxRows(rows.data(), counts.data(), nq);
+        if (AttentionObserver* obs = batch[ch.entry].observer) {
+          for (int64_t t = 0; t < nq; ++t) {
+            obs->Observe(l, h0 + kl * group + static_cast<int>(t % group), kvh,
+                         s.row_pos[ch.begin + t / group], ranges[t], rows[t]);
           }
         }
         outs.assign(nq * hd, 0.0f);

@@ -125,7 +125,22 @@ class CpuBackend final : public KernelBackend {
     }
   }
 
+  void AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
+                             int64_t head_dim, float* out) const override {
+    int64_t t = 0;
+    if (ops_.accumulate2 != nullptr) {
+      for (; t + 2 <= nq; t += 2) {
+        ops_.accumulate2(p + t * ldp, p + (t + 1) * ldp, v, n, head_dim, out + t * head_dim,
+                         out + (t + 1) * head_dim);
+      }
+    }
+    for (; t < nq; ++t) ops_.accumulate(p + t * ldp, v, n, head_dim, out + t * head_dim);
+  }
+
   void Softmax(float* s, int64_t n) const override { SoftmaxWithExp(s, n, ops_.exp_inplace); }
+  void SoftmaxRows(float* const* rows, const int64_t* n, int64_t count) const override {
+    SoftmaxRowsWithExp(rows, n, count, ops_.exp_inplace);
+  }
 
   void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
                         float* out) const override {

@@ -281,6 +281,55 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
   }
 }
 
+// AccumulateChunks for two weight rows p0, p1 over the same values: each
+// value chunk is loaded once and feeds both rows' chains, each chain the
+// same FMAs in the same key order as AccumulateChunks.
+template <int C>
+void AccumulateChunksPair(const float* p0, const float* p1, const float* v, int64_t n, int64_t dim,
+                          float* out0, float* out1, __mmask16 last) {
+  __m512 a[C], b[C];
+  for (int c = 0; c < C; ++c) {
+    const __mmask16 m = c == C - 1 ? last : kAll;
+    a[c] = _mm512_maskz_loadu_ps(m, out0 + int64_t{16} * c);
+    b[c] = _mm512_maskz_loadu_ps(m, out1 + int64_t{16} * c);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const __m512 pa = _mm512_set1_ps(p0[j]), pb = _mm512_set1_ps(p1[j]);
+    const float* vj = v + j * dim;
+    for (int c = 0; c < C; ++c) {
+      const __m512 vv = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, vj + int64_t{16} * c);
+      a[c] = _mm512_fmadd_ps(pa, vv, a[c]);
+      b[c] = _mm512_fmadd_ps(pb, vv, b[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    const __mmask16 m = c == C - 1 ? last : kAll;
+    _mm512_mask_storeu_ps(out0 + int64_t{16} * c, m, a[c]);
+    _mm512_mask_storeu_ps(out1 + int64_t{16} * c, m, b[c]);
+  }
+}
+
+void AccumulatePair(const float* p0, const float* p1, const float* v, int64_t n, int64_t dim,
+                    float* out0, float* out1) {
+  using PairFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, float*,
+                          float*, __mmask16);
+  static constexpr PairFn kPairs[9] = {nullptr,
+                                       AccumulateChunksPair<1>,
+                                       AccumulateChunksPair<2>,
+                                       AccumulateChunksPair<3>,
+                                       AccumulateChunksPair<4>,
+                                       AccumulateChunksPair<5>,
+                                       AccumulateChunksPair<6>,
+                                       AccumulateChunksPair<7>,
+                                       AccumulateChunksPair<8>};
+  for (int64_t d = 0; d < dim; d += 128) {
+    const int64_t rem = dim - d < 128 ? dim - d : 128;
+    const int chunks = static_cast<int>((rem + 15) / 16);
+    const __mmask16 last = rem % 16 == 0 ? kAll : TailMask(rem % 16);
+    kPairs[chunks](p0, p1, v + d, n, dim, out0 + d, out1 + d, last);
+  }
+}
+
 VC_DEFINE_SCORES(Dot)
 
 // kernels::Exp, 16 lanes at a time, with the same IEEE operations in the
@@ -349,7 +398,7 @@ void ExpInplace(float* x, int64_t n) {
 }  // namespace
 
 const SimdOps* Avx512Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace};
+  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace, AccumulatePair};
   return &ops;
 }
 
