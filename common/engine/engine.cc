@@ -511,10 +511,13 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
           const int32_t pos = s.row_pos[r];
           const int32_t min_pos = c.sliding_window > 0 ? pos - c.sliding_window + 1 : 0;
           ranges[t] = kv.Keys(l, kvh, min_pos, pos);
-          base = std::min(base, ranges[t].first);
-          end = std::max(end, ranges[t].first + ranges[t].count);
+          if (ranges[t].count > 0) {
+            base = std::min(base, ranges[t].first);
+            end = std::max(end, ranges[t].first + ranges[t].count);
+          }
           std::copy_n(&me.q[r * qd_r + int64_t{hl} * hd], hd, &qs[t * hd]);
         }
+        if (end == 0) base = 0;  // every range empty
         SequenceKv::QueryBatch qb;
         qb.q = qs.data();
         qb.ranges = ranges.data();
@@ -528,7 +531,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
         rows.resize(nq);
         counts.resize(nq);
         for (int64_t t = 0; t < nq; ++t) {
-          rows[t] = &scores[t * qb.ld + (ranges[t].first - base)];
+          rows[t] = &scores[t * qb.ld + (ranges[t].count > 0 ? ranges[t].first - base : 0)];
           counts[t] = ranges[t].count;
         }
         be.SoftmaxRows(rows.data(), counts.data(), nq);

@@ -13,6 +13,7 @@ namespace vc {
 void SequenceKv::ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
                              const QueryBatch& b, float scale) const {
   for (int64_t t = 0; t < b.count; ++t) {
+    if (b.ranges[t].count == 0) continue;
     Scores(backend, layer, kv_head, b.ranges[t], b.q + t * b.head_dim, scale,
            b.scores + t * b.ld + (b.ranges[t].first - b.base));
   }
@@ -21,6 +22,7 @@ void SequenceKv::ScoresBatch(const kernels::KernelBackend& backend, int layer, i
 void SequenceKv::MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
                                 const QueryBatch& b, float* out) const {
   for (int64_t t = 0; t < b.count; ++t) {
+    if (b.ranges[t].count == 0) continue;
     MixValues(backend, layer, kv_head, b.ranges[t], b.scores + t * b.ld + (b.ranges[t].first - b.base),
               out + t * b.head_dim);
   }

@@ -58,8 +58,9 @@ class SequenceKv {
   // Several queries of one (layer, kv_head) at once: the rows of a
   // multi-token pass and the query heads that share the KV head. Query t is
   // q + t*head_dim and attends ranges[t]; its score of stored key i lives at
-  // scores[t*ld + i - base] (base <= every range's first, ld >= every
-  // range's end - base; entries outside a query's own range are scratch).
+  // scores[t*ld + i - base] (base <= every non-empty range's first, ld >= every
+  // non-empty range's end - base; entries outside a query's own range are
+  // scratch).
   struct QueryBatch {
     const float* q = nullptr;
     const KeyRange* ranges = nullptr;
