@@ -131,7 +131,7 @@ double ProcessCpuSeconds() {
 // for a core (the engine's threads block rather than spin), so all three
 // are printed.
 absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int reps,
-                                   std::mt19937_64& rng) {
+                                     std::mt19937_64& rng) {
   const int32_t base = kv.next_position();
   std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
   std::vector<int32_t> tokens(n);
@@ -157,20 +157,20 @@ absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int 
 void PrintRuns(const Options& o, const RunResult& f, const RunResult& v, bool same) {
   const double f_tps = f.tokens.size() / f.decode_seconds;
   const double v_tps = v.tokens.size() / v.decode_seconds;
-  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s",
-              "decode tok/s", "accepted");
+  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s", "decode tok/s",
+              "accepted");
   std::printf("%-58s %10.2f %10.3f %12.2f %9s\n", "full", f.prefill_seconds, f.decode_seconds,
               f_tps, "-");
   const std::string label = "vericache --compressor " + o.compressor + " --draft-weights " +
                             o.draft_weights + " --draft-len " + std::to_string(o.draft_len);
   std::printf("%-58s %10.2f %10.3f %12.2f %9.2f\n", label.c_str(), v.prefill_seconds,
               v.decode_seconds, v_tps, v.mean_accepted);
-  std::printf("outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
-              "fallbacks %lld\n",
-              same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
-              static_cast<long long>(v.fallbacks));
+  std::printf(
+      "outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
+      "fallbacks %lld\n",
+      same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
+      static_cast<long long>(v.fallbacks));
   std::printf("decode speedup (vericache / full): %.3fx (target 1.7x)\n", v_tps / f_tps);
-
 }
 
 absl::Status Run(const Options& o) {
@@ -232,9 +232,10 @@ absl::Status Run(const Options& o) {
     SequenceInput in{&kv, prompt, static_cast<int64_t>(prompt.size())};
     VC_RETURN_IF_ERROR(engine->Forward({&in, 1}, &logits));
   }
-  std::printf("\nverify-pass cost on %d tokens of full KV (median, fastest and median CPU time "
-              "of %d):\n",
-              o.prompt_len, o.reps);
+  std::printf(
+      "\nverify-pass cost on %d tokens of full KV (median, fastest and median CPU time "
+      "of %d):\n",
+      o.prompt_len, o.reps);
   std::printf("%8s %10s %8s %10s %8s %10s %8s\n", "tokens", "median ms", "x step", "min ms",
               "x step", "CPU ms", "x step");
   PassTime step;
@@ -254,10 +255,11 @@ absl::Status Run(const Options& o) {
     VC_ASSIGN_OR_RETURN(const PassTime dp, PassSeconds(*draft_engine, dkv, 1, o.reps, rng));
     VC_ASSIGN_OR_RETURN(const PassTime d32p, PassSeconds(*engine, dkv, 1, o.reps, rng));
     const double d = dp.median, d32 = d32p.median;
-    std::printf("drafter 1-token step (%s weights, %s KV): %.2f ms = %.2f x the full step; "
-                "with f32 weights on the same KV: %.2f ms = %.2f x\n",
-                o.draft_weights.c_str(), o.compressor.c_str(), d * 1e3, d / step.median, d32 * 1e3,
-                d32 / step.median);
+    std::printf(
+        "drafter 1-token step (%s weights, %s KV): %.2f ms = %.2f x the full step; "
+        "with f32 weights on the same KV: %.2f ms = %.2f x\n",
+        o.draft_weights.c_str(), o.compressor.c_str(), d * 1e3, d / step.median, d32 * 1e3,
+        d32 / step.median);
   }
   return same ? absl::OkStatus() : absl::InternalError("outputs differ");
 }

@@ -96,8 +96,7 @@ class KernelBackend {
   // once for all the queries (a multi-token pass then streams the KV once).
   // Single-threaded: called from inside the engine's parallel loops.
   virtual void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
-                                    int64_t head_dim, float scale, float* scores,
-                                    int64_t ld) const;
+                                    int64_t head_dim, float scale, float* scores, int64_t ld) const;
 
   // AccumulateValues for nq queries over the same n values: query t's
   // weights are p + t*ldp and its output out + t*head_dim; each output is

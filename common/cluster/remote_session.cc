@@ -113,9 +113,9 @@ bool PrefixTailKv::Split(const QueryBatch& b, QueryBatch* prefix, QueryBatch* ta
     const int64_t in_prefix = std::clamp<int64_t>(prefix_len_ - r.first, 0, r.count);
     (*ranges)[t] = {r.first, in_prefix};
     reads_prefix = reads_prefix || in_prefix > 0;
-    (*ranges)[b.count + t] =
-        r.count > in_prefix ? KeyRange{r.first + in_prefix - prefix_len_, r.count - in_prefix}
-                            : KeyRange{0, 0};
+    (*ranges)[b.count + t] = r.count > in_prefix
+                                 ? KeyRange{r.first + in_prefix - prefix_len_, r.count - in_prefix}
+                                 : KeyRange{0, 0};
   }
   *prefix = b;
   prefix->ranges = ranges->data();

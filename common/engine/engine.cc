@@ -490,66 +490,67 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     const int64_t n_units = static_cast<int64_t>(s.chunks.size()) * kv_heads;
     const int64_t work_per_unit =
         std::max<int64_t>(1, int64_t{s.row_pos[n_rows - 1] + 1} * hd * 2 * group);
-    pool.ParallelFor(n_units, std::max<int64_t>(1, 32768 / work_per_unit), [&](int64_t u0, int64_t u1) {
-      thread_local std::vector<float> qs, scores, outs;
-      thread_local std::vector<SequenceKv::KeyRange> ranges;
-      thread_local std::vector<float*> rows;
-      thread_local std::vector<int64_t> counts;
-      for (int64_t u = u0; u < u1; ++u) {
-        const Scratch::Chunk& ch = s.chunks[u / kv_heads];
-        const int kl = static_cast<int>(u % kv_heads);
-        const int kvh = kvh0 + kl;
-        const SequenceKv& kv = *batch[ch.entry].kv;
-        const int64_t nq = (ch.end - ch.begin) * group;
-        qs.resize(nq * hd);
-        ranges.resize(nq);
-        int64_t base = std::numeric_limits<int64_t>::max(), end = 0;
-        // Query t = (row ch.begin + t / group, local head kl*group + t % group).
-        for (int64_t t = 0; t < nq; ++t) {
-          const int64_t r = ch.begin + t / group;
-          const int hl = kl * group + static_cast<int>(t % group);
-          const int32_t pos = s.row_pos[r];
-          const int32_t min_pos = c.sliding_window > 0 ? pos - c.sliding_window + 1 : 0;
-          ranges[t] = kv.Keys(l, kvh, min_pos, pos);
-          if (ranges[t].count > 0) {
-            base = std::min(base, ranges[t].first);
-            end = std::max(end, ranges[t].first + ranges[t].count);
+    pool.ParallelFor(
+        n_units, std::max<int64_t>(1, 32768 / work_per_unit), [&](int64_t u0, int64_t u1) {
+          thread_local std::vector<float> qs, scores, outs;
+          thread_local std::vector<SequenceKv::KeyRange> ranges;
+          thread_local std::vector<float*> rows;
+          thread_local std::vector<int64_t> counts;
+          for (int64_t u = u0; u < u1; ++u) {
+            const Scratch::Chunk& ch = s.chunks[u / kv_heads];
+            const int kl = static_cast<int>(u % kv_heads);
+            const int kvh = kvh0 + kl;
+            const SequenceKv& kv = *batch[ch.entry].kv;
+            const int64_t nq = (ch.end - ch.begin) * group;
+            qs.resize(nq * hd);
+            ranges.resize(nq);
+            int64_t base = std::numeric_limits<int64_t>::max(), end = 0;
+            // Query t = (row ch.begin + t / group, local head kl*group + t % group).
+            for (int64_t t = 0; t < nq; ++t) {
+              const int64_t r = ch.begin + t / group;
+              const int hl = kl * group + static_cast<int>(t % group);
+              const int32_t pos = s.row_pos[r];
+              const int32_t min_pos = c.sliding_window > 0 ? pos - c.sliding_window + 1 : 0;
+              ranges[t] = kv.Keys(l, kvh, min_pos, pos);
+              if (ranges[t].count > 0) {
+                base = std::min(base, ranges[t].first);
+                end = std::max(end, ranges[t].first + ranges[t].count);
+              }
+              std::copy_n(&me.q[r * qd_r + int64_t{hl} * hd], hd, &qs[t * hd]);
+            }
+            if (end == 0) base = 0;  // every range empty
+            SequenceKv::QueryBatch qb;
+            qb.q = qs.data();
+            qb.ranges = ranges.data();
+            qb.count = nq;
+            qb.head_dim = hd;
+            qb.base = base;
+            qb.ld = std::max<int64_t>(1, end - base);
+            scores.resize(nq * qb.ld);
+            qb.scores = scores.data();
+            kv.ScoresBatch(be, l, kvh, qb, scale);
+            rows.resize(nq);
+            counts.resize(nq);
+            for (int64_t t = 0; t < nq; ++t) {
+              rows[t] = &scores[t * qb.ld + (ranges[t].count > 0 ? ranges[t].first - base : 0)];
+              counts[t] = ranges[t].count;
+            }
+            be.SoftmaxRows(rows.data(), counts.data(), nq);
+            if (AttentionObserver* obs = batch[ch.entry].observer) {
+              for (int64_t t = 0; t < nq; ++t) {
+                obs->Observe(l, h0 + kl * group + static_cast<int>(t % group), kvh,
+                             s.row_pos[ch.begin + t / group], ranges[t], rows[t]);
+              }
+            }
+            outs.assign(nq * hd, 0.0f);
+            kv.MixValuesBatch(be, l, kvh, qb, outs.data());
+            for (int64_t t = 0; t < nq; ++t) {
+              const int64_t r = ch.begin + t / group;
+              const int hl = kl * group + static_cast<int>(t % group);
+              std::copy_n(&outs[t * hd], hd, &me.att[r * qd_r + int64_t{hl} * hd]);
+            }
           }
-          std::copy_n(&me.q[r * qd_r + int64_t{hl} * hd], hd, &qs[t * hd]);
-        }
-        if (end == 0) base = 0;  // every range empty
-        SequenceKv::QueryBatch qb;
-        qb.q = qs.data();
-        qb.ranges = ranges.data();
-        qb.count = nq;
-        qb.head_dim = hd;
-        qb.base = base;
-        qb.ld = std::max<int64_t>(1, end - base);
-        scores.resize(nq * qb.ld);
-        qb.scores = scores.data();
-        kv.ScoresBatch(be, l, kvh, qb, scale);
-        rows.resize(nq);
-        counts.resize(nq);
-        for (int64_t t = 0; t < nq; ++t) {
-          rows[t] = &scores[t * qb.ld + (ranges[t].count > 0 ? ranges[t].first - base : 0)];
-          counts[t] = ranges[t].count;
-        }
-        be.SoftmaxRows(rows.data(), counts.data(), nq);
-        if (AttentionObserver* obs = batch[ch.entry].observer) {
-          for (int64_t t = 0; t < nq; ++t) {
-            obs->Observe(l, h0 + kl * group + static_cast<int>(t % group), kvh,
-                         s.row_pos[ch.begin + t / group], ranges[t], rows[t]);
-          }
-        }
-        outs.assign(nq * hd, 0.0f);
-        kv.MixValuesBatch(be, l, kvh, qb, outs.data());
-        for (int64_t t = 0; t < nq; ++t) {
-          const int64_t r = ch.begin + t / group;
-          const int hl = kl * group + static_cast<int>(t % group);
-          std::copy_n(&outs[t * hd], hd, &me.att[r * qd_r + int64_t{hl} * hd]);
-        }
-      }
-    });
+        });
     // o_proj, row-parallel over q_dim.
     if (ql != nullptr) {
       qmatmul(me.att.data(), n_rows, ql->wo, nullptr, me.proj.data());

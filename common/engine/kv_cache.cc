@@ -23,8 +23,8 @@ void SequenceKv::MixValuesBatch(const kernels::KernelBackend& backend, int layer
                                 const QueryBatch& b, float* out) const {
   for (int64_t t = 0; t < b.count; ++t) {
     if (b.ranges[t].count == 0) continue;
-    MixValues(backend, layer, kv_head, b.ranges[t], b.scores + t * b.ld + (b.ranges[t].first - b.base),
-              out + t * b.head_dim);
+    MixValues(backend, layer, kv_head, b.ranges[t],
+              b.scores + t * b.ld + (b.ranges[t].first - b.base), out + t * b.head_dim);
   }
 }
 
@@ -192,9 +192,10 @@ void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer,
       }
     }
     if (t0 < t1) {
-      backend.AttentionScoresMulti(b.q + t0 * b.head_dim, t1 - t0,
-                                   Row(layer, false, kv_head, static_cast<int32_t>(i) + first_position_),
-                                   n, head_dim_, scale, b.scores + t0 * b.ld + (i - b.base), b.ld);
+      backend.AttentionScoresMulti(
+          b.q + t0 * b.head_dim, t1 - t0,
+          Row(layer, false, kv_head, static_cast<int32_t>(i) + first_position_), n, head_dim_,
+          scale, b.scores + t0 * b.ld + (i - b.base), b.ld);
     }
     i += n;
   }
@@ -219,7 +220,9 @@ void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int lay
       }
       if (a == i && e == i + n) {
         int64_t u = t + 1;
-        while (u < b.count && b.ranges[u].first <= i && b.ranges[u].first + b.ranges[u].count >= i + n) ++u;
+        while (u < b.count && b.ranges[u].first <= i &&
+               b.ranges[u].first + b.ranges[u].count >= i + n)
+          ++u;
         backend.AccumulateValuesMulti(b.scores + t * b.ld + (i - b.base), b.ld, u - t, v, n,
                                       head_dim_, out + t * b.head_dim);
         t = u;

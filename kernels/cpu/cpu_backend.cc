@@ -116,9 +116,8 @@ class CpuBackend final : public KernelBackend {
   // register-tiled kernel reads each key row once for all the queries and
   // amortises the lane reductions. The scale is one multiply afterwards,
   // as in AttentionScores.
-  void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
-                            int64_t head_dim, float scale, float* scores,
-                            int64_t ld) const override {
+  void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t head_dim,
+                            float scale, float* scores, int64_t ld) const override {
     ops_.matmul_rows(q, nq, k, nullptr, head_dim, 0, n, ld, scores);
     for (int64_t t = 0; t < nq; ++t) {
       for (int64_t j = 0; j < n; ++j) scores[t * ld + j] *= scale;

@@ -385,14 +385,13 @@ TEST(KernelsTest, MultiQueryAttentionPrimitivesEqualSingleQueryOnes) {
     for (int64_t head_dim : {8, 12, 16, 64, 100, 130}) {
       for (int64_t nq : {1, 2, 3, 8, 9, 19}) {
         for (int64_t n : {1, 5, 16, 37}) {
-          SCOPED_TRACE(::testing::Message() << level << " head_dim=" << head_dim << " nq=" << nq
-                                            << " n=" << n);
+          SCOPED_TRACE(::testing::Message()
+                       << level << " head_dim=" << head_dim << " nq=" << nq << " n=" << n);
           const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
           const auto q = Spread(rng, nq * head_dim), k = Spread(rng, n * head_dim);
           const int64_t ld = n + 3;
           std::vector<float> got(static_cast<size_t>(nq * ld), -1.0f), want = got;
-          backend->AttentionScoresMulti(q.data(), nq, k.data(), n, head_dim, scale, got.data(),
-                                        ld);
+          backend->AttentionScoresMulti(q.data(), nq, k.data(), n, head_dim, scale, got.data(), ld);
           for (int64_t t = 0; t < nq; ++t) {
             backend->AttentionScores(q.data() + t * head_dim, k.data(), n, head_dim, scale,
                                      want.data() + t * ld);
@@ -412,8 +411,7 @@ TEST(KernelsTest, MultiQueryAttentionPrimitivesEqualSingleQueryOnes) {
 
           const auto v = Spread(rng, n * head_dim), init = Spread(rng, nq * head_dim);
           std::vector<float> out_got = init, out_want = init;
-          backend->AccumulateValuesMulti(got.data(), ld, nq, v.data(), n, head_dim,
-                                         out_got.data());
+          backend->AccumulateValuesMulti(got.data(), ld, nq, v.data(), n, head_dim, out_got.data());
           for (int64_t t = 0; t < nq; ++t) {
             backend->AccumulateValues(want.data() + t * ld, v.data(), n, head_dim,
                                       out_want.data() + t * head_dim);
