@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/compress/attention_stats.h"
@@ -98,8 +99,8 @@ class PrefixTailKv final : public SequenceKv {
   const PagedKvCache& tail() const { return tail_; }
 
  private:
-  bool Split(const QueryBatch& b, QueryBatch* prefix, QueryBatch* tail,
-             std::vector<KeyRange>* ranges) const;
+  void ForEachPart(const QueryBatch& b,
+                   absl::FunctionRef<void(const PagedKvCache&, const QueryBatch&)> fn) const;
 
   std::shared_ptr<const PagedKvCache> prefix_;
   int32_t prefix_len_;
