@@ -10,7 +10,7 @@
 //    the prompt's prefill pass (RequestStats::prefill_pass_end), so prompt
 //    compression, drafting and verifying all count as decode;
 //  * the verify-pass cost table: one Forward of n tokens (n = 1, 2, 4, 9, 17,
-//    33) on the full KV of the prompt, median over --reps, as a multiple of
+//    33) on the full KV of the prompt, median and fastest over --reps, as a multiple of
 //    the 1-token step; and the drafter's 1-token step (quantised weights,
 //    compressed KV) likewise.
 // A random model's acceptance is not a trained model's: with tied
@@ -20,6 +20,8 @@
 // extrapolated.
 // --small: a ~25M-parameter model, 1500-token prompt, 32 new tokens (about a
 // minute on 2 threads).
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -48,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   bool small = false;
+  bool table_only = false;
   int prompt_len = 3000;
   int64_t max_new = 64;
   int threads = 2;
@@ -111,29 +114,63 @@ absl::StatusOr<RunResult> Generate(Engine& engine, Engine* draft_engine,
   return r;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+struct PassTime {
+  double median = 0, min = 0, cpu = 0;  // cpu: median CPU seconds of the process's threads
+};
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-// Median seconds of one Forward of `n` tokens appended to `kv` (truncated
-// back after each).
-absl::StatusOr<double> PassSeconds(Engine& engine, SequenceKv& kv, int n, int reps,
-                                   std::mt19937_64& rng) {
+// Median and fastest seconds of one Forward of `n` tokens appended to `kv`
+// (truncated back after each), and the median CPU time the pass's threads
+// used. On a shared machine the fastest pass is the one least disturbed by
+// other processes, and CPU time does not count the time the threads waited
+// for a core (the engine's threads block rather than spin), so all three
+// are printed.
+absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int reps,
+                                     std::mt19937_64& rng) {
   const int32_t base = kv.next_position();
   std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
   std::vector<int32_t> tokens(n);
   std::vector<float> logits;
-  std::vector<double> t;
+  std::vector<double> t, cpu;
   for (int rep = 0; rep < reps + 1; ++rep) {
     for (int32_t& x : tokens) x = tok(rng);
     SequenceInput in{&kv, tokens, 0};
     const auto t0 = Clock::now();
+    const double c0 = ProcessCpuSeconds();
     VC_RETURN_IF_ERROR(engine.Forward({&in, 1}, &logits));
-    if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // 1 warm-up
+    if (rep > 0) {  // 1 warm-up
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      cpu.push_back(ProcessCpuSeconds() - c0);
+    }
     kv.Truncate(base);
   }
-  return Median(t);
+  std::sort(t.begin(), t.end());
+  std::sort(cpu.begin(), cpu.end());
+  return PassTime{t[t.size() / 2], t.front(), cpu[cpu.size() / 2]};
+}
+
+void PrintRuns(const Options& o, const RunResult& f, const RunResult& v, bool same) {
+  const double f_tps = f.tokens.size() / f.decode_seconds;
+  const double v_tps = v.tokens.size() / v.decode_seconds;
+  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s", "decode tok/s",
+              "accepted");
+  std::printf("%-58s %10.2f %10.3f %12.2f %9s\n", "full", f.prefill_seconds, f.decode_seconds,
+              f_tps, "-");
+  const std::string label = "vericache --compressor " + o.compressor + " --draft-weights " +
+                            o.draft_weights + " --draft-len " + std::to_string(o.draft_len);
+  std::printf("%-58s %10.2f %10.3f %12.2f %9.2f\n", label.c_str(), v.prefill_seconds,
+              v.decode_seconds, v_tps, v.mean_accepted);
+  std::printf(
+      "outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
+      "fallbacks %lld\n",
+      same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
+      static_cast<long long>(v.fallbacks));
+  std::printf("decode speedup (vericache / full): %.3fx (target 1.7x)\n", v_tps / f_tps);
 }
 
 absl::Status Run(const Options& o) {
@@ -180,24 +217,13 @@ absl::Status Run(const Options& o) {
   vc.mode = DecodeMode::kVeriCache;
   vc.compressor.name = o.compressor;
   vc.draft.draft_len = o.draft_len;
-  VC_ASSIGN_OR_RETURN(const RunResult f, Generate(*engine, nullptr, prompt, full));
-  VC_ASSIGN_OR_RETURN(const RunResult v, Generate(*engine, draft_engine.get(), prompt, vc));
-  const bool same = f.tokens == v.tokens;
-  const double f_tps = f.tokens.size() / f.decode_seconds;
-  const double v_tps = v.tokens.size() / v.decode_seconds;
-  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s",
-              "decode tok/s", "accepted");
-  std::printf("%-58s %10.2f %10.3f %12.2f %9s\n", "full", f.prefill_seconds, f.decode_seconds,
-              f_tps, "-");
-  const std::string label = "vericache --compressor " + o.compressor + " --draft-weights " +
-                            o.draft_weights + " --draft-len " + std::to_string(o.draft_len);
-  std::printf("%-58s %10.2f %10.3f %12.2f %9.2f\n", label.c_str(), v.prefill_seconds,
-              v.decode_seconds, v_tps, v.mean_accepted);
-  std::printf("outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
-              "fallbacks %lld\n",
-              same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
-              static_cast<long long>(v.fallbacks));
-  std::printf("decode speedup (vericache / full): %.3fx (target 1.7x)\n", v_tps / f_tps);
+  bool same = true;
+  if (!o.table_only) {
+    VC_ASSIGN_OR_RETURN(const RunResult f, Generate(*engine, nullptr, prompt, full));
+    VC_ASSIGN_OR_RETURN(const RunResult v, Generate(*engine, draft_engine.get(), prompt, vc));
+    same = f.tokens == v.tokens;
+    PrintRuns(o, f, v, same);
+  }
 
   // The verify-pass cost table on the prompt's full KV.
   PagedKvCache kv(c);
@@ -206,13 +232,19 @@ absl::Status Run(const Options& o) {
     SequenceInput in{&kv, prompt, static_cast<int64_t>(prompt.size())};
     VC_RETURN_IF_ERROR(engine->Forward({&in, 1}, &logits));
   }
-  std::printf("\nverify-pass cost on %d tokens of full KV (median of %d):\n", o.prompt_len, o.reps);
-  std::printf("%8s %10s %14s\n", "tokens", "ms", "x 1-token step");
-  double step = 0;
+  std::printf(
+      "\nverify-pass cost on %d tokens of full KV (median, fastest and median CPU time "
+      "of %d):\n",
+      o.prompt_len, o.reps);
+  std::printf("%8s %10s %8s %10s %8s %10s %8s\n", "tokens", "median ms", "x step", "min ms",
+              "x step", "CPU ms", "x step");
+  PassTime step;
   for (int n : {1, 2, 4, 9, 17, 33}) {
-    VC_ASSIGN_OR_RETURN(const double s, PassSeconds(*engine, kv, n, o.reps, rng));
-    if (n == 1) step = s;
-    std::printf("%8d %10.2f %14.2f\n", n, s * 1e3, s / step);
+    VC_ASSIGN_OR_RETURN(const PassTime p, PassSeconds(*engine, kv, n, o.reps, rng));
+    if (n == 1) step = p;
+    std::printf("%8d %10.2f %8.2f %10.2f %8.2f %10.2f %8.2f\n", n, p.median * 1e3,
+                p.median / step.median, p.min * 1e3, p.min / step.min, p.cpu * 1e3,
+                p.cpu / step.cpu);
   }
   if (draft_engine != nullptr) {
     // The drafter's step: quantised weights over the compressed prompt KV.
@@ -220,12 +252,14 @@ absl::Status Run(const Options& o) {
     const AttentionStats no_stats(c, 0, 0);
     VC_ASSIGN_OR_RETURN(auto prefix, compressor->Compress(c, kv, o.prompt_len, no_stats));
     CompressedSequenceKv dkv(c, std::move(prefix), 0, nullptr);
-    VC_ASSIGN_OR_RETURN(const double d, PassSeconds(*draft_engine, dkv, 1, o.reps, rng));
-    VC_ASSIGN_OR_RETURN(const double d32, PassSeconds(*engine, dkv, 1, o.reps, rng));
-    std::printf("drafter 1-token step (%s weights, %s KV): %.2f ms = %.2f x the full step; "
-                "with f32 weights on the same KV: %.2f ms = %.2f x\n",
-                o.draft_weights.c_str(), o.compressor.c_str(), d * 1e3, d / step, d32 * 1e3,
-                d32 / step);
+    VC_ASSIGN_OR_RETURN(const PassTime dp, PassSeconds(*draft_engine, dkv, 1, o.reps, rng));
+    VC_ASSIGN_OR_RETURN(const PassTime d32p, PassSeconds(*engine, dkv, 1, o.reps, rng));
+    const double d = dp.median, d32 = d32p.median;
+    std::printf(
+        "drafter 1-token step (%s weights, %s KV): %.2f ms = %.2f x the full step; "
+        "with f32 weights on the same KV: %.2f ms = %.2f x\n",
+        o.draft_weights.c_str(), o.compressor.c_str(), d * 1e3, d / step.median, d32 * 1e3,
+        d32 / step.median);
   }
   return same ? absl::OkStatus() : absl::InternalError("outputs differ");
 }
@@ -239,6 +273,8 @@ int main(int argc, char** argv) {
                     "Single-node decode: VeriCache with a weight-quantised drafter vs full-KV "
                     "decoding on a random llama2.c-shaped model, plus the verify-pass cost table.");
   flags.AddBool("--small", &o.small, "~25M-parameter model, 1500-token prompt, 32 new tokens");
+  flags.AddBool("--table-only", &o.table_only,
+                "only the verify-pass cost table (skips the two generation runs)");
   flags.Add("--prompt-len", &o.prompt_len, "N", "prompt tokens");
   flags.Add("--max-new", &o.max_new, "N", "tokens to generate");
   flags.Add("--threads", &o.threads, "N", "engine threads");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -53,6 +54,19 @@ void KernelBackend::MatmulTyped(const float* x, int64_t tokens, const void* w, D
     Matmul(x, tokens, wide.data(), bias != nullptr ? bias + o0 : nullptr, in, n, part.data());
     for (int64_t t = 0; t < tokens; ++t) std::copy_n(&part[t * n], n, y + t * out + o0);
   }
+}
+
+void KernelBackend::AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
+                                         int64_t head_dim, float scale, float* scores,
+                                         int64_t ld) const {
+  for (int64_t t = 0; t < nq; ++t)
+    AttentionScores(q + t * head_dim, k, n, head_dim, scale, scores + t * ld);
+}
+
+void KernelBackend::AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v,
+                                          int64_t n, int64_t head_dim, float* out) const {
+  for (int64_t t = 0; t < nq; ++t)
+    AccumulateValues(p + t * ldp, v, n, head_dim, out + t * head_dim);
 }
 
 bool RegisterBackend(const std::string& name, BackendFactory factory) {
@@ -192,8 +206,54 @@ void SoftmaxWithExp(float* s, int64_t n, void (*exp_inplace)(float*, int64_t)) {
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
 
+void SoftmaxRowsWithExp(float* const* rows, const int64_t* n, int64_t count,
+                        void (*exp_inplace)(float*, int64_t)) {
+  // A row's max and sum are sequential chains (the sum's order is part of
+  // the result); 8 rows' chains side by side keep the adder busy.
+  constexpr int kRows = 8;
+  int64_t r0 = 0;
+  for (; r0 + kRows <= count; r0 += kRows) {
+    float* s[kRows];
+    int64_t common = std::numeric_limits<int64_t>::max();
+    for (int i = 0; i < kRows; ++i) {
+      s[i] = rows[r0 + i];
+      common = std::min(common, n[r0 + i]);
+    }
+    if (common <= 0) {
+      for (int i = 0; i < kRows; ++i) SoftmaxWithExp(s[i], n[r0 + i], exp_inplace);
+      continue;
+    }
+    float m[kRows], sum[kRows];
+    for (int i = 0; i < kRows; ++i) m[i] = s[i][0];
+    for (int64_t j = 1; j < common; ++j) {
+      for (int i = 0; i < kRows; ++i) m[i] = std::max(m[i], s[i][j]);
+    }
+    for (int i = 0; i < kRows; ++i) {
+      const int64_t len = n[r0 + i];
+      for (int64_t j = common; j < len; ++j) m[i] = std::max(m[i], s[i][j]);
+      for (int64_t j = 0; j < len; ++j) s[i][j] = s[i][j] - m[i];
+      exp_inplace(s[i], len);
+      sum[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < common; ++j) {
+      for (int i = 0; i < kRows; ++i) sum[i] += s[i][j];
+    }
+    for (int i = 0; i < kRows; ++i) {
+      const int64_t len = n[r0 + i];
+      for (int64_t j = common; j < len; ++j) sum[i] += s[i][j];
+      const float inv = 1.0f / sum[i];
+      for (int64_t j = 0; j < len; ++j) s[i][j] *= inv;
+    }
+  }
+  for (; r0 < count; ++r0) SoftmaxWithExp(rows[r0], n[r0], exp_inplace);
+}
+
 void Softmax(float* s, int64_t n) { SoftmaxWithExp(s, n, cpu::ScalarOps().exp_inplace); }
 
 void KernelBackend::Softmax(float* s, int64_t n) const { kernels::Softmax(s, n); }
+
+void KernelBackend::SoftmaxRows(float* const* rows, const int64_t* n, int64_t count) const {
+  for (int64_t i = 0; i < count; ++i) Softmax(rows[i], n[i]);
+}
 
 }  // namespace vc::kernels

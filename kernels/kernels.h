@@ -90,8 +90,25 @@ class KernelBackend {
   virtual void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
                                 float* out) const = 0;
 
+  // AttentionScores for nq queries at once (query t at q + t*head_dim):
+  // scores[t*ld + j] = Dot(q + t*head_dim, k + j*head_dim, head_dim) * scale.
+  // The same values as nq AttentionScores calls; a backend may read each key
+  // once for all the queries (a multi-token pass then streams the KV once).
+  // Single-threaded: called from inside the engine's parallel loops.
+  virtual void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
+                                    int64_t head_dim, float scale, float* scores, int64_t ld) const;
+
+  // AccumulateValues for nq queries over the same n values: query t's
+  // weights are p + t*ldp and its output out + t*head_dim; each output is
+  // exactly what AccumulateValues alone computes. Single-threaded.
+  virtual void AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v,
+                                     int64_t n, int64_t head_dim, float* out) const;
+
   // Bit-identical to kernels::Softmax below; backends may vectorise it.
   virtual void Softmax(float* s, int64_t n) const;
+  // Softmax of `count` independent rows (row i: rows[i], n[i] scores), each
+  // bit-identical to Softmax on it alone; a backend may interleave the rows.
+  virtual void SoftmaxRows(float* const* rows, const int64_t* n, int64_t count) const;
 };
 
 // Creates a backend by registry name ("cpu"; "cuda" when built with CUDA and

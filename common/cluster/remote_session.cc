@@ -101,6 +101,49 @@ void PrefixTailKv::MixValues(const kernels::KernelBackend& backend, int layer, i
   }
 }
 
+// The batch cut at the prefix boundary: fn runs on the prefix's part (same
+// stored indices, same base) when a query reads the prefix, then on the
+// tail's (indices and base shifted by L), so every query's keys stay in
+// order across the split.
+void PrefixTailKv::ForEachPart(
+    const QueryBatch& b, absl::FunctionRef<void(const PagedKvCache&, const QueryBatch&)> fn) const {
+  thread_local std::vector<KeyRange> ranges;
+  ranges.resize(2 * b.count);
+  bool reads_prefix = false;
+  for (int64_t t = 0; t < b.count; ++t) {
+    const KeyRange& r = b.ranges[t];
+    const int64_t in_prefix = std::clamp<int64_t>(prefix_len_ - r.first, 0, r.count);
+    ranges[t] = {r.first, in_prefix};
+    reads_prefix = reads_prefix || in_prefix > 0;
+    ranges[b.count + t] = r.count > in_prefix
+                              ? KeyRange{r.first + in_prefix - prefix_len_, r.count - in_prefix}
+                              : KeyRange{0, 0};
+  }
+  QueryBatch part = b;
+  if (reads_prefix) {
+    VC_CHECK(prefix_ != nullptr, "attention over a detached prefix");
+    part.ranges = ranges.data();
+    fn(*prefix_, part);
+  }
+  part.ranges = ranges.data() + b.count;
+  part.base = b.base - prefix_len_;
+  fn(tail_, part);
+}
+
+void PrefixTailKv::ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                               const QueryBatch& b, float scale) const {
+  ForEachPart(b, [&](const PagedKvCache& kv, const QueryBatch& part) {
+    kv.ScoresBatch(backend, layer, kv_head, part, scale);
+  });
+}
+
+void PrefixTailKv::MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                                  const QueryBatch& b, float* out) const {
+  ForEachPart(b, [&](const PagedKvCache& kv, const QueryBatch& part) {
+    kv.MixValuesBatch(backend, layer, kv_head, part, out);
+  });
+}
+
 // ----------------------------------------------------------- SessionSampling
 
 absl::Status SessionSampling::Validate() const {

@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/compress/attention_stats.h"
@@ -83,6 +84,12 @@ class PrefixTailKv final : public SequenceKv {
               const float* q, float scale, float* scores) const override;
   void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
                  const float* p, float* out) const override;
+  // Split like Scores / MixValues, so both parts read each key once for all
+  // the queries of a multi-token verify pass.
+  void ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                   const QueryBatch& batch, float scale) const override;
+  void MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                      const QueryBatch& batch, float* out) const override;
 
   // Swaps the prefix (the verifier attaches it for a pass and drops it after).
   void set_prefix(std::shared_ptr<const PagedKvCache> prefix) { prefix_ = std::move(prefix); }
@@ -92,6 +99,9 @@ class PrefixTailKv final : public SequenceKv {
   const PagedKvCache& tail() const { return tail_; }
 
  private:
+  void ForEachPart(const QueryBatch& b,
+                   absl::FunctionRef<void(const PagedKvCache&, const QueryBatch&)> fn) const;
+
   std::shared_ptr<const PagedKvCache> prefix_;
   int32_t prefix_len_;
   PagedKvCache tail_;

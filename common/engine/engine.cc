@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <unordered_set>
 
@@ -52,6 +53,13 @@ struct Engine::Scratch {
   std::vector<float> cos_sin;
   std::vector<int32_t> row_pos, row_token, row_entry;
   std::vector<double> inv_freq;
+  // The pass's rows cut into attention chunks: rows [begin, end) of one
+  // batch entry, at most kChunkQueries queries per KV head.
+  struct Chunk {
+    int32_t entry;
+    int64_t begin, end;
+  };
+  std::vector<Chunk> chunks;
 };
 
 // One tensor-parallel rank: its kernels, its collective handle and its
@@ -261,6 +269,20 @@ absl::Status Engine::Forward(std::span<const SequenceInput> batch, std::vector<f
       }
     }
   }
+  {
+    // Bounds a unit's scores to kChunkQueries rows of the context.
+    constexpr int64_t kChunkQueries = 64;
+    const int64_t rows_per_chunk = std::max<int64_t>(1, kChunkQueries / (c.n_heads / c.n_kv_heads));
+    s.chunks.clear();
+    int64_t begin = 0;
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const int64_t end = begin + static_cast<int64_t>(batch[e].tokens.size());
+      for (int64_t r = begin; r < end; r += rows_per_chunk) {
+        s.chunks.push_back({static_cast<int32_t>(e), r, std::min(end, r + rows_per_chunk)});
+      }
+      begin = end;
+    }
+  }
   s.cos_sin.resize(n_rows * pairs * 2);
   // RoPE angles per row: computed in double, rounded once to float.
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -458,32 +480,77 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       }
       VC_RETURN_IF_ERROR(comm.Barrier());
     }
-    // Attention over this rank's heads: every (row, head) is independent; the
-    // key order inside one is fixed by its KV representation.
-    const int64_t units = n_rows * heads;
-    const int64_t work_per_unit = std::max<int64_t>(1, int64_t{s.row_pos[n_rows - 1] + 1} * hd * 2);
-    pool.ParallelFor(units, std::max<int64_t>(1, 32768 / work_per_unit), [&](int64_t u0, int64_t u1) {
-      thread_local std::vector<float> scores;
-      for (int64_t u = u0; u < u1; ++u) {
-        const int64_t r = u / heads;
-        const int hl = static_cast<int>(u % heads);
-        const int h = h0 + hl;
-        const int kvh = h / group;
-        const SequenceKv& kv = *batch[s.row_entry[r]].kv;
-        const int32_t pos = s.row_pos[r];
-        const int32_t min_pos = c.sliding_window > 0 ? pos - c.sliding_window + 1 : 0;
-        const SequenceKv::KeyRange range = kv.Keys(l, kvh, min_pos, pos);
-        scores.resize(std::max<int64_t>(1, range.count));
-        kv.Scores(be, l, kvh, range, &me.q[r * qd_r + int64_t{hl} * hd], scale, scores.data());
-        be.Softmax(scores.data(), range.count);
-        if (AttentionObserver* obs = batch[s.row_entry[r]].observer) {
-          obs->Observe(l, h, kvh, pos, range, scores.data());
-        }
-        float* out = &me.att[r * qd_r + int64_t{hl} * hd];
-        std::fill_n(out, hd, 0.0f);
-        kv.MixValues(be, l, kvh, range, scores.data(), out);
-      }
-    });
+    // Attention over this rank's heads, head-major: a unit is one KV head
+    // of one sequence with a chunk of that sequence's rows, and all its
+    // queries (the chunk's rows x the query heads sharing the KV head) go to
+    // the KV together, so a multi-token pass reads each key and value once
+    // per chunk instead of once per (row, head). Every query's arithmetic is
+    // still that of its own (row, head): its scores are independent Dots, its
+    // softmax is its own and its values are added in key order.
+    const int64_t n_units = static_cast<int64_t>(s.chunks.size()) * kv_heads;
+    const int64_t work_per_unit =
+        std::max<int64_t>(1, int64_t{s.row_pos[n_rows - 1] + 1} * hd * 2 * group);
+    pool.ParallelFor(
+        n_units, std::max<int64_t>(1, 32768 / work_per_unit), [&](int64_t u0, int64_t u1) {
+          thread_local std::vector<float> qs, scores, outs;
+          thread_local std::vector<SequenceKv::KeyRange> ranges;
+          thread_local std::vector<float*> rows;
+          thread_local std::vector<int64_t> counts;
+          for (int64_t u = u0; u < u1; ++u) {
+            const Scratch::Chunk& ch = s.chunks[u / kv_heads];
+            const int kl = static_cast<int>(u % kv_heads);
+            const int kvh = kvh0 + kl;
+            const SequenceKv& kv = *batch[ch.entry].kv;
+            const int64_t nq = (ch.end - ch.begin) * group;
+            qs.resize(nq * hd);
+            ranges.resize(nq);
+            int64_t base = std::numeric_limits<int64_t>::max(), end = 0;
+            // Query t = (row ch.begin + t / group, local head kl*group + t % group).
+            for (int64_t t = 0; t < nq; ++t) {
+              const int64_t r = ch.begin + t / group;
+              const int hl = kl * group + static_cast<int>(t % group);
+              const int32_t pos = s.row_pos[r];
+              const int32_t min_pos = c.sliding_window > 0 ? pos - c.sliding_window + 1 : 0;
+              ranges[t] = kv.Keys(l, kvh, min_pos, pos);
+              if (ranges[t].count > 0) {
+                base = std::min(base, ranges[t].first);
+                end = std::max(end, ranges[t].first + ranges[t].count);
+              }
+              std::copy_n(&me.q[r * qd_r + int64_t{hl} * hd], hd, &qs[t * hd]);
+            }
+            if (end == 0) base = 0;  // every range empty
+            SequenceKv::QueryBatch qb;
+            qb.q = qs.data();
+            qb.ranges = ranges.data();
+            qb.count = nq;
+            qb.head_dim = hd;
+            qb.base = base;
+            qb.ld = std::max<int64_t>(1, end - base);
+            scores.resize(nq * qb.ld);
+            qb.scores = scores.data();
+            kv.ScoresBatch(be, l, kvh, qb, scale);
+            rows.resize(nq);
+            counts.resize(nq);
+            for (int64_t t = 0; t < nq; ++t) {
+              rows[t] = &scores[t * qb.ld + (ranges[t].count > 0 ? ranges[t].first - base : 0)];
+              counts[t] = ranges[t].count;
+            }
+            be.SoftmaxRows(rows.data(), counts.data(), nq);
+            if (AttentionObserver* obs = batch[ch.entry].observer) {
+              for (int64_t t = 0; t < nq; ++t) {
+                obs->Observe(l, h0 + kl * group + static_cast<int>(t % group), kvh,
+                             s.row_pos[ch.begin + t / group], ranges[t], rows[t]);
+              }
+            }
+            outs.assign(nq * hd, 0.0f);
+            kv.MixValuesBatch(be, l, kvh, qb, outs.data());
+            for (int64_t t = 0; t < nq; ++t) {
+              const int64_t r = ch.begin + t / group;
+              const int hl = kl * group + static_cast<int>(t % group);
+              std::copy_n(&outs[t * hd], hd, &me.att[r * qd_r + int64_t{hl} * hd]);
+            }
+          }
+        });
     // o_proj, row-parallel over q_dim.
     if (ql != nullptr) {
       qmatmul(me.att.data(), n_rows, ql->wo, nullptr, me.proj.data());

@@ -3,11 +3,46 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 
 namespace vc {
+
+void SequenceKv::ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                             const QueryBatch& b, float scale) const {
+  for (int64_t t = 0; t < b.count; ++t) {
+    if (b.ranges[t].count == 0) continue;
+    Scores(backend, layer, kv_head, b.ranges[t], b.q + t * b.head_dim, scale,
+           b.scores + t * b.ld + (b.ranges[t].first - b.base));
+  }
+}
+
+void SequenceKv::MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                                const QueryBatch& b, float* out) const {
+  for (int64_t t = 0; t < b.count; ++t) {
+    if (b.ranges[t].count == 0) continue;
+    MixValues(backend, layer, kv_head, b.ranges[t],
+              b.scores + t * b.ld + (b.ranges[t].first - b.base), out + t * b.head_dim);
+  }
+}
+
+namespace {
+
+// The union [lo, hi) of the batch's non-empty ranges (lo == hi when all are
+// empty).
+std::pair<int64_t, int64_t> RangeUnion(const SequenceKv::QueryBatch& b) {
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+  for (int64_t t = 0; t < b.count; ++t) {
+    if (b.ranges[t].count == 0) continue;
+    lo = std::min(lo, b.ranges[t].first);
+    hi = std::max(hi, b.ranges[t].first + b.ranges[t].count);
+  }
+  return lo < hi ? std::pair{lo, hi} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+}  // namespace
 
 PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
     : n_layers_(config.n_layers),
@@ -138,6 +173,68 @@ void PagedKvCache::MixValues(const kernels::KernelBackend& backend, int layer, i
     j += n;
   }
   bytes_read_.fetch_add(range.count * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
+}
+
+void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                               const QueryBatch& b, float scale) const {
+  const auto [lo, hi] = RangeUnion(b);
+  for (int64_t i = lo; i < hi;) {
+    const int64_t n = std::min<int64_t>(hi - i, block_tokens_ - i % block_tokens_);
+    // The queries whose range meets this block, as one contiguous run: the
+    // ones in between that miss it (none in a causal pass, some with a
+    // sliding window) get scratch scores outside their range.
+    int64_t t0 = b.count, t1 = 0;
+    for (int64_t t = 0; t < b.count; ++t) {
+      const KeyRange& r = b.ranges[t];
+      if (r.count > 0 && r.first < i + n && i < r.first + r.count) {
+        t0 = std::min(t0, t);
+        t1 = t + 1;
+      }
+    }
+    if (t0 < t1) {
+      backend.AttentionScoresMulti(
+          b.q + t0 * b.head_dim, t1 - t0,
+          Row(layer, false, kv_head, static_cast<int32_t>(i) + first_position_), n, head_dim_,
+          scale, b.scores + t0 * b.ld + (i - b.base), b.ld);
+    }
+    i += n;
+  }
+  bytes_read_.fetch_add((hi - lo) * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
+}
+
+void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                                  const QueryBatch& b, float* out) const {
+  // Blocks in increasing order, so every query's FMA chain runs over its
+  // keys in stored order, as MixValues does.
+  const auto [lo, hi] = RangeUnion(b);
+  for (int64_t i = lo; i < hi;) {
+    const int64_t n = std::min<int64_t>(hi - i, block_tokens_ - i % block_tokens_);
+    const float* v = Row(layer, true, kv_head, static_cast<int32_t>(i) + first_position_);
+    // Runs of consecutive queries that cover the whole block share one call.
+    for (int64_t t = 0; t < b.count;) {
+      const KeyRange& r = b.ranges[t];
+      const int64_t a = std::max(i, r.first), e = std::min(i + n, r.first + r.count);
+      if (a >= e) {
+        ++t;
+        continue;
+      }
+      if (a == i && e == i + n) {
+        int64_t u = t + 1;
+        while (u < b.count && b.ranges[u].first <= i &&
+               b.ranges[u].first + b.ranges[u].count >= i + n)
+          ++u;
+        backend.AccumulateValuesMulti(b.scores + t * b.ld + (i - b.base), b.ld, u - t, v, n,
+                                      head_dim_, out + t * b.head_dim);
+        t = u;
+        continue;
+      }
+      backend.AccumulateValues(b.scores + t * b.ld + (a - b.base), v + (a - i) * head_dim_, e - a,
+                               head_dim_, out + t * b.head_dim);
+      ++t;
+    }
+    i += n;
+  }
+  bytes_read_.fetch_add((hi - lo) * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
 }
 
 }  // namespace vc

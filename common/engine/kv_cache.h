@@ -54,6 +54,31 @@ class SequenceKv {
   // out += sum_j p[j] * value(first + j), in stored order.
   virtual void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head,
                          KeyRange range, const float* p, float* out) const = 0;
+
+  // Several queries of one (layer, kv_head) at once: the rows of a
+  // multi-token pass and the query heads that share the KV head. Query t is
+  // q + t*head_dim and attends ranges[t]; its score of stored key i lives at
+  // scores[t*ld + i - base] (base <= every non-empty range's first, ld >= every
+  // non-empty range's end - base; entries outside a query's own range are
+  // scratch).
+  struct QueryBatch {
+    const float* q = nullptr;
+    const KeyRange* ranges = nullptr;
+    int64_t count = 0;
+    int64_t head_dim = 0;
+    int64_t base = 0;
+    float* scores = nullptr;
+    int64_t ld = 0;
+  };
+  // Each query's scores equal Scores() for it alone. The default calls
+  // Scores per query; a representation may instead read each key once for
+  // all the queries, which is what keeps a verify pass near one step's cost.
+  virtual void ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                           const QueryBatch& batch, float scale) const;
+  // Query t's output out + t*head_dim gets exactly MixValues() with its
+  // (softmaxed) scores row.
+  virtual void MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                              const QueryBatch& batch, float* out) const;
 };
 
 // Full-precision f32 KV of one sequence in fixed-size blocks of tokens, so it
@@ -83,6 +108,12 @@ class PagedKvCache final : public SequenceKv {
               const float* q, float scale, float* scores) const override;
   void MixValues(const kernels::KernelBackend& backend, int layer, int kv_head, KeyRange range,
                  const float* p, float* out) const override;
+  // One pass over the keys (values) of the queries' union, a block of
+  // block_tokens rows at a time, each block applied to every query.
+  void ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                   const QueryBatch& batch, float scale) const override;
+  void MixValuesBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
+                      const QueryBatch& batch, float* out) const override;
 
   void Truncate(int32_t length) override;
   // Copies every stored row of `src` (same model, same first_position) into

@@ -238,47 +238,72 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
   }
 }
 
-// C 16-lane chunks of out[0, 16 * C) at once (the last one masked by
-// `last`): per chunk the same FMAs in the same key order as one chunk at a
-// time, but C independent chains keep the FMA unit busy instead of waiting
-// on one chain's latency.
-template <int C>
-void AccumulateChunks(const float* p, const float* v, int64_t n, int64_t dim, float* out,
-                      __mmask16 last) {
-  __m512 acc[C];
-  for (int c = 0; c < C; ++c)
-    acc[c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, out + int64_t{16} * c);
-  for (int64_t j = 0; j < n; ++j) {
-    const __m512 pj = _mm512_set1_ps(p[j]);
-    const float* vj = v + j * dim;
+// C 16-lane chunks of out[q][0, 16 * C) for Q weight rows p[q] over the
+// same values (the last chunk masked by `last`): per row and chunk the same
+// FMAs in the same key order as one chunk of one row at a time, but C * Q
+// independent chains keep the FMA unit busy instead of waiting on one chain's
+// latency, and each value chunk is loaded once for all Q rows.
+template <int Q, int C>
+void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t dim,
+                      float* const* out, __mmask16 last) {
+  __m512 acc[Q][C];
+  for (int q = 0; q < Q; ++q) {
     for (int c = 0; c < C; ++c) {
-      acc[c] = _mm512_fmadd_ps(
-          pj, _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, vj + int64_t{16} * c), acc[c]);
+      acc[q][c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, out[q] + int64_t{16} * c);
     }
   }
-  for (int c = 0; c < C; ++c)
-    _mm512_mask_storeu_ps(out + int64_t{16} * c, c == C - 1 ? last : kAll, acc[c]);
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 pj[Q];
+    for (int q = 0; q < Q; ++q) pj[q] = _mm512_set1_ps(p[q][j]);
+    const float* vj = v + j * dim;
+    for (int c = 0; c < C; ++c) {
+      const __m512 vv = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, vj + int64_t{16} * c);
+      for (int q = 0; q < Q; ++q) acc[q][c] = _mm512_fmadd_ps(pj[q], vv, acc[q][c]);
+    }
+  }
+  for (int q = 0; q < Q; ++q) {
+    for (int c = 0; c < C; ++c) {
+      _mm512_mask_storeu_ps(out[q] + int64_t{16} * c, c == C - 1 ? last : kAll, acc[q][c]);
+    }
+  }
 }
 
-// out[d] = fma(p[j], v[j * dim + d], out[d]) for j = 0..n-1 in order, for
-// every d < dim, up to 8 chunks of 16 d's per pass over the keys.
-void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
-  using ChunksFn = void (*)(const float*, const float*, int64_t, int64_t, float*, __mmask16);
+// out[q][d] = fma(p[q][j], v[j * dim + d], out[q][d]) for j = 0..n-1 in
+// order, for every d < dim and q < Q, up to 8 chunks of 16 d's per pass over
+// the keys.
+template <int Q>
+void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
+                    float* const* out) {
+  using ChunksFn =
+      void (*)(const float* const*, const float*, int64_t, int64_t, float* const*, __mmask16);
   static constexpr ChunksFn kChunks[9] = {nullptr,
-                                          AccumulateChunks<1>,
-                                          AccumulateChunks<2>,
-                                          AccumulateChunks<3>,
-                                          AccumulateChunks<4>,
-                                          AccumulateChunks<5>,
-                                          AccumulateChunks<6>,
-                                          AccumulateChunks<7>,
-                                          AccumulateChunks<8>};
+                                          AccumulateChunks<Q, 1>,
+                                          AccumulateChunks<Q, 2>,
+                                          AccumulateChunks<Q, 3>,
+                                          AccumulateChunks<Q, 4>,
+                                          AccumulateChunks<Q, 5>,
+                                          AccumulateChunks<Q, 6>,
+                                          AccumulateChunks<Q, 7>,
+                                          AccumulateChunks<Q, 8>};
   for (int64_t d = 0; d < dim; d += 128) {
     const int64_t rem = dim - d < 128 ? dim - d : 128;
     const int chunks = static_cast<int>((rem + 15) / 16);
     const __mmask16 last = rem % 16 == 0 ? kAll : TailMask(rem % 16);
-    kChunks[chunks](p, v + d, n, dim, out + d, last);
+    float* o[Q];
+    for (int q = 0; q < Q; ++q) o[q] = out[q] + d;
+    kChunks[chunks](p, v + d, n, dim, o, last);
   }
+}
+
+void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
+  AccumulateRows<1>(&p, v, n, dim, &out);
+}
+
+void AccumulatePair(const float* p0, const float* p1, const float* v, int64_t n, int64_t dim,
+                    float* out0, float* out1) {
+  const float* p[2] = {p0, p1};
+  float* out[2] = {out0, out1};
+  AccumulateRows<2>(p, v, n, dim, out);
 }
 
 VC_DEFINE_SCORES(Dot)
@@ -349,7 +374,7 @@ void ExpInplace(float* x, int64_t n) {
 }  // namespace
 
 const SimdOps* Avx512Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace};
+  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace, AccumulatePair};
   return &ops;
 }
 

@@ -19,6 +19,10 @@ bool RegisterBackend(const std::string& name, BackendFactory factory);
 // kernels::Softmax with the exps computed by `exp_inplace` (which must equal
 // kernels::Exp bit for bit); backends pass their vectorised exp.
 void SoftmaxWithExp(float* s, int64_t n, void (*exp_inplace)(float*, int64_t));
+// SoftmaxWithExp over `count` rows, with the sequential max and sum chains of
+// up to 8 rows interleaved (each row's own operations in its own order).
+void SoftmaxRowsWithExp(float* const* rows, const int64_t* n, int64_t count,
+                        void (*exp_inplace)(float*, int64_t));
 
 // Built-in factories.
 absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCpuBackend(const BackendOptions& options);

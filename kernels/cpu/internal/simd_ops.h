@@ -21,6 +21,11 @@ struct SimdOps {
                  float* scores);
   // x[i] = kernels::Exp(x[i]) bit for bit (same operations, vectorised).
   void (*exp_inplace)(float* x, int64_t n);
+  // accumulate for two weight rows over the same values, each output
+  // exactly accumulate's (two independent FMA chains per lane hide the FMA
+  // latency); null where a level has none.
+  void (*accumulate2)(const float* p0, const float* p1, const float* v, int64_t n, int64_t dim,
+                      float* out0, float* out1);
 };
 
 // The constants of kernels::Exp (Cephes expf), shared by every level.

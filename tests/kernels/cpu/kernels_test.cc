@@ -3,6 +3,7 @@
 // with it bit for bit.
 #include "kernels/kernels.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -337,6 +339,85 @@ TEST(KernelsTest, AccumulateValuesMatchesSequentialFma) {
         std::vector<float> got = init;
         backend->AccumulateValues(p.data(), v.data(), n, head_dim, got.data());
         ASSERT_TRUE(SameBits(want, got)) << level << " head_dim=" << head_dim << " n=" << n;
+      }
+    }
+  }
+}
+
+// A verify pass of T tokens must equal T one-token steps bit for bit: row t
+// of a T-token Matmul equals the 1-token Matmul of row t, for every T a pass
+// can have (1..33), every level and thread count, and widths that take the
+// kernels' different paths (tails, the packed copy of x at multiples of 512).
+TEST(KernelsTest, MatmulOfTTokensEqualsTOneTokenMatmuls) {
+  std::mt19937_64 rng(41);
+  for (const auto& level : Levels()) {
+    for (int threads : {1, 2, 3}) {
+      auto backend = MakeBackend(level, threads);
+      ASSERT_NE(backend, nullptr);
+      for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 37}, {100, 20}, {512, 24}}) {
+        const auto x = Spread(rng, 33 * in), w = Spread(rng, out * in), bias = Spread(rng, out);
+        std::vector<float> one(static_cast<size_t>(33 * out));
+        for (int64_t t = 0; t < 33; ++t) {
+          backend->Matmul(x.data() + t * in, 1, w.data(), bias.data(), in, out,
+                          one.data() + t * out);
+        }
+        for (int64_t tokens = 1; tokens <= 33; ++tokens) {
+          std::vector<float> all(static_cast<size_t>(tokens * out),
+                                 std::numeric_limits<float>::quiet_NaN());
+          backend->Matmul(x.data(), tokens, w.data(), bias.data(), in, out, all.data());
+          ASSERT_EQ(std::memcmp(all.data(), one.data(), all.size() * sizeof(float)), 0)
+              << level << " threads=" << threads << " tokens=" << tokens << " in=" << in;
+        }
+      }
+    }
+  }
+}
+
+// The multi-query attention primitives of head-major attention: each query's
+// scores, softmax and value sums equal the single-query primitives' bit for
+// bit, whatever the number of queries (pairs and a leftover, groups of 8 rows
+// and a remainder) and row lengths.
+TEST(KernelsTest, MultiQueryAttentionPrimitivesEqualSingleQueryOnes) {
+  std::mt19937_64 rng(43);
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 1);
+    ASSERT_NE(backend, nullptr);
+    for (int64_t head_dim : {8, 12, 16, 64, 100, 130}) {
+      for (int64_t nq : {1, 2, 3, 8, 9, 19}) {
+        for (int64_t n : {1, 5, 16, 37}) {
+          SCOPED_TRACE(::testing::Message()
+                       << level << " head_dim=" << head_dim << " nq=" << nq << " n=" << n);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+          const auto q = Spread(rng, nq * head_dim), k = Spread(rng, n * head_dim);
+          const int64_t ld = n + 3;
+          std::vector<float> got(static_cast<size_t>(nq * ld), -1.0f), want = got;
+          backend->AttentionScoresMulti(q.data(), nq, k.data(), n, head_dim, scale, got.data(), ld);
+          for (int64_t t = 0; t < nq; ++t) {
+            backend->AttentionScores(q.data() + t * head_dim, k.data(), n, head_dim, scale,
+                                     want.data() + t * ld);
+          }
+          ASSERT_TRUE(SameBits(want, got)) << "scores";
+
+          // Softmax over rows of different lengths (a causal pass's rows).
+          std::vector<float*> rows(static_cast<size_t>(nq));
+          std::vector<int64_t> lens(static_cast<size_t>(nq));
+          for (int64_t t = 0; t < nq; ++t) {
+            rows[t] = got.data() + t * ld;
+            lens[t] = std::max<int64_t>(0, n - (t * 7) % 4);
+          }
+          backend->SoftmaxRows(rows.data(), lens.data(), nq);
+          for (int64_t t = 0; t < nq; ++t) backend->Softmax(want.data() + t * ld, lens[t]);
+          ASSERT_TRUE(SameBits(want, got)) << "softmax";
+
+          const auto v = Spread(rng, n * head_dim), init = Spread(rng, nq * head_dim);
+          std::vector<float> out_got = init, out_want = init;
+          backend->AccumulateValuesMulti(got.data(), ld, nq, v.data(), n, head_dim, out_got.data());
+          for (int64_t t = 0; t < nq; ++t) {
+            backend->AccumulateValues(want.data() + t * ld, v.data(), n, head_dim,
+                                      out_want.data() + t * head_dim);
+          }
+          ASSERT_TRUE(SameBits(out_want, out_got)) << "values";
+        }
       }
     }
   }
