@@ -8,7 +8,7 @@
 namespace vc::coordinator {
 
 AdmissionController::AdmissionController(AdmissionOptions options, AdmissionMetrics metrics)
-    : options_(std::move(options)), metrics_(metrics) {}
+    : options_(options), metrics_(metrics) {}
 
 void AdmissionController::SetGauges() {
   if (metrics_.queue_depth != nullptr) metrics_.queue_depth->Set(queued_);

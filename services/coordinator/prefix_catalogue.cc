@@ -94,7 +94,7 @@ PrefixCatalogue::PrefixCatalogue(CatalogueOptions options, CatalogueModel model,
                                  CatalogueStore* store, AdmissionController* admission,
                                  CatalogueHooks hooks)
     : options_(std::move(options)),
-      model_(std::move(model)),
+      model_(model),
       store_(store),
       admission_(admission),
       hooks_(std::move(hooks)) {}
@@ -294,7 +294,7 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   ireq.set_tenant_salt(salt);
   ireq.set_variants(variants);
   pb::IngestResponse iresp;
-  const absl::Status s = CallIngest(v, r, ireq, &iresp);
+  absl::Status s = CallIngest(v, r, ireq, &iresp);
   admission_->Leave(r.tenant, false);
   if (!s.ok()) {
     (void)hooks_.worker_failed(WorkerPool::kVerifier, v,
@@ -364,10 +364,10 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
   present.push_back(absl::HexStringToBytes(req.prefix_id()));  // the manifest
   int32_t applied = 0;
   for (const auto& key : present) {
-    const absl::Status s = store_->Apply(action, key);
+    absl::Status s = store_->Apply(action, key);
     if (!s.ok() &&
         !(action == CatalogueStore::Action::kDelete && s.code() == absl::StatusCode::kNotFound)) {
-      return (s);
+      return s;
     }
     ++applied;
   }

@@ -171,7 +171,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, &resp);
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
-      const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
+      absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
       if (!Retryable(st)) return st;
       WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
       drafter_ok = false;  // fall back to full-KV decoding on the verifier
@@ -275,7 +275,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       pb::DraftResponse resp;
       const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
-        const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
+        absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
         if (booked) (void)ctx.clock->Release(booking_id);
         if (!Retryable(st)) return st;
         WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
@@ -326,7 +326,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       pb::CommitResponse resp;
       const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
-        const absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
+        absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
         if (!Retryable(st)) return st;
         WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
         drafter_ok = false;

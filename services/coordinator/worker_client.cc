@@ -62,7 +62,7 @@ class GrpcWorker : public Client {
   }
 
  protected:
-  typename Service::Stub& stub() { return *stub_; }
+  typename Service::Stub& WorkerStub() { return *stub_; }
 
  private:
   std::string address_;
@@ -74,19 +74,19 @@ class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier>
   using GrpcWorker::GrpcWorker;
   absl::Status Open(const WorkerCallOptions& o, const pb::VerifierOpenRequest& req,
                     pb::VerifierOpenResponse* resp) override {
-    return Call(stub(), &pb::Verifier::Stub::Open, o, req, resp);
+    return Call(WorkerStub(), &pb::Verifier::Stub::Open, o, req, resp);
   }
   absl::Status Load(const WorkerCallOptions& o, const pb::LoadRequest& req,
                     pb::LoadResponse* resp) override {
-    return Call(stub(), &pb::Verifier::Stub::Load, o, req, resp);
+    return Call(WorkerStub(), &pb::Verifier::Stub::Load, o, req, resp);
   }
   absl::Status Verify(const WorkerCallOptions& o, const pb::VerifyRequest& req,
                       pb::VerifyResponse* resp) override {
-    return Call(stub(), &pb::Verifier::Stub::Verify, o, req, resp);
+    return Call(WorkerStub(), &pb::Verifier::Stub::Verify, o, req, resp);
   }
   absl::Status Ingest(const WorkerCallOptions& o, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
-    return Call(stub(), &pb::Verifier::Stub::Ingest, o, req, resp);
+    return Call(WorkerStub(), &pb::Verifier::Stub::Ingest, o, req, resp);
   }
 };
 
@@ -95,15 +95,15 @@ class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
   using GrpcWorker::GrpcWorker;
   absl::Status Open(const WorkerCallOptions& o, const pb::DrafterOpenRequest& req,
                     pb::DrafterOpenResponse* resp) override {
-    return Call(stub(), &pb::Drafter::Stub::Open, o, req, resp);
+    return Call(WorkerStub(), &pb::Drafter::Stub::Open, o, req, resp);
   }
   absl::Status Draft(const WorkerCallOptions& o, const pb::DraftRequest& req,
                      pb::DraftResponse* resp) override {
-    return Call(stub(), &pb::Drafter::Stub::Draft, o, req, resp);
+    return Call(WorkerStub(), &pb::Drafter::Stub::Draft, o, req, resp);
   }
   absl::Status Commit(const WorkerCallOptions& o, const pb::CommitRequest& req,
                       pb::CommitResponse* resp) override {
-    return Call(stub(), &pb::Drafter::Stub::Commit, o, req, resp);
+    return Call(WorkerStub(), &pb::Drafter::Stub::Commit, o, req, resp);
   }
 };
 

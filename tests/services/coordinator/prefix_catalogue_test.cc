@@ -81,7 +81,7 @@ class FakeVerifier final : public FakeVerifierBase {
       EXPECT_TRUE(store_->Put(vk->Raw(), "variant").ok());
       resp->add_variants()->set_key(vk->Raw());
     }
-    resp->set_bytes(100 * req.tokens_size());
+    resp->set_bytes(int64_t{100} * req.tokens_size());
     return absl::OkStatus();
   }
   std::atomic<int> ingests{0};
