@@ -203,10 +203,9 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       while (true) {
         const int64_t target = ctx.clock->now() + std::max(1, take);
         SlotClock::Shared shared;
-        const bool can_join =
-            !ctx.clock->lock_step() &&
-            ctx.clock->FindShared(plan.prefix_key, v.index, std::numeric_limits<int64_t>::max(),
-                                  &shared);
+        const bool can_join = !ctx.clock->lock_step() &&
+                              ctx.clock->FindShared(plan.prefix_key, v.index,
+                                                    std::numeric_limits<int64_t>::max(), &shared);
         auto join = [&] {
           first_slot = std::max(shared.first_slot, ctx.clock->now());
           verify_slot = shared.verify_slot;
