@@ -16,22 +16,21 @@ namespace vc::cli {
 namespace {
 
 void AddSetupFlags(FlagSet& flags, chaos::ClusterSetup* s, bool* insecure) {
-  flags.Add("--model", &s->model, "PATH",
-            "llama2.c .bin or HF checkpoint dir (default: stories260K)");
+  flags.Add("--model", &s->model, "PATH", "llama2.c .bin or HF checkpoint dir");
   flags.Add("--bin-dir", &s->bin_dir, "DIR",
             "where the daemon binaries are (default: beside vericache)");
   flags.AddBool("--insecure", insecure, "plaintext and no API keys (default: mTLS + API keys)");
-  flags.Add("--verifiers", &s->verifiers, "N", "verifier workers (default 2)");
-  flags.Add("--drafters", &s->drafters, "N", "drafter workers (default 2)");
-  flags.Add("--concurrency", &s->concurrency, "N", "requests in flight at most (default 8)");
+  flags.Add("--verifiers", &s->verifiers, "N", "verifier workers");
+  flags.Add("--drafters", &s->drafters, "N", "drafter workers");
+  flags.Add("--concurrency", &s->concurrency, "N", "requests in flight at most");
   flags.Add("--max-new-tokens", &s->max_new_tokens, "N",
-            "largest max_new_tokens drawn for a request (default 32)");
+            "largest max_new_tokens drawn for a request");
   flags.Add("--drain-seconds", &s->drain_seconds, "S",
-            "how long daemons get to release everything after the run (default 60)");
+            "how long daemons get to release everything after the run");
   flags.Add("--session-idle-seconds", &s->session_idle_seconds, "N",
-            "workers release sessions untouched this long (default 20; below --drain-seconds)");
+            "workers release sessions untouched this long (below --drain-seconds)");
   flags.Add("--max-cancel-seconds", &s->max_cancel_seconds, "S",
-            "a cancel that lands mid-request must end its stream within this (default 30)");
+            "a cancel that lands mid-request must end its stream within this");
   flags.Add("--log-dir", &s->log_dir, "DIR",
             "daemon logs (default: a temporary dir, removed on success, kept on failure)");
 }
@@ -75,25 +74,20 @@ int RunChaos(int argc, char** argv) {
                 "a clean status; every daemon must be idle afterwards.\n"
                 "Prints one summary line; exit 0 pass, 1 a violation, 2 bad input.");
   AddSetupFlags(flags, &o.setup, &insecure);
-  flags.Add("--seed", &o.seed, "N",
-            "fault schedule and workload seed (default 0: a fresh one, printed)");
-  flags.Add("--duration", &o.duration_s, "S", "seconds of faults and requests (default 90)");
-  flags.Add("--faults", &o.max_faults, "N", "at most this many faults (default 100)");
-  flags.Add("--requests", &o.max_requests, "N", "at most this many requests (default 2000)");
-  flags.Add("--min-faults", &o.min_faults, "N",
-            "fail unless at least N faults were injected (default 0)");
-  flags.Add("--min-requests", &o.min_requests, "N",
-            "fail unless at least N requests ran (default 0)");
-  flags.Add("--fault-gap", &o.mean_fault_gap_s, "S",
-            "mean seconds between two faults (default 2.5)");
+  flags.Add("--seed", &o.seed, "N", "fault schedule and workload seed (0: a fresh one, printed)");
+  flags.Add("--duration", &o.duration_s, "S", "seconds of faults and requests");
+  flags.Add("--faults", &o.max_faults, "N", "at most this many faults");
+  flags.Add("--requests", &o.max_requests, "N", "at most this many requests");
+  flags.Add("--min-faults", &o.min_faults, "N", "fail unless at least N faults were injected");
+  flags.Add("--min-requests", &o.min_requests, "N", "fail unless at least N requests ran");
+  flags.Add("--fault-gap", &o.mean_fault_gap_s, "S", "mean seconds between two faults");
   flags.Add("--cancel-fraction", &o.setup.cancel_fraction, "X",
             "share of requests the client cancels, at a point drawn inside the request's "
-            "expected life (after a random share of its tokens streamed) (default 0.1)");
+            "expected life (after a random share of its tokens streamed)");
   flags.AddBool("--link-faults", &o.link_faults,
                 "also cut and throttle the store's and workers' links (root, ip and tc; the "
                 "cluster runs in a network namespace of its own) (default off)");
-  flags.Add("--throttle-rate", &o.throttle_rate, "RATE",
-            "tc rate of a throttled link (default 1mbit)");
+  flags.Add("--throttle-rate", &o.throttle_rate, "RATE", "tc rate of a throttled link");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -141,22 +135,20 @@ int RunSoak(int argc, char** argv) {
       "then serial cancel probes (Cancel -> every worker idle). Every completed request is\n"
       "compared with full-KV decoding. Exit 0 pass, 1 a violation, 2 bad input.");
   AddSetupFlags(flags, &o.setup, &insecure);
-  flags.Add("--seed", &o.seed, "N", "workload seed (default 0: a fresh one, printed)");
-  flags.Add("--duration", &o.duration_s, "S", "seconds at the fixed rate (default 60)");
-  flags.Add("--rate", &o.rate, "R", "requests started per second (default 4)");
-  flags.Add("--window", &o.window_s, "S", "TTFT / tokens/s window (default 10)");
-  flags.Add("--rss-interval", &o.rss_interval_s, "S", "RSS sampling period (default 2)");
-  flags.Add("--warmup", &o.warmup_s, "S",
-            "RSS samples before this are left out of the slope (default 10)");
+  flags.Add("--seed", &o.seed, "N", "workload seed (0: a fresh one, printed)");
+  flags.Add("--duration", &o.duration_s, "S", "seconds at the fixed rate");
+  flags.Add("--rate", &o.rate, "R", "requests started per second");
+  flags.Add("--window", &o.window_s, "S", "TTFT / tokens/s window");
+  flags.Add("--rss-interval", &o.rss_interval_s, "S", "RSS sampling period");
+  flags.Add("--warmup", &o.warmup_s, "S", "RSS samples before this are left out of the slope");
   flags.Add("--cancels", &o.cancels, "N",
             "cancels spread over the run, each after a random share of its request's expected "
-            "tokens (default 100)");
+            "tokens");
   flags.Add("--cancel-probes", &o.cancel_probes, "N",
-            "serial cancel-to-freed measurements after the run (default 20)");
-  flags.Add(
-      "--max-rss-slope", &o.max_rss_slope, "X",
-      "fail when a daemon other than the store grows faster than X MiB per 10 min (default 0: "
-      "report only)");
+            "serial cancel-to-freed measurements after the run");
+  flags.Add("--max-rss-slope", &o.max_rss_slope, "X",
+            "fail when a daemon other than the store grows faster than X MiB per 10 min (0: "
+            "report only)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return Fail(cmd, s);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
