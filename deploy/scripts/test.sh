@@ -10,8 +10,7 @@
 #                     tree, clang-tidy over the files changed since
 #                     deploy/lint/'s baseline
 #     2. build-fuzz/  clang ASan+UBSan (+ libFuzzer coverage hooks): the
-#                     unit tests' targets and every fuzz target, one build
-#                     (compiled at nice 19 while stage 1's tests run);
+#                     unit tests' targets and every fuzz target, one build;
 #                     ctest label "unit" under ASan+UBSan
 #     3. build-tsan/  clang TSan, the concurrency-heavy unit tests (compiled
 #                     at nice 19 while stage 2's tests run)
@@ -32,7 +31,7 @@ tier=commit
 case "${1:-}" in
   "") ;;
   --long) tier=long ;;
-  -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+  -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}"; exit 0 ;;
   *) echo "test.sh: unknown argument '$1' (use --long or nothing)" >&2; exit 2 ;;
 esac
 # Debug info: line tables only (-g1). Sanitizer reports and backtraces need
@@ -154,17 +153,15 @@ python3 "$REPO_ROOT/deploy/scripts/lint.py" tidy --build-dir "$REPO_ROOT/build-t
 # one set of sanitised libraries, compiled by clang (about 2.4x faster than
 # gcc at -fsanitize=address,undefined on this code; fuzz.sh says more).
 #
-# That build starts now, in the background at the lowest CPU priority, while
-# build-test/'s tests run: those mostly wait on daemons and sockets (at -j3
-# they keep ~1.3 of 2 cores busy), and a nice-19 process gets only the CPU
-# they leave idle.
-background build-fuzz bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
-
-stage "tests (all but label long; build-fuzz/ compiles beside them at nice 19)"
+# (Compiling it at nice 19 beside build-test/'s ctest, which keeps only ~1.3
+# of the 2 cores busy, slowed that ctest by about as much as it saved:
+# docs/testing.md.)
+stage "tests (all but label long)"
 (cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS_INTEGRATION" -LE long --no-tests=error --output-on-failure --timeout 900)
 
-stage "build (build-fuzz/, clang ASan+UBSan: unit tests and fuzz targets; the rest)"
-await build-fuzz
+stage "build (build-fuzz/, clang ASan+UBSan: unit tests and fuzz targets)"
+bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
+
 # ThreadSanitizer for the concurrency-heavy units: the thread pool, the copy
 # engine and the long-context runtime that drives it, the data plane (TCP and
 # UCX servers and clients, fetches and stages, the link pacer) and the
