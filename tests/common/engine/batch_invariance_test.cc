@@ -21,6 +21,7 @@
 #include "common/model/model.h"
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
+#include "tests/sanitizer_scale.h"
 
 namespace vc {
 namespace {
@@ -359,7 +360,7 @@ TEST_F(BatchInvarianceTest, ThreadsAndSimdLevelsAgree) {
       ASSERT_NO_FATAL_FAILURE(RunFresh(*engine, tokens, {s.length}, &want));
     }
     for (const auto& level : levels) {
-      for (int threads : {1, 2, 4}) {
+      for (int threads : test_support::FullOrUnderSanitizer({1, 2, 4}, {1, 4})) {
         auto engine = MakeEngine(*s.model, threads, level);
         ASSERT_NE(engine, nullptr);
         Rows rows;
