@@ -48,9 +48,9 @@ if ((build)); then
   # assertions stay on (no NDEBUG). No CUDA or benches. Tests are configured
   # (not built unless asked for with --build-also): clang compiles sanitised
   # code ~2.4x faster than gcc here, so test.sh's ASan+UBSan unit tests are
-  # built in this dir too, over the same instrumented libraries
-  # (-fsanitize=fuzzer-no-link only adds coverage hooks, which the sanitizer
-  # runtime stubs out when libFuzzer is not linked).
+  # built in this dir too, over the same sanitised libraries (only the fuzz
+  # targets and the libraries they fuzz get libFuzzer's coverage hooks,
+  # -fsanitize=fuzzer-no-link: tests/fuzz/CMakeLists.txt).
   cmake -S "$REPO_ROOT" -B "$BUILD" -G Ninja -DVC_WERROR=ON -DVC_FUZZ=ON \
     -DCMAKE_CXX_COMPILER="$CXX_FUZZ" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
