@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -194,7 +195,10 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     double issue_offset = 0;  // seconds into first_slot (a packed reload)
     int64_t verify_slot = first_slot;
     const int64_t booking_id = static_cast<int64_t>(plan.session);
-    bool booked = false;
+    // The booking this round releases once its verify is over: its own, or
+    // the one it joined (SlotClock::JoinShared keeps that one's memory booked
+    // until then).
+    std::optional<int64_t> held;
     if (prefix_bytes > 0) {
       // PrefixPolicy's join rule (the simulator's too): join a booking of
       // the prefix on this verifier whose verify is still ahead when it is
@@ -209,6 +213,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         auto join = [&] {
           first_slot = std::max(shared.first_slot, ctx.clock->now());
           verify_slot = shared.verify_slot;
+          if (ctx.clock->JoinShared(shared.booking_id)) held = shared.booking_id;
         };
         if (can_join && PrefixPolicy::JoinsAtOnce(shared, target)) {
           join();
@@ -231,7 +236,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
           first_slot = adm.booking.first_slot();
           issue_offset = adm.booking.issue_offset_seconds;
           verify_slot = adm.booking.verify_slot;
-          booked = true;
+          held = booking_id;
           ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
           break;
         }
@@ -259,7 +264,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       return absl::OkStatus();
     }();
     if (!round_status.ok()) {
-      if (booked) (void)ctx.clock->Release(booking_id);
+      if (held) (void)ctx.clock->Release(*held);
       return round_status;
     }
     // Take the drafts (they have been drafting since the last commit).
@@ -275,7 +280,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
-        if (booked) (void)ctx.clock->Release(booking_id);
+        if (held) (void)ctx.clock->Release(*held);
         if (!Retryable(st)) return st;
         WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
         drafter_ok = false;
@@ -292,7 +297,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     pb::VerifyResponse vresp;
     const auto t0 = Clock::now();
     const absl::Status vs = v.verifier->Verify(ctx.CallOptions(r), vreq, &vresp);
-    if (booked) (void)ctx.clock->Release(booking_id);
+    if (held) (void)ctx.clock->Release(*held);
     if (!vs.ok()) {
       // Without the verifier nothing can be verified: fail cleanly (every
       // token streamed so far was verified).

@@ -57,7 +57,9 @@ void SlotClock::Run() {
 
 absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  return prefixes_.Admit(scheduler_, r);
+  absl::StatusOr<Admission> admission = prefixes_.Admit(scheduler_, r);
+  if (admission.ok() && !admission->queued) users_[r.id] = 1;
+  return admission;
 }
 
 void SlotClock::HoldResident(const std::string& prefix_key, int gpu, int64_t bytes) {
@@ -78,7 +80,18 @@ int64_t SlotClock::ResidentBytes(int gpu) const {
 
 absl::Status SlotClock::Release(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto it = users_.find(id);
+  if (it != users_.end() && --it->second > 0) return absl::OkStatus();
+  if (it != users_.end()) users_.erase(it);
   return scheduler_.Release(id);
+}
+
+bool SlotClock::JoinShared(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = users_.find(id);
+  if (it == users_.end()) return false;
+  ++it->second;
+  return true;
 }
 
 bool SlotClock::WaitForSlot(int64_t slot, std::chrono::steady_clock::time_point deadline) {

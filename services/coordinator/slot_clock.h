@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -41,6 +42,9 @@ class SlotClock {
   void ReleaseResident(const std::string& prefix_key, int gpu);
   // Bytes held resident on `gpu`.
   int64_t ResidentBytes(int gpu) const;
+  // Drops one user of booking `id` (its own request, or a round that joined
+  // it): the booking and its memory go when the last one has released it.
+  // NotFound for an unknown id.
   absl::Status Release(int64_t id);
 
   // Waits until the current slot is >= `slot`; false if `deadline` passed or
@@ -68,6 +72,13 @@ class SlotClock {
   using Shared = SharedBooking;
   bool FindShared(const std::string& prefix_key, int gpu, int64_t max_verify_slot, Shared* out) const;
   void NoteShared(const std::string& prefix_key, int gpu, const Booking& booking);
+  // A round that joins booking `id` becomes one more user of it, so the
+  // shared copy's memory stays booked until that round's verify is over too
+  // (it may run in a later pass than the booking's own request, which would
+  // otherwise free the memory the copy still occupies); the round releases
+  // it like its own. False when the booking is already gone (its request
+  // failed or finished): then there is nothing to hold.
+  bool JoinShared(int64_t id);
 
   void Stop();
 
@@ -83,6 +94,7 @@ class SlotClock {
   const bool lock_step_;
   bool stopping_ = false;
   PrefixPolicy prefixes_;
+  std::map<int64_t, int> users_;  // booking id -> requests verifying on it
   std::thread thread_;
 };
 

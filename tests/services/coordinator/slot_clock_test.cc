@@ -1,8 +1,9 @@
 // The coordinator's wall-clock driver of the ring scheduler: slots advance on
 // their own, waits end at their slot (or offset into it), at the deadline, or
 // on Stop; bookings pass through to the policy; prefix joins expire with
-// their verify slot. Margins are generous: the suite runs on a loaded 2-core
-// machine, so only orderings are asserted, never durations.
+// their verify slot, and a joined booking lives until its last user is done.
+// Margins are generous: the suite runs on a loaded 2-core machine, so only
+// orderings are asserted, never durations.
 #include "services/coordinator/slot_clock.h"
 
 #include <chrono>
@@ -81,6 +82,38 @@ TEST(SlotClockTest, BookingsPackAndSharedPrefixesExpire) {
   EXPECT_FALSE(clock->FindShared("prefix", 1, now + 10, &shared)) << "another verifier";
   EXPECT_TRUE(clock->Release(1).ok());
   EXPECT_EQ(clock->Release(1).code(), absl::StatusCode::kNotFound);
+}
+
+// A round that joins a booking holds its memory too: the copy stays booked
+// until the last of them has verified, whichever releases first.
+TEST(SlotClockTest, AJoinedBookingKeepsItsMemoryUntilItsLastUserReleases) {
+  RingSchedulerOptions o = Options(30.0);
+  o.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1000}};
+  auto clock = std::move(SlotClock::Create(o)).value();
+  const int64_t now = clock->now();
+  auto a = clock->Admit({.id = 1, .full_kv_bytes = 600, .target_offset = 2});
+  ASSERT_TRUE(a.ok() && !a->queued);
+  ASSERT_EQ(a->booking.verify_slot, now + 2);
+  clock->NoteShared("prefix", 0, a->booking);
+  SlotClock::Shared shared;
+  ASSERT_TRUE(clock->FindShared("prefix", 0, now + 10, &shared));
+  ASSERT_TRUE(clock->JoinShared(shared.booking_id));
+  EXPECT_FALSE(clock->JoinShared(99)) << "no such booking";
+
+  // The booking's own request is done; the joiner is not: 600 more bytes do
+  // not fit beside the copy, so they go to a later verify slot.
+  ASSERT_TRUE(clock->Release(1).ok());
+  auto b = clock->Admit({.id = 2, .full_kv_bytes = 600, .target_offset = 2});
+  ASSERT_TRUE(b.ok() && !b->queued);
+  EXPECT_GT(b->booking.verify_slot, now + 2) << "the joined copy's memory was freed early";
+  // The joiner's release frees it.
+  ASSERT_TRUE(clock->Release(1).ok());
+  EXPECT_EQ(clock->Release(1).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(clock->JoinShared(1)) << "gone";
+  ASSERT_TRUE(clock->Release(2).ok());
+  auto c = clock->Admit({.id = 3, .full_kv_bytes = 600, .target_offset = 2});
+  ASSERT_TRUE(c.ok() && !c->queued);
+  EXPECT_EQ(c->booking.verify_slot, now + 2);
 }
 
 TEST(SlotClockTest, ResidentPrefixesTakeMemoryFromTheRing) {
