@@ -29,6 +29,17 @@ StoreRetryOptions Quick(int max_attempts) {
 const absl::Status kReset =
     absl::UnavailableError("vc-kvstore Lookup: recvmsg: Connection reset by peer");
 
+// RetryStoreCall with a minute's deadline over a call that always answers
+// `answer`; how many calls it made.
+int CallsMade(const StoreRetryOptions& o, const absl::Status& answer, absl::Status* out) {
+  int calls = 0;
+  *out = RetryStoreCall(o, Clock::now() + std::chrono::seconds(60), [&](bool*) {
+    ++calls;
+    return answer;
+  });
+  return calls;
+}
+
 TEST(StoreRetryTest, AnUnavailableCallIsTriedAgainUntilItSucceeds) {
   int calls = 0;
   int attempts = 0;
@@ -41,26 +52,16 @@ TEST(StoreRetryTest, AnUnavailableCallIsTriedAgainUntilItSucceeds) {
 }
 
 TEST(StoreRetryTest, GivesUpAfterMaxAttemptsAndSaysSo) {
-  int calls = 0;
-  const absl::Status s =
-      RetryStoreCall(Quick(4), Clock::now() + std::chrono::seconds(60), [&](bool*) {
-        ++calls;
-        return kReset;
-      });
-  EXPECT_EQ(calls, 4);
+  absl::Status s;
+  EXPECT_EQ(CallsMade(Quick(4), kReset, &s), 4);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "Connection reset by peer")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "gave up after 4 attempts")) << s;
 }
 
 TEST(StoreRetryTest, OneAttemptMeansNoRetry) {
-  int calls = 0;
-  const absl::Status s =
-      RetryStoreCall(Quick(1), Clock::now() + std::chrono::seconds(60), [&](bool*) {
-        ++calls;
-        return kReset;
-      });
-  EXPECT_EQ(calls, 1);
+  absl::Status s;
+  EXPECT_EQ(CallsMade(Quick(1), kReset, &s), 1);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "gave up after 1 attempt)")) << s;
 }
@@ -84,13 +85,8 @@ TEST(StoreRetryTest, AStatusThatMayNotBeRetriedIsReturnedAfterOneAttempt) {
   for (const absl::Status& refusal : refusals) {
     SCOPED_TRACE(refusal.ToString());
     EXPECT_FALSE(StoreCallMayBeRetried(refusal));
-    int calls = 0;
-    const absl::Status s =
-        RetryStoreCall(Quick(4), Clock::now() + std::chrono::seconds(60), [&](bool*) {
-          ++calls;
-          return refusal;
-        });
-    EXPECT_EQ(calls, 1);
+    absl::Status s;
+    EXPECT_EQ(CallsMade(Quick(4), refusal, &s), 1);
     EXPECT_EQ(s, refusal);
   }
   EXPECT_TRUE(StoreCallMayBeRetried(kReset));
