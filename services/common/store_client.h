@@ -1,7 +1,9 @@
 // A daemon's connection to vc-kvstore: the gRPC control plane (lookup,
 // two-phase put control, get) and the data plane (TCP or UCX) that chunk
 // bytes are fetched and uploaded over, on this worker's link class (fast for
-// verifiers, slow for drafters). Every call has a deadline.
+// verifiers, slow for drafters). Every call has a deadline; one the store
+// went away under (killed, restarting) is tried again if it may be
+// (StoreRetryOptions).
 #pragma once
 
 #include <atomic>
@@ -120,7 +122,8 @@ class StoreClient {
   // Values of `keys` over the data plane (DataLoss/NotFound/Unavailable as
   // the transport reports; NotFound for a value whose seal fails, see
   // StoreClientOptions); the deadline is the options' timeout unless
-  // `deadline` is given. Decode them with fetched_checksum().
+  // `deadline` is given, and an UNAVAILABLE fetch is tried again within it
+  // (the options' `fetch_retry`). Decode them with fetched_checksum().
   absl::StatusOr<std::vector<std::string>> Fetch(
       const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline = {});
   // KV entries (full-KV chunks, compressed variants) of the tenant whose
@@ -156,10 +159,9 @@ class StoreClient {
   // plane, in one StageChunk RPC each. Taken by value so that a signer
   // seals each entry in place (move the entries in to avoid a copy).
   // A put the store lost (it went away: Unavailable before the commit) is
-  // begun again and staged again in full, never resumed, as the options'
-  // `retry` allows while `deadline` allows (default: the options' timeout
-  // from now; each call's own deadline is the timeout, cut to a given
-  // `deadline`).
+  // begun again and staged again in full, never resumed (the options'
+  // `retry`), within `deadline` (default: the options' timeout from now;
+  // each call's own deadline is the timeout, cut to a given `deadline`).
   absl::Status PutAll(std::vector<std::pair<std::string, std::string>> entries,
                       std::chrono::steady_clock::time_point deadline = {});
   // PutAll of KV entries of the tenant whose salt is `tenant_salt`, each
