@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/base/status_macros.h"
@@ -23,6 +21,8 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
   if (options.stage_batch_bytes < 1 || options.stage_batch_entries < 1) {
     return absl::InvalidArgumentError("stage_batch_bytes and stage_batch_entries must be >= 1");
   }
+  VC_RETURN_IF_ERROR(ValidateStoreRetryOptions(options.retry));
+  VC_RETURN_IF_ERROR(ValidateStoreRetryOptions(options.fetch_retry));
   auto client = std::unique_ptr<StoreClient>(new StoreClient());
   client->options_ = options;
   client->stub_ = pb::KvStore::NewStub(
@@ -69,24 +69,18 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
 
 absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
     const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline) {
-  if (deadline == std::chrono::steady_clock::time_point{}) {
-    deadline = std::chrono::steady_clock::now() + options_.timeout;
-  }
+  deadline = DeadlineOr(deadline);
   if (data_ == nullptr) return absl::FailedPreconditionError("this store client has no data plane");
   // A store that was restarted: while it is down connects are refused, and
   // afterwards connections pooled before the restart fail one by one (the
   // data plane client tries a second connection, not every one). A fetch is
-  // a read, so it is tried again until its deadline, as the gRPC reads wait
-  // for the store's channel.
-  absl::StatusOr<std::vector<std::string>> fetched = data_->Fetch(keys, deadline);
-  for (auto backoff = std::chrono::milliseconds(20);
-       !fetched.ok() && absl::IsUnavailable(fetched.status()) &&
-       std::chrono::steady_clock::now() + backoff < deadline;
-       backoff = std::min(backoff * 2, std::chrono::milliseconds(250))) {
-    std::this_thread::sleep_for(backoff);
+  // a read, so it is tried again (fetch_retry), as the gRPC reads are.
+  absl::StatusOr<std::vector<std::string>> fetched;
+  VC_RETURN_IF_ERROR(Retry(options_.fetch_retry, deadline, [&](bool*) {
     fetched = data_->Fetch(keys, deadline);
-  }
-  VC_ASSIGN_OR_RETURN(std::vector<std::string> values, std::move(fetched));
+    return fetched.status();
+  }));
+  std::vector<std::string> values = std::move(*fetched);
   if (options_.seal_trust == nullptr) return values;
   // The seal is checked before anyone decodes a byte of the entry.
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -181,22 +175,47 @@ absl::Status StoreClient::PutKv(std::vector<std::pair<std::string, std::string>>
   return PutAll(std::move(entries), deadline);
 }
 
-std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext() const {
+std::chrono::steady_clock::time_point StoreClient::DeadlineOr(
+    std::chrono::steady_clock::time_point d) const {
+  if (d != std::chrono::steady_clock::time_point{}) return d;
+  return std::chrono::steady_clock::now() + options_.timeout;
+}
+
+absl::Status StoreClient::Retry(const StoreRetryOptions& options,
+                                std::chrono::steady_clock::time_point deadline,
+                                absl::FunctionRef<absl::Status(bool* retryable)> attempt) {
+  int attempts = 0;
+  absl::Status s = RetryStoreCall(options, deadline, attempt, &attempts);
+  retries_.fetch_add(attempts - 1);
+  return s;
+}
+
+std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext(
+    std::chrono::steady_clock::time_point deadline) const {
+  const auto left = std::min(deadline - std::chrono::steady_clock::now(),
+                             std::chrono::steady_clock::duration(options_.timeout));
+  auto ctx = rpc::ContextWithTimeout(std::max(
+      std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(left)));
   // A read-only call made while the channel reconnects (the store was just
   // restarted) waits for the connection within its deadline instead of
-  // failing at once with "failed to connect to all addresses".
-  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+  // failing at once with "failed to connect to all addresses". One in
+  // flight when the store dies fails (the connection is reset) and is tried
+  // again (options' retry): it is a read.
   ctx->set_wait_for_ready(true);
   return ctx;
 }
 
-absl::StatusOr<std::vector<bool>> StoreClient::Lookup(const std::vector<std::string>& keys) {
+absl::StatusOr<std::vector<bool>> StoreClient::Lookup(
+    const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline) {
+  deadline = DeadlineOr(deadline);
   pb::LookupRequest req;
   for (const auto& k : keys) req.add_keys(k);
   pb::LookupResponse resp;
-  auto ctx = ReadOnlyContext();
-  const grpc::Status s = stub_->Lookup(ctx.get(), req, &resp);
-  if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore Lookup");
+  VC_RETURN_IF_ERROR(Retry(options_.retry, deadline, [&](bool*) {
+    resp.Clear();
+    auto ctx = ReadOnlyContext(deadline);
+    return rpc::FromGrpcStatus(stub_->Lookup(ctx.get(), req, &resp), "vc-kvstore Lookup");
+  }));
   if (resp.results_size() != static_cast<int>(keys.size())) {
     return absl::InternalError("vc-kvstore Lookup answered a different number of keys");
   }
@@ -205,32 +224,19 @@ absl::StatusOr<std::vector<bool>> StoreClient::Lookup(const std::vector<std::str
   return hits;
 }
 
-absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
+absl::StatusOr<std::string> StoreClient::Get(const std::string& key,
+                                             std::chrono::steady_clock::time_point deadline) {
+  deadline = DeadlineOr(deadline);
   pb::GetRequest req;
   req.set_key(key);
   pb::GetResponse resp;
-  auto ctx = ReadOnlyContext();
-  const grpc::Status s = stub_->Get(ctx.get(), req, &resp);
-  if (!s.ok()) return rpc::FromGrpcStatus(s, "vc-kvstore Get");
+  VC_RETURN_IF_ERROR(Retry(options_.retry, deadline, [&](bool*) {
+    resp.Clear();
+    auto ctx = ReadOnlyContext(deadline);
+    return rpc::FromGrpcStatus(stub_->Get(ctx.get(), req, &resp), "vc-kvstore Get");
+  }));
   return std::move(*resp.mutable_value());
 }
-
-namespace {
-
-// Whether a failed put may be started again from its BeginPut: only when the
-// store went away under it (killed, restarted, a dead pooled connection). A
-// refusal (bad input, quota, a full store) or a deadline would fail again;
-// so would TLS set-up, a handshake or data plane authentication that
-// refuses this client, which the transport reports as Unavailable too.
-bool PutMayBeRetried(const absl::Status& s) {
-  if (!absl::IsUnavailable(s)) return false;
-  for (const char* refusal : {"TLS handshake", "data plane TLS:", "data plane authentication"}) {
-    if (absl::StrContains(s.message(), refusal)) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>> entries,
                                  std::chrono::steady_clock::time_point deadline) {
@@ -243,25 +249,15 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
     }
   }
   const bool caller_deadline = deadline != std::chrono::steady_clock::time_point{};
-  if (!caller_deadline) deadline = std::chrono::steady_clock::now() + options_.timeout;
+  deadline = DeadlineOr(deadline);
   // A store restarted under a put loses it (its puts are not persisted; a
   // stage on a connection pooled before the restart fails). The put is then
   // begun again and every entry staged again on a fresh connection, never
   // resumed: nothing of the lost attempt becomes visible, and each attempt
   // commits all of its entries or none.
   const auto call_limit = caller_deadline ? deadline : std::chrono::steady_clock::time_point{};
-  bool retryable = false;
-  absl::Status status = PutOnce(entries, call_limit, &retryable);
-  auto backoff = std::chrono::milliseconds(20);
-  for (int attempt = 1;
-       attempt < kMaxPutAttempts && !status.ok() && retryable && PutMayBeRetried(status) &&
-       std::chrono::steady_clock::now() + backoff < deadline;
-       ++attempt) {
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 4, std::chrono::milliseconds(500));
-    status = PutOnce(entries, call_limit, &retryable);
-  }
-  return status;
+  return Retry(options_.retry, deadline,
+               [&](bool* retryable) { return PutOnce(entries, call_limit, retryable); });
 }
 
 absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::string>>& entries,

@@ -1,7 +1,9 @@
 // A daemon's connection to vc-kvstore: the gRPC control plane (lookup,
 // two-phase put control, get) and the data plane (TCP or UCX) that chunk
 // bytes are fetched and uploaded over, on this worker's link class (fast for
-// verifiers, slow for drafters). Every call has a deadline.
+// verifiers, slow for drafters). Every call has a deadline; one the store
+// went away under (killed, restarting) is tried again if it may be
+// (StoreRetryOptions).
 #pragma once
 
 #include <atomic>
@@ -12,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/kvstore/kv_cipher.h"
@@ -22,6 +25,41 @@
 #include "vericache/v1/kvstore.grpc.pb.h"
 
 namespace vc::daemon {
+
+// When a store call that failed because the store went away (UNAVAILABLE: it
+// was killed, it is restarting on its address, a connection was reset under
+// the call) is tried again. One rule and one backoff for every call that may
+// be repeated, all inside the caller's deadline: reads (Lookup, Get, a
+// data-plane Fetch) and a put not yet committed. Never tried again: any other
+// code (a refusal such as PERMISSION_DENIED, UNAUTHENTICATED,
+// INVALID_ARGUMENT, NOT_FOUND, or DEADLINE_EXCEEDED) and the TLS or
+// authentication failures the transports report as UNAVAILABLE too.
+struct StoreRetryOptions {
+  int max_attempts = 4;  // 1: never tried again
+  std::chrono::milliseconds initial_backoff{50};
+  std::chrono::milliseconds max_backoff{1000};
+  double multiplier = 2.0;  // each wait this many times the one before
+  // Each wait is drawn from [1 - jitter, 1 + jitter] times its nominal
+  // length, so that the clients that lost the store together do not come
+  // back in step. 0..1.
+  double jitter = 0.2;
+};
+
+// InvalidArgument naming the field unless `o` is usable.
+absl::Status ValidateStoreRetryOptions(const StoreRetryOptions& o);
+// Whether a store call that failed with `s` may be tried again (see
+// StoreRetryOptions).
+bool StoreCallMayBeRetried(const absl::Status& s);
+// Runs `attempt` until it succeeds, fails with a status that may not be
+// retried, clears its `*retryable` (set before each attempt; e.g. a put whose
+// commit was sent), has run max_attempts times, or the next wait would not
+// end before `deadline`; waits the backoff between attempts. Returns the last
+// status; one given up after a retry, or on a retryable status, says how many
+// attempts were made. `*attempts` (optional): how many were.
+absl::Status RetryStoreCall(const StoreRetryOptions& options,
+                            std::chrono::steady_clock::time_point deadline,
+                            absl::FunctionRef<absl::Status(bool* retryable)> attempt,
+                            int* attempts = nullptr);
 
 struct StoreClientOptions {
   std::string control_address;  // vc-kvstore --listen
@@ -37,6 +75,15 @@ struct StoreClientOptions {
   // Deadline of each control RPC, fetch and stage call. Default 10 s.
   // Lookup, Get and BeginPut wait within it for a reconnecting channel.
   std::chrono::milliseconds timeout{10000};
+  // Lookup, Get and PutAll after the store went away (StoreRetryOptions).
+  StoreRetryOptions retry;
+  // Fetch after the store went away. A data-plane connect to a store that
+  // is down is refused at once (where a gRPC attempt waits for its channel),
+  // so a fetch tries more often at shorter waits, until about the default
+  // timeout.
+  StoreRetryOptions fetch_retry{.max_attempts = 64,
+                                .initial_backoff = std::chrono::milliseconds(20),
+                                .max_backoff = std::chrono::milliseconds(250)};
   // How long Create waits for the store's first Stat answer (the store may
   // still be starting); 0 = `timeout`.
   std::chrono::milliseconds connect_timeout{0};
@@ -75,7 +122,8 @@ class StoreClient {
   // Values of `keys` over the data plane (DataLoss/NotFound/Unavailable as
   // the transport reports; NotFound for a value whose seal fails, see
   // StoreClientOptions); the deadline is the options' timeout unless
-  // `deadline` is given. Decode them with fetched_checksum().
+  // `deadline` is given, and an UNAVAILABLE fetch is tried again within it
+  // (the options' `fetch_retry`). Decode them with fetched_checksum().
   absl::StatusOr<std::vector<std::string>> Fetch(
       const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline = {});
   // KV entries (full-KV chunks, compressed variants) of the tenant whose
@@ -96,10 +144,14 @@ class StoreClient {
                : kvstore::ChecksumCheck::kRecompute;
   }
   bool encrypts_kv() const { return options_.kv_keyring != nullptr; }
-  // Which keys the store holds (control plane).
-  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys);
+  // Which keys the store holds (control plane). Lookup and Get are tried
+  // again after the store went away (options' `retry`) until `deadline`
+  // (default: the options' timeout from now).
+  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys,
+                                           std::chrono::steady_clock::time_point deadline = {});
   // One value over the control plane (small entries such as manifests).
-  absl::StatusOr<std::string> Get(const std::string& key);
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  std::chrono::steady_clock::time_point deadline = {});
   // Writes every entry in one two-phase put: all become visible at once or
   // none (aborted on any error). BeginPut and CommitPut/AbortPut go over
   // gRPC; the entries' bytes go over the data plane in stage calls (batched
@@ -107,10 +159,9 @@ class StoreClient {
   // plane, in one StageChunk RPC each. Taken by value so that a signer
   // seals each entry in place (move the entries in to avoid a copy).
   // A put the store lost (it went away: Unavailable before the commit) is
-  // begun again and staged again in full, never resumed, up to
-  // kMaxPutAttempts times while `deadline` allows (default: the options'
-  // timeout from now; each call's own deadline is the timeout, cut to a
-  // given `deadline`).
+  // begun again and staged again in full, never resumed (the options'
+  // `retry`), within `deadline` (default: the options' timeout from now;
+  // each call's own deadline is the timeout, cut to a given `deadline`).
   absl::Status PutAll(std::vector<std::pair<std::string, std::string>> entries,
                       std::chrono::steady_clock::time_point deadline = {});
   // PutAll of KV entries of the tenant whose salt is `tenant_salt`, each
@@ -118,21 +169,31 @@ class StoreClient {
   absl::Status PutKv(std::vector<std::pair<std::string, std::string>> entries,
                      absl::string_view tenant_salt,
                      std::chrono::steady_clock::time_point deadline = {});
-  static constexpr int kMaxPutAttempts = 4;
 
-  // Per-key maintenance (control plane): Delete, Pin, Unpin.
+  // Per-key maintenance (control plane): Delete, Pin, Unpin. Never tried
+  // again: pins are counted, so a Pin or Unpin whose answer was lost may
+  // have been applied; a repeated Delete that was applied answers NotFound.
   enum class KeyAction { kDelete, kPin, kUnpin };
   absl::Status Apply(KeyAction action, const std::string& key);
 
   transport::ClientStats data_stats() const;
   // Values whose seal failed in Fetch (and were quarantined) so far.
   int64_t seal_failures() const { return seal_failures_.load(); }
+  // Attempts beyond each call's first (the store went away under it) so far.
+  int64_t retries() const { return retries_.load(); }
   const std::string& data_address() const { return data_address_; }
 
  private:
   StoreClient() = default;
-  // Deadline `timeout`, waiting for the channel to be ready (idempotent calls).
-  std::unique_ptr<grpc::ClientContext> ReadOnlyContext() const;
+  // Deadline `timeout`, cut to `deadline`, waiting for the channel to be
+  // ready (idempotent calls).
+  std::unique_ptr<grpc::ClientContext> ReadOnlyContext(
+      std::chrono::steady_clock::time_point deadline) const;
+  // Deadline `deadline` or, when that is unset, the options' timeout from now.
+  std::chrono::steady_clock::time_point DeadlineOr(std::chrono::steady_clock::time_point d) const;
+  absl::Status Retry(const StoreRetryOptions& options,
+                     std::chrono::steady_clock::time_point deadline,
+                     absl::FunctionRef<absl::Status(bool* retryable)> attempt);
   // One attempt of PutAll: BeginPut, every stage, CommitPut (the put
   // aborted on a stage error). `*retryable` false once the commit was sent.
   absl::Status PutOnce(const std::vector<std::pair<std::string, std::string>>& entries,
@@ -142,6 +203,7 @@ class StoreClient {
   std::unique_ptr<vericache::v1::KvStore::Stub> stub_;
   std::unique_ptr<transport::DataPlaneClient> data_;
   std::atomic<int64_t> seal_failures_{0};
+  std::atomic<int64_t> retries_{0};
 };
 
 }  // namespace vc::daemon

@@ -16,11 +16,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
 #include "common/transport/data_plane.h"
@@ -40,6 +42,30 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kRpcDeadline = std::chrono::seconds(5);
 
 std::string Key(char fill) { return std::string(32, fill); }
+
+// Bytes received and not yet read on the established TCP connections to
+// local port `port` (the rx_queue column of /proc/net/tcp and tcp6; gRPC's
+// listener is dual-stack): a stopped server reads nothing, so a request
+// sent to it stays there. -1 if unreadable.
+int64_t UnreadBytesToPort(int port) {
+  int64_t unread = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* f = std::fopen(table, "r");
+    if (f == nullptr) return -1;
+    char line[512];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      unsigned local_port = 0, state = 0;
+      unsigned long rx = 0;  // NOLINT(google-runtime-int): sscanf's %lx
+      if (std::sscanf(line, " %*d: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%*x %x %*x:%lx", &local_port,
+                      &state, &rx) == 3 &&
+          static_cast<int>(local_port) == port && state == 0x01 /* ESTABLISHED */) {
+        unread += static_cast<int64_t>(rx);
+      }
+    }
+    std::fclose(f);
+  }
+  return unread;
+}
 
 void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
@@ -141,6 +167,38 @@ class KvStoreDaemonTest : public ::testing::Test {
     return daemon_->Start({"--listen", killed_grpc_addr_, "--metrics-listen", "127.0.0.1:0",
                            "--data-listen", killed_data_addr_, "--data-dir", data_dir_ + "/db"},
                           error);
+  }
+
+  // The store is stopped (SIGSTOP), `call` starts in a thread, and once its
+  // request sits unread in the store's socket (in flight) the store is
+  // killed -9 and started again on its addresses and data dir 300 ms later,
+  // as `vericache local` restarts it; the call's status. The chaos runs'
+  // remaining failures were such calls ("recvmsg: Connection reset by
+  // peer").
+  absl::Status InFlightAtAStoreKill(const std::function<absl::Status()>& call) {
+    stub_.reset();  // the test's own channel is not part of it
+    channel_.reset();
+    const std::string& addr = daemon_->grpc_addr();
+    const int port = std::atoi(addr.substr(addr.rfind(':') + 1).c_str());
+    const int64_t before = UnreadBytesToPort(port);
+    EXPECT_GE(before, 0) << "cannot read /proc/net/tcp";
+    kill(daemon_->pid(), SIGSTOP);
+    absl::Status status = absl::UnknownError("the call never returned");
+    std::thread caller([&] { status = call(); });
+    const auto limit = Clock::now() + std::chrono::seconds(60);
+    bool in_flight = false;
+    while (!in_flight && Clock::now() < limit) {
+      in_flight = UnreadBytesToPort(port) > before;
+      if (!in_flight) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    KillDaemon();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::string error;
+    const bool restarted = RestartDaemon(&error);
+    caller.join();
+    EXPECT_TRUE(in_flight) << "the call's request never reached the stopped store";
+    EXPECT_TRUE(restarted) << error;
+    return status;
   }
 
   pb::StatResponse Stat() {
@@ -521,6 +579,82 @@ TEST_F(KvStoreDaemonTest, RefusedPutIsNotTriedAgain) {
   ASSERT_NE(fast, nullptr);
   EXPECT_EQ(fast->stages(), 1);
   EXPECT_EQ(stat.open_puts(), 0);
+}
+
+// Regression (issue 13, cluster chaos): every clean failure left in the
+// chaos runs was a coordinator's Lookup or Get in flight when the store was
+// killed -9 ("recvmsg: Connection reset by peer"): waiting for the channel
+// helps a call made while the store is down, not one already sent. Reads
+// are now tried again on UNAVAILABLE (StoreClientOptions::retry) within
+// their deadline: each call below is sent to the stopped store, which is
+// then killed and restarted, and returns the stored answer. With the retry
+// off (max_attempts 1) the same calls fail.
+TEST_F(KvStoreDaemonTest, LookupAndGetAreTriedAgainAcrossAStoreKill) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  vc::daemon::StoreClientOptions so;
+  // The coordinator's client (control plane only), with time for a restart
+  // on a loaded machine.
+  so.timeout = std::chrono::seconds(60);
+  so.data_plane = "";
+  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient(so);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->PutAll({{Key('m'), "manifest"}}).ok());
+  // Connected: the calls below go out on the connection the kill resets.
+  ASSERT_TRUE(client->Lookup({Key('m')}).ok());
+
+  absl::StatusOr<std::vector<bool>> hits;
+  const absl::Status lookup = InFlightAtAStoreKill([&] {
+    hits = client->Lookup({Key('m'), Key('x')});
+    return hits.status();
+  });
+  ASSERT_TRUE(lookup.ok()) << lookup;
+  EXPECT_EQ(*hits, (std::vector<bool>{true, false}));
+  EXPECT_GE(client->retries(), 1);  // the kill did land under the call
+
+  const int64_t retries = client->retries();
+  absl::StatusOr<std::string> value;
+  const absl::Status get = InFlightAtAStoreKill([&] {
+    value = client->Get(Key('m'));
+    return value.status();
+  });
+  ASSERT_TRUE(get.ok()) << get;
+  EXPECT_EQ(*value, "manifest");
+  EXPECT_GE(client->retries(), retries + 1);
+}
+
+TEST_F(KvStoreDaemonTest, LookupAndGetFailAcrossAStoreKillWithoutTheRetry) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  vc::daemon::StoreClientOptions so;
+  so.timeout = std::chrono::seconds(60);
+  so.data_plane = "";
+  so.retry.max_attempts = 1;
+  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient(so);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->PutAll({{Key('m'), "manifest"}}).ok());
+  ASSERT_TRUE(client->Lookup({Key('m')}).ok());
+  const absl::Status lookup =
+      InFlightAtAStoreKill([&] { return client->Lookup({Key('m')}).status(); });
+  EXPECT_TRUE(absl::IsUnavailable(lookup)) << lookup;
+  EXPECT_TRUE(absl::StrContains(lookup.message(), "vc-kvstore Lookup")) << lookup;
+  EXPECT_TRUE(absl::StrContains(lookup.message(), "gave up after 1 attempt")) << lookup;
+  // The restarted store answers the next call (it waits for the channel).
+  ASSERT_TRUE(client->Get(Key('m')).ok());
+  const absl::Status get = InFlightAtAStoreKill([&] { return client->Get(Key('m')).status(); });
+  EXPECT_TRUE(absl::IsUnavailable(get)) << get;
+  EXPECT_TRUE(absl::StrContains(get.message(), "vc-kvstore Get")) << get;
+  EXPECT_EQ(client->retries(), 0);
+}
+
+// A Get of a missing key is answered NotFound after one call: not retried.
+TEST_F(KvStoreDaemonTest, AMissingKeyIsNotTriedAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  vc::daemon::StoreClientOptions so;
+  so.data_plane = "";
+  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient(so);
+  ASSERT_NE(client, nullptr);
+  const absl::StatusOr<std::string> got = client->Get(Key('z'));
+  EXPECT_TRUE(absl::IsNotFound(got.status())) << got.status();
+  EXPECT_EQ(client->retries(), 0);
 }
 
 void KvStoreDaemonTest::PutsOverTheDataPlane(const std::string& kind) {
