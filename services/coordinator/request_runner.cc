@@ -194,7 +194,9 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     int64_t first_slot = ctx.clock->now();
     double issue_offset = 0;  // seconds into first_slot (a packed reload)
     int64_t verify_slot = first_slot;
-    const int64_t booking_id = static_cast<int64_t>(plan.session);
+    // A new id every round: a booking this request's last round left to
+    // rounds that joined it may outlive that round.
+    const int64_t booking_id = ctx.clock->NewBookingId();
     // The booking this round releases once its verify is over: its own, or
     // the one it joined (SlotClock::JoinShared keeps that one's memory booked
     // until then).

@@ -7,6 +7,7 @@
 // this only locks and applies them to the scheduler. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -79,6 +80,8 @@ class SlotClock {
   // it like its own. False when the booking is already gone (its request
   // failed or finished): then there is nothing to hold.
   bool JoinShared(int64_t id);
+  // An id no booking of this clock has had (for AdmitRequest::id).
+  int64_t NewBookingId() { return next_booking_id_.fetch_add(1) + 1; }
 
   void Stop();
 
@@ -95,6 +98,7 @@ class SlotClock {
   bool stopping_ = false;
   PrefixPolicy prefixes_;
   std::map<int64_t, int> users_;  // booking id -> requests verifying on it
+  std::atomic<int64_t> next_booking_id_{0};
   std::thread thread_;
 };
 
