@@ -55,6 +55,23 @@ struct Row {
   int identical = 0;
 };
 
+// One line: a vericache row's rounds, where their wall time went (the
+// daemons' timestamps, vericache::v1::RoundTimes) and the control overhead.
+void PrintRoundTimes(const vc::local::RoundTimeSummary& t) {
+  if (t.rounds == 0) return;
+  const double n = static_cast<double>(t.rounds);
+  std::printf(
+      "  %-26s %lld rounds, ms per round: wall %.2f = draft %.2f + verify %.2f + "
+      "transfer %.2f + commit %.2f + control %.2f (p50 %.2f, p90 %.2f)\n",
+      "", static_cast<long long>(t.rounds), 1e3 * t.wall_seconds / n, 1e3 * t.draft_seconds / n,
+      1e3 * t.verify_seconds / n, 1e3 * t.transfer_seconds / n, 1e3 * t.commit_seconds / n,
+      1e3 *
+          (t.wall_seconds - t.draft_seconds - t.verify_seconds - t.transfer_seconds -
+           t.commit_seconds) /
+          n,
+      t.p50_overhead_ms, t.p90_overhead_ms);
+}
+
 // Writes a llama2.c checkpoint with seeded random weights: a model large
 // enough that one decode step costs milliseconds on this CPU, so per-round
 // RPC and scheduling overheads are as small next to decoding as they are on
@@ -76,22 +93,23 @@ bool WriteSyntheticModel(const std::string& path, int dim, int hidden, int layer
   auto tensor = [&](int64_t count, float scale, bool norm) {
     std::vector<float> buf(static_cast<size_t>(count));
     for (auto& v : buf) v = norm ? 1.0f + 0.1f * uniform() : scale * uniform();
-    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() * 4));
+    out.write(reinterpret_cast<const char*>(buf.data()),
+              static_cast<std::streamsize>(buf.size() * 4));
   };
   const int64_t d = dim, h = hidden, L = layers, kv = static_cast<int64_t>(dim) / heads * kv_heads;
   const float sd = 1.7f / std::sqrt(static_cast<float>(dim));
   const float sh = 1.7f / std::sqrt(static_cast<float>(hidden));
-  tensor(vocab * d, 1.0f, false);  // token embedding (tied classifier)
-  tensor(L * d, 0, true);          // rms_att
-  tensor(L * d * d, sd, false);    // wq
-  tensor(L * kv * d, sd, false);   // wk
-  tensor(L * kv * d, sd, false);   // wv
-  tensor(L * d * d, sd, false);    // wo
-  tensor(L * d, 0, true);          // rms_ffn
-  tensor(L * h * d, sd, false);    // w1
-  tensor(L * d * h, sh, false);    // w2
-  tensor(L * h * d, sd, false);    // w3
-  tensor(d, 0, true);              // rms_final
+  tensor(vocab * d, 1.0f, false);                               // token embedding (tied classifier)
+  tensor(L * d, 0, true);                                       // rms_att
+  tensor(L * d * d, sd, false);                                 // wq
+  tensor(L * kv * d, sd, false);                                // wk
+  tensor(L * kv * d, sd, false);                                // wv
+  tensor(L * d * d, sd, false);                                 // wo
+  tensor(L * d, 0, true);                                       // rms_ffn
+  tensor(L * h * d, sd, false);                                 // w1
+  tensor(L * d * h, sh, false);                                 // w2
+  tensor(L * h * d, sd, false);                                 // w3
+  tensor(d, 0, true);                                           // rms_final
   tensor(static_cast<int64_t>(seq) * (dim / heads), 0, false);  // legacy freq_cis (unused)
   return static_cast<bool>(out);
 }
@@ -115,6 +133,7 @@ int main(int argc, char** argv) {
   bool no_pin = false;
   bool compare_insecure = false;
   bool kv_encryption = false;
+  bool control_overhead = false;
   int runs = 5;
   vc::FlagSet flags("vc_cluster_bench",
                     "The four daemons on loopback with paced links: TTFT and throughput of the\n"
@@ -146,6 +165,11 @@ int main(int argc, char** argv) {
   flags.Add("--runs", &runs, "N", "runs of each kind with --compare-insecure (default 5, 1..100)");
   flags.AddBool("--kv-encryption", &kv_encryption,
                 "encrypt KV at rest (per-tenant AES-256-GCM) in every secure run");
+  flags.AddBool("--control-overhead", &control_overhead,
+                "only the vericache scenario, on unpaced links with a calibrated slot "
+                "(--slot-ms 0), with 1 and then --concurrency requests in flight; prints where "
+                "each round's wall time went (drafting, verifying, waiting for the reload, "
+                "committing) and the control overhead left, from the daemons' timestamps");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "vc_cluster_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -214,15 +238,15 @@ int main(int argc, char** argv) {
   const double kv_full = static_cast<double>(prefix_tokens) * config.kv_bytes_per_token();
   const double slow_bw = kv_full / (load_over_draft * draft_len * step_seconds);
   const double fast_bw = slow_bw / slow_to_fast;
-  std::printf("vc_cluster_bench: pools %s\n",
-              !no_pin && std::thread::hardware_concurrency() >= 2
-                  ? "pinned (verifiers on CPU 0, drafters on CPU 1)"
-                  : "unpinned (sharing every core)");
-  std::printf("vc_cluster_bench: %s, prefix %d tokens (%.0f kB full KV), decode step %.3f ms,\n"
-              "  x=%d: slow link %.1f MB/s, fast link %.1f MB/s (slow:fast = %.4f;\n"
-              "  full-KV load over the slow link = %.1f x the time of x decode steps)\n",
-              model.c_str(), prefix_tokens, kv_full / 1e3, step_seconds * 1e3, draft_len,
-              slow_bw / 1e6, fast_bw / 1e6, slow_to_fast, load_over_draft);
+  std::printf("vc_cluster_bench: pools %s\n", !no_pin && std::thread::hardware_concurrency() >= 2
+                                                  ? "pinned (verifiers on CPU 0, drafters on CPU 1)"
+                                                  : "unpinned (sharing every core)");
+  std::printf(
+      "vc_cluster_bench: %s, prefix %d tokens (%.0f kB full KV), decode step %.3f ms,\n"
+      "  x=%d: slow link %.1f MB/s, fast link %.1f MB/s (slow:fast = %.4f;\n"
+      "  full-KV load over the slow link = %.1f x the time of x decode steps)\n",
+      model.c_str(), prefix_tokens, kv_full / 1e3, step_seconds * 1e3, draft_len, slow_bw / 1e6,
+      fast_bw / 1e6, slow_to_fast, load_over_draft);
   std::fflush(stdout);
 
   const std::vector<Scenario> scenarios = {
@@ -256,8 +280,9 @@ int main(int argc, char** argv) {
     o.chunk_tokens = 32;
     o.ingest_variants = compressor;
     o.draft_len = draft_len;
-    o.fast_link_bytes_per_second = fast_bw;
-    o.slow_link_bytes_per_second = slow_bw;
+    // --control-overhead: unpaced links (0), the slot calibrated.
+    o.fast_link_bytes_per_second = control_overhead ? 0 : fast_bw;
+    o.slow_link_bytes_per_second = control_overhead ? 0 : slow_bw;
     o.lock_step = sc.lock_step;
     o.prefix_aware = sc.prefix_aware;
     o.drafters = sc.drafters;
@@ -277,7 +302,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "vc_cluster_bench: %s\n", cluster.status().ToString().c_str());
       return false;
     }
-    const vc::rpc::ClientConfig coordinator = (*cluster)->client();  // TLS + API key unless insecure
+    const vc::rpc::ClientConfig coordinator =
+        (*cluster)->client();  // TLS + API key unless insecure
     std::vector<std::string> ids;
     for (const auto& p : prefix_list) {
       std::string error;
@@ -307,13 +333,14 @@ int main(int argc, char** argv) {
     for (int i = 0; i < requests; ++i) {
       if (results[i].error.empty() && results[i].tokens == reference[i]) ++row->identical;
     }
-    std::printf("  %-26s %8.1f tok/s  TTFT mean %7.1f ms p50 %7.1f p90 %7.1f  %2d/%d identical%s\n",
-                sc.name.c_str(), row->sum.tokens_per_s, row->sum.mean_ttft_ms, row->sum.p50_ttft_ms,
-                row->sum.p90_ttft_ms, row->identical, requests,
-                row->sum.errors > 0 ? absl::StrCat("  ERRORS: ", row->sum.errors, " (",
-                                                   row->sum.first_error, ")")
-                                          .c_str()
-                                    : "");
+    std::printf(
+        "  %-26s %8.1f tok/s  TTFT mean %7.1f ms p50 %7.1f p90 %7.1f  %2d/%d identical%s\n",
+        sc.name.c_str(), row->sum.tokens_per_s, row->sum.mean_ttft_ms, row->sum.p50_ttft_ms,
+        row->sum.p90_ttft_ms, row->identical, requests,
+        row->sum.errors > 0
+            ? absl::StrCat("  ERRORS: ", row->sum.errors, " (", row->sum.first_error, ")").c_str()
+            : "");
+    if (sc.mode == pb::MODE_VERICACHE) PrintRoundTimes(row->sum.round_times);
     std::fflush(stdout);
     return true;
   };
@@ -326,11 +353,42 @@ int main(int argc, char** argv) {
     if (errors == 0 && mismatches == 0) {
       std::printf("all outputs identical to full-KV decoding\n");
     } else {
-      std::printf("%d requests failed (see the rows above); %d completed outputs differ from "
-                  "full-KV decoding\n", errors, mismatches);
+      std::printf(
+          "%d requests failed (see the rows above); %d completed outputs differ from "
+          "full-KV decoding\n",
+          errors, mismatches);
     }
     return errors + mismatches;
   };
+  if (control_overhead) {
+    // One request in flight, then --concurrency.
+    std::vector<Row> all;
+    std::vector<int> in_flights;
+    std::printf("\ncontrol overhead (unpaced links, calibrated slot), ms per round:\n");
+    for (int in_flight : {1, concurrency}) {
+      in_flights.push_back(in_flight);
+      concurrency = in_flight;
+      Scenario sc = scenarios.front();
+      sc.name = absl::StrCat("vericache, ", in_flight, " in flight");
+      Row row;
+      if (!run_scenario(sc, false, &row)) return 1;
+      all.push_back(row);
+    }
+    std::printf("\n  %-9s %7s %8s %8s %8s %9s %8s %9s %8s %8s\n", "in flight", "rounds", "wall",
+                "draft", "verify", "transfer", "commit", "overhead", "p50", "p90");
+    for (size_t i = 0; i < all.size(); ++i) {
+      const vc::local::RoundTimeSummary& t = all[i].sum.round_times;
+      const double n = t.rounds > 0 ? static_cast<double>(t.rounds) : 1.0;
+      const double other = t.wall_seconds - t.draft_seconds - t.verify_seconds -
+                           t.transfer_seconds - t.commit_seconds;
+      std::printf("  %-9d %7lld %8.2f %8.2f %8.2f %9.2f %8.2f %9.2f %8.2f %8.2f\n", in_flights[i],
+                  static_cast<long long>(t.rounds), 1e3 * t.wall_seconds / n,
+                  1e3 * t.draft_seconds / n, 1e3 * t.verify_seconds / n,
+                  1e3 * t.transfer_seconds / n, 1e3 * t.commit_seconds / n, 1e3 * other / n,
+                  t.p50_overhead_ms, t.p90_overhead_ms);
+    }
+    return failures(all) == 0 ? 0 : 1;
+  }
   if (compare_insecure) {
     // Alternating, and which kind goes first alternates too, so a drift of
     // the machine (another process, thermal) falls on both kinds alike.
@@ -388,10 +446,11 @@ int main(int argc, char** argv) {
               ratio(find("full_local").sum.mean_ttft_ms, vc_row.sum.mean_ttft_ms));
   std::printf("  throughput staggered / lock-step             %.2fx\n",
               ratio(vc_row.sum.tokens_per_s, find("vericache_lockstep").sum.tokens_per_s));
-  std::printf("  throughput prefix-aware on / off             %.2fx  (shared loads: %lld of %lld rounds)\n",
-              ratio(vc_row.sum.tokens_per_s, find("vericache_no_prefix_aware").sum.tokens_per_s),
-              static_cast<long long>(vc_row.sum.shared_rounds),
-              static_cast<long long>(vc_row.sum.verify_rounds));
+  std::printf(
+      "  throughput prefix-aware on / off             %.2fx  (shared loads: %lld of %lld rounds)\n",
+      ratio(vc_row.sum.tokens_per_s, find("vericache_no_prefix_aware").sum.tokens_per_s),
+      static_cast<long long>(vc_row.sum.shared_rounds),
+      static_cast<long long>(vc_row.sum.verify_rounds));
   std::printf("  throughput 2 drafters / 1 drafter (1 verifier) %.2fx\n",
               ratio(find("vericache_2_drafters").sum.tokens_per_s, vc_row.sum.tokens_per_s));
   std::printf("  vericache acceptance %.1f%% of drafts, %.2f tokens per verify round\n",
@@ -402,9 +461,10 @@ int main(int argc, char** argv) {
            "tokens_per_s,ttft_mean_ms,ttft_p50_ms,ttft_p90_ms,acceptance,tokens_per_round,"
            "shared_rounds,identical,errors,slow_bw,fast_bw,step_ms\n";
     for (const Row& r : rows) {
-      out << r.scenario.name << "," << (r.scenario.mode == pb::MODE_VERICACHE ? "vericache"
-                                        : r.scenario.mode == pb::MODE_FULL_REMOTE ? "full_remote"
-                                                                                  : "full_local")
+      out << r.scenario.name << ","
+          << (r.scenario.mode == pb::MODE_VERICACHE     ? "vericache"
+              : r.scenario.mode == pb::MODE_FULL_REMOTE ? "full_remote"
+                                                        : "full_local")
           << "," << r.scenario.lock_step << "," << r.scenario.prefix_aware << ","
           << r.scenario.drafters << "," << r.scenario.verifiers << "," << requests << ","
           << r.sum.tokens << "," << r.sum.wall_seconds << "," << r.sum.tokens_per_s << ","

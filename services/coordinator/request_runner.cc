@@ -68,6 +68,21 @@ pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys
   return ref;
 }
 
+// Adds one round's times to `times` (pb::RoundTimes: the control overhead is
+// the wall time no worker reported as compute or transfer).
+void NoteRoundTimes(double wall_seconds, double draft_seconds, const pb::VerifyResponse& verify,
+                    const pb::CommitResponse& commit, pb::RoundTimes* times) {
+  times->set_rounds(times->rounds() + 1);
+  times->set_wall_seconds(times->wall_seconds() + wall_seconds);
+  times->set_draft_seconds(times->draft_seconds() + draft_seconds);
+  times->set_verify_seconds(times->verify_seconds() + verify.forward_seconds());
+  times->set_transfer_seconds(times->transfer_seconds() + verify.load_wait_seconds());
+  times->set_commit_seconds(times->commit_seconds() + commit.commit_seconds());
+  const double overhead = wall_seconds - draft_seconds - verify.forward_seconds() -
+                          verify.load_wait_seconds() - commit.commit_seconds();
+  times->add_overhead_ms(static_cast<float>(overhead * 1000.0));
+}
+
 void NoteDrafterCommit(const pb::CommitResponse& resp, pb::GenerateTotals* totals) {
   totals->set_online_folds(resp.online_folds());
   totals->set_drafter_kv_peak_bytes(std::max(totals->drafter_kv_peak_bytes(), resp.kv_bytes()));
@@ -190,6 +205,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
     const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
     const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
+    const auto round_start = Clock::now();
+    double round_draft_seconds = 0;
     // Book the verify: the reload on the fast link and the verifier's memory.
     int64_t first_slot = ctx.clock->now();
     double issue_offset = 0;  // seconds into first_slot (a packed reload)
@@ -291,6 +308,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       drafts.assign(resp.drafts().begin(), resp.drafts().end());
       draft_probs.Swap(resp.mutable_draft_probs());
       if (ctx.calibrate) ctx.calibrate(resp.step_seconds());
+      round_draft_seconds = resp.draft_seconds();
     }
     pb::VerifyRequest vreq;
     vreq.set_session_id(plan.session);
@@ -340,6 +358,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       }
       plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
       NoteDrafterCommit(resp, &plan.totals);
+      NoteRoundTimes(std::chrono::duration<double>(Clock::now() - round_start).count(),
+                     round_draft_seconds, vresp, resp, plan.totals.mutable_round_times());
     }
     if (plan.adaptive && take > 0) {
       plan.x =

@@ -31,7 +31,8 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
         bool first = true;
         while (reader->Read(&msg)) {
           if (first && msg.tokens_size() > 0) {
-            r.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+            r.client_ttft_ms =
+                std::chrono::duration<double, std::milli>(Clock::now() - start).count();
             first = false;
           }
           if (msg.has_round() && msg.round().prefix_shared()) ++r.shared_rounds;
@@ -43,6 +44,7 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
             r.drafted = t.drafted_tokens();
             r.accepted = t.accepted_drafts();
             r.fallbacks = t.fallbacks();
+            r.round_times = t.round_times();
           }
         }
         const grpc::Status s = reader->Finish();
@@ -55,6 +57,7 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
   WorkloadSummary sum;
   sum.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<double> ttfts;
+  std::vector<float> overheads;
   int64_t drafted = 0, accepted = 0;
   for (const WorkloadResult& r : *results) {
     if (!r.error.empty()) {
@@ -69,6 +72,21 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
     accepted += r.accepted;
     sum.verify_rounds += r.verify_rounds;
     sum.shared_rounds += r.shared_rounds;
+    const pb::RoundTimes& rt = r.round_times;
+    RoundTimeSummary& st = sum.round_times;
+    st.rounds += rt.rounds();
+    st.wall_seconds += rt.wall_seconds();
+    st.draft_seconds += rt.draft_seconds();
+    st.verify_seconds += rt.verify_seconds();
+    st.transfer_seconds += rt.transfer_seconds();
+    st.commit_seconds += rt.commit_seconds();
+    overheads.insert(overheads.end(), rt.overhead_ms().begin(), rt.overhead_ms().end());
+  }
+  if (!overheads.empty()) {
+    std::sort(overheads.begin(), overheads.end());
+    sum.round_times.p50_overhead_ms = overheads[overheads.size() / 2];
+    sum.round_times.p90_overhead_ms =
+        overheads[std::min(overheads.size() - 1, overheads.size() * 9 / 10)];
   }
   if (!ttfts.empty()) {
     std::sort(ttfts.begin(), ttfts.end());
@@ -79,10 +97,11 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
     sum.p90_ttft_ms = ttfts[std::min(ttfts.size() - 1, ttfts.size() * 9 / 10)];
   }
   sum.tokens_per_s = sum.wall_seconds > 0 ? static_cast<double>(sum.tokens) / sum.wall_seconds : 0;
-  sum.acceptance_rate = drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0;
-  sum.tokens_per_round = sum.verify_rounds > 0
-                             ? static_cast<double>(sum.tokens) / static_cast<double>(sum.verify_rounds)
-                             : 0;
+  sum.acceptance_rate =
+      drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0;
+  sum.tokens_per_round = sum.verify_rounds > 0 ? static_cast<double>(sum.tokens) /
+                                                     static_cast<double>(sum.verify_rounds)
+                                               : 0;
   return sum;
 }
 

@@ -18,15 +18,30 @@ namespace vc::local {
 
 struct WorkloadResult {
   std::vector<int32_t> tokens;
-  double seconds = 0;     // client-side, Generate to its end
-  double ttft_ms = 0;     // coordinator-side (to the first verified token)
+  double seconds = 0;  // client-side, Generate to its end
+  double ttft_ms = 0;  // coordinator-side (to the first verified token)
   double client_ttft_ms = 0;
   int64_t verify_rounds = 0;
   int64_t drafted = 0;
   int64_t accepted = 0;
   int64_t fallbacks = 0;
-  int64_t shared_rounds = 0;  // rounds whose prefix load was shared
-  std::string error;          // empty on success
+  int64_t shared_rounds = 0;              // rounds whose prefix load was shared
+  vericache::v1::RoundTimes round_times;  // mode vericache
+  std::string error;                      // empty on success
+};
+
+// The vericache rounds' wall time and its parts (vericache::v1::RoundTimes)
+// summed over the requests that succeeded, and percentiles of the per-round
+// control overhead.
+struct RoundTimeSummary {
+  int64_t rounds = 0;
+  double wall_seconds = 0;
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+  double transfer_seconds = 0;
+  double commit_seconds = 0;
+  double p50_overhead_ms = 0;
+  double p90_overhead_ms = 0;
 };
 
 struct WorkloadSummary {
@@ -38,10 +53,11 @@ struct WorkloadSummary {
   double mean_ttft_ms = 0;
   double p50_ttft_ms = 0;
   double p90_ttft_ms = 0;
-  double acceptance_rate = 0;     // accepted / drafted
-  double tokens_per_round = 0;    // vericache: tokens / verify rounds
+  double acceptance_rate = 0;   // accepted / drafted
+  double tokens_per_round = 0;  // vericache: tokens / verify rounds
   int64_t verify_rounds = 0;
   int64_t shared_rounds = 0;
+  RoundTimeSummary round_times;
   std::string first_error;
 };
 

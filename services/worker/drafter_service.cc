@@ -25,9 +25,10 @@ struct DrafterService::SharedVariant {
 
 struct DrafterService::Session {
   std::unique_ptr<cluster::DraftSession> ds;
-  int window = 8;                      // x asked by the coordinator
+  int window = 8;  // x asked by the coordinator
   Clock::time_point last_used;
-  bool busy = false;  // in a draft step
+  bool busy = false;         // in a draft step
+  double draft_seconds = 0;  // steps since the last commit (DraftResponse)
 };
 
 struct DrafterService::Waiter {
@@ -370,6 +371,7 @@ void DrafterService::ServeWaiters() {
       w.resp->set_first_position(s.ds->verified_end());
       w.resp->set_ready(static_cast<int32_t>(drafts.size()));
       w.resp->set_step_seconds(step_seconds_ewma_);
+      w.resp->set_draft_seconds(s.draft_seconds);
       w.reactor->Finish(grpc::Status::OK);
       continue;
     }
@@ -391,6 +393,7 @@ void DrafterService::ServeWaiters() {
 grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ctx,
                                                  const pb::CommitRequest* req,
                                                  pb::CommitResponse* resp) {
+  const auto start = Clock::now();
   std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] {
@@ -410,6 +413,8 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
   resp->set_rolled_back(out->rolled_back);
   resp->set_online_folds(s.ds->online_folds());
   resp->set_kv_bytes(s.ds->kv_bytes());
+  s.draft_seconds = 0;
+  resp->set_commit_seconds(std::chrono::duration<double>(Clock::now() - start).count());
   continuation_hits_->Inc(out->surviving_drafts);
   rolled_back_->Inc(out->rolled_back);
   if (out->folded) {
@@ -500,6 +505,7 @@ void DrafterService::BatchLoop() {
     for (size_t i = 0; i < stepping.size(); ++i) {
       Session* s = stepping[i];
       s->busy = false;
+      s->draft_seconds += step;
       if (!status[i].ok()) {
         // Out of arena or context: the session stops drafting; its waiters
         // get what exists (or an error) and the coordinator falls back.
