@@ -165,8 +165,6 @@ TEST_F(DraftWeightsClusterTest, BadDraftWeightsExitTwoWithOneLine) {
       {drafter + " --draft-weights int3", "--draft-weights"},
       {drafter + " --draft-weights ''", "--draft-weights"},
       {drafter + " --draft-weights int8 --tensor-parallel 2", "--tensor-parallel 1"},
-      // A separate draft model is single-process only for now.
-      {drafter + " --draft-model " + clustertest::StoriesModelPath(), "single-process only"},
       {std::string(VC_DAEMON_DIR) + "/vc-verifier --model " + clustertest::StoriesModelPath() +
            " --kvstore 127.0.0.1:1 --draft-weights int8",
        "--draft-weights"},
