@@ -55,7 +55,7 @@ struct StoredVariant {
 // cluster's --draft-model): the chunks stay the target's, the variants are
 // compressions of the draft model's own prefill, keyed with its id.
 struct DraftModelIngest {
-  Engine* engine = nullptr;   // runs the draft model (same vocabulary)
+  Engine* engine = nullptr;     // runs the draft model (same vocabulary)
   kvstore::ModelId model_id{};  // kvstore::DraftModelId of it
 };
 
