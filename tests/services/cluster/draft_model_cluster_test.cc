@@ -264,6 +264,19 @@ TEST_F(DraftModelClusterTest, AnotherVocabularyExitsTwoWithOneLine) {
       std::string(VC_DAEMON_DIR) + "/vc-drafter" + worker_args,
       std::string(VC_DAEMON_DIR) + "/vc-verifier" + worker_args,
   };
+  // The coordinator's pin is checked before it contacts anyone.
+  for (const char* id : {"xyz", "abcd"}) {
+    std::string out;
+    const std::string c = std::string(VC_DAEMON_DIR) +
+                          "/vc-coordinator --verifiers 127.0.0.1:1 --drafters 127.0.0.1:2 "
+                          "--kvstore 127.0.0.1:3 --draft-model-id " +
+                          id;
+    EXPECT_EQ(clustertest::RunCommand(c, &out), 2) << c << "\n" << out;
+    EXPECT_NE(out.find("--draft-model-id must be auto, none or 64 hex digits"), std::string::npos)
+        << c << "\n"
+        << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << c << "\n" << out;
+  }
   for (const std::string& c : commands) {
     std::string out;
     EXPECT_EQ(clustertest::RunCommand(c, &out), 2) << c << "\n" << out;
