@@ -123,9 +123,10 @@ absl::StatusOr<std::vector<VariantSpec>> ParseVariantList(const std::string& tex
 }
 
 absl::StatusOr<kvstore::ChunkKey> VariantKeyFor(const kvstore::ChunkKey& last,
-                                                const VariantSpec& spec) {
+                                                const VariantSpec& spec,
+                                                const kvstore::ModelId* draft_model) {
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, CreateCompressor(spec.compressor));
-  return kvstore::CompressedVariantKey(last, c->Describe(), spec.compressor.ratio);
+  return kvstore::CompressedVariantKey(last, c->Describe(), spec.compressor.ratio, draft_model);
 }
 
 int32_t StoredPrefixTokens(int32_t prompt_len, int chunk_tokens) {
@@ -133,12 +134,60 @@ int32_t StoredPrefixTokens(int32_t prompt_len, int chunk_tokens) {
   return (prompt_len - 1) / chunk_tokens * chunk_tokens;
 }
 
+namespace {
+
+// A prefix's prefill on one engine, with the statistics its variants need.
+struct Prefill {
+  std::unique_ptr<PagedKvCache> kv;
+  // One set per distinct window among the variants that rank by attention:
+  // SnapKV/PyramidKV insist on statistics of their own window.
+  std::map<int, std::unique_ptr<AttentionStats>> stats;
+};
+
+// Prefills `tokens` from an empty cache in pieces of at most
+// engine.max_batch_tokens() (batch invariance: the split changes nothing),
+// gathering statistics for those of `compressors` that rank by attention.
+absl::StatusOr<Prefill> RunPrefill(Engine& engine, std::span<const int32_t> tokens,
+                                   const std::vector<VariantSpec>& variants,
+                                   const std::vector<std::unique_ptr<Compressor>>& compressors,
+                                   const std::function<absl::Status()>& check_cancelled) {
+  const ModelConfig& config = engine.config();
+  const int32_t prefix_len = static_cast<int32_t>(tokens.size());
+  Prefill out;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (!compressors[i]->info().needs_attention_stats) continue;
+    const int w = variants[i].compressor.window;
+    if (out.stats.count(w) == 0) {
+      out.stats[w] = std::make_unique<AttentionStats>(config, prefix_len, w);
+    }
+  }
+  std::vector<AttentionObserver*> targets;
+  for (auto& [w, st] : out.stats) targets.push_back(st.get());
+  FanOutObserver fan_out(targets);
+  AttentionObserver* observer =
+      targets.empty() ? nullptr : (targets.size() == 1 ? targets[0] : &fan_out);
+  out.kv = std::make_unique<PagedKvCache>(config, PagedKvCache::Options{.max_tokens = prefix_len});
+  std::vector<float> logits;
+  const int64_t n = prefix_len;
+  const int64_t piece = std::max<int64_t>(1, engine.max_batch_tokens());
+  for (int64_t start = 0; start < n; start += piece) {
+    const std::span<const int32_t> part = tokens.subspan(start, std::min(piece, n - start));
+    VC_RETURN_IF_ERROR(check_cancelled());
+    const SequenceInput input{out.kv.get(), part, static_cast<int64_t>(part.size()), observer};
+    VC_RETURN_IF_ERROR(engine.Forward({&input, 1}, &logits));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const int32_t> tokens,
                                                  const kvstore::ChunkKeyOptions& key_options,
                                                  const kvstore::ModelId& model_id,
                                                  const std::vector<VariantSpec>& variants,
-                                                 const std::function<bool()>& cancelled) {
-  auto check_cancelled = [&]() -> absl::Status {
+                                                 const std::function<bool()>& cancelled,
+                                                 const DraftModelIngest* draft) {
+  const std::function<absl::Status()> check_cancelled = [&]() -> absl::Status {
     if (cancelled && cancelled()) return absl::CancelledError("ingest cancelled by its caller");
     return absl::OkStatus();
   };
@@ -157,6 +206,11 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
     return absl::InvalidArgumentError(absl::StrCat(
         "prefix of ", n, " tokens exceeds the model's context of ", config.max_seq_len));
   }
+  if (draft != nullptr &&
+      (draft->engine == nullptr || draft->engine->config().vocab_size != config.vocab_size)) {
+    return absl::InvalidArgumentError(
+        "the draft model's engine is missing or has another vocabulary");
+  }
   const int32_t prefix_len = static_cast<int32_t>(n);
 
   // Every variant is checked before the (expensive) prefill.
@@ -169,29 +223,11 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
     }
     compressors.push_back(std::move(c).value());
   }
-  // One set of statistics per distinct window among the variants that rank
-  // by attention: SnapKV/PyramidKV insist on statistics of their own window.
-  std::map<int, std::unique_ptr<AttentionStats>> stats;
-  for (size_t i = 0; i < variants.size(); ++i) {
-    if (!compressors[i]->info().needs_attention_stats) continue;
-    const int w = variants[i].compressor.window;
-    if (stats.count(w) == 0) stats[w] = std::make_unique<AttentionStats>(config, prefix_len, w);
-  }
-  std::vector<AttentionObserver*> targets;
-  for (auto& [w, s] : stats) targets.push_back(s.get());
-  FanOutObserver fan_out(targets);
-  AttentionObserver* observer =
-      targets.empty() ? nullptr : (targets.size() == 1 ? targets[0] : &fan_out);
-
-  PagedKvCache full(config, PagedKvCache::Options{.max_tokens = prefix_len});
-  std::vector<float> logits;
-  const int64_t piece = std::max<int64_t>(1, engine.max_batch_tokens());
-  for (int64_t start = 0; start < n; start += piece) {
-    const std::span<const int32_t> part = tokens.subspan(start, std::min(piece, n - start));
-    VC_RETURN_IF_ERROR(check_cancelled());
-    const SequenceInput input{&full, part, static_cast<int64_t>(part.size()), observer};
-    VC_RETURN_IF_ERROR(engine.Forward({&input, 1}, &logits));
-  }
+  // With a draft model the target's prefill only makes the chunks.
+  VC_ASSIGN_OR_RETURN(
+      Prefill target,
+      RunPrefill(engine, tokens, draft == nullptr ? variants : std::vector<VariantSpec>{},
+                 compressors, check_cancelled));
 
   PrefixEntries out;
   out.prefix_tokens = prefix_len;
@@ -201,21 +237,31 @@ absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const
   for (size_t c = 0; c < out.chunk_keys.size(); ++c) {
     VC_RETURN_IF_ERROR(check_cancelled());
     VC_ASSIGN_OR_RETURN(std::string bytes,
-                        kvstore::EncodeChunk(full, static_cast<int32_t>(c) * ct, ct));
+                        kvstore::EncodeChunk(*target.kv, static_cast<int32_t>(c) * ct, ct));
     out.entries.emplace_back(out.chunk_keys[c].Raw(), std::move(bytes));
   }
-  const AttentionStats no_stats(config, 0, 0);
+  Prefill drafted;
+  if (draft != nullptr) {
+    target.kv.reset();  // the chunks are encoded: the draft prefill needs the memory
+    VC_ASSIGN_OR_RETURN(drafted,
+                        RunPrefill(*draft->engine, tokens, variants, compressors, check_cancelled));
+  }
+  const Prefill& source = draft != nullptr ? drafted : target;
+  const ModelConfig& source_config = draft != nullptr ? draft->engine->config() : config;
+  const kvstore::ModelId* draft_id = draft != nullptr ? &draft->model_id : nullptr;
+  const AttentionStats no_stats(source_config, 0, 0);
   for (size_t i = 0; i < variants.size(); ++i) {
     VC_RETURN_IF_ERROR(check_cancelled());
     const Compressor& c = *compressors[i];
-    const AttentionStats& s =
-        c.info().needs_attention_stats ? *stats.at(variants[i].compressor.window) : no_stats;
+    const AttentionStats& st =
+        c.info().needs_attention_stats ? *source.stats.at(variants[i].compressor.window) : no_stats;
     VC_ASSIGN_OR_RETURN(std::shared_ptr<const CompressedPrefix> prefix,
-                        c.Compress(config, full, prefix_len, s));
+                        c.Compress(source_config, *source.kv, prefix_len, st));
     StoredVariant v;
     v.description = c.Describe();
     v.target_ratio = variants[i].compressor.ratio;
-    v.key = kvstore::CompressedVariantKey(out.chunk_keys.back(), v.description, v.target_ratio);
+    v.key = kvstore::CompressedVariantKey(out.chunk_keys.back(), v.description, v.target_ratio,
+                                          draft_id);
     v.achieved_ratio = prefix->ratio();
     v.kv_bytes = prefix->bytes();
     std::string bytes = kvstore::EncodeCompressedPrefix(*prefix);

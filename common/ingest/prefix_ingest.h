@@ -51,6 +51,14 @@ struct StoredVariant {
   int64_t kv_bytes = 0;       // CompressedPrefix::bytes() (what a drafter holds)
 };
 
+// A separate draft model whose prefix KV the variants are made from (the
+// cluster's --draft-model): the chunks stay the target's, the variants are
+// compressions of the draft model's own prefill, keyed with its id.
+struct DraftModelIngest {
+  Engine* engine = nullptr;     // runs the draft model (same vocabulary)
+  kvstore::ModelId model_id{};  // kvstore::DraftModelId of it
+};
+
 struct PrefixEntries {
   std::vector<kvstore::ChunkKey> chunk_keys;  // full chunks, in order
   // (raw key, value) to stage in the store: the chunks in order, then the
@@ -72,12 +80,15 @@ struct PrefixEntries {
 // input or variants; the engine's errors pass through. `cancelled`, if set,
 // is asked before each prefill piece, each chunk and each variant: once it
 // answers true the work stops with Cancelled (an ingest whose caller went
-// away does not run on for nobody).
+// away does not run on for nobody). With `draft`, the variants come from a
+// second prefill on the draft engine (the target's prefill then gathers no
+// statistics) and are keyed with the draft model's id.
 absl::StatusOr<PrefixEntries> BuildPrefixEntries(Engine& engine, std::span<const int32_t> tokens,
                                                  const kvstore::ChunkKeyOptions& key_options,
                                                  const kvstore::ModelId& model_id,
                                                  const std::vector<VariantSpec>& variants,
-                                                 const std::function<bool()>& cancelled = {});
+                                                 const std::function<bool()>& cancelled = {},
+                                                 const DraftModelIngest* draft = nullptr);
 
 // Verifies and decodes full chunks (in order) into a fresh PagedKvCache
 // holding positions [0, sum of their tokens). `options.first_position` must
@@ -93,10 +104,12 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> LoadFullPrefix(
     kvstore::ChecksumCheck checksum = kvstore::ChecksumCheck::kRecompute);
 
 // The key under which BuildPrefixEntries stores `spec`'s variant of the
-// prefix whose last full chunk key is `last` (what a drafter fetches).
+// prefix whose last full chunk key is `last` (what a drafter fetches);
+// `draft_model`: the variant made from that draft model's prefill.
 // InvalidArgument if CreateCompressor rejects the spec.
 absl::StatusOr<kvstore::ChunkKey> VariantKeyFor(const kvstore::ChunkKey& last,
-                                                const VariantSpec& spec);
+                                                const VariantSpec& spec,
+                                                const kvstore::ModelId* draft_model = nullptr);
 
 // Tokens of a prompt that are stored as its prefix: the largest whole-chunk
 // prefix of prompt[0, prompt_len - 1). The last prompt token is never stored,

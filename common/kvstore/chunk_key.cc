@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/engine.h"
 #include "common/kvstore/internal/sha256.h"
 
 namespace vc::kvstore {
@@ -15,8 +16,10 @@ using internal::Sha256;
 // Domain strings keep the kinds of keys apart.
 constexpr char kFullChunkDomain[] = "vericache.kv.full_chunk.v1";
 constexpr char kVariantDomain[] = "vericache.kv.compressed_variant.v1";
+constexpr char kDraftVariantDomain[] = "vericache.kv.draft_model_variant.v1";
 constexpr char kManifestDomain[] = "vericache.kv.prefix_manifest.v1";
 constexpr char kModelDomain[] = "vericache.model_id.v1";
+constexpr char kDraftModelDomain[] = "vericache.draft_model_id.v1";
 
 ChunkKey ToKey(const std::array<uint8_t, 32>& d) {
   ChunkKey k;
@@ -109,14 +112,18 @@ ChunkKey PrefixManifestKey(const ChunkKeyOptions& options, const ModelId& model,
 }
 
 ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,
-                              const std::string& compressor_description, double ratio) {
+                              const std::string& compressor_description, double ratio,
+                              const ModelId* draft_model) {
   Sha256 h;
-  h.Field(std::string(kVariantDomain));
+  h.Field(std::string(draft_model != nullptr ? kDraftVariantDomain : kVariantDomain));
   h.Field(last_full_chunk.bytes.data(), last_full_chunk.bytes.size());
+  if (draft_model != nullptr) h.Field(draft_model->bytes.data(), draft_model->bytes.size());
   h.Field(compressor_description);
   FieldDouble(h, ratio);
   return ToKey(h.Finish());
 }
+
+std::string ShortModelId(const ModelId& id) { return id.Hex().substr(0, 16); }
 
 namespace {
 
@@ -214,6 +221,15 @@ ModelId ComputeModelId(const Model& model) {
   add(w.rms_final, dim);
   if (w.classifier != w.token_embedding) add(w.classifier, vocab * dim);
   return HashModel(c, t);
+}
+
+ModelId DraftModelId(const Model& draft) {
+  const ModelId weights = ComputeModelId(draft);
+  Sha256 h;
+  h.Field(std::string(kDraftModelDomain));
+  h.Field(weights.bytes.data(), weights.bytes.size());
+  h.FieldU64(NumericsVersionFor(draft.config()));
+  return ToKey(h.Finish());
 }
 
 }  // namespace vc::kvstore

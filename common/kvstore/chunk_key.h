@@ -68,8 +68,22 @@ absl::StatusOr<std::vector<ChunkKey>> ChunkKeysForTokens(const ChunkKeyOptions& 
 // The key of a compressed variant of the prefix that ends at `last_full_chunk`.
 // `compressor_description` is Compressor::Describe() (it includes the
 // parameters); `ratio` is the target ratio (hashed by its exact bits).
+// `draft_model`: the variant is a separate draft model's prefix KV (made
+// from that model's prefill, not the target's): its id is hashed in under
+// another domain, so a drafter of one draft model never receives KV of
+// another (or the target's). Null: the target's own variant.
 ChunkKey CompressedVariantKey(const ChunkKey& last_full_chunk,
-                              const std::string& compressor_description, double ratio);
+                              const std::string& compressor_description, double ratio,
+                              const ModelId* draft_model = nullptr);
+
+// The id of a separate draft model (--draft-model in the cluster): SHA-256
+// over ComputeModelId(draft) and its numerics version (its KV is consumed
+// only under the version it was made with). What draft variant keys hash and
+// what workers report in Info.draft_model_id.
+ModelId DraftModelId(const Model& draft);
+
+// A model id's first 16 hex digits (logs, Info answers, totals).
+std::string ShortModelId(const ModelId& id);
 
 // The key of a registered prefix's manifest (its whole token list, which may
 // end in a partial chunk): a registered prefix is named by this key's hex.

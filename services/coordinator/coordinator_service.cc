@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -233,6 +235,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
         "--max-stored-bytes-per-tenant >= 0");
   }
   auto service = std::unique_ptr<CoordinatorService>(new CoordinatorService(options, registry));
+  if (options.draft_model_id != "auto") {
+    service->draft_model_pinned_ = true;
+    if (options.draft_model_id != "none") {
+      const std::string& hex = options.draft_model_id;
+      if (hex.size() != 64 || !std::all_of(hex.begin(), hex.end(), [](char c) {
+            return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+          })) {
+        return absl::InvalidArgumentError(
+            "--draft-model-id must be auto, none or 64 hex digits (a worker's draft model id)");
+      }
+      VC_ASSIGN_OR_RETURN(service->draft_model_id_,
+                          kvstore::ChunkKey::FromRaw(absl::HexStringToBytes(hex)));
+    }
+  }
   VC_ASSIGN_OR_RETURN(service->auth_, TenantAuth::Create(options.auth));
   VC_ASSIGN_OR_RETURN(service->default_variants_,
                       ingest::ParseVariantList(options.ingest_variants));
@@ -302,7 +318,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
                      .numerics_version = service->numerics_version_,
                      .vocab = service->vocab_,
                      .context = service->context_,
-                     .kv_bytes_per_token = service->kv_bytes_per_token_},
+                     .kv_bytes_per_token = service->kv_bytes_per_token_,
+                     .draft_model_id = service->draft_model_id_},
       service->catalogue_store_.get(), service->admission_.get(),
       CatalogueHooks{
           .place_verifier =
@@ -313,13 +330,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
               },
           .on_retry = [self] { self->metrics_->retries->Labels({"verifier"}).Inc(); }});
   RunnerContext& rc = service->runner_;
+  // A separate draft model's KV is its own: the verifier's rows (the
+  // target's K/V) would be wrong in it, so none are made or sent.
   rc.options = RunnerOptions{.max_draft_len = options.max_draft_len,
-                             .kv_refresh = options.kv_refresh,
+                             .kv_refresh = options.kv_refresh && !service->draft_model_id_,
                              .baseline_chunk = options.baseline_chunk,
                              .rpc_timeout = options.rpc_timeout};
   rc.clock = service->clock_.get();
   rc.eos_ids = service->eos_ids_;
   rc.kv_bytes_per_token = service->kv_bytes_per_token_;
+  if (service->draft_model_id_) rc.draft_model = kvstore::ShortModelId(*service->draft_model_id_);
   rc.metrics = RunnerMetrics{.ttft = service->metrics_->ttft,
                              .accepted_per_round = service->metrics_->accepted_per_round,
                              .wasted = service->metrics_->wasted,
@@ -387,9 +407,12 @@ absl::Status CoordinatorService::Connect() {
       eos_ids_ = reported.eos_ids;
       kv_bytes_per_token_ = resp.kv_bytes_per_token();
       numerics_version_ = resp.numerics_version();
-    } else {
-      refused = CheckSameModel(ExpectedWorkerModel(), reported, w.address);
+      if (!draft_model_pinned_ && !resp.draft_model_id().empty()) {
+        VC_ASSIGN_OR_RETURN(draft_model_id_, kvstore::ChunkKey::FromRaw(resp.draft_model_id()));
+      }
     }
+    // The first worker too: its draft model may be pinned by the flag.
+    refused = CheckSameModel(ExpectedWorkerModel(), reported, w.address);
     if (!refused.ok()) {
       metrics_->workers_refused->Inc();
       std::fprintf(stderr, "vc-coordinator: refusing a worker: %s\n",
@@ -651,6 +674,16 @@ absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& 
   Plan plan;
   plan.req = req;
   VC_RETURN_IF_ERROR(CheckPromptSource(req));
+  if (draft_model_id_ &&
+      (req.mode() == pb::MODE_FULL_REMOTE || req.mode() == pb::MODE_LOSSY_REMOTE)) {
+    // Their drafters decode alone: with a draft model that would be the
+    // draft model's output, not the target's.
+    return absl::FailedPreconditionError(
+        absl::StrCat(ModeName(req.mode()),
+                     " needs drafters of the target model; this cluster's drafters run "
+                     "draft model ",
+                     kvstore::ShortModelId(*draft_model_id_), " (use vericache or full_local)"));
+  }
   if (!req.prefix_id().empty()) {
     VC_ASSIGN_OR_RETURN(plan.prompt, catalogue_->Tokens(req.prefix_id(), req.tenant_salt()));
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
@@ -694,7 +727,9 @@ absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& 
                        ko, model_id_, absl::MakeConstSpan(plan.prompt).first(plan.prefix_tokens)));
     for (const auto& k : keys) plan.chunk_keys.push_back(k.Raw());
     plan.prefix_key = keys.back().Hex();
-    VC_ASSIGN_OR_RETURN(kvstore::ChunkKey vk, ingest::VariantKeyFor(keys.back(), plan.variant));
+    VC_ASSIGN_OR_RETURN(kvstore::ChunkKey vk,
+                        ingest::VariantKeyFor(keys.back(), plan.variant,
+                                              draft_model_id_ ? &*draft_model_id_ : nullptr));
     plan.variant_key = vk.Raw();
   }
   plan.session = next_session_.fetch_add(1);
@@ -792,6 +827,7 @@ WorkerModel CoordinatorService::ExpectedWorkerModel() const {
   expected.model_id = model_id_.Raw();
   expected.numerics_version = numerics_version_;
   expected.eos_ids = eos_ids_;
+  if (draft_model_id_) expected.draft_model_id = draft_model_id_->Raw();
   return expected;
 }
 

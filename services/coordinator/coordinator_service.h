@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,12 @@ struct CoordinatorOptions {
   // max_draft_len <= draft_len keeps x fixed.
   int max_draft_len = 32;
   bool kv_refresh = true;
+  // The drafter pool's separate draft model (--draft-model-id): "auto" takes
+  // the first worker's (Info draft_model_id), "none" requires drafters of
+  // the target, 64 hex digits require that draft model. Every worker must
+  // report the same one (worker_compat.h). With a draft model there is no
+  // KV refresh, and the remote baselines are refused.
+  std::string draft_model_id = "auto";
   // Fallback to full-KV decoding when the mean accepted drafts per round of
   // the last fallback_window rounds is below fallback_min_accepted.
   int fallback_window = 8;
@@ -216,6 +223,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   std::vector<int32_t> eos_ids_ = {2};
   int64_t kv_bytes_per_token_ = 0;
   uint32_t numerics_version_ = 0;  // the first worker's; chunk keys use it
+  // The pool's separate draft model (options_.draft_model_id); unset: none.
+  std::optional<kvstore::ModelId> draft_model_id_;
+  bool draft_model_pinned_ = false;  // from the flag, not the first worker
   std::vector<ingest::VariantSpec> default_variants_;
   std::unique_ptr<TenantAuth> auth_;
   std::unique_ptr<StreamWatch> watch_;

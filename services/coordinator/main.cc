@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
             "request that sets its draft_len keeps it");
   flags.AddBool("--no-kv-refresh", &no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
+  flags.Add("--draft-model-id", &o.draft_model_id, "auto|none|HEX",
+            "the drafter pool's separate draft model: auto takes the first worker's, none "
+            "requires drafters of the target, 64 hex digits that draft model (workers print "
+            "theirs at start); every worker must report the same one. With a draft model, "
+            "refresh rows are never made or sent and the remote baselines are refused");
   flags.Add("--fallback-window", &o.fallback_window, "N",
             "rounds over which acceptance collapse is judged");
   flags.Add("--fallback-min-accepted", &o.fallback_min_accepted, "X",

@@ -180,6 +180,7 @@ absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
         variants = merged ? absl::StrCat(spec, ",", variants) : spec;
       }
       req.set_variants(variants);
+      req.set_draft_model_id(DraftModelRaw());
       pb::IngestResponse resp;
       const absl::Status s = CallIngest(v, r, req, &resp);
       if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
@@ -219,6 +220,14 @@ kvstore::ChunkKeyOptions PrefixCatalogue::KeyOptions(const std::string& salt) co
   ko.numerics_version = model_.numerics_version;
   ko.tenant_salt = salt;
   return ko;
+}
+
+std::string PrefixCatalogue::DraftModelRaw() const {
+  return model_.draft_model_id ? model_.draft_model_id->Raw() : std::string();
+}
+
+const kvstore::ModelId* PrefixCatalogue::DraftModel() const {
+  return model_.draft_model_id ? &*model_.draft_model_id : nullptr;
 }
 
 bool PrefixCatalogue::Missing(const Plan& plan) {
@@ -293,6 +302,7 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   ireq.set_chunk_tokens(options_.chunk_tokens);
   ireq.set_tenant_salt(salt);
   ireq.set_variants(variants);
+  ireq.set_draft_model_id(DraftModelRaw());
   pb::IngestResponse iresp;
   absl::Status s = CallIngest(v, r, ireq, &iresp);
   admission_->Leave(r.tenant, false);
@@ -349,7 +359,7 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
   for (const auto& k : *chunks) keys.push_back(k.Raw());
   if (!chunks->empty()) {
     for (const auto& v : *variants) {
-      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v);
+      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v, DraftModel());
       if (vk.ok()) keys.push_back(vk->Raw());
     }
   }

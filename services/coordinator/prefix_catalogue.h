@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,9 @@ struct CatalogueModel {
   int vocab = 0;
   int context = 0;
   int64_t kv_bytes_per_token = 0;
+  // The pool's separate draft model (the workers' Info draft_model_id):
+  // ingests make its variants, and variant keys name it. Unset: the target's.
+  std::optional<kvstore::ModelId> draft_model_id = std::nullopt;
 };
 
 struct CatalogueHooks {
@@ -117,6 +121,9 @@ class PrefixCatalogue {
   absl::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
                           vericache::v1::IngestResponse* resp);
   kvstore::ChunkKeyOptions KeyOptions(const std::string& salt) const;
+  // The draft model's id for an IngestRequest (empty: none), and for keys.
+  std::string DraftModelRaw() const;
+  const kvstore::ModelId* DraftModel() const;
 
   const CatalogueOptions options_;
   const CatalogueModel model_;

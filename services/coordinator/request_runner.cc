@@ -196,6 +196,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       ++d.active;
       plan.totals.set_compression_ratio(resp.achieved_ratio());
       plan.totals.set_compressor(resp.compressor());
+      plan.totals.set_draft_model(ctx.draft_model);
     }
   }
   const int64_t prefix_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
@@ -314,6 +315,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     vreq.set_session_id(plan.session);
     for (int32_t t : drafts) vreq.add_drafts(t);
     vreq.mutable_draft_probs()->Swap(&draft_probs);
+    vreq.set_skip_refresh(!ctx.options.kv_refresh);
     pb::VerifyResponse vresp;
     const auto t0 = Clock::now();
     const absl::Status vs = v.verifier->Verify(ctx.CallOptions(r), vreq, &vresp);
@@ -346,7 +348,11 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       pb::CommitRequest req;
       req.set_session_id(plan.session);
       for (int32_t t : tokens) req.add_tokens(t);
-      if (ctx.options.kv_refresh) *req.mutable_refresh() = vresp.refresh();
+      if (ctx.options.kv_refresh) {
+        *req.mutable_refresh() = vresp.refresh();
+        plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() +
+                                      static_cast<int64_t>(req.refresh().chunk().size()));
+      }
       pb::CommitResponse resp;
       const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {

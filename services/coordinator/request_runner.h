@@ -134,6 +134,9 @@ struct RunnerContext {
   // The ids that end generation (the workers').
   std::vector<int32_t> eos_ids = {2};
   int64_t kv_bytes_per_token = 0;
+  // The drafters' separate draft model (ShortModelId; empty: the target),
+  // reported in the totals.
+  std::string draft_model;
   RunnerMetrics metrics;
   // Hooks into the service (unset: no-ops). A call to `w` failed with `s`:
   // probe it now and mark it down if it is gone; true if it is down.

@@ -10,6 +10,7 @@ WorkerModel WorkerModelOf(const ::vericache::v1::WorkerInfoResponse& info) {
   WorkerModel model;
   model.model_id = info.model_id();
   model.numerics_version = info.numerics_version();
+  model.draft_model_id = info.draft_model_id();
   if (info.eos_ids_size() == 0) {
     model.eos_ids = {info.eos_id()};
   } else {
@@ -38,6 +39,16 @@ absl::Status CheckSameModel(const WorkerModel& expected, const WorkerModel& work
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", address, " stops at end-of-sequence ids {", absl::StrJoin(worker.eos_ids, ","),
         "}, the first worker at {", absl::StrJoin(expected.eos_ids, ","), "}"));
+  }
+  if (worker.draft_model_id != expected.draft_model_id) {
+    auto name = [](const std::string& id) {
+      return id.empty() ? std::string("none (drafts with the target)")
+                        : absl::BytesToHexString(id).substr(0, 16);
+    };
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", address, " has draft model ", name(worker.draft_model_id), ", the first worker ",
+        name(expected.draft_model_id),
+        " (every verifier and drafter of a coordinator takes the same --draft-model)"));
   }
   return absl::OkStatus();
 }

@@ -1,8 +1,10 @@
 // What every worker of one coordinator must share with the first one it met:
-// the model (its weights' id), the numerics definition (docs/numerics.md) and
-// the end-of-sequence ids. A worker that differs in any of them would make
-// KV, logits or the stopping point depend on placement, so the coordinator
-// refuses it at start and does not take it back after a restart.
+// the model (its weights' id), the numerics definition (docs/numerics.md),
+// the end-of-sequence ids and the separate draft model (--draft-model; the
+// drafters draft with it, the verifiers make its variants at ingest). A
+// worker that differs in any of them would make KV, logits or the stopping
+// point depend on placement, so the coordinator refuses it at start and does
+// not take it back after a restart.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ struct WorkerModel {
   std::string model_id;  // raw bytes, as the worker reports them
   uint32_t numerics_version = 0;
   std::vector<int32_t> eos_ids;
+  std::string draft_model_id;  // raw; empty: the drafters run the target
 };
 
 // From a worker's Info answer (eos_ids, or {eos_id} from a worker that
@@ -25,7 +28,9 @@ struct WorkerModel {
 WorkerModel WorkerModelOf(const ::vericache::v1::WorkerInfoResponse& info);
 
 // OK if `worker` may serve beside `expected`; otherwise FailedPrecondition
-// naming `address` and the first difference (model, numerics, stop ids).
+// naming `address` and the first difference (model, numerics, stop ids,
+// draft model). A drafter of another draft model would fetch variants made
+// for it that do not exist, or KV of a model it does not run.
 absl::Status CheckSameModel(const WorkerModel& expected, const WorkerModel& worker,
                             const std::string& address);
 

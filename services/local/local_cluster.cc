@@ -357,6 +357,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
         absl::StrCat("--threads=", o.worker_threads),
         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")};
+    if (!o.draft_model.empty()) args.push_back("--draft-model=" + o.draft_model);
     args.insert(args.end(), verifier_seal.begin(), verifier_seal.end());
     absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", with_tls(args));
     if (!ep.ok()) return fail(ep.status());
@@ -372,6 +373,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      absl::StrCat("--threads=", o.worker_threads),
                                      absl::StrCat("--continuation-tokens=", o.continuation_tokens),
                                      "--draft-weights=" + o.draft_weights};
+    if (!o.draft_model.empty()) args.push_back("--draft-model=" + o.draft_model);
     args.insert(args.end(), drafter_seal.begin(), drafter_seal.end());
     absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", with_tls(args));
     if (!ep.ok()) return fail(ep.status());

@@ -54,6 +54,10 @@ struct LocalClusterOptions {
   // Every drafter's --draft-weights: f32, or a weight-quantised copy of the
   // model made at load (int8, int4). Verifiers always run f32.
   std::string draft_weights = "f32";
+  // A separate draft model (same vocabulary as `model`), given to every
+  // verifier (it makes the draft model's variants at ingest) and drafter
+  // (it drafts with it) as --draft-model; "" = the drafters run `model`.
+  std::string draft_model;
   double lossless_check_fraction = 0;
   int max_active_requests = 64;
   // Seal KV entries (docs/security.md "Sealed KV"): a throwaway Ed25519 key

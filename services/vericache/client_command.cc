@@ -286,6 +286,11 @@ int RunClientGenerate(int argc, char** argv) {
       j["wasted_drafts"] = totals.drafted_tokens() - totals.accepted_drafts();
       j["fallbacks"] = totals.fallbacks();
       j["continuation_hits"] = totals.continuation_hits();
+      // The pool's separate draft model (first 16 hex digits of its id), or
+      // null when the drafters run the target; with one, no refresh bytes.
+      j["draft_model"] = totals.draft_model().empty() ? nlohmann::json(nullptr)
+                                                      : nlohmann::json(totals.draft_model());
+      j["refresh_bytes"] = totals.refresh_bytes();
     }
     j["verifier"] = totals.verifier();
     j["drafter"] = totals.drafter();

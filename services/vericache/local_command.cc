@@ -65,6 +65,10 @@ int RunLocal(int argc, char** argv) {
   flags.Add("--draft-weights", &o.draft_weights, "f32|int8|int4",
             "every drafter drafts with a weight-quantised copy of the model made at load "
             "(verification stays f32 and exact)");
+  flags.Add("--draft-model", &o.draft_model, "PATH",
+            "a separate draft model of the same vocabulary: every drafter drafts with it and "
+            "every verifier makes its prefix variants at ingest (no KV refresh; the remote "
+            "baselines are refused)");
   flags.Add("--lossless-check-fraction", &o.lossless_check_fraction, "X",
             "share of vericache requests re-run in full_local and compared");
   flags.AddBool("--supervise", &o.supervise,
@@ -89,6 +93,12 @@ int RunLocal(int argc, char** argv) {
   o.metrics = !no_metrics;
   if (auto w = kernels::ParseWeightFormat(o.draft_weights); !w.ok()) {
     return BadInput(cmd, "--draft-weights: " + std::string(w.status().message()));
+  }
+  if (!o.draft_model.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(o.draft_model, ec)) {
+      return BadInput(cmd, "--draft-model: " + o.draft_model + " does not exist");
+    }
   }
   // The OpenAI API needs text: a tokenizer given, or one in the checkpoint.
   {

@@ -58,7 +58,11 @@ DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
       options_(options),
       arena_("drafter", options.arena_bytes),
       metrics_(RegisterWorkerMetrics(registry, "drafter")) {
-  if (options_.numerics_version == 0) options_.numerics_version = NumericsVersionFor(config_);
+  if (options_.target_config != nullptr) config_.max_seq_len = options_.target_config->max_seq_len;
+  if (options_.numerics_version == 0) {
+    options_.numerics_version =
+        NumericsVersionFor(options_.target_config != nullptr ? *options_.target_config : config_);
+  }
   continuation_hits_ = &daemon::MustCounter(registry, "vericache_drafter_continuation_drafts_total",
                                             "Drafts made during a verify that survived it "
                                             "(speculative continuation).")
@@ -102,8 +106,10 @@ grpc::ServerUnaryReactor* DrafterService::Info(grpc::CallbackServerContext* ctx,
     std::lock_guard<std::mutex> lock(mu_);
     sessions = static_cast<int32_t>(sessions_.size());
   }
-  FillWorkerInfo("drafter", config_, model_id_, options_.numerics_version, options_.data_plane,
-                 sessions, arena_.in_use(), store_->data_stats(), resp);
+  const bool draft_model = options_.target_config != nullptr;
+  FillWorkerInfo("drafter", draft_model ? *options_.target_config : config_, model_id_,
+                 options_.numerics_version, options_.data_plane, sessions, arena_.in_use(),
+                 store_->data_stats(), resp, draft_model ? &options_.draft_model_id : nullptr);
   return Finish(ctx, absl::OkStatus());
 }
 
@@ -117,6 +123,11 @@ grpc::ServerUnaryReactor* DrafterService::Open(grpc::CallbackServerContext* ctx,
   if (req->prefix().prefix_tokens() > 0 && !req->full_prefix() && req->variant_key().size() != 32) {
     return Finish(ctx, absl::InvalidArgumentError(
                            "variant_key must be a 32-byte key (or set full_prefix)"));
+  }
+  if (req->full_prefix() && options_.target_config != nullptr) {
+    return Finish(ctx, absl::FailedPreconditionError(
+                           "this drafter drafts with a separate draft model (--draft-model); "
+                           "full_prefix (full_remote) needs a drafter of the target model"));
   }
   if (req->online_update() && (req->full_prefix() || req->prefix().prefix_tokens() == 0)) {
     return Finish(ctx, absl::InvalidArgumentError(
@@ -404,6 +415,14 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
   auto it = sessions_.find(req->session_id());
   if (it == sessions_.end()) {
     return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
+  }
+  if (options_.target_config != nullptr && !req->refresh().chunk().empty()) {
+    // Same shape or not, the verifier's rows are the target's K/V: written
+    // into the draft model's cache they would be wrong KV.
+    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "this drafter drafts with draft model ",
+                           kvstore::ShortModelId(options_.draft_model_id),
+                           ", whose KV the target's refresh rows are not; commit without them")));
   }
   Session& s = *it->second;
   s.last_used = Clock::now();

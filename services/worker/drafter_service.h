@@ -52,6 +52,15 @@ struct DrafterOptions {
   // seals and Info carry; the coordinator refuses a worker whose version
   // differs from the first worker's).
   uint32_t numerics_version = 0;
+  // Set when the engine runs a separate draft model (--draft-model): the
+  // target's config, which Info reports (vocabulary, context, stop ids) and
+  // whose context bounds sessions (the draft model's KV extends past its
+  // trained length, as in one process). Sessions then fetch the variants
+  // made from the draft model's prefill (keyed with draft_model_id), and
+  // take no KV refresh: the verifier's rows are another model's, so
+  // rejected rows are rolled back and accepted tokens re-run here.
+  const ModelConfig* target_config = nullptr;
+  kvstore::ModelId draft_model_id{};
 };
 
 class DrafterService final : public vericache::v1::Drafter::CallbackService {
@@ -92,7 +101,9 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   void UpdateGauges();
 
   Engine* engine_;
-  const ModelConfig& config_;
+  // The engine's model's config; with a separate draft model, its context
+  // is the target's (DrafterOptions::target_config).
+  ModelConfig config_;
   kvstore::ModelId model_id_;
   daemon::StoreClient* store_;
   DrafterOptions options_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/ingest/prefix_ingest.h"
@@ -50,6 +51,7 @@ struct VerifierService::Job {
   uint64_t session_id = 0;
   std::vector<int32_t> drafts;
   std::vector<std::vector<double>> draft_probs;  // rejection sampling: q of each draft
+  bool skip_refresh = false;
   pb::VerifyResponse* verify_resp = nullptr;
   const pb::IngestRequest* ingest_req = nullptr;
   pb::IngestResponse* ingest_resp = nullptr;
@@ -116,7 +118,8 @@ grpc::ServerUnaryReactor* VerifierService::Info(grpc::CallbackServerContext* ctx
     sessions = static_cast<int32_t>(sessions_.size());
   }
   FillWorkerInfo("verifier", config_, model_id_, options_.numerics_version, options_.data_plane,
-                 sessions, arena_.in_use(), store_->data_stats(), resp);
+                 sessions, arena_.in_use(), store_->data_stats(), resp,
+                 options_.draft_engine != nullptr ? &options_.draft_model_id : nullptr);
   return Finish(ctx, absl::OkStatus());
 }
 
@@ -190,6 +193,7 @@ grpc::ServerUnaryReactor* VerifierService::Verify(grpc::CallbackServerContext* c
   job.ctx = ctx;
   job.session_id = req->session_id();
   job.drafts.assign(req->drafts().begin(), req->drafts().end());
+  job.skip_refresh = req->skip_refresh();
   for (const pb::DraftDistribution& d : req->draft_probs()) {
     absl::StatusOr<std::vector<double>> q = FromDraftDistribution(d, engine_->config().vocab_size);
     if (!q.ok()) return Finish(ctx, q.status());
@@ -256,6 +260,18 @@ grpc::ServerUnaryReactor* VerifierService::Ingest(grpc::CallbackServerContext* c
                            "-token chunks, got ", req->tokens_size(), " tokens")));
   }
   if (absl::Status st = ValidateTenantSalt(req->tenant_salt()); !st.ok()) return Finish(ctx, st);
+  if (!req->draft_model_id().empty() && (options_.draft_engine == nullptr ||
+                                         req->draft_model_id() != options_.draft_model_id.Raw())) {
+    // Variants of a model this verifier cannot run would be stored under
+    // that model's id but made from another's prefill.
+    return Finish(ctx, absl::FailedPreconditionError(
+                           absl::StrCat("ingest asks for variants of draft model ",
+                                        absl::BytesToHexString(req->draft_model_id()).substr(0, 16),
+                                        ", this verifier's --draft-model is ",
+                                        options_.draft_engine == nullptr
+                                            ? std::string("not set")
+                                            : kvstore::ShortModelId(options_.draft_model_id))));
+  }
   // Before any prefill: an ingest whose entries could not be encrypted fails
   // at once instead of after the work.
   if (store_->encrypts_kv() && req->tenant_salt().empty()) {
@@ -512,7 +528,7 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
     pb::VerifyResponse* resp = jobs[i].verify_resp;
     resp->set_accepted(o.accepted);
     for (int32_t t : o.tokens) resp->add_tokens(t);
-    if (o.refresh_count > 0) {
+    if (o.refresh_count > 0 && !jobs[i].skip_refresh) {
       absl::StatusOr<std::string> rows = s.vs->EncodeRows(o.refresh_first, o.refresh_count);
       if (!rows.ok()) {
         errors[i] = rows.status();
@@ -566,9 +582,11 @@ void VerifierService::RunIngest(Job& job) {
     ko.numerics_version = options_.numerics_version;
     std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
     const auto t0 = Clock::now();
-    VC_ASSIGN_OR_RETURN(ingest::PrefixEntries entries,
-                        ingest::BuildPrefixEntries(*engine_, tokens, ko, model_id_, variants,
-                                                   cancelled));
+    const ingest::DraftModelIngest draft{options_.draft_engine, options_.draft_model_id};
+    VC_ASSIGN_OR_RETURN(
+        ingest::PrefixEntries entries,
+        ingest::BuildPrefixEntries(*engine_, tokens, ko, model_id_, variants, cancelled,
+                                   req.draft_model_id().empty() ? nullptr : &draft));
     job.ingest_resp->set_prefill_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
     if (cancelled()) return absl::CancelledError("ingest cancelled by its caller before its put");
     int64_t bytes = 0;
@@ -592,6 +610,7 @@ void VerifierService::RunIngest(Job& job) {
       out->set_target_ratio(v.target_ratio);
       out->set_achieved_ratio(v.achieved_ratio);
       out->set_bytes(v.bytes);
+      out->set_draft_model_id(req.draft_model_id());
     }
     return absl::OkStatus();
   }();

@@ -55,6 +55,11 @@ struct VerifierOptions {
   // seals and Info carry; the coordinator refuses a worker whose version
   // differs from the first worker's).
   uint32_t numerics_version = 0;
+  // A separate draft model (--draft-model), used only to make its prefix
+  // variants at ingest (IngestRequest.draft_model_id), never to verify:
+  // null when the pool's drafters run the target. Must outlive the service.
+  Engine* draft_engine = nullptr;
+  kvstore::ModelId draft_model_id{};
   // Test seam (null in the daemon): called in Open once the session is
   // built, just before it is kept, so that a test can hold an Open there
   // until its caller has given up.

@@ -88,8 +88,10 @@ absl::StatusOr<std::vector<double>> FromDraftDistribution(const pb::DraftDistrib
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,
                     const kvstore::ModelId& model_id, uint32_t numerics_version,
                     const std::string& data_plane, int32_t sessions, int64_t kv_bytes,
-                    const transport::ClientStats& data, pb::WorkerInfoResponse* out) {
+                    const transport::ClientStats& data, pb::WorkerInfoResponse* out,
+                    const kvstore::ModelId* draft_model_id) {
   out->set_role(role);
+  if (draft_model_id != nullptr) out->set_draft_model_id(draft_model_id->Raw());
   out->set_model_id(model_id.Raw());
   out->set_vocab_size(config.vocab_size);
   out->set_context_length(config.max_seq_len);

@@ -45,10 +45,12 @@ absl::StatusOr<std::vector<double>> FromDraftDistribution(
     const vericache::v1::DraftDistribution& d, int32_t vocab_size);
 
 // The Info answer: identity, model facts, load, and the data plane's counters.
+// `draft_model_id`: the worker's separate draft model (null: none).
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,
                     const kvstore::ModelId& model_id, uint32_t numerics_version,
                     const std::string& data_plane, int32_t sessions, int64_t kv_bytes,
-                    const transport::ClientStats& data, vericache::v1::WorkerInfoResponse* out);
+                    const transport::ClientStats& data, vericache::v1::WorkerInfoResponse* out,
+                    const kvstore::ModelId* draft_model_id = nullptr);
 
 // The vericache_worker_* families, children for `role`.
 struct WorkerMetrics {

@@ -12,6 +12,7 @@
 #include "common/kvstore/seal.h"
 #include "common/model/model.h"
 #include "common/model/quantized_weights.h"
+#include "common/speculative/draft_verify.h"
 #include "kernels/quantized.h"
 #include "services/common/daemon.h"
 #include "services/common/store_client.h"
@@ -47,7 +48,9 @@ struct Flags {
   std::string kv_secret_file;   // the cluster KV secret: encrypt / decrypt KV at rest
   // drafter: f32, int8 or int4 (kernels::ParseWeightFormat)
   std::string draft_weights = "f32";
-  std::string draft_model;  // refused: single-process only for now
+  // A separate draft model of the target's vocabulary: the drafter drafts
+  // with it, the verifier makes its prefix variants at ingest.
+  std::string draft_model;
 };
 
 }  // namespace
@@ -89,6 +92,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
                   "(--prefix-aware=false disables)");
     flags.Add("--batch-gather-ms", &f.batch_gather_ms, "X",
               "wait this long for more due verifies before a pass");
+    flags.Add("--draft-model", &f.draft_model, "PATH",
+              "the drafter pool's separate draft model (same vocabulary as --model): loaded "
+              "once and used only at ingest, to make the prefix variants from its own prefill "
+              "(keyed with its id); verification always runs --model");
   } else {
     flags.Add("--continuation-tokens", &f.continuation_tokens, "N",
               "drafts made ahead while a window is verified (speculative continuation; 0 off)");
@@ -97,8 +104,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
               "quantised at load (int8 per output row, int4 in groups of 32 inputs); drafts "
               "still attend over the compressed KV, and verification stays exact");
     flags.Add("--draft-model", &f.draft_model, "PATH",
-              "not yet supported in the cluster (refused): a separate draft model needs its own "
-              "prefix KV in the store; use 'vericache generate --draft-model' (single process)");
+              "draft with this separate model (same vocabulary as --model) over its own prefix "
+              "variants, which verifiers started with the same --draft-model make at ingest; "
+              "no KV refresh (rejected rows roll back, accepted tokens are re-run); "
+              "--draft-weights then quantise it");
   }
   flags.Add("--seal-key", &f.seal_key, "FILE",
             "Ed25519 private key (PEM) sealing the KV entries this worker writes "
@@ -135,16 +144,6 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (!draft_weights.ok()) {
     return daemon::BadFlags(name,
                             absl::StrCat("--draft-weights: ", draft_weights.status().message()));
-  }
-  if (!f.draft_model.empty()) {
-    // The store holds only the target's variants, and the coordinator has no
-    // way to ask for another model's: drafting from this model would attend
-    // over KV it cannot read.
-    return daemon::BadFlags(name,
-                            "--draft-model: a separate draft model is single-process only for "
-                            "now (vericache generate --draft-model); the store does not yet keep "
-                            "a draft model's prefix KV. Cluster drafters run the target model "
-                            "(--draft-weights int8|int4 for a quantised copy)");
   }
   if (*draft_weights != kernels::WeightFormat::kF32 && f.tensor_parallel != 1) {
     return daemon::BadFlags(name, "--draft-weights int8/int4 needs --tensor-parallel 1");
@@ -191,6 +190,31 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (absl::Status s = CheckTensorParallel((*model)->config(), f.tensor_parallel); !s.ok()) {
     return daemon::BadFlags(name, std::string(s.message()));
   }
+  // The draft model is checked against the target before anything starts:
+  // drafts of another vocabulary would be ids the target reads differently.
+  std::unique_ptr<Model> draft_model;
+  kvstore::ModelId draft_model_id;
+  if (!f.draft_model.empty()) {
+    auto dm = Model::Load(f.draft_model);
+    if (!dm.ok()) {
+      return daemon::BadFlags(name, absl::StrCat("--draft-model: ", dm.status().message()));
+    }
+    if (absl::Status s = CheckDraftVocabulary(**model, **dm); !s.ok()) {
+      return daemon::BadFlags(name, absl::StrCat("--draft-model: ", s.message()));
+    }
+    if (!verifier) {
+      if (absl::Status s = CheckTensorParallel((*dm)->config(), f.tensor_parallel); !s.ok()) {
+        return daemon::BadFlags(name, absl::StrCat("--draft-model: ", s.message()));
+      }
+    }
+    draft_model_id = kvstore::DraftModelId(**dm);
+    draft_model = std::move(dm).value();
+    // The id the coordinator's --draft-model-id pins.
+    f.server.listening_note = absl::StrCat("draft_model ", draft_model_id.Hex());
+  }
+  // What this worker's engine runs: a drafter with --draft-model drafts
+  // with that model; everything else runs the target.
+  const Model& engine_model = !verifier && draft_model ? *draft_model : **model;
   EngineOptions eo;
   eo.backend.threads = f.threads;
   eo.tensor_parallel = f.tensor_parallel;
@@ -203,13 +227,23 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (*draft_weights != kernels::WeightFormat::kF32) {
     QuantizeOptions qo;
     qo.format = *draft_weights;
-    auto q = QuantizedWeights::Create(**model, qo);
+    auto q = QuantizedWeights::Create(engine_model, qo);
     if (!q.ok()) return daemon::Fail(name, q.status().ToString());
     quantized = std::move(q).value();
     eo.quantized = quantized.get();
   }
-  auto engine = Engine::Create(**model, eo);
+  auto engine = Engine::Create(engine_model, eo);
   if (!engine.ok()) return daemon::Fail(name, engine.status().ToString());
+  // The verifier's draft engine makes ingest variants only, one at a time
+  // on the batch thread, so it needs no tensor parallelism.
+  std::unique_ptr<Engine> draft_engine;
+  if (verifier && draft_model) {
+    EngineOptions deo = eo;
+    deo.tensor_parallel = 1;
+    auto de = Engine::Create(*draft_model, deo);
+    if (!de.ok()) return daemon::Fail(name, de.status().ToString());
+    draft_engine = std::move(de).value();
+  }
   const kvstore::ModelId model_id = kvstore::ComputeModelId(**model);
 
   daemon::StoreClientOptions so;
@@ -243,6 +277,8 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     vo.gather = std::chrono::microseconds(static_cast<int64_t>(f.batch_gather_ms * 1000));
     vo.session_idle = std::chrono::seconds(f.session_idle_seconds);
     vo.data_plane = f.data_plane;
+    vo.draft_engine = draft_engine.get();
+    vo.draft_model_id = draft_model_id;
     verifier_service = std::make_unique<VerifierService>(engine->get(), model_id, store->get(),
                                                          &registry, vo);
     service = verifier_service.get();
@@ -253,6 +289,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     dopt.arena_bytes = f.arena_bytes;
     dopt.session_idle = std::chrono::seconds(f.session_idle_seconds);
     dopt.data_plane = f.data_plane;
+    if (draft_model) {
+      dopt.target_config = &(*model)->config();
+      dopt.draft_model_id = draft_model_id;
+    }
     drafter_service = std::make_unique<DrafterService>(engine->get(), model_id, store->get(),
                                                        &registry, dopt);
     service = drafter_service.get();

@@ -37,6 +37,13 @@ if [[ -z "$values" ]]; then
   refuse "the schema allows only f32, int8 and int4 drafter weights" --set drafter.draftWeights=int2
   refuse "quantised drafter weights run on one tensor-parallel rank" \
     --set drafter.draftWeights=int4 --set drafter.tensorParallel=2 --set drafter.gpus=2
+  refuse "the schema takes model.draftPath relative to model.mountPath" \
+    --set model.draftPath=/abs/draft.bin
+  # A draft model reaches every verifier and drafter as --draft-model.
+  "$helm" template vc "$chart" --namespace vericache --set model.draftPath=draft.bin \
+    >"$VC_TMP/draft.yaml" || die "helm template with model.draftPath"
+  [[ "$(grep -c -- '- --draft-model=/models/draft.bin' "$VC_TMP/draft.yaml")" == 2 ]] ||
+    die "model.draftPath did not reach the verifier and the drafter as --draft-model"
   # Without TLS the probes are gRPC probes again, and the manifests stay valid.
   "$helm" template vc "$chart" --namespace vericache --set tls.enabled=false \
     --set auth.enabled=false --set networkPolicy.enabled=false >"$VC_TMP/plain.yaml" ||

@@ -405,6 +405,48 @@ TEST(BuildPrefixEntriesTest, NoVariantsAndOneChunk) {
   CheckIngestExactness(f, prompt, kChunk, KeyOptions(), {});
 }
 
+// With a separate draft model the chunks stay the target's and the variants
+// are the draft model's: each equals ingesting the prefix on the draft
+// engine alone, stored under the key that names the draft model.
+TEST(BuildPrefixEntriesTest, DraftModelVariantsComeFromTheDraftModel) {
+  Fixture& f = RandomFixture();
+  ModelConfig dc = SmallConfig();
+  dc.n_layers = 1;
+  dc.n_kv_heads = 4;
+  Fixture d = MakeFixture(std::move(Model::CreateRandom(dc, 33)).value(), 1);
+  const kvstore::ModelId draft_id = kvstore::DraftModelId(*d.model);
+  const std::vector<int32_t> tokens = RandomTokens(kPrefix, f.engine->config(), 9);
+  const std::vector<VariantSpec> variants = *ParseVariantList("snapkv:0.25,int8");
+  const DraftModelIngest draft{d.ingest_engine.get(), draft_id};
+  auto built =
+      BuildPrefixEntries(*f.ingest_engine, tokens, KeyOptions(), f.id, variants, {}, &draft);
+  ASSERT_TRUE(built.ok()) << built.status();
+  auto target = BuildPrefixEntries(*f.ingest_engine, tokens, KeyOptions(), f.id, variants);
+  auto alone = BuildPrefixEntries(*d.engine, tokens, KeyOptions(), f.id, variants);
+  ASSERT_TRUE(target.ok() && alone.ok());
+  const size_t chunks = built->chunk_keys.size();
+  EXPECT_EQ(built->chunk_keys, target->chunk_keys);
+  for (size_t i = 0; i < chunks; ++i) EXPECT_EQ(built->entries[i], target->entries[i]);
+  ASSERT_EQ(built->variants.size(), variants.size());
+  for (size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_EQ(built->entries[chunks + i].second, alone->entries[chunks + i].second) << i;
+    EXPECT_NE(built->entries[chunks + i].second, target->entries[chunks + i].second) << i;
+    EXPECT_EQ(built->variants[i].key,
+              *VariantKeyFor(built->chunk_keys.back(), variants[i], &draft_id))
+        << i;
+    EXPECT_NE(built->variants[i].key, target->variants[i].key) << i;
+  }
+  // A draft engine of another vocabulary is refused before any work.
+  ModelConfig wrong = dc;
+  wrong.vocab_size = 32;
+  Fixture w = MakeFixture(std::move(Model::CreateRandom(wrong, 34)).value(), 1);
+  const DraftModelIngest bad{w.engine.get(), draft_id};
+  EXPECT_EQ(BuildPrefixEntries(*f.ingest_engine, tokens, KeyOptions(), f.id, variants, {}, &bad)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // The caller going away stops the ingest at the next prefill piece, chunk or
 // variant: whenever `cancelled` first answers true, the result is Cancelled
 // and nothing is returned to be written.

@@ -176,6 +176,20 @@ TEST(ChunkKeyTest, LengthPrefixingPreventsAmbiguity) {
             FullChunkKey(s1, TestModel(0), &zero, Iota(2)));
 }
 
+TEST(ChunkKeyTest, DraftModelVariantKeysNameTheirDraftModel) {
+  const ChunkKey last = TestModel(3);
+  const ModelId draft_a = TestModel(4), draft_b = TestModel(5);
+  const ChunkKey target = CompressedVariantKey(last, "int8", 0);
+  const ChunkKey a = CompressedVariantKey(last, "int8", 0, &draft_a);
+  EXPECT_EQ(a, CompressedVariantKey(last, "int8", 0, &draft_a));
+  // Never the target's key, nor another draft model's.
+  EXPECT_NE(a, target);
+  EXPECT_NE(a, CompressedVariantKey(last, "int8", 0, &draft_b));
+  EXPECT_NE(a, CompressedVariantKey(last, "int8", 0.5, &draft_a));
+  EXPECT_NE(a, CompressedVariantKey(TestModel(6), "int8", 0, &draft_a));
+  EXPECT_EQ(ShortModelId(draft_a), draft_a.Hex().substr(0, 16));
+}
+
 TEST(ChunkKeyTest, CompressedVariantKeyDependsOnEveryInput) {
   ChunkKey last;
   last.bytes.fill(9);

@@ -1,6 +1,7 @@
 // Shared by the cluster suites: registering a prefix, the suites' seeded
 // sampling, set alike on a Generate request and on its single-process
-// reference, and one Generate streamed to its end.
+// reference, a vericache request over a registered prefix, and one Generate
+// streamed to its end.
 #pragma once
 
 #include <chrono>
@@ -44,6 +45,33 @@ inline void UseSeededSampling(uint64_t seed, vericache::v1::GenerateRequest& req
   reference.sampling.top_k = 40;
   reference.sampling.top_p = 0.95f;
   reference.sampling.seed = seed;
+}
+
+// A vericache request over the registered prefix `prefix_id` plus `suffix`
+// (EOS ignored, `new_tokens` new), and its single-process reference's decode
+// options; seeded sampling (UseSeededSampling) when `seeded`.
+struct PrefixGenerate {
+  vericache::v1::GenerateRequest request;
+  DecodeOptions reference;
+};
+inline PrefixGenerate VeriCacheOverPrefix(const std::string& prefix_id,
+                                          const std::vector<int32_t>& suffix,
+                                          const std::string& compressor, int bits, int draft_len,
+                                          int new_tokens, bool seeded, uint64_t seed) {
+  PrefixGenerate g;
+  vericache::v1::GenerateRequest& req = g.request;
+  req.set_prefix_id(prefix_id);
+  for (int32_t t : suffix) req.add_suffix_ids(t);
+  req.set_mode(vericache::v1::MODE_VERICACHE);
+  req.set_max_new_tokens(new_tokens);
+  req.set_ignore_eos(true);
+  req.set_compressor(compressor);
+  req.set_bits(bits);
+  req.set_draft_len(draft_len);
+  g.reference.max_new_tokens = new_tokens;
+  g.reference.ignore_eos = true;
+  if (seeded) UseSeededSampling(seed, req, g.reference);
+  return g;
 }
 
 // Streams one Generate (120 s deadline) to its end: the final message's

@@ -97,25 +97,15 @@ class DraftWeightsClusterTest : public ::testing::Test {
     for (size_t i = 0; i < specs.size(); ++i) {
       const Spec& s = specs[i];
       const std::vector<int32_t> suffix = {static_cast<int32_t>(40 + 7 * i)};
-      pb::GenerateRequest req;
-      req.set_prefix_id(prefix_id);
-      for (int32_t t : suffix) req.add_suffix_ids(t);
-      req.set_mode(pb::MODE_VERICACHE);
-      req.set_max_new_tokens(kNewTokens);
-      req.set_ignore_eos(true);
-      req.set_compressor(s.compressor);
-      req.set_bits(s.bits);
-      req.set_draft_len(kDraftLen);
-      DecodeOptions d;
-      d.max_new_tokens = kNewTokens;
-      d.ignore_eos = true;
-      if (s.seeded) clustertest::UseSeededSampling(31 + i, req, d);
-      absl::StatusOr<pb::GenerateTotals> generated = clustertest::GenerateTotals(stub.get(), req);
+      const clustertest::PrefixGenerate g = clustertest::VeriCacheOverPrefix(
+          prefix_id, suffix, s.compressor, s.bits, kDraftLen, kNewTokens, s.seeded, 31 + i);
+      absl::StatusOr<pb::GenerateTotals> generated =
+          clustertest::GenerateTotals(stub.get(), g.request);
       ASSERT_TRUE(generated.ok()) << weights << " request " << i << ": " << generated.status();
       const pb::GenerateTotals& totals = *generated;
       std::vector<int32_t> prompt = prefix;
       prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-      auto ref = DecodeFull(*engine_, prompt, d);
+      auto ref = DecodeFull(*engine_, prompt, g.reference);
       ASSERT_TRUE(ref.ok()) << ref.status();
       EXPECT_EQ(std::vector<int32_t>(totals.tokens().begin(), totals.tokens().end()), ref->tokens)
           << "--draft-weights " << weights << " request " << i << " compressor " << s.compressor
@@ -165,8 +155,6 @@ TEST_F(DraftWeightsClusterTest, BadDraftWeightsExitTwoWithOneLine) {
       {drafter + " --draft-weights int3", "--draft-weights"},
       {drafter + " --draft-weights ''", "--draft-weights"},
       {drafter + " --draft-weights int8 --tensor-parallel 2", "--tensor-parallel 1"},
-      // A separate draft model is single-process only for now.
-      {drafter + " --draft-model " + clustertest::StoriesModelPath(), "single-process only"},
       {std::string(VC_DAEMON_DIR) + "/vc-verifier --model " + clustertest::StoriesModelPath() +
            " --kvstore 127.0.0.1:1 --draft-weights int8",
        "--draft-weights"},

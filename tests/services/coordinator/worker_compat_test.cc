@@ -53,5 +53,24 @@ TEST(WorkerCompatTest, AWorkerThatPredatesTheStopListReportsItsSingleEosId) {
   EXPECT_TRUE(CheckSameModel(WorkerModelOf(Info("m1", 2, {5})), WorkerModelOf(old), "w:4").ok());
 }
 
+TEST(WorkerCompatTest, AnotherDraftModelOrNoneIsRefused) {
+  ::vericache::v1::WorkerInfoResponse a = Info("m1", 2, {2});
+  a.set_draft_model_id(std::string("\xab\xcd", 2));
+  ::vericache::v1::WorkerInfoResponse b = a;
+  b.set_draft_model_id(std::string("\xab\xce", 2));
+  const WorkerModel first = WorkerModelOf(a);
+  EXPECT_TRUE(CheckSameModel(first, WorkerModelOf(a), "w:5").ok());
+  const absl::Status other = CheckSameModel(first, WorkerModelOf(b), "w:5");
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.message().find("w:5 has draft model abce, the first worker abcd"),
+            std::string::npos)
+      << other;
+  // A drafter of the target beside a draft-model pool, and the reverse.
+  const absl::Status none = CheckSameModel(first, WorkerModelOf(Info("m1", 2, {2})), "w:6");
+  EXPECT_NE(none.message().find("has draft model none (drafts with the target)"), std::string::npos)
+      << none;
+  EXPECT_FALSE(CheckSameModel(WorkerModelOf(Info("m1", 2, {2})), first, "w:7").ok());
+}
+
 }  // namespace
 }  // namespace vc::coordinator
