@@ -124,12 +124,22 @@ inline void Store(const __m512 (&acc)[R][T], const float* bias, int64_t o0, int6
 inline void PrefetchL2(const float* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
 }
+inline void PrefetchL1(const float* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
+// How far ahead (in elements) along its own weight rows a tile asks for the
+// lines it will load: 768 bytes, 12 cache lines per row. The hardware
+// prefetchers alone left the weight stream stalling the FMAs (a 9-token
+// product cost about the sum of its memory and compute time);
+// vc_matmul_bench measured 128..320 as equally good and 0 or 512 as worse.
+constexpr int64_t kL1Ahead = 192;
 
 // R weight rows x T tokens, one accumulator per output element (token t's
 // row at x + t * ldx). It also prefetches `pf_rows` (0..R) weight rows
 // starting at pf (rows of the next row group) into L2, one cache line per row
-// per step, so the weight stream from memory overlaps the FMAs. Prefetches
-// never change a value.
+// per step, and its own rows kL1Ahead elements ahead into L1, so the weight
+// stream from memory overlaps the FMAs. Prefetches never change a value.
 template <int R, int T>
 void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_t in, int64_t o0,
           int64_t ldy, float* y, const float* pf, int pf_rows) {
@@ -137,8 +147,14 @@ void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const float* wr = w + o0 * in;
+  // Ahead of this, the L1 prefetch would leave the row (and, for the last
+  // row, the matrix); the next rows' starts are in the L2 prefetch's care.
+  const int64_t l1_end = in - kL1Ahead;
   auto step = [&](int64_t i) {
     __m512 wv[R];
+    if (i < l1_end) {
+      for (int r = 0; r < R; ++r) PrefetchL1(wr + r * in + i + kL1Ahead);
+    }
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(wr + r * in + i);
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);

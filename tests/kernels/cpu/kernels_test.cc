@@ -346,22 +346,27 @@ TEST(KernelsTest, AccumulateValuesMatchesSequentialFma) {
 
 // A verify pass of T tokens must equal T one-token steps bit for bit: row t
 // of a T-token Matmul equals the 1-token Matmul of row t, for every T a pass
-// can have (1..33), every level and thread count, and widths that take the
-// kernels' different paths (tails, the packed copy of x at multiples of 512).
+// can have (1..33) and past one span of tokens (48 + 2), every level and
+// thread count, and widths that take the kernels' different paths (tails,
+// the packed copy of x at multiples of 512, rows shorter and longer than
+// the AVX-512 tiles' L1 prefetch distance of 192).
 TEST(KernelsTest, MatmulOfTTokensEqualsTOneTokenMatmuls) {
+  constexpr int64_t kMaxTokens = 50;
   std::mt19937_64 rng(41);
   for (const auto& level : Levels()) {
     for (int threads : {1, 2, 3}) {
       auto backend = MakeBackend(level, threads);
       ASSERT_NE(backend, nullptr);
-      for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 37}, {100, 20}, {512, 24}}) {
-        const auto x = Spread(rng, 33 * in), w = Spread(rng, out * in), bias = Spread(rng, out);
-        std::vector<float> one(static_cast<size_t>(33 * out));
-        for (int64_t t = 0; t < 33; ++t) {
+      for (const auto& [in, out] :
+           {std::pair<int64_t, int64_t>{64, 37}, {100, 20}, {512, 24}, {200, 9}, {417, 13}}) {
+        const auto x = Spread(rng, kMaxTokens * in), w = Spread(rng, out * in),
+                   bias = Spread(rng, out);
+        std::vector<float> one(static_cast<size_t>(kMaxTokens * out));
+        for (int64_t t = 0; t < kMaxTokens; ++t) {
           backend->Matmul(x.data() + t * in, 1, w.data(), bias.data(), in, out,
                           one.data() + t * out);
         }
-        for (int64_t tokens = 1; tokens <= 33; ++tokens) {
+        for (int64_t tokens = 1; tokens <= kMaxTokens; ++tokens) {
           std::vector<float> all(static_cast<size_t>(tokens * out),
                                  std::numeric_limits<float>::quiet_NaN());
           backend->Matmul(x.data(), tokens, w.data(), bias.data(), in, out, all.data());
