@@ -15,13 +15,18 @@
 // dim x hidden, 1 x hidden x dim, each timed separately) per repetition.
 // Every T-token output is also checked, bit for bit, against T 1-token
 // Matmuls (the numerics contract, kernels/kernels.h); a difference fails.
+// --huge-pages asks for transparent huge pages under the copies (the
+// engine's weights sit in 4 KiB pages), to show what the page walks cost.
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -48,6 +53,8 @@ struct Options {
   int64_t footprint_mb = 160;
   std::string tokens = "1,2,4,8,9,16,17,33";
   std::string shapes = "1024x1024,1024x2816,2816x1024";
+  bool huge_pages = false;
+  int offset_floats = 0;
   bool quick = false;
 };
 
@@ -80,14 +87,43 @@ std::string LoadAverage() {
 
 // Values in [-1, 1) from a xorshift generator: cheap enough to fill a few
 // hundred MB, and varied enough that any other summation order would show.
-void Fill(uint64_t seed, std::vector<float>* v) {
+void Fill(uint64_t seed, float* v, int64_t n) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& x : *v) {
+  for (int64_t i = 0; i < n; ++i) {
+    float& x = v[i];
     s ^= s << 13;
     s ^= s >> 7;
     s ^= s << 17;
     x = static_cast<float>(static_cast<int32_t>(s >> 32)) * 0x1p-31f;
   }
+}
+
+// One copy of a weight matrix in a 2 MiB-aligned allocation (so that
+// --huge-pages can back it with transparent huge pages); the matrix starts
+// `offset` floats into it (--offset-floats: rows that do not start on a
+// cache line, as in the engine's std::vector and mmap'd weights).
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+struct Matrix {
+  std::unique_ptr<float[], FreeDeleter> block;
+  float* data = nullptr;
+};
+
+absl::StatusOr<Matrix> AllocateMatrix(int64_t n, int offset, bool huge_pages) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t want = (static_cast<size_t>(n) + static_cast<size_t>(offset)) * sizeof(float);
+  const size_t bytes = (want + kHuge - 1) / kHuge * kHuge;
+  Matrix m;
+  m.block.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
+  if (m.block == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  if (huge_pages && madvise(m.block.get(), bytes, MADV_HUGEPAGE) != 0) {
+    return absl::InternalError(absl::StrCat("madvise(MADV_HUGEPAGE): errno ", errno));
+  }
+  m.data = m.block.get() + offset;
+  return m;
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text) {
@@ -124,13 +160,13 @@ struct Cost {
 };
 
 // Times `calls` Matmuls of T tokens, rotating over the weight copies.
-void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<std::vector<float>>& w,
+void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matrix>& w,
              const std::vector<float>& x, int64_t tokens, std::vector<float>* y, size_t* next,
              Cost* cost) {
   const size_t calls = std::max<size_t>(w.size(), 4);
   const double c0 = CpuSeconds(), w0 = WallSeconds();
   for (size_t i = 0; i < calls; ++i) {
-    be.Matmul(x.data(), tokens, w[*next].data(), nullptr, s.in, s.out, y->data());
+    be.Matmul(x.data(), tokens, w[*next].data, nullptr, s.in, s.out, y->data());
     *next = (*next + 1) % w.size();
   }
   const double w1 = WallSeconds(), c1 = CpuSeconds();
@@ -138,12 +174,12 @@ void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<std::
   cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
 }
 
-absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const std::vector<float>& w,
+absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const float* w,
                        const std::vector<float>& x, int64_t tokens) {
   std::vector<float> all(static_cast<size_t>(tokens * s.out)), one(static_cast<size_t>(s.out));
-  be.Matmul(x.data(), tokens, w.data(), nullptr, s.in, s.out, all.data());
+  be.Matmul(x.data(), tokens, w, nullptr, s.in, s.out, all.data());
   for (int64_t t = 0; t < tokens; ++t) {
-    be.Matmul(x.data() + t * s.in, 1, w.data(), nullptr, s.in, s.out, one.data());
+    be.Matmul(x.data() + t * s.in, 1, w, nullptr, s.in, s.out, one.data());
     if (std::memcmp(one.data(), all.data() + t * s.out, one.size() * sizeof(float)) != 0) {
       return absl::InternalError(absl::StrCat("Matmul ", s.in, "x", s.out, ": row ", t, " of ",
                                               tokens, " tokens differs from the 1-token Matmul"));
@@ -179,6 +215,10 @@ absl::Status Main(int argc, char** argv) {
   flags.Add("--footprint-mb", &o.footprint_mb, "MB", "weight copies rotated over, per shape");
   flags.Add("--tokens", &o.tokens, "LIST", "token counts, comma-separated (1 is always added)");
   flags.Add("--shapes", &o.shapes, "LIST", "INxOUT,... (default: the 109.5M model's layer)");
+  flags.Add("--offset-floats", &o.offset_floats, "N",
+            "start each weight matrix N floats (0-15) past a cache line");
+  flags.AddBool("--huge-pages", &o.huge_pages,
+                "back the weight copies with transparent huge pages (madvise)");
   flags.AddBool("--quick", &o.quick, "CI smoke run: small shapes and footprint, 1 repetition");
   VC_RETURN_IF_ERROR(flags.Parse(argc, argv));
   if (flags.help_requested()) {
@@ -191,32 +231,35 @@ absl::Status Main(int argc, char** argv) {
     if (!flags.was_set("--shapes")) o.shapes = "256x704,704x256";
   }
   if (o.reps < 1 || o.reps > 1000 || o.footprint_mb < 1 || o.footprint_mb > (1 << 16) ||
-      o.threads < 1 || o.threads > 1024) {
+      o.threads < 1 || o.threads > 1024 || o.offset_floats < 0 || o.offset_floats > 15) {
     return absl::InvalidArgumentError(
-        "--reps must be in [1, 1000], --footprint-mb in [1, 65536], --threads in [1, 1024]");
+        "--reps must be in [1, 1000], --footprint-mb in [1, 65536], --threads in [1, 1024], "
+        "--offset-floats in [0, 15]");
   }
   VC_ASSIGN_OR_RETURN(const std::vector<int64_t> tokens, ParseList(o.tokens));
   VC_ASSIGN_OR_RETURN(const std::vector<Shape> shapes, ParseShapes(o.shapes));
   VC_ASSIGN_OR_RETURN(std::unique_ptr<kernels::KernelBackend> be,
                       kernels::CreateBackend({.threads = o.threads, .simd = o.simd}));
   std::printf("vc_matmul_bench: %s, %d threads, %d repetitions, weights rotating over >= %" PRId64
-              " MB per shape; load average %s\n",
-              be->name().c_str(), be->threads(), o.reps, o.footprint_mb, LoadAverage().c_str());
+              " MB per shape, starting %d bytes past a cache line%s; load average %s\n",
+              be->name().c_str(), be->threads(), o.reps, o.footprint_mb, 4 * o.offset_floats,
+              o.huge_pages ? ", huge pages" : "", LoadAverage().c_str());
   const int64_t max_tokens = *std::max_element(tokens.begin(), tokens.end());
   // Per-shape costs, kept for the layer sum (which needs the model's shapes).
   std::map<std::pair<int64_t, int64_t>, std::map<int64_t, Cost>> all;
   for (const Shape& s : shapes) {
     const int64_t bytes = s.in * s.out * int64_t{4};
     const int64_t copies = std::max<int64_t>(2, (o.footprint_mb << 20) / bytes + 1);
-    std::vector<std::vector<float>> w(static_cast<size_t>(copies));
-    for (size_t c = 0; c < w.size(); ++c) {
-      w[c].resize(static_cast<size_t>(s.in * s.out));
-      Fill(c + 1, &w[c]);
+    std::vector<Matrix> w;
+    for (int64_t c = 0; c < copies; ++c) {
+      VC_ASSIGN_OR_RETURN(Matrix m, AllocateMatrix(s.in * s.out, o.offset_floats, o.huge_pages));
+      Fill(static_cast<uint64_t>(c) + 1, m.data, s.in * s.out);
+      w.push_back(std::move(m));
     }
     std::vector<float> x(static_cast<size_t>(max_tokens * s.in));
-    Fill(1000, &x);
+    Fill(1000, x.data(), static_cast<int64_t>(x.size()));
     std::vector<float> y(static_cast<size_t>(max_tokens * s.out));
-    for (int64_t t : tokens) VC_RETURN_IF_ERROR(CheckRows(*be, s, w[0], x, t));
+    for (int64_t t : tokens) VC_RETURN_IF_ERROR(CheckRows(*be, s, w[0].data, x, t));
     std::map<int64_t, Cost>& costs = all[{s.in, s.out}];
     size_t next = 0;
     const std::string load0 = LoadAverage();
