@@ -129,10 +129,10 @@ inline void PrefetchL1(const float* p) {
 }
 
 // How far ahead (in elements) along its own weight rows a tile asks for the
-// lines it will load: 768 bytes, 12 cache lines per row. The hardware
-// prefetchers alone left the weight stream stalling the FMAs (a 9-token
-// product cost about the sum of its memory and compute time);
-// vc_matmul_bench measured 128..320 as equally good and 0 or 512 as worse.
+// lines it will load: 768 bytes, 12 cache lines per row. With weights from
+// DRAM, 128..320 took about a tenth off both 1-token and 9-token products
+// against the hardware prefetchers alone, 512 less (docs/results.md section
+// 8); rows shorter than this (attention heads) are not prefetched.
 constexpr int64_t kL1Ahead = 192;
 
 // R weight rows x T tokens, one accumulator per output element (token t's
