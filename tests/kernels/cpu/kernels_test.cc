@@ -378,6 +378,49 @@ TEST(KernelsTest, MatmulOfTTokensEqualsTOneTokenMatmuls) {
   }
 }
 
+// Where the weights and activations start must not matter: the engine's
+// weight rows usually begin part-way into a cache line (std::vector storage,
+// tensors after a file header), the benchmarks' on one. Every offset of w
+// and x within a 64-byte line gives the canonical values, for a 1-token and
+// a multi-token product (row lengths a multiple of 16, so all rows share the
+// offset, and one that is not).
+TEST(KernelsTest, MatmulIsTheSameAtEveryAlignment) {
+  std::mt19937_64 rng(43);
+  for (const auto& level : Levels()) {
+    auto backend = MakeBackend(level, 2);
+    ASSERT_NE(backend, nullptr);
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{256, 12}, {200, 9}}) {
+      const auto x0 = Spread(rng, 9 * in), w0 = Spread(rng, out * in);
+      std::vector<float> want(static_cast<size_t>(9 * out));
+      for (int64_t t = 0; t < 9; ++t) {
+        for (int64_t o = 0; o < out; ++o) {
+          want[static_cast<size_t>(t * out + o)] =
+              CanonicalDot(x0.data() + t * in, w0.data() + o * in, in);
+        }
+      }
+      // 64-byte-aligned storage with room for 16 floats of offset.
+      std::vector<float> xbuf(x0.size() + 32), wbuf(w0.size() + 32);
+      auto line = [](std::vector<float>& v) {
+        const auto addr = reinterpret_cast<uintptr_t>(v.data());
+        return v.data() + (64 - addr % 64) % 64 / sizeof(float);
+      };
+      for (int offset = 0; offset < 16; ++offset) {
+        float* x = line(xbuf) + (offset * 7) % 16;
+        float* w = line(wbuf) + offset;
+        std::copy(x0.begin(), x0.end(), x);
+        std::copy(w0.begin(), w0.end(), w);
+        for (int64_t tokens : {1, 9}) {
+          std::vector<float> got(static_cast<size_t>(tokens * out),
+                                 std::numeric_limits<float>::quiet_NaN());
+          backend->Matmul(x, tokens, w, nullptr, in, out, got.data());
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << level << " in=" << in << " offset=" << offset << " tokens=" << tokens;
+        }
+      }
+    }
+  }
+}
+
 // The multi-query attention primitives of head-major attention: each query's
 // scores, softmax and value sums equal the single-query primitives' bit for
 // bit, whatever the number of queries (pairs and a leftover, groups of 8 rows
