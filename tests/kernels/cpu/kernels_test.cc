@@ -380,41 +380,46 @@ TEST(KernelsTest, MatmulOfTTokensEqualsTOneTokenMatmuls) {
 
 // Where the weights and activations start must not matter: the engine's
 // weight rows usually begin part-way into a cache line (std::vector storage,
-// tensors after a file header), the benchmarks' on one. Every offset of w
-// and x within a 64-byte line gives the canonical values, for a 1-token and
-// a multi-token product (row lengths a multiple of 16, so all rows share the
-// offset, and one that is not).
+// tensors after a file header), and so may its activations, which the AVX-512
+// path then copies to aligned rows when enough weight rows follow (64 here,
+// one call with 1 thread). Every offset of w and x within a 64-byte line
+// gives the canonical values, for a 1-token and a multi-token product, with
+// rows of a multiple of 16 elements (all rows share the offset) and not.
 TEST(KernelsTest, MatmulIsTheSameAtEveryAlignment) {
   std::mt19937_64 rng(43);
+  constexpr int64_t kTokens = 9, kOut = 80;
   for (const auto& level : Levels()) {
-    auto backend = MakeBackend(level, 2);
-    ASSERT_NE(backend, nullptr);
-    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{256, 12}, {200, 9}}) {
-      const auto x0 = Spread(rng, 9 * in), w0 = Spread(rng, out * in);
-      std::vector<float> want(static_cast<size_t>(9 * out));
-      for (int64_t t = 0; t < 9; ++t) {
-        for (int64_t o = 0; o < out; ++o) {
-          want[static_cast<size_t>(t * out + o)] =
-              CanonicalDot(x0.data() + t * in, w0.data() + o * in, in);
+    for (int threads : {1, 2}) {
+      auto backend = MakeBackend(level, threads);
+      ASSERT_NE(backend, nullptr);
+      for (int64_t in : {256, 264}) {
+        const auto x0 = Spread(rng, kTokens * in), w0 = Spread(rng, kOut * in);
+        std::vector<float> want(static_cast<size_t>(kTokens * kOut));
+        for (int64_t t = 0; t < kTokens; ++t) {
+          for (int64_t o = 0; o < kOut; ++o) {
+            want[static_cast<size_t>(t * kOut + o)] =
+                CanonicalDot(x0.data() + t * in, w0.data() + o * in, in);
+          }
         }
-      }
-      // 64-byte-aligned storage with room for 16 floats of offset.
-      std::vector<float> xbuf(x0.size() + 32), wbuf(w0.size() + 32);
-      auto line = [](std::vector<float>& v) {
-        const auto addr = reinterpret_cast<uintptr_t>(v.data());
-        return v.data() + (64 - addr % 64) % 64 / sizeof(float);
-      };
-      for (int offset = 0; offset < 16; ++offset) {
-        float* x = line(xbuf) + (offset * 7) % 16;
-        float* w = line(wbuf) + offset;
-        std::copy(x0.begin(), x0.end(), x);
-        std::copy(w0.begin(), w0.end(), w);
-        for (int64_t tokens : {1, 9}) {
-          std::vector<float> got(static_cast<size_t>(tokens * out),
-                                 std::numeric_limits<float>::quiet_NaN());
-          backend->Matmul(x, tokens, w, nullptr, in, out, got.data());
-          ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-              << level << " in=" << in << " offset=" << offset << " tokens=" << tokens;
+        // 64-byte-aligned storage with room for 16 floats of offset.
+        std::vector<float> xbuf(x0.size() + 32), wbuf(w0.size() + 32);
+        auto line = [](std::vector<float>& v) {
+          const auto addr = reinterpret_cast<uintptr_t>(v.data());
+          return v.data() + (64 - addr % 64) % 64 / sizeof(float);
+        };
+        for (int offset = 0; offset < 16; ++offset) {
+          float* x = line(xbuf) + (offset * 7) % 16;
+          float* w = line(wbuf) + offset;
+          std::copy(x0.begin(), x0.end(), x);
+          std::copy(w0.begin(), w0.end(), w);
+          for (int64_t tokens : {int64_t{1}, kTokens}) {
+            std::vector<float> got(static_cast<size_t>(tokens * kOut),
+                                   std::numeric_limits<float>::quiet_NaN());
+            backend->Matmul(x, tokens, w, nullptr, in, kOut, got.data());
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << level << " threads=" << threads << " in=" << in << " offset=" << offset
+                << " tokens=" << tokens;
+          }
         }
       }
     }
