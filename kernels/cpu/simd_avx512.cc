@@ -223,8 +223,8 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
   // not start on a cache line (the engine's activation buffers need not)
   // are copied too, to rows that do, when enough weight rows follow to pay
   // for the copy: otherwise most x loads span two lines (a 9..33-token
-  // 2816 x 1024 product cost 3-15% more). Small products (the attention
-  // scores' key blocks) keep reading x in place.
+  // 2816 x 1024 product cost up to 15% more). Small products (the
+  // attention scores' key blocks) keep reading x in place.
   const bool x_off_line = reinterpret_cast<uintptr_t>(x) % 64 != 0 || in % 16 != 0;
   const bool pack = in % 512 == 0 || (x_off_line && in >= 256 && o_end - o_begin >= 64);
   thread_local std::vector<float> packed;
