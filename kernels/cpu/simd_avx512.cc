@@ -124,12 +124,22 @@ inline void Store(const __m512 (&acc)[R][T], const float* bias, int64_t o0, int6
 inline void PrefetchL2(const float* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
 }
+inline void PrefetchL1(const float* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
+// How far ahead (in elements) along its own weight rows a tile asks for the
+// lines it will load: 768 bytes, 12 cache lines per row. With weights from
+// DRAM, 128..320 took about a tenth off both 1-token and 9-token products
+// against the hardware prefetchers alone, 512 less (docs/results.md section
+// 8); rows shorter than this (attention heads) are not prefetched.
+constexpr int64_t kL1Ahead = 192;
 
 // R weight rows x T tokens, one accumulator per output element (token t's
 // row at x + t * ldx). It also prefetches `pf_rows` (0..R) weight rows
 // starting at pf (rows of the next row group) into L2, one cache line per row
-// per step, so the weight stream from memory overlaps the FMAs. Prefetches
-// never change a value.
+// per step, and its own rows kL1Ahead elements ahead into L1, so the weight
+// stream from memory overlaps the FMAs. Prefetches never change a value.
 template <int R, int T>
 void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_t in, int64_t o0,
           int64_t ldy, float* y, const float* pf, int pf_rows) {
@@ -137,8 +147,14 @@ void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const float* wr = w + o0 * in;
+  // Ahead of this, the L1 prefetch would leave the row (and, for the last
+  // row, the matrix); the next rows' starts are in the L2 prefetch's care.
+  const int64_t l1_end = in - kL1Ahead;
   auto step = [&](int64_t i) {
     __m512 wv[R];
+    if (i < l1_end) {
+      for (int r = 0; r < R; ++r) PrefetchL1(wr + r * in + i + kL1Ahead);
+    }
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(wr + r * in + i);
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
@@ -203,15 +219,21 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
   // With a row stride that is a multiple of 2 KiB, the same offset of every
   // token row falls into the same few L1 sets as the weight rows' and the
   // tile's operands evict each other (4K aliasing); such x rows are copied
-  // (exactly) into a buffer whose rows are 64 bytes longer.
-  const bool pack = in % 512 == 0;
+  // (exactly) into a buffer whose rows are 64 bytes longer. x rows that do
+  // not start on a cache line (the engine's activation buffers need not)
+  // are copied too, to rows that do, when enough weight rows follow to pay
+  // for the copy: otherwise most x loads span two lines (a 9..33-token
+  // 2816 x 1024 product cost up to 15% more). Small products (the
+  // attention scores' key blocks) keep reading x in place.
+  const bool x_off_line = reinterpret_cast<uintptr_t>(x) % 64 != 0 || in % 16 != 0;
+  const bool pack = in % 512 == 0 || (x_off_line && in >= 256 && o_end - o_begin >= 64);
   thread_local std::vector<float> packed;
   for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
     const int64_t span = std::min(tokens - ts, kSpanTokens);
     const float* xs = x + ts * in;
     int64_t ldx = in;
     if (pack) {
-      ldx = in + 16;
+      ldx = (in + 15) / 16 * 16 + 16;  // rows on cache lines
       packed.resize(static_cast<size_t>(span * ldx + 16));
       float* buf = packed.data();
       buf += (16 - (reinterpret_cast<uintptr_t>(buf) / 4) % 16) % 16;  // 64-byte aligned

@@ -346,27 +346,80 @@ TEST(KernelsTest, AccumulateValuesMatchesSequentialFma) {
 
 // A verify pass of T tokens must equal T one-token steps bit for bit: row t
 // of a T-token Matmul equals the 1-token Matmul of row t, for every T a pass
-// can have (1..33), every level and thread count, and widths that take the
-// kernels' different paths (tails, the packed copy of x at multiples of 512).
+// can have (1..33) and past one span of tokens (48 + 2), every level and
+// thread count, and widths that take the kernels' different paths (tails,
+// the packed copy of x at multiples of 512, rows shorter and longer than
+// the AVX-512 tiles' L1 prefetch distance of 192).
 TEST(KernelsTest, MatmulOfTTokensEqualsTOneTokenMatmuls) {
+  constexpr int64_t kMaxTokens = 50;
   std::mt19937_64 rng(41);
   for (const auto& level : Levels()) {
     for (int threads : {1, 2, 3}) {
       auto backend = MakeBackend(level, threads);
       ASSERT_NE(backend, nullptr);
-      for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 37}, {100, 20}, {512, 24}}) {
-        const auto x = Spread(rng, 33 * in), w = Spread(rng, out * in), bias = Spread(rng, out);
-        std::vector<float> one(static_cast<size_t>(33 * out));
-        for (int64_t t = 0; t < 33; ++t) {
+      for (const auto& [in, out] :
+           {std::pair<int64_t, int64_t>{64, 37}, {100, 20}, {512, 24}, {200, 9}, {417, 13}}) {
+        const auto x = Spread(rng, kMaxTokens * in), w = Spread(rng, out * in),
+                   bias = Spread(rng, out);
+        std::vector<float> one(static_cast<size_t>(kMaxTokens * out));
+        for (int64_t t = 0; t < kMaxTokens; ++t) {
           backend->Matmul(x.data() + t * in, 1, w.data(), bias.data(), in, out,
                           one.data() + t * out);
         }
-        for (int64_t tokens = 1; tokens <= 33; ++tokens) {
+        for (int64_t tokens = 1; tokens <= kMaxTokens; ++tokens) {
           std::vector<float> all(static_cast<size_t>(tokens * out),
                                  std::numeric_limits<float>::quiet_NaN());
           backend->Matmul(x.data(), tokens, w.data(), bias.data(), in, out, all.data());
           ASSERT_EQ(std::memcmp(all.data(), one.data(), all.size() * sizeof(float)), 0)
               << level << " threads=" << threads << " tokens=" << tokens << " in=" << in;
+        }
+      }
+    }
+  }
+}
+
+// Where the weights and activations start must not matter: the engine's
+// weight rows usually begin part-way into a cache line (std::vector storage,
+// tensors after a file header), and so may its activations, which the AVX-512
+// path then copies to aligned rows when enough weight rows follow (64 here,
+// one call with 1 thread). Every offset of w and x within a 64-byte line
+// gives the canonical values, for a 1-token and a multi-token product, with
+// rows of a multiple of 16 elements (all rows share the offset) and not.
+TEST(KernelsTest, MatmulIsTheSameAtEveryAlignment) {
+  std::mt19937_64 rng(43);
+  constexpr int64_t kTokens = 9, kOut = 80;
+  for (const auto& level : Levels()) {
+    for (int threads : {1, 2}) {
+      auto backend = MakeBackend(level, threads);
+      ASSERT_NE(backend, nullptr);
+      for (int64_t in : {256, 264}) {
+        const auto x0 = Spread(rng, kTokens * in), w0 = Spread(rng, kOut * in);
+        std::vector<float> want(static_cast<size_t>(kTokens * kOut));
+        for (int64_t t = 0; t < kTokens; ++t) {
+          for (int64_t o = 0; o < kOut; ++o) {
+            want[static_cast<size_t>(t * kOut + o)] =
+                CanonicalDot(x0.data() + t * in, w0.data() + o * in, in);
+          }
+        }
+        // 64-byte-aligned storage with room for 16 floats of offset.
+        std::vector<float> xbuf(x0.size() + 32), wbuf(w0.size() + 32);
+        auto line = [](std::vector<float>& v) {
+          const auto addr = reinterpret_cast<uintptr_t>(v.data());
+          return v.data() + (64 - addr % 64) % 64 / sizeof(float);
+        };
+        for (int offset = 0; offset < 16; ++offset) {
+          float* x = line(xbuf) + (offset * 7) % 16;
+          float* w = line(wbuf) + offset;
+          std::copy(x0.begin(), x0.end(), x);
+          std::copy(w0.begin(), w0.end(), w);
+          for (int64_t tokens : {int64_t{1}, kTokens}) {
+            std::vector<float> got(static_cast<size_t>(tokens * kOut),
+                                   std::numeric_limits<float>::quiet_NaN());
+            backend->Matmul(x, tokens, w, nullptr, in, kOut, got.data());
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << level << " threads=" << threads << " in=" << in << " offset=" << offset
+                << " tokens=" << tokens;
+          }
         }
       }
     }

@@ -1,0 +1,322 @@
+// vc_matmul_bench: the cost of one f32 Matmul over T tokens relative to the
+// 1-token Matmul of the same shape, with the weights coming from DRAM (as in
+// a decode step of a model much larger than the caches).
+//
+// For each shape (in x out; by default the 109.5M synthetic model's
+// projections) the bench allocates enough copies of the weight matrix to
+// cover --footprint-mb and rotates over them, so no call finds its weights in
+// the last-level cache. Each repetition times every T once, in turn (a load
+// change on a shared machine then hits every T alike); a T's cost is the
+// median over repetitions of the wall time and of the process CPU time per
+// call, and its ratio is the median of the per-repetition ratios to T = 1.
+// The backend's threads block rather than spin, so CPU time leaves out the
+// time a thread waited for a core; it still includes memory contention.
+// The "layer" rows sum one decoder layer's products (4 x dim^2, 2 x
+// dim x hidden, 1 x hidden x dim, each timed separately) per repetition.
+// Every T-token output is also checked, bit for bit, against T 1-token
+// Matmuls (the numerics contract, kernels/kernels.h); a difference fails.
+// --huge-pages asks for transparent huge pages under the copies (the
+// engine's weights sit in 4 KiB pages), to show what the page walks cost.
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/base/flags.h"
+#include "common/base/status_macros.h"
+#include "kernels/kernels.h"
+
+namespace vc {
+namespace {
+
+struct Options {
+  int threads = 2;
+  std::string simd = "auto";
+  int reps = 9;
+  int64_t footprint_mb = 160;
+  std::string tokens = "1,2,4,8,9,16,17,33";
+  std::string shapes = "1024x1024,1024x2816,2816x1024";
+  bool huge_pages = false;
+  int offset_floats = 0;
+  bool quick = false;
+};
+
+struct Shape {
+  int64_t in = 0, out = 0;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double CpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  std::string one;
+  f >> one;
+  return one.empty() ? "?" : one;
+}
+
+// Values in [-1, 1) from a xorshift generator: cheap enough to fill a few
+// hundred MB, and varied enough that any other summation order would show.
+void Fill(uint64_t seed, float* v, int64_t n) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    float& x = v[i];
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = static_cast<float>(static_cast<int32_t>(s >> 32)) * 0x1p-31f;
+  }
+}
+
+// One copy of a weight matrix in a 2 MiB-aligned allocation (so that
+// --huge-pages can back it with transparent huge pages); the matrix starts
+// `offset` floats into it (--offset-floats: rows that do not start on a
+// cache line, as in the engine's std::vector and mmap'd weights).
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+struct Matrix {
+  std::unique_ptr<float[], FreeDeleter> block;
+  float* data = nullptr;
+};
+
+absl::StatusOr<Matrix> AllocateMatrix(int64_t n, int offset, bool huge_pages) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t want = (static_cast<size_t>(n) + static_cast<size_t>(offset)) * sizeof(float);
+  const size_t bytes = (want + kHuge - 1) / kHuge * kHuge;
+  Matrix m;
+  m.block.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
+  if (m.block == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  if (huge_pages && madvise(m.block.get(), bytes, MADV_HUGEPAGE) != 0) {
+    return absl::InternalError(absl::StrCat("madvise(MADV_HUGEPAGE): errno ", errno));
+  }
+  m.data = m.block.get() + offset;
+  return m;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text) {
+  std::vector<int64_t> out;
+  for (const auto& part : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1 || v > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokens: '", std::string(part), "' is not an integer in [1, 256]"));
+    }
+    out.push_back(v);
+  }
+  if (std::find(out.begin(), out.end(), 1) == out.end()) out.insert(out.begin(), 1);
+  return out;
+}
+
+absl::StatusOr<std::vector<Shape>> ParseShapes(const std::string& text) {
+  std::vector<Shape> out;
+  for (const auto& part : absl::StrSplit(text, ',')) {
+    std::vector<std::string> io = absl::StrSplit(part, 'x');
+    Shape s;
+    if (io.size() != 2 || !absl::SimpleAtoi(io[0], &s.in) || !absl::SimpleAtoi(io[1], &s.out) ||
+        s.in < 1 || s.out < 1 || s.in > (1 << 16) || s.out > (1 << 18)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shapes: '", std::string(part), "' is not INxOUT (in <= 65536, out <= 262144)"));
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+struct Cost {
+  std::vector<double> wall, cpu;  // seconds per call, one per repetition
+};
+
+// Times `calls` Matmuls of T tokens, rotating over the weight copies.
+void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matrix>& w,
+             const std::vector<float>& x, int64_t tokens, std::vector<float>* y, size_t* next,
+             Cost* cost) {
+  const size_t calls = std::max<size_t>(w.size(), 4);
+  const double c0 = CpuSeconds(), w0 = WallSeconds();
+  for (size_t i = 0; i < calls; ++i) {
+    be.Matmul(x.data(), tokens, w[*next].data, nullptr, s.in, s.out, y->data());
+    *next = (*next + 1) % w.size();
+  }
+  const double w1 = WallSeconds(), c1 = CpuSeconds();
+  cost->wall.push_back((w1 - w0) / static_cast<double>(calls));
+  cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
+}
+
+absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const float* w,
+                       const std::vector<float>& x, int64_t tokens) {
+  std::vector<float> all(static_cast<size_t>(tokens * s.out)), one(static_cast<size_t>(s.out));
+  be.Matmul(x.data(), tokens, w, nullptr, s.in, s.out, all.data());
+  for (int64_t t = 0; t < tokens; ++t) {
+    be.Matmul(x.data() + t * s.in, 1, w, nullptr, s.in, s.out, one.data());
+    if (std::memcmp(one.data(), all.data() + t * s.out, one.size() * sizeof(float)) != 0) {
+      return absl::InternalError(absl::StrCat("Matmul ", s.in, "x", s.out, ": row ", t, " of ",
+                                              tokens, " tokens differs from the 1-token Matmul"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintRows(const std::vector<int64_t>& tokens, const std::map<int64_t, Cost>& costs,
+               double weight_bytes) {
+  const Cost& base = costs.at(1);
+  for (int64_t t : tokens) {
+    const Cost& c = costs.at(t);
+    std::vector<double> wall_ratio, cpu_ratio;
+    for (size_t r = 0; r < c.wall.size(); ++r) {
+      wall_ratio.push_back(c.wall[r] / base.wall[r]);
+      cpu_ratio.push_back(c.cpu[r] / base.cpu[r]);
+    }
+    const double wall = Median(c.wall);
+    std::printf("  %6" PRId64 " %10.3f %8.2f %10.3f %8.2f %8.1f\n", t, wall * 1e3,
+                Median(wall_ratio), Median(c.cpu) * 1e3, Median(cpu_ratio),
+                weight_bytes / wall * 1e-9);
+  }
+}
+
+absl::Status Main(int argc, char** argv) {
+  Options o;
+  FlagSet flags("vc_matmul_bench",
+                "f32 Matmul cost of T tokens relative to 1 token, weights from DRAM.");
+  flags.Add("--threads", &o.threads, "N", "backend threads (including the caller)");
+  flags.Add("--simd", &o.simd, "LEVEL", "scalar | avx2 | avx512 | auto");
+  flags.Add("--reps", &o.reps, "N", "repetitions (medians are reported)");
+  flags.Add("--footprint-mb", &o.footprint_mb, "MB", "weight copies rotated over, per shape");
+  flags.Add("--tokens", &o.tokens, "LIST", "token counts, comma-separated (1 is always added)");
+  flags.Add("--shapes", &o.shapes, "LIST", "INxOUT,... (default: the 109.5M model's layer)");
+  flags.Add("--offset-floats", &o.offset_floats, "N",
+            "start each weight matrix N floats (0-15) past a cache line");
+  flags.AddBool("--huge-pages", &o.huge_pages,
+                "back the weight copies with transparent huge pages (madvise)");
+  flags.AddBool("--quick", &o.quick, "CI smoke run: small shapes and footprint, 1 repetition");
+  VC_RETURN_IF_ERROR(flags.Parse(argc, argv));
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Help().c_str());
+    return absl::OkStatus();
+  }
+  if (o.quick) {
+    o.reps = 1;
+    o.footprint_mb = 4;
+    if (!flags.was_set("--shapes")) o.shapes = "256x704,704x256";
+  }
+  if (o.reps < 1 || o.reps > 1000 || o.footprint_mb < 1 || o.footprint_mb > (1 << 16) ||
+      o.threads < 1 || o.threads > 1024 || o.offset_floats < 0 || o.offset_floats > 15) {
+    return absl::InvalidArgumentError(
+        "--reps must be in [1, 1000], --footprint-mb in [1, 65536], --threads in [1, 1024], "
+        "--offset-floats in [0, 15]");
+  }
+  VC_ASSIGN_OR_RETURN(const std::vector<int64_t> tokens, ParseList(o.tokens));
+  VC_ASSIGN_OR_RETURN(const std::vector<Shape> shapes, ParseShapes(o.shapes));
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<kernels::KernelBackend> be,
+                      kernels::CreateBackend({.threads = o.threads, .simd = o.simd}));
+  std::printf("vc_matmul_bench: %s, %d threads, %d repetitions, weights rotating over >= %" PRId64
+              " MB per shape, starting %d bytes past a cache line%s; load average %s\n",
+              be->name().c_str(), be->threads(), o.reps, o.footprint_mb, 4 * o.offset_floats,
+              o.huge_pages ? ", huge pages" : "", LoadAverage().c_str());
+  const int64_t max_tokens = *std::max_element(tokens.begin(), tokens.end());
+  // Per-shape costs, kept for the layer sum (which needs the model's shapes).
+  std::map<std::pair<int64_t, int64_t>, std::map<int64_t, Cost>> all;
+  for (const Shape& s : shapes) {
+    const int64_t bytes = s.in * s.out * int64_t{4};
+    const int64_t copies = std::max<int64_t>(2, (o.footprint_mb << 20) / bytes + 1);
+    std::vector<Matrix> w;
+    for (int64_t c = 0; c < copies; ++c) {
+      VC_ASSIGN_OR_RETURN(Matrix m, AllocateMatrix(s.in * s.out, o.offset_floats, o.huge_pages));
+      Fill(static_cast<uint64_t>(c) + 1, m.data, s.in * s.out);
+      w.push_back(std::move(m));
+    }
+    std::vector<float> x(static_cast<size_t>(max_tokens * s.in));
+    Fill(1000, x.data(), static_cast<int64_t>(x.size()));
+    std::vector<float> y(static_cast<size_t>(max_tokens * s.out));
+    for (int64_t t : tokens) VC_RETURN_IF_ERROR(CheckRows(*be, s, w[0].data, x, t));
+    std::map<int64_t, Cost>& costs = all[{s.in, s.out}];
+    size_t next = 0;
+    const std::string load0 = LoadAverage();
+    for (int64_t t : tokens) {  // warm-up: page in, wake the pool
+      Cost ignored;
+      TimeOne(*be, s, w, x, t, &y, &next, &ignored);
+    }
+    for (int r = 0; r < o.reps; ++r) {
+      for (int64_t t : tokens) TimeOne(*be, s, w, x, t, &y, &next, &costs[t]);
+    }
+    std::printf("\nMatmul in %" PRId64 " x out %" PRId64 " (%.1f MB, %" PRId64
+                " copies); load %s -> %s; rows of T tokens bit-identical to 1-token Matmuls\n",
+                s.in, s.out, static_cast<double>(bytes) * 1e-6, copies, load0.c_str(),
+                LoadAverage().c_str());
+    std::printf("  %6s %10s %8s %10s %8s %8s\n", "tokens", "wall ms", "x T=1", "CPU ms", "x T=1",
+                "GB/s");
+    PrintRows(tokens, costs, static_cast<double>(bytes));
+  }
+  // One decoder layer of the 109.5M model (dim 1024, hidden 2816), when its
+  // shapes were measured: q, k, v, o + w1, w3 + w2.
+  const std::vector<std::pair<std::pair<int64_t, int64_t>, int>> layer = {
+      {{1024, 1024}, 4}, {{1024, 2816}, 2}, {{2816, 1024}, 1}};
+  bool have_layer = true;
+  for (const auto& [shape, n] : layer) have_layer = have_layer && all.count(shape) > 0;
+  if (have_layer) {
+    std::map<int64_t, Cost> sum;
+    for (int64_t t : tokens) {
+      Cost& c = sum[t];
+      c.wall.assign(static_cast<size_t>(o.reps), 0.0);
+      c.cpu.assign(static_cast<size_t>(o.reps), 0.0);
+      for (const auto& [shape, n] : layer) {
+        const Cost& part = all[shape][t];
+        for (size_t r = 0; r < c.wall.size(); ++r) {
+          c.wall[r] += n * part.wall[r];
+          c.cpu[r] += n * part.cpu[r];
+        }
+      }
+    }
+    std::printf(
+        "\nlayer of the 109.5M model (4 x 1024x1024 + 2 x 1024x2816 + 2816x1024, summed "
+        "per repetition)\n");
+    std::printf("  %6s %10s %8s %10s %8s %8s\n", "tokens", "wall ms", "x T=1", "CPU ms", "x T=1",
+                "GB/s");
+    PrintRows(tokens, sum, (4.0 * 1024 * 1024 + 3.0 * 1024 * 2816) * 4);
+  }
+  std::printf("\nload average at the end: %s\n", LoadAverage().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace vc
+
+int main(int argc, char** argv) {
+  const absl::Status s = vc::Main(argc, argv);
+  if (!s.ok()) {
+    std::fprintf(stderr, "vc_matmul_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
