@@ -92,7 +92,10 @@ int ReductionBlocks(const ModelConfig& config);
 
 class Engine {
  public:
-  // `model` must outlive the engine.
+  // `model` must outlive the engine. Runs the warm-up pass
+  // (EngineOptions::warmup_tokens), and the first call in a process sets
+  // glibc's mmap and trim thresholds so that freed KV and buffers are reused
+  // rather than returned to the OS and faulted in again.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model,
                                                         const EngineOptions& options);
   ~Engine();

@@ -6,6 +6,7 @@
 // vc_single_node_bench, not here.)
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -63,22 +64,28 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Engines made from `options` with each of `warmups` give the logits of one
+// made without a warm-up pass, bit for bit.
+void ExpectWarmupInvisible(const Model& model, EngineOptions options,
+                           std::initializer_list<int64_t> warmups, uint64_t seed) {
+  options.warmup_tokens = 0;
+  const std::vector<float> want = Logits(model, options, seed);
+  ASSERT_FALSE(want.empty());
+  for (int64_t warm : warmups) {
+    SCOPED_TRACE(warm);
+    options.warmup_tokens = warm;
+    EXPECT_TRUE(SameBits(Logits(model, options, seed), want));
+  }
+}
+
 TEST(WarmupTest, LogitsDoNotDependOnTheWarmupPass) {
   auto model = Model::CreateRandom(SmallConfig(), 3);
   ASSERT_TRUE(model.ok()) << model.status();
-  EngineOptions base;
-  base.backend.threads = 2;
-  base.warmup_tokens = 0;
-  const std::vector<float> want = Logits(**model, base, 11);
-  ASSERT_FALSE(want.empty());
-  // Larger than max_batch_tokens and than the context: clamped to both.
-  for (int64_t warm : {1, 7, 1000}) {
-    SCOPED_TRACE(warm);
-    EngineOptions o = base;
-    o.warmup_tokens = warm;
-    o.max_batch_tokens = 32;
-    EXPECT_TRUE(SameBits(Logits(**model, o, 11), want));
-  }
+  EngineOptions o;
+  o.backend.threads = 2;
+  // 1000 is larger than max_batch_tokens and than the context: clamped.
+  o.max_batch_tokens = 32;
+  ExpectWarmupInvisible(**model, o, {1, 7, 1000}, 11);
 }
 
 TEST(WarmupTest, TensorParallelAndQuantisedEnginesToo) {
@@ -87,10 +94,7 @@ TEST(WarmupTest, TensorParallelAndQuantisedEnginesToo) {
   EngineOptions tp;
   tp.backend.threads = 2;
   tp.tensor_parallel = 2;
-  tp.warmup_tokens = 0;
-  const std::vector<float> tp_want = Logits(**model, tp, 12);
-  tp.warmup_tokens = 3;
-  EXPECT_TRUE(SameBits(Logits(**model, tp, 12), tp_want));
+  ExpectWarmupInvisible(**model, tp, {3}, 12);
 
   QuantizeOptions qo;
   qo.format = kernels::WeightFormat::kInt8;
@@ -98,10 +102,7 @@ TEST(WarmupTest, TensorParallelAndQuantisedEnginesToo) {
   ASSERT_TRUE(quantized.ok()) << quantized.status();
   EngineOptions q;
   q.quantized = quantized->get();
-  q.warmup_tokens = 0;
-  const std::vector<float> q_want = Logits(**model, q, 13);
-  q.warmup_tokens = 3;
-  EXPECT_TRUE(SameBits(Logits(**model, q, 13), q_want));
+  ExpectWarmupInvisible(**model, q, {3}, 13);
 }
 
 TEST(WarmupTest, NegativeWarmupIsAnError) {
