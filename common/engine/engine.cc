@@ -1,8 +1,11 @@
 #include "common/engine/engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <unordered_set>
 
@@ -44,6 +47,22 @@ std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int head_dim)
     inv[i] = f;
   }
   return inv;
+}
+
+// Keeps the memory that passes and KV caches free inside the process, once
+// per process. By default glibc serves each block of >= 128 KiB (a KV block
+// of a 1024-wide model, a verify pass's logits) with its own mmap and
+// returns it to the OS on free, and trims the heap's free top: every new
+// request's KV and every larger pass then faults its memory in again, which
+// on a VM costs ~17 us per 4 KiB page (docs/results.md section 8). With a
+// fixed mmap threshold of 32 MiB and a trim threshold of 1 GiB, freed memory
+// is reused instead; the process keeps at most its peak heap.
+void RetainFreedMemory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
 }
 
 }  // namespace
@@ -141,6 +160,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   if (options.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
   }
+  if (options.warmup_tokens < 0) {
+    return absl::InvalidArgumentError("warmup_tokens must be >= 0");
+  }
   const int tp = options.tensor_parallel;
   VC_RETURN_IF_ERROR(CheckTensorParallel(model.config(), tp));
   // The engine keeps activations in host memory; a device collective (nccl)
@@ -163,6 +185,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
       return absl::InvalidArgumentError("quantised weights were made from a model of another shape");
     }
   }
+  RetainFreedMemory();
   collective::CollectiveOptions co;
   co.backend = options.collective;
   co.size = tp;
@@ -204,6 +227,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
       rank.wo_blocks.push_back(pack(lw.wo, c.q_dim(), c.dim, r));
       rank.w2_blocks.push_back(pack(lw.w2, c.hidden_dim, c.dim, r));
     }
+  }
+  const int64_t warm = std::min<int64_t>({options.warmup_tokens, options.max_batch_tokens,
+                                          int64_t{c.max_seq_len}});
+  if (warm > 0) {
+    PagedKvCache kv(c);
+    const std::vector<int32_t> tokens(static_cast<size_t>(warm), 0);
+    const SequenceInput in{&kv, tokens, warm - 1};
+    std::vector<float> logits;
+    VC_RETURN_IF_ERROR(engine->Forward({&in, 1}, &logits));
   }
   return engine;
 }

@@ -73,6 +73,13 @@ struct EngineOptions {
   // still batch-, thread- and SIMD-invariant, but not the model's exact
   // numerics. Needs the cpu backend and tensor_parallel 1. Null: f32.
   const QuantizedWeights* quantized = nullptr;
+  // Create runs one throwaway pass of this many tokens (at most
+  // max_batch_tokens) on a KV of its own, so that a fresh process's first
+  // real passes do not pay for first touches: the activation buffers, the
+  // workers' attention scratch, the packed weights and the code all get
+  // touched once here (docs/results.md section 8). 0: no warm-up pass.
+  // Logits never depend on it (every row's arithmetic is fixed).
+  int64_t warmup_tokens = 1;
 };
 
 // The number of fixed reduction blocks B of the model's row-parallel products
@@ -85,7 +92,10 @@ int ReductionBlocks(const ModelConfig& config);
 
 class Engine {
  public:
-  // `model` must outlive the engine.
+  // `model` must outlive the engine. Runs the warm-up pass
+  // (EngineOptions::warmup_tokens), and the first call in a process sets
+  // glibc's mmap and trim thresholds so that freed KV and buffers are reused
+  // rather than returned to the OS and faulted in again.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model,
                                                         const EngineOptions& options);
   ~Engine();
