@@ -52,7 +52,8 @@ void Touch(const char* what, uint8_t* p, size_t bytes, bool write) {
   }
   volatile uint8_t keep = sum;  // the reads must not be optimised away
   (void)keep;
-  const double us = (CpuSeconds() - c0) * 1e6 / static_cast<double>(bytes / page);
+  const double us =
+      (CpuSeconds() - c0) * 1e6 / (static_cast<double>(bytes) / static_cast<double>(page));
   std::printf("  %-44s %8.3f us CPU per page, %7ld minor faults\n", what, us, MinorFaults() - f0);
 }
 

@@ -165,8 +165,8 @@ absl::Status WriteLlama2c(const Model& model, const std::string& path) {
                           c.n_kv_heads, c.tied_embeddings ? c.vocab_size : -c.vocab_size,
                           c.max_seq_len};
   ok = std::fwrite(hdr, sizeof hdr, 1, f) == 1;
-  const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), V = c.vocab_size;
-  put(w.token_embedding.f32(), V * d);
+  const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
+  put(w.token_embedding.f32(), vocab * d);
   for (const auto& l : w.layers) put(l.rms_att, d);
   for (const auto& l : w.layers) put(l.wq.f32(), q * d);
   for (const auto& l : w.layers) put(l.wk.f32(), kv * d);
@@ -179,7 +179,7 @@ absl::Status WriteLlama2c(const Model& model, const std::string& path) {
   put(w.rms_final, d);
   const std::vector<float> freq_cis(static_cast<size_t>(c.max_seq_len) * c.head_dim, 0.0f);
   put(freq_cis.data(), static_cast<int64_t>(freq_cis.size()));
-  if (!c.tied_embeddings) put(w.classifier.f32(), V * d);
+  if (!c.tied_embeddings) put(w.classifier.f32(), vocab * d);
   ok = std::fclose(f) == 0 && ok;
   return ok ? absl::OkStatus() : absl::InternalError("cannot write " + path);
 }
@@ -330,6 +330,7 @@ absl::Status SpawnFresh(const Options& o, const Model& model) {
                                    "--warmup-tokens",
                                    std::to_string(o.warmup_tokens)};
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::fflush(stdout);

@@ -53,7 +53,7 @@ std::vector<float> RunPasses(Engine& engine, uint64_t seed) {
   return all;
 }
 
-std::vector<float> Logits(const Model& model, EngineOptions options, uint64_t seed) {
+std::vector<float> Logits(const Model& model, const EngineOptions& options, uint64_t seed) {
   auto engine = Engine::Create(model, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return {};

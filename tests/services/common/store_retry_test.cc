@@ -26,8 +26,9 @@ StoreRetryOptions Quick(int max_attempts) {
   return o;
 }
 
-const absl::Status kReset =
-    absl::UnavailableError("vc-kvstore Lookup: recvmsg: Connection reset by peer");
+absl::Status Reset() {
+  return absl::UnavailableError("vc-kvstore Lookup: recvmsg: Connection reset by peer");
+}
 
 // RetryStoreCall with a minute's deadline over a call that always answers
 // `answer`; how many calls it made.
@@ -45,7 +46,7 @@ TEST(StoreRetryTest, AnUnavailableCallIsTriedAgainUntilItSucceeds) {
   int attempts = 0;
   const absl::Status s = RetryStoreCall(
       Quick(4), Clock::now() + std::chrono::seconds(60),
-      [&](bool*) { return ++calls < 3 ? kReset : absl::OkStatus(); }, &attempts);
+      [&](bool*) { return ++calls < 3 ? Reset() : absl::OkStatus(); }, &attempts);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(calls, 3);
   EXPECT_EQ(attempts, 3);
@@ -53,7 +54,7 @@ TEST(StoreRetryTest, AnUnavailableCallIsTriedAgainUntilItSucceeds) {
 
 TEST(StoreRetryTest, GivesUpAfterMaxAttemptsAndSaysSo) {
   absl::Status s;
-  EXPECT_EQ(CallsMade(Quick(4), kReset, &s), 4);
+  EXPECT_EQ(CallsMade(Quick(4), Reset(), &s), 4);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "Connection reset by peer")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "gave up after 4 attempts")) << s;
@@ -61,7 +62,7 @@ TEST(StoreRetryTest, GivesUpAfterMaxAttemptsAndSaysSo) {
 
 TEST(StoreRetryTest, OneAttemptMeansNoRetry) {
   absl::Status s;
-  EXPECT_EQ(CallsMade(Quick(1), kReset, &s), 1);
+  EXPECT_EQ(CallsMade(Quick(1), Reset(), &s), 1);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "gave up after 1 attempt)")) << s;
 }
@@ -89,7 +90,7 @@ TEST(StoreRetryTest, AStatusThatMayNotBeRetriedIsReturnedAfterOneAttempt) {
     EXPECT_EQ(CallsMade(Quick(4), refusal, &s), 1);
     EXPECT_EQ(s, refusal);
   }
-  EXPECT_TRUE(StoreCallMayBeRetried(kReset));
+  EXPECT_TRUE(StoreCallMayBeRetried(Reset()));
 }
 
 // A refusal on a later attempt ends the retries too, naming the attempts.
@@ -97,7 +98,7 @@ TEST(StoreRetryTest, ARefusalAfterARetryEndsIt) {
   int calls = 0;
   const absl::Status s = RetryStoreCall(
       Quick(4), Clock::now() + std::chrono::seconds(60),
-      [&](bool*) { return ++calls == 1 ? kReset : absl::NotFoundError("vc-kvstore Get: gone"); });
+      [&](bool*) { return ++calls == 1 ? Reset() : absl::NotFoundError("vc-kvstore Get: gone"); });
   EXPECT_EQ(calls, 2);
   EXPECT_TRUE(absl::IsNotFound(s)) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "gave up after 2 attempts")) << s;
@@ -111,7 +112,7 @@ TEST(StoreRetryTest, AnAttemptThatClearsRetryableIsNotRepeated) {
       RetryStoreCall(Quick(4), Clock::now() + std::chrono::seconds(60), [&](bool* retryable) {
         ++calls;
         *retryable = false;
-        return kReset;
+        return Reset();
       });
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
@@ -129,7 +130,7 @@ TEST(StoreRetryTest, WaitsGrowExponentiallyUpToTheCap) {
   std::vector<Clock::time_point> starts;
   const absl::Status s = RetryStoreCall(o, Clock::now() + std::chrono::seconds(60), [&](bool*) {
     starts.push_back(Clock::now());
-    return kReset;
+    return Reset();
   });
   EXPECT_TRUE(absl::IsUnavailable(s));
   ASSERT_EQ(starts.size(), 6u);
@@ -154,7 +155,7 @@ TEST(StoreRetryTest, TheDeadlineBoundsTheRetries) {
       o, deadline,
       [&](bool*) {
         starts.push_back(Clock::now());
-        return kReset;
+        return Reset();
       },
       &attempts);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
@@ -170,7 +171,7 @@ TEST(StoreRetryTest, APastDeadlineAllowsNoRetry) {
   int calls = 0;
   const absl::Status s = RetryStoreCall(Quick(4), Clock::now() - milliseconds(1), [&](bool*) {
     ++calls;
-    return kReset;
+    return Reset();
   });
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(absl::StrContains(s.message(), "the deadline left no time for another")) << s;
