@@ -42,6 +42,11 @@ struct RoundTimeSummary {
   double commit_seconds = 0;
   double p50_overhead_ms = 0;
   double p90_overhead_ms = 0;
+
+  // The wall time no worker reported as compute or transfer.
+  double control_seconds() const {
+    return wall_seconds - draft_seconds - verify_seconds - transfer_seconds - commit_seconds;
+  }
 };
 
 struct WorkloadSummary {
