@@ -133,8 +133,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   (void)rpc::SplitHostPort("--listen", options.listen, &impl.host, &listen_port);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, rpc::ServerCredentials(options.tls, options.client_certs),
-                           &server->port_);
+  // gRPC sets SO_REUSEPORT by default: a second daemon (or a restarted one
+  // whose port another process took meanwhile) would bind the same port
+  // silently and the kernel would split connections between the two.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(
+      options.listen, rpc::ServerCredentials(options.tls, options.client_certs), &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   for (grpc::Service* s : services) builder.RegisterService(s);

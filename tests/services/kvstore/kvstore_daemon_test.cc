@@ -13,12 +13,15 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -65,6 +68,28 @@ int64_t UnreadBytesToPort(int port) {
     std::fclose(f);
   }
   return unread;
+}
+
+// Whether every thread of `pid` has stopped (state T in /proc/PID/task/*/
+// stat). kill(SIGSTOP) returns before the group stop is done: a thread busy
+// on another core runs on until it next enters the kernel, and can answer a
+// call sent right after the kill.
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code ec;
+  int threads = 0;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    FILE* f = std::fopen((task.path() / "stat").c_str(), "r");
+    if (f == nullptr) continue;  // the thread exited
+    char line[512] = {};
+    const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+    std::fclose(f);
+    // "TID (comm) S ...": the state follows the last ')' (comm may hold one).
+    const char* close = read ? std::strrchr(line, ')') : nullptr;
+    if (close == nullptr || close[1] != ' ' || (close[2] != 'T' && close[2] != 't')) return false;
+    ++threads;
+  }
+  return !ec && threads > 0;
 }
 
 void SetDeadline(grpc::ClientContext* ctx) {
@@ -180,14 +205,26 @@ class KvStoreDaemonTest : public ::testing::Test {
     channel_.reset();
     const std::string& addr = daemon_->grpc_addr();
     const int port = std::atoi(addr.substr(addr.rfind(':') + 1).c_str());
+    kill(daemon_->pid(), SIGSTOP);
+    const auto stop_limit = Clock::now() + std::chrono::seconds(10);
+    while (!AllThreadsStopped(daemon_->pid()) && Clock::now() < stop_limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(AllThreadsStopped(daemon_->pid())) << "the store did not stop";
+    // Counted once it is stopped: from here the unread bytes only grow.
     const int64_t before = UnreadBytesToPort(port);
     EXPECT_GE(before, 0) << "cannot read /proc/net/tcp";
-    kill(daemon_->pid(), SIGSTOP);
     absl::Status status = absl::UnknownError("the call never returned");
-    std::thread caller([&] { status = call(); });
+    std::atomic<bool> returned{false};
+    std::thread caller([&] {
+      status = call();
+      returned = true;
+    });
     const auto limit = Clock::now() + std::chrono::seconds(60);
     bool in_flight = false;
-    while (!in_flight && Clock::now() < limit) {
+    // A call answered while the store is stopped was answered by someone
+    // else: no use waiting for its request to arrive.
+    while (!in_flight && !returned && Clock::now() < limit) {
       in_flight = UnreadBytesToPort(port) > before;
       if (!in_flight) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }

@@ -1,0 +1,68 @@
+// The daemons' gRPC listener (vc::daemon::Server): a port already served by
+// one daemon is refused to a second one. gRPC's default SO_REUSEPORT let
+// both bind, and the kernel split connections between them: a store
+// restarted on its port while another process held that port served only
+// some of its clients (KvStoreDaemonTest's restart saw its calls answered
+// by another test's store).
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
+#include "gtest/gtest.h"
+#include "services/common/daemon.h"
+#include "vericache/v1/kvstore.grpc.pb.h"
+
+namespace vc::daemon {
+namespace {
+
+ServerOptions Options(const std::string& listen) {
+  ServerOptions o;
+  o.name = "vc-test";
+  o.version = "test";
+  o.listen = listen;
+  return o;
+}
+
+// gRPC builds no server without a service; every call of this one answers
+// UNIMPLEMENTED, which is all a listening port needs.
+class AnyService : public ::vericache::v1::KvStore::Service {};
+
+TEST(DaemonServerTest, ASecondServerOnTheSamePortIsRefused) {
+  AnyService first_service;
+  metrics::Registry first_registry;
+  absl::StatusOr<std::unique_ptr<Server>> first =
+      Server::Start(Options("127.0.0.1:0"), {&first_service}, &first_registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  ASSERT_GT(port, 0);
+  AnyService second_service;
+  metrics::Registry second_registry;
+  absl::StatusOr<std::unique_ptr<Server>> second =
+      Server::Start(Options(absl::StrCat("127.0.0.1:", port)), {&second_service}, &second_registry);
+  ASSERT_FALSE(second.ok()) << "a second server bound port " << port;
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_TRUE(absl::StrContains(second.status().message(), absl::StrCat(port))) << second.status();
+}
+
+// The port is free again once its server is gone (a restart on the same
+// port, as `vericache local` does, still works).
+TEST(DaemonServerTest, APortIsServedAgainAfterItsServerStops) {
+  AnyService first_service;
+  metrics::Registry first_registry;
+  absl::StatusOr<std::unique_ptr<Server>> first =
+      Server::Start(Options("127.0.0.1:0"), {&first_service}, &first_registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  first->reset();
+  AnyService again_service;
+  metrics::Registry again_registry;
+  absl::StatusOr<std::unique_ptr<Server>> again =
+      Server::Start(Options(absl::StrCat("127.0.0.1:", port)), {&again_service}, &again_registry);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->port(), port);
+}
+
+}  // namespace
+}  // namespace vc::daemon
