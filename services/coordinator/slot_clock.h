@@ -33,6 +33,14 @@ class SlotClock {
   // are released).
   absl::StatusOr<Admission> Admit(const AdmitRequest& r);
 
+  // Books a link-only transfer of `bytes` on `link`
+  // (RingScheduler::BookTransfer), e.g. a round's KV refresh on the slow
+  // link: the part of the current slot that has already run is not offered.
+  // Issue it once WaitForSlot(booking.first_slot()) returns, and Release(id)
+  // when done (a started transfer keeps its link time; one never sent gives
+  // it back). An unlimited link books nothing and starts now.
+  absl::StatusOr<Booking> BookTransfer(int64_t id, int64_t bytes, int link);
+
   // Resident full KV: a session decoding on the verifier alone (full_local,
   // fallback) keeps its prefix loaded for its whole life, outside any
   // booking. While held it lowers that verifier's memory ring capacity, so
