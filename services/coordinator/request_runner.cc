@@ -370,7 +370,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
           return absl::DeadlineExceededError(
               "request deadline passed waiting for the slow link (KV refresh)");
         }
-        UpdateGauges(ctx);  // the slow link's occupancy now shows it
+        // The slow link's occupancy now shows it (nothing to show unpaced).
+        if (booking.transfer_seconds > 0) UpdateGauges(ctx);
         plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + refresh_bytes);
       }
       pb::CommitResponse resp;
