@@ -112,6 +112,7 @@ class SlowRingClusterTest : public ::testing::Test {
     });
     std::vector<absl::StatusOr<pb::GenerateTotals>> out(kRequests, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
+    threads.reserve(kRequests);
     for (int i = 0; i < kRequests; ++i) {
       threads.emplace_back([&, i] {
         pb::GenerateRequest req;

@@ -321,7 +321,7 @@ TEST_F(RunnerTest, ARequestWhoseDeadlinePassesWaitingForTheSlowLinkFailsWithoutC
   // 1 s slots at 100 B/s: another transfer holds the slow link for the
   // next 100 slots, so this round's refresh could only go then.
   UseClock(1.0, 100);
-  ASSERT_TRUE(clock_->BookTransfer(clock_->NewBookingId(), 100 * 100, kSlowLink).ok());
+  ASSERT_TRUE(clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 100, kSlowLink).ok());
   r_.deadline = Clock::now() + std::chrono::seconds(1);
   const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;

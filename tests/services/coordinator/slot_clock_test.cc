@@ -189,11 +189,12 @@ TEST(SlotClockTest, ConcurrentTransfersNeverOverbookAPacedLink) {
   std::vector<double> worst(kThreads, 0.0);
   std::vector<int> failures(kThreads, 0);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kEach; ++i) {
         // 1..5 tokens of 128 bytes: 128..640 bytes, up to 0.64 of a slot.
-        const int64_t bytes = 128 * (1 + (t + i) % 5);
+        const int64_t bytes = int64_t{128} * (1 + (t + i) % 5);
         const int64_t id = clock->NewBookingId();
         auto b = clock->BookTransfer(id, bytes, 1);
         if (!b.ok() ||
