@@ -1,7 +1,8 @@
 // The coordinator's scheduler clock: the pure RingScheduler policy
 // (common/scheduler/ring_scheduler.h) driven by wall time. A thread ends a
 // slot every slot_seconds (RingScheduler::Advance) and wakes the requests
-// waiting for a slot; requests book their reloads and verifies through it.
+// waiting for a slot; requests book their reloads and verifies through it,
+// and their KV refresh transfers on the slow link.
 // The prefix rules it applies (residency, the admission rule, joining a
 // booking) are the pure PrefixPolicy's (common/scheduler/prefix_policy.h);
 // this only locks and applies them to the scheduler. Thread-safe.
