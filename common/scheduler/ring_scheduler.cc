@@ -273,16 +273,74 @@ absl::StatusOr<Admission> RingScheduler::Admit(const AdmitRequest& r) {
   return a;
 }
 
+absl::StatusOr<Booking> RingScheduler::BookTransfer(const TransferRequest& r) {
+  if (r.link < 0 || r.link >= static_cast<int>(options_.links.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown link ", r.link));
+  }
+  if (r.bytes < 0) return absl::InvalidArgumentError("negative transfer bytes");
+  if (!(r.elapsed_seconds >= 0) || !std::isfinite(r.elapsed_seconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("elapsed_seconds must be finite and >= 0, got ", r.elapsed_seconds));
+  }
+  if (bookings_.count(r.id) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", r.id, " is already booked"));
+  }
+  const double t = options_.slot_seconds;
+  const double bw = options_.links[r.link].bytes_per_second;
+  Booking b;
+  b.id = r.id;
+  b.link = r.link;
+  b.gpu = -1;
+  b.transfer_only = true;
+  b.lock_step = options_.lock_step;
+  b.transfer_seconds = bw > 0 ? static_cast<double>(r.bytes) / bw : 0.0;
+  // Earliest placement: from the current slot on, each slot's free time
+  // until the transfer is covered. The current slot offers only what is
+  // left of it, less all it has booked (that may still be ahead of us).
+  // Slots past the tracked range are free, so the walk ends.
+  int64_t first = now_;
+  double remaining = b.transfer_seconds;
+  for (int64_t slot = now_; remaining > t * kSlack; ++slot) {
+    double free = t - LinkBooked(r.link, slot);
+    if (slot == now_) free -= r.elapsed_seconds;
+    if (free <= t * kSlack) {
+      // A full slot: before the start it delays the start; after it, the
+      // transfer streams on in the next free slot (0 booked here).
+      if (!b.slot_seconds.empty()) b.slot_seconds.push_back(0.0);
+      continue;
+    }
+    if (b.slot_seconds.empty()) first = slot;
+    const double take = std::min(free, remaining);
+    b.slot_seconds.push_back(take);
+    remaining -= take;
+  }
+  // Nothing to move (an unlimited link, no bytes): one slot of nothing, now.
+  if (b.slot_seconds.empty()) b.slot_seconds.push_back(0.0);
+  b.reload_slots = static_cast<int>(b.slot_seconds.size());
+  b.verify_slot = first + b.reload_slots;
+  EnsureTracked(b.verify_slot - 1);
+  for (int i = 0; i < b.reload_slots; ++i) LinkAt(b.link, first + i) += b.slot_seconds[i];
+  bookings_.emplace(b.id, b);
+  ++stats_.transfers;
+  return b;
+}
+
 absl::Status RingScheduler::Release(int64_t id) {
   auto it = bookings_.find(id);
   if (it == bookings_.end()) return absl::NotFoundError(absl::StrCat("no booking for ", id));
   const Booking& b = it->second;
-  for (int i = 0; i < b.reload_slots; ++i) {
+  // A transfer that has started occupies the link for its booked time
+  // however soon its sender hears back (bytes handed to a paced link are
+  // still streaming): freeing that time would let the next transfers
+  // oversubscribe the link. Only one not yet started gives its slots back.
+  const bool started = b.transfer_only && b.first_slot() <= now_;
+  for (int i = 0; i < b.reload_slots && !started; ++i) {
     const int64_t slot = b.first_slot() + i;
     if (slot >= now_)
       LinkAt(b.link, slot) = std::max(0.0, LinkAt(b.link, slot) - b.slot_seconds[i]);
   }
-  for (int64_t slot = std::max(now_, b.first_slot()); slot <= b.verify_slot; ++slot) {
+  for (int64_t slot = std::max(now_, b.first_slot()); !b.transfer_only && slot <= b.verify_slot;
+       ++slot) {
     MemAt(b.gpu, slot) -= b.full_kv_bytes;
   }
   bookings_.erase(it);

@@ -52,6 +52,20 @@
 // it admits. A reload too long for the window (S + 1 > W - 1) is booked at the
 // first slot past the window where it fits, however far, so it never starves.
 //
+// Link-only transfers (BookTransfer): bytes that cross a link but hold no
+// GPU memory and have no verify slot, e.g. the exact K/V rows of a round's
+// KV refresh on the slow link (DESIGN.md section 3). A transfer is placed as
+// early as it can go: from the current slot (only what is left of it after
+// `elapsed_seconds` and what is already booked there) onwards it takes each
+// slot's free time until it is covered; the caller issues it at the start of
+// its first slot (at once if that is the current one). Transfers respect the
+// per-slot limit in lock-step mode too (the ablation concerns verifies), so
+// the ring is never overbooked by them. An unlimited link books nothing and
+// starts now. Release() of a transfer that has started (its first slot has
+// come) only forgets it: its bytes occupy the link for the booked time
+// however soon the sender hears back. One not yet started gives its slots
+// back (it was cancelled).
+//
 // Lock-step mode (the ablation baseline of the paper's Figure 6a): every
 // request admitted while a round is open is put on the round's common verify
 // slot; the bandwidth ring's per-slot limit is ignored (what is booked beyond
@@ -117,6 +131,17 @@ struct AdmitRequest {
   int gpu = 0;
 };
 
+// A link-only transfer (see the header comment).
+struct TransferRequest {
+  int64_t id = 0;
+  int64_t bytes = 0;  // what crosses the link
+  int link = 0;
+  // How far the current slot has already run (seconds, from the caller's
+  // clock): only the rest of it can still carry the transfer. A simulator
+  // that books at slot boundaries passes 0.
+  double elapsed_seconds = 0;
+};
+
 struct Booking {
   int64_t id = 0;
   int link = 0;
@@ -128,6 +153,10 @@ struct Booking {
   std::vector<double> slot_seconds;  // transfer seconds booked in each reload slot
   bool beyond_window = false;        // a long reload booked past the window
   bool lock_step = false;
+  // A link-only transfer (BookTransfer): reload_slots counts the slots it
+  // streams through from first_slot() (some may hold 0 seconds), verify_slot
+  // is the slot after them, and no GPU memory is booked (gpu = -1).
+  bool transfer_only = false;
 
   // The slot in which the reload is issued: d - S.
   int64_t first_slot() const { return verify_slot - reload_slots; }
@@ -146,6 +175,7 @@ struct RingSchedulerStats {
   int64_t admitted = 0;
   int64_t queued = 0;  // Admit calls answered "queued"
   int64_t released = 0;
+  int64_t transfers = 0;      // link-only transfers booked (BookTransfer)
   int64_t beyond_window = 0;  // long reloads booked past the window
   int64_t max_offset = 0;     // largest verify offset booked
   // Per link: seconds booked beyond the slot duration, measured when booked
@@ -167,8 +197,16 @@ class RingScheduler {
   // GPU's transient capacity (it could never fit).
   absl::StatusOr<Admission> Admit(const AdmitRequest& r);
 
+  // Books a link-only transfer (see the header comment): the earliest
+  // placement from the current slot on, never more than a slot's duration
+  // in any slot, however many are booked. InvalidArgument for an unknown
+  // link, an id already booked, negative bytes or a negative or non-finite
+  // elapsed_seconds.
+  absl::StatusOr<Booking> BookTransfer(const TransferRequest& r);
+
   // Frees a booking's slots from now on (its verify finished, or it was
-  // cancelled). NotFound for an unknown id.
+  // cancelled); a transfer that has started keeps its link time (see the
+  // header comment). NotFound for an unknown id.
   absl::Status Release(int64_t id);
 
   // Ends the current slot: the window slides by `slots`. Bookings whose

@@ -244,7 +244,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         ar.full_kv_bytes = prefix_bytes;
         ar.target_offset = std::max(1, take);
         ar.min_offset = 1;
-        ar.link = 0;
+        ar.link = kFastLink;
         ar.gpu = v.index;
         VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
         if (can_join && PrefixPolicy::JoinsInsteadOf(shared, adm)) {
@@ -348,10 +348,31 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       pb::CommitRequest req;
       req.set_session_id(plan.session);
       for (int32_t t : tokens) req.add_tokens(t);
+      std::optional<int64_t> refresh_booking;
+      // Released when the Commit is answered or the request ends first:
+      // once sent, the rows keep their link time booked (RingScheduler::
+      // Release), so the next refreshes queue behind them; never sent, the
+      // time is given back.
+      absl::Cleanup release_refresh = [&] {
+        if (refresh_booking) (void)ctx.clock->Release(*refresh_booking);
+      };
       if (ctx.options.kv_refresh) {
         *req.mutable_refresh() = vresp.refresh();
-        plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() +
-                                      static_cast<int64_t>(req.refresh().chunk().size()));
+        const auto refresh_bytes = static_cast<int64_t>(req.refresh().chunk().size());
+        // The rows cross the slow link (DESIGN.md section 3): book their
+        // transfer time on its ring and send them at the booked slot, so
+        // many requests' refreshes never oversubscribe a paced link. An
+        // unpaced link books nothing and starts now: no wait.
+        const int64_t id = ctx.clock->NewBookingId();
+        VC_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, refresh_bytes, kSlowLink));
+        refresh_booking = id;
+        if (!ctx.clock->WaitForSlot(booking.first_slot(), r.deadline)) {
+          return absl::DeadlineExceededError(
+              "request deadline passed waiting for the slow link (KV refresh)");
+        }
+        // The slow link's occupancy now shows it (nothing to show unpaced).
+        if (booking.transfer_seconds > 0) UpdateGauges(ctx);
+        plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + refresh_bytes);
       }
       pb::CommitResponse resp;
       const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);

@@ -4,7 +4,8 @@
 //    scheduler (SlotClock: the prefix's reload on the fast link and the
 //    verifier's memory, or join another request's pending verify of the same
 //    prefix), Load at its slot, take the drafts, Verify, stream the accepted
-//    tokens, Commit them (with their exact K/V) to the drafter, adapt x; a
+//    tokens, book their exact K/V (KV refresh) on the slow link and Commit
+//    them with it to the drafter at the booked slot, adapt x; a
 //    drafter that fails or whose acceptance collapses is dropped for
 //    RunFullLocal on the same verifier session (fallback).
 //  * RunFullLocal (full_local, and fallback): the verifier decodes alone
@@ -37,6 +38,11 @@
 namespace vc::coordinator {
 
 using Clock = std::chrono::steady_clock;
+
+// The coordinator's bandwidth rings, in the order coordinator_service.cc
+// builds them.
+inline constexpr int kFastLink = 0;  // store -> verifiers: the verify's reload
+inline constexpr int kSlowLink = 1;  // store/verifiers -> drafters: KV refresh
 
 // One worker of a pool as the coordinator holds it.
 struct Worker {

@@ -62,6 +62,14 @@ absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
   return admission;
 }
 
+absl::StatusOr<Booking> SlotClock::BookTransfer(int64_t id, int64_t bytes, int link) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double elapsed = std::max(
+      0.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - slot_start_).count());
+  return scheduler_.BookTransfer(
+      {.id = id, .bytes = bytes, .link = link, .elapsed_seconds = elapsed});
+}
+
 void SlotClock::HoldResident(const std::string& prefix_key, int gpu, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   // Hold answers true only for a valid gpu, so ApplyCapacity cannot fail.

@@ -1,7 +1,8 @@
 // The coordinator's scheduler clock: the pure RingScheduler policy
 // (common/scheduler/ring_scheduler.h) driven by wall time. A thread ends a
 // slot every slot_seconds (RingScheduler::Advance) and wakes the requests
-// waiting for a slot; requests book their reloads and verifies through it.
+// waiting for a slot; requests book their reloads and verifies through it,
+// and their KV refresh transfers on the slow link.
 // The prefix rules it applies (residency, the admission rule, joining a
 // booking) are the pure PrefixPolicy's (common/scheduler/prefix_policy.h);
 // this only locks and applies them to the scheduler. Thread-safe.
@@ -32,6 +33,14 @@ class SlotClock {
   // it fits the verifier's configured memory only once resident prefixes
   // are released).
   absl::StatusOr<Admission> Admit(const AdmitRequest& r);
+
+  // Books a link-only transfer of `bytes` on `link`
+  // (RingScheduler::BookTransfer), e.g. a round's KV refresh on the slow
+  // link: the part of the current slot that has already run is not offered.
+  // Issue it once WaitForSlot(booking.first_slot()) returns, and Release(id)
+  // when done (a started transfer keeps its link time; one never sent gives
+  // it back). An unlimited link books nothing and starts now.
+  absl::StatusOr<Booking> BookTransfer(int64_t id, int64_t bytes, int link);
 
   // Resident full KV: a session decoding on the verifier alone (full_local,
   // fallback) keeps its prefix loaded for its whole life, outside any

@@ -1,14 +1,17 @@
 // The request runners over fake workers (worker_client.h's seam): the round
 // loop of each mode, its output exact whatever the drafts, fallback when the
 // drafter fails or its acceptance collapses, a worker's failure reported by
-// name, EOS and cancellation. The fake model's output is 10, 11, 12, ... (the
-// token at output position k is 10 + k); the fake drafter drafts it, wrong
-// on demand, and the fake verifier accepts the drafts that match it.
+// name, EOS and cancellation, and each round's KV refresh booked on the slow
+// link's ring before its Commit (none with KV refresh off). The fake model's output is 10, 11, 12,
+// ... (the token at output position k is 10 + k); the fake drafter drafts it, wrong on demand, and
+// the fake verifier accepts the drafts that match it.
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,10 +65,16 @@ class FakeVerifier final : public FakeVerifierBase {
       ++accepted;
     for (int i = 0; i <= accepted; ++i) resp->add_tokens(TokenAt(pos_ + i));
     resp->set_accepted(accepted);
+    if (!req.skip_refresh()) {
+      resp->mutable_refresh()->set_count(accepted + 1);
+      resp->mutable_refresh()->set_chunk(
+          std::string(static_cast<size_t>(refresh_bytes_per_token * (accepted + 1)), 'k'));
+    }
     pos_ += accepted + 1;
     return absl::OkStatus();
   }
   std::optional<absl::Status> verify_error;
+  int refresh_bytes_per_token = 100;  // the refresh rows' size
 
  private:
   Calls* calls_;
@@ -97,12 +106,16 @@ class FakeDrafter final : public FakeDrafterBase {
   absl::Status Commit(const WorkerCallOptions&, const pb::CommitRequest& req,
                       pb::CommitResponse*) override {
     calls_->Add("d.Commit");
+    refresh_bytes += static_cast<int64_t>(req.refresh().chunk().size());
+    if (on_commit) on_commit();
     pos_ += req.tokens_size();
     return absl::OkStatus();
   }
   std::optional<absl::Status> draft_error;
   bool always_wrong = false;
   pb::DrafterOpenRequest opened_with;
+  int64_t refresh_bytes = 0;  // received in Commits
+  std::function<void()> on_commit;
 
  private:
   Calls* calls_;
@@ -122,11 +135,7 @@ struct CollectSink final : Sink {
 class RunnerTest : public ::testing::Test {
  protected:
   RunnerTest() {
-    RingSchedulerOptions ro;
-    ro.slot_seconds = 0.001;
-    ro.links = {RingLink{.name = "fast"}, RingLink{.name = "slow"}};
-    ro.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1 << 20}};
-    clock_ = std::move(SlotClock::Create(ro)).value();
+    UseClock(0.001, 0);
     auto v = std::make_unique<FakeVerifier>(&calls_);
     auto d = std::make_unique<FakeDrafter>(&calls_);
     fake_v_ = v.get();
@@ -135,7 +144,6 @@ class RunnerTest : public ::testing::Test {
     verifier_.verifier = std::move(v);
     drafter_.address = d->address();
     drafter_.drafter = std::move(d);
-    ctx_.clock = clock_.get();
     ctx_.eos_ids = {2};
     ctx_.worker_failed = [this](WorkerPool pool, Worker&, const absl::Status& s) {
       failures_.push_back(absl::StrCat(WorkerPoolName(pool), ": ", s.message()));
@@ -153,6 +161,17 @@ class RunnerTest : public ::testing::Test {
     r_.deadline = Clock::now() + std::chrono::minutes(5);
   }
   ~RunnerTest() override { clock_->Stop(); }
+
+  // A new clock: `slow_bps` paces the slow link (0: unlimited).
+  void UseClock(double slot_seconds, double slow_bps) {
+    if (clock_) clock_->Stop();
+    RingSchedulerOptions ro;
+    ro.slot_seconds = slot_seconds;
+    ro.links = {RingLink{.name = "fast"}, RingLink{.name = "slow", .bytes_per_second = slow_bps}};
+    ro.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1 << 20}};
+    clock_ = std::move(SlotClock::Create(ro)).value();
+    ctx_.clock = clock_.get();
+  }
 
   std::vector<int32_t> Expected(int n) {
     std::vector<int32_t> out;
@@ -257,6 +276,60 @@ TEST_F(RunnerTest, ACancelledRequestEndsAtTheNextRound) {
   EXPECT_EQ(RunVeriCache(ctx_, plan_, r_, &sink_).code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(RunRemote(ctx_, plan_, r_, &sink_).code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(sink_.tokens.empty());
+}
+
+TEST_F(RunnerTest, OnAnUnpacedSlowLinkEachRefreshIsBookedForNothing) {
+  // The default clock's slow link is unpaced: the refreshes are booked
+  // (for no time) and sent at once.
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(clock_->stats().transfers, 3) << "one per Commit";
+  EXPECT_EQ(clock_->stats().released, 3);
+  EXPECT_EQ(fake_d_->refresh_bytes, 3 * 5 * 100) << "5 tokens of 100 bytes per round";
+  EXPECT_EQ(plan_.totals.refresh_bytes(), 3 * 5 * 100);
+  EXPECT_EQ(clock_->stats().peak_slot_seconds[kSlowLink], 0.0) << "an unpaced link books no time";
+}
+
+TEST_F(RunnerTest, EachRefreshIsBookedOnThePacedSlowLinkBeforeItsCommit) {
+  // 500 bytes at 50 kB/s are 10 ms, two 5 ms slots per refresh; the slow
+  // link's current slot is never booked beyond its length.
+  UseClock(0.005, 50e3);
+  std::vector<double> occupancy;
+  fake_d_->on_commit = [&] { occupancy.push_back(clock_->LinkOccupancy()[kSlowLink]); };
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(clock_->stats().transfers, 3);
+  EXPECT_EQ(clock_->stats().released, 3) << "released once each Commit was answered";
+  ASSERT_EQ(occupancy.size(), 3u);
+  for (double o : occupancy) EXPECT_LE(o, 1.0 + 1e-9);
+  // Let the last refresh's slot pass: the link time it used stays counted.
+  ASSERT_TRUE(clock_->WaitForSlot(clock_->now() + 2, Clock::now() + std::chrono::seconds(30)));
+  EXPECT_GT(clock_->stats().peak_slot_seconds[kSlowLink], 0.0);
+  EXPECT_LE(clock_->stats().peak_slot_seconds[kSlowLink], 0.005 * (1 + 1e-9));
+}
+
+TEST_F(RunnerTest, WithoutKvRefreshNothingIsBookedOnTheSlowLink) {
+  UseClock(0.005, 50e3);
+  ctx_.options.kv_refresh = false;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(clock_->stats().transfers, 0);
+  EXPECT_EQ(fake_d_->refresh_bytes, 0) << "the verifier was told to skip them";
+  EXPECT_EQ(plan_.totals.refresh_bytes(), 0);
+}
+
+TEST_F(RunnerTest, ARequestWhoseDeadlinePassesWaitingForTheSlowLinkFailsWithoutCommitting) {
+  // 1 s slots at 100 B/s: another transfer holds the slow link for the
+  // next 100 slots, so this round's refresh could only go then.
+  UseClock(1.0, 100);
+  ASSERT_TRUE(clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 100, kSlowLink).ok());
+  r_.deadline = Clock::now() + std::chrono::seconds(1);
+  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(s.message(), "request deadline passed waiting for the slow link (KV refresh)");
+  EXPECT_EQ(calls_.Count("d.Commit"), 0);
+  EXPECT_EQ(plan_.output, Expected(5)) << "the verified tokens were streamed";
+  EXPECT_EQ(clock_->stats().transfers, 2);
+  EXPECT_EQ(clock_->stats().released, 1) << "the request's own booking is let go";
 }
 
 }  // namespace

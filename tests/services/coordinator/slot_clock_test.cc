@@ -1,13 +1,16 @@
 // The coordinator's wall-clock driver of the ring scheduler: slots advance on
 // their own, waits end at their slot (or offset into it), at the deadline, or
 // on Stop; bookings pass through to the policy; prefix joins expire with
-// their verify slot, and a joined booking lives until its last user is done.
+// their verify slot, a joined booking lives until its last user is done, and
+// many threads' link-only transfers (KV refresh) never overbook a paced
+// link in any slot.
 // Margins are generous: the suite runs on a loaded 2-core machine, so only
 // orderings are asserted, never durations.
 #include "services/coordinator/slot_clock.h"
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -147,6 +150,75 @@ TEST(SlotClockTest, ResidentPrefixesTakeMemoryFromTheRing) {
   ASSERT_TRUE(a.ok());
   EXPECT_FALSE(a->queued);
   clock->ReleaseResident("unknown", 0);  // harmless
+}
+
+TEST(SlotClockTest, TransfersStartInTheCurrentSlotAndUnlimitedLinksBookNothing) {
+  // Slots long enough that the clock does not move during the test.
+  RingSchedulerOptions o = Options(30.0);
+  o.links.push_back(RingLink{.name = "slow", .bytes_per_second = 0});
+  auto clock = std::move(SlotClock::Create(o)).value();
+  const int64_t now = clock->now();
+  // 1 s at 1000 B/s: it fits in what is left of the current 30 s slot.
+  auto paced = clock->BookTransfer(1, 1000, 0);
+  ASSERT_TRUE(paced.ok()) << paced.status();
+  EXPECT_EQ(paced->first_slot(), now);
+  EXPECT_NEAR(clock->LinkOccupancy()[0], 1.0 / 30.0, 1e-9);
+  auto unlimited = clock->BookTransfer(2, int64_t{1} << 40, 1);
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status();
+  EXPECT_EQ(unlimited->first_slot(), now);
+  EXPECT_EQ(clock->LinkOccupancy()[1], 0.0);
+  EXPECT_TRUE(clock->WaitForSlot(unlimited->first_slot(), Clock::now() + std::chrono::seconds(30)));
+  EXPECT_EQ(clock->BookTransfer(3, 10, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(clock->Release(1).ok());
+  EXPECT_TRUE(clock->Release(2).ok());
+  EXPECT_EQ(clock->stats().transfers, 2);
+}
+
+// Issue 14: eight threads book KV refreshes on a paced slow link as the
+// runners do (book, wait for the first slot, release), 40 each, while the
+// clock runs. The ring never books more than the link can carry in a slot:
+// the occupancy each thread sees and the peak of every passed slot stay
+// within one slot, and the link was used.
+TEST(SlotClockTest, ConcurrentTransfersNeverOverbookAPacedLink) {
+  constexpr double kT = 0.005;   // 5 ms slots
+  constexpr double kBw = 200e3;  // 200 kB/s: 1000 bytes per slot
+  RingSchedulerOptions o = Options(kT);
+  o.links.push_back(RingLink{.name = "slow", .bytes_per_second = kBw});
+  auto clock = std::move(SlotClock::Create(o)).value();
+  constexpr int kThreads = 8, kEach = 40;
+  std::vector<double> worst(kThreads, 0.0);
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        // 1..5 tokens of 128 bytes: 128..640 bytes, up to 0.64 of a slot.
+        const int64_t bytes = int64_t{128} * (1 + (t + i) % 5);
+        const int64_t id = clock->NewBookingId();
+        auto b = clock->BookTransfer(id, bytes, 1);
+        if (!b.ok() ||
+            !clock->WaitForSlot(b->first_slot(), Clock::now() + std::chrono::seconds(60))) {
+          ++failures[t];
+          continue;
+        }
+        worst[t] = std::max(worst[t], clock->LinkOccupancy()[1]);
+        if (!clock->Release(id).ok()) ++failures[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(clock->WaitForSlot(clock->now() + 2, Clock::now() + std::chrono::seconds(30)));
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], 0) << "thread " << t;
+    EXPECT_LE(worst[t], 1.0 + 1e-9) << "thread " << t;
+  }
+  const RingSchedulerStats st = clock->stats();
+  EXPECT_EQ(st.transfers, kThreads * kEach);
+  EXPECT_EQ(st.released, kThreads * kEach);
+  EXPECT_GT(st.peak_slot_seconds[1], 0.0);
+  EXPECT_LE(st.peak_slot_seconds[1] * kBw, kBw * kT * (1 + 1e-9)) << "bytes in the fullest slot";
+  EXPECT_EQ(st.overrun_seconds[1], 0.0);
 }
 
 }  // namespace
