@@ -382,6 +382,7 @@ absl::Status CoordinatorService::Connect() {
   // The coordinator never fetches chunk bytes; it only needs the control
   // plane, but the client asks the store which data plane it runs.
   so.data_plane = "";
+  so.metrics = registry_;  // vericache_store_call_retries_total
   VC_ASSIGN_OR_RETURN(store_, daemon::StoreClient::Create(so));
   std::string model;
   auto info_of = [&](Worker& w, bool verifier) -> absl::Status {

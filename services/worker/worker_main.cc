@@ -262,10 +262,12 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   so.seal_context.model_id = model_id;
   so.seal_context.numerics_version = NumericsVersionFor((*model)->config());
   so.tls = f.server.tls;  // mutual TLS towards the store with this worker's certificate
+  // Declared before the store client, which counts its retries in it.
+  metrics::Registry registry;
+  so.metrics = &registry;
   auto store = daemon::StoreClient::Create(so);
   if (!store.ok()) return daemon::Fail(name, store.status().ToString());
 
-  metrics::Registry registry;
   std::unique_ptr<VerifierService> verifier_service;
   std::unique_ptr<DrafterService> drafter_service;
   grpc::Service* service = nullptr;
