@@ -359,8 +359,15 @@ absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::
   return absl::OkStatus();
 }
 
-absl::Status StoreClient::Apply(KeyAction action, const std::string& key) {
-  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+absl::Status StoreClient::Apply(KeyAction action, const std::string& key,
+                                std::chrono::steady_clock::time_point deadline) {
+  auto timeout = options_.timeout;
+  if (deadline != std::chrono::steady_clock::time_point{}) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    timeout = std::max(std::chrono::milliseconds(1), std::min(left, options_.timeout));
+  }
+  auto ctx = rpc::ContextWithTimeout(timeout);
   grpc::Status s;
   switch (action) {
     case KeyAction::kDelete: {

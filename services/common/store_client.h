@@ -181,8 +181,10 @@ class StoreClient {
   // Per-key maintenance (control plane): Delete, Pin, Unpin. Never tried
   // again: pins are counted, so a Pin or Unpin whose answer was lost may
   // have been applied; a repeated Delete that was applied answers NotFound.
+  // The call's deadline is the options' timeout, cut to `deadline` if given.
   enum class KeyAction { kDelete, kPin, kUnpin };
-  absl::Status Apply(KeyAction action, const std::string& key);
+  absl::Status Apply(KeyAction action, const std::string& key,
+                     std::chrono::steady_clock::time_point deadline = {});
 
   transport::ClientStats data_stats() const;
   // Values whose seal failed in Fetch (and were quarantined) so far.
