@@ -8,6 +8,7 @@
 #include "absl/types/span.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/rpc.h"
+#include "services/common/daemon.h"
 
 namespace vc::daemon {
 
@@ -25,6 +26,17 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
   VC_RETURN_IF_ERROR(ValidateStoreRetryOptions(options.fetch_retry));
   auto client = std::unique_ptr<StoreClient>(new StoreClient());
   client->options_ = options;
+  if (options.metrics != nullptr) {
+    metrics::CounterFamily* retries = MustCounter(
+        options.metrics, "vericache_store_call_retries_total",
+        "Store calls tried again after the store went away under them (UNAVAILABLE), by call.",
+        {"call"});
+    // In the order of Call.
+    const char* const names[] = {"lookup", "get", "put", "fetch"};
+    for (size_t i = 0; i < client->retry_counters_.size(); ++i) {
+      client->retry_counters_[i] = &retries->Labels({names[i]});
+    }
+  }
   client->stub_ = pb::KvStore::NewStub(
       rpc::MakeChannel(options.control_address, options.max_message_bytes, options.tls));
   std::string data_address = options.data_address;
@@ -76,7 +88,7 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
   // data plane client tries a second connection, not every one). A fetch is
   // a read, so it is tried again (fetch_retry), as the gRPC reads are.
   absl::StatusOr<std::vector<std::string>> fetched;
-  VC_RETURN_IF_ERROR(Retry(options_.fetch_retry, deadline, [&](bool*) {
+  VC_RETURN_IF_ERROR(Retry(Call::kFetch, options_.fetch_retry, deadline, [&](bool*) {
     fetched = data_->Fetch(keys, deadline);
     return fetched.status();
   }));
@@ -181,12 +193,16 @@ std::chrono::steady_clock::time_point StoreClient::DeadlineOr(
   return std::chrono::steady_clock::now() + options_.timeout;
 }
 
-absl::Status StoreClient::Retry(const StoreRetryOptions& options,
+absl::Status StoreClient::Retry(Call call, const StoreRetryOptions& options,
                                 std::chrono::steady_clock::time_point deadline,
                                 absl::FunctionRef<absl::Status(bool* retryable)> attempt) {
   int attempts = 0;
   absl::Status s = RetryStoreCall(options, deadline, attempt, &attempts);
-  retries_.fetch_add(attempts - 1);
+  if (attempts > 1) {
+    retries_.fetch_add(attempts - 1);
+    metrics::Counter* counter = retry_counters_[static_cast<size_t>(call)];
+    if (counter != nullptr) counter->Inc(attempts - 1);
+  }
   return s;
 }
 
@@ -211,7 +227,7 @@ absl::StatusOr<std::vector<bool>> StoreClient::Lookup(
   pb::LookupRequest req;
   for (const auto& k : keys) req.add_keys(k);
   pb::LookupResponse resp;
-  VC_RETURN_IF_ERROR(Retry(options_.retry, deadline, [&](bool*) {
+  VC_RETURN_IF_ERROR(Retry(Call::kLookup, options_.retry, deadline, [&](bool*) {
     resp.Clear();
     auto ctx = ReadOnlyContext(deadline);
     return rpc::FromGrpcStatus(stub_->Lookup(ctx.get(), req, &resp), "vc-kvstore Lookup");
@@ -230,7 +246,7 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key,
   pb::GetRequest req;
   req.set_key(key);
   pb::GetResponse resp;
-  VC_RETURN_IF_ERROR(Retry(options_.retry, deadline, [&](bool*) {
+  VC_RETURN_IF_ERROR(Retry(Call::kGet, options_.retry, deadline, [&](bool*) {
     resp.Clear();
     auto ctx = ReadOnlyContext(deadline);
     return rpc::FromGrpcStatus(stub_->Get(ctx.get(), req, &resp), "vc-kvstore Get");
@@ -256,7 +272,7 @@ absl::Status StoreClient::PutAll(std::vector<std::pair<std::string, std::string>
   // resumed: nothing of the lost attempt becomes visible, and each attempt
   // commits all of its entries or none.
   const auto call_limit = caller_deadline ? deadline : std::chrono::steady_clock::time_point{};
-  return Retry(options_.retry, deadline,
+  return Retry(Call::kPut, options_.retry, deadline,
                [&](bool* retryable) { return PutOnce(entries, call_limit, retryable); });
 }
 
@@ -343,8 +359,15 @@ absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::
   return absl::OkStatus();
 }
 
-absl::Status StoreClient::Apply(KeyAction action, const std::string& key) {
-  auto ctx = rpc::ContextWithTimeout(options_.timeout);
+absl::Status StoreClient::Apply(KeyAction action, const std::string& key,
+                                std::chrono::steady_clock::time_point deadline) {
+  auto timeout = options_.timeout;
+  if (deadline != std::chrono::steady_clock::time_point{}) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    timeout = std::max(std::chrono::milliseconds(1), std::min(left, options_.timeout));
+  }
+  auto ctx = rpc::ContextWithTimeout(timeout);
   grpc::Status s;
   switch (action) {
     case KeyAction::kDelete: {

@@ -6,6 +6,7 @@
 // (StoreRetryOptions).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/rpc.h"
 #include "common/transport/data_plane.h"
 #include "grpcpp/grpcpp.h"
@@ -113,6 +115,12 @@ struct StoreClientOptions {
   // plaintext and FetchKv refuses encrypted entries (FailedPrecondition
   // naming the flag) rather than misparse them.
   std::shared_ptr<const kvstore::KvKeyring> kv_keyring;
+  // The daemon's /metrics registry (must outlive the client). With it,
+  // Create registers the counter vericache_store_call_retries_total{call}
+  // (call: lookup, get, put, fetch); each call adds its retries to it when
+  // it ends, so an operator sees a store that keeps going away even while
+  // the calls still succeed. Null: only retries() counts them (tools, tests).
+  metrics::Registry* metrics = nullptr;
 };
 
 class StoreClient {
@@ -173,8 +181,10 @@ class StoreClient {
   // Per-key maintenance (control plane): Delete, Pin, Unpin. Never tried
   // again: pins are counted, so a Pin or Unpin whose answer was lost may
   // have been applied; a repeated Delete that was applied answers NotFound.
+  // The call's deadline is the options' timeout, cut to `deadline` if given.
   enum class KeyAction { kDelete, kPin, kUnpin };
-  absl::Status Apply(KeyAction action, const std::string& key);
+  absl::Status Apply(KeyAction action, const std::string& key,
+                     std::chrono::steady_clock::time_point deadline = {});
 
   transport::ClientStats data_stats() const;
   // Values whose seal failed in Fetch (and were quarantined) so far.
@@ -185,13 +195,15 @@ class StoreClient {
 
  private:
   StoreClient() = default;
+  // The calls that are tried again, as the retry counter's `call` label.
+  enum class Call { kLookup, kGet, kPut, kFetch };
   // Deadline `timeout`, cut to `deadline`, waiting for the channel to be
   // ready (idempotent calls).
   std::unique_ptr<grpc::ClientContext> ReadOnlyContext(
       std::chrono::steady_clock::time_point deadline) const;
   // Deadline `deadline` or, when that is unset, the options' timeout from now.
   std::chrono::steady_clock::time_point DeadlineOr(std::chrono::steady_clock::time_point d) const;
-  absl::Status Retry(const StoreRetryOptions& options,
+  absl::Status Retry(Call call, const StoreRetryOptions& options,
                      std::chrono::steady_clock::time_point deadline,
                      absl::FunctionRef<absl::Status(bool* retryable)> attempt);
   // One attempt of PutAll: BeginPut, every stage, CommitPut (the put
@@ -204,6 +216,8 @@ class StoreClient {
   std::unique_ptr<transport::DataPlaneClient> data_;
   std::atomic<int64_t> seal_failures_{0};
   std::atomic<int64_t> retries_{0};
+  // Per Call; null without options_.metrics.
+  std::array<metrics::Counter*, 4> retry_counters_{};
 };
 
 }  // namespace vc::daemon

@@ -35,6 +35,17 @@ std::string RequestKey(const std::string& tenant, const std::string& id) {
   return absl::StrCat(tenant.size(), ":", tenant, id);
 }
 
+// A call's gRPC deadline on the steady clock the coordinator's requests
+// keep; none (max) when the caller set none.
+Clock::time_point ServerCallDeadline(const grpc::ServerContext& ctx) {
+  const auto grpc_deadline = ctx.deadline();
+  if (grpc_deadline == std::chrono::system_clock::time_point::max()) {
+    return Clock::time_point::max();
+  }
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            grpc_deadline - std::chrono::system_clock::now());
+}
+
 }  // namespace
 
 // ------------------------------------------------------------- internals
@@ -382,6 +393,7 @@ absl::Status CoordinatorService::Connect() {
   // The coordinator never fetches chunk bytes; it only needs the control
   // plane, but the client asks the store which data plane it runs.
   so.data_plane = "";
+  so.metrics = registry_;  // vericache_store_call_retries_total
   VC_ASSIGN_OR_RETURN(store_, daemon::StoreClient::Create(so));
   std::string model;
   auto info_of = [&](Worker& w, bool verifier) -> absl::Status {
@@ -569,11 +581,7 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
   r->mode = req->mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : req->mode();
   r->start = Clock::now();
   r->client_gone = [ctx] { return ctx->IsCancelled(); };
-  const auto grpc_deadline = ctx->deadline();
-  if (grpc_deadline != std::chrono::system_clock::time_point::max()) {
-    r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     grpc_deadline - std::chrono::system_clock::now());
-  }
+  r->deadline = ServerCallDeadline(*ctx);
   const char* mode = ModeName(r->mode);
   const std::string key = RequestKey(r->tenant, r->id);
   {
@@ -637,7 +645,7 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   if (req.deadline_ms() > 0) {
     r.deadline = std::min(r.deadline, Clock::now() + std::chrono::milliseconds(req.deadline_ms()));
   }
-  VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req));
+  VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r.deadline));
   VC_RETURN_IF_ERROR(Admit(r));
   absl::Status status = catalogue_->EnsureStored(plan, r);
   if (status.ok()) status = Run(plan, r, sink);
@@ -670,7 +678,8 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& req) {
+absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& req,
+                                                     Clock::time_point deadline) {
   Plan plan;
   plan.req = req;
   VC_RETURN_IF_ERROR(CheckPromptSource(req));
@@ -685,7 +694,8 @@ absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& 
                      kvstore::ShortModelId(*draft_model_id_), " (use vericache or full_local)"));
   }
   if (!req.prefix_id().empty()) {
-    VC_ASSIGN_OR_RETURN(plan.prompt, catalogue_->Tokens(req.prefix_id(), req.tenant_salt()));
+    VC_ASSIGN_OR_RETURN(plan.prompt,
+                        catalogue_->Tokens(req.prefix_id(), req.tenant_salt(), deadline));
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
   } else {
     plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
@@ -759,7 +769,7 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   // entry before it answers, and the store deletes one that fails its check
   // on a disk read, so a miss here means "ingest again", whatever error
   // text the worker chose.
-  if (!catalogue_->Missing(plan)) return false;
+  if (!catalogue_->Missing(plan, r.deadline)) return false;
   ReleaseSessions(plan);
   plan.healed = true;
   plan.session = next_session_.fetch_add(1);
@@ -1098,10 +1108,7 @@ grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
   r.server_ctx = ctx;
   r.start = Clock::now();
   r.client_gone = [ctx] { return ctx->IsCancelled(); };
-  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
-    r.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    ctx->deadline() - std::chrono::system_clock::now());
-  }
+  r.deadline = ServerCallDeadline(*ctx);
   return rpc::ToGrpcStatus(catalogue_->Register(who->salt, *req, r, resp));
 }
 
@@ -1110,7 +1117,8 @@ grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
                                               pb::ManagePrefixResponse* resp) {
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) return rpc::ToGrpcStatus(who.status());
-  return rpc::ToGrpcStatus(catalogue_->Manage(who->tenant, who->salt, *req, resp));
+  return rpc::ToGrpcStatus(
+      catalogue_->Manage(who->tenant, who->salt, *req, resp, ServerCallDeadline(*ctx)));
 }
 
 }  // namespace vc::coordinator

@@ -169,7 +169,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
                                                 const std::string& request_salt);
   // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
   [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
-  absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req);
+  // `deadline`: the request's (a registered prefix's manifest is read by it).
+  absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req,
+                                   Clock::time_point deadline);
   // After `failed` ended a run before any token was sent: true (and the
   // plan's sessions released, a fresh session id taken) when one of the
   // prefix's entries is missing from the store — evicted, or quarantined by

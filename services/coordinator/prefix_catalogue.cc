@@ -42,23 +42,27 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
 class StoreClientAdapter final : public CatalogueStore {
  public:
   explicit StoreClientAdapter(daemon::StoreClient* store) : store_(store) {}
-  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys) override {
-    return store_->Lookup(keys);
+  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys,
+                                           Clock::time_point deadline) override {
+    return store_->Lookup(keys, deadline);
   }
-  absl::StatusOr<std::string> Get(const std::string& key) override { return store_->Get(key); }
-  absl::Status Put(const std::string& key, const std::string& value) override {
-    return store_->PutAll({{key, value}});
+  absl::StatusOr<std::string> Get(const std::string& key, Clock::time_point deadline) override {
+    return store_->Get(key, deadline);
   }
-  absl::Status Apply(Action action, const std::string& key) override {
+  absl::Status Put(const std::string& key, const std::string& value,
+                   Clock::time_point deadline) override {
+    return store_->PutAll({{key, value}}, deadline);
+  }
+  absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
     switch (action) {
       case Action::kPin:
-        return store_->Apply(daemon::StoreClient::KeyAction::kPin, key);
+        return store_->Apply(daemon::StoreClient::KeyAction::kPin, key, deadline);
       case Action::kUnpin:
-        return store_->Apply(daemon::StoreClient::KeyAction::kUnpin, key);
+        return store_->Apply(daemon::StoreClient::KeyAction::kUnpin, key, deadline);
       case Action::kDelete:
         break;
     }
-    return store_->Apply(daemon::StoreClient::KeyAction::kDelete, key);
+    return store_->Apply(daemon::StoreClient::KeyAction::kDelete, key, deadline);
   }
 
  private:
@@ -100,11 +104,12 @@ PrefixCatalogue::PrefixCatalogue(CatalogueOptions options, CatalogueModel model,
       hooks_(std::move(hooks)) {}
 
 absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::Tokens(const std::string& id,
-                                                             const std::string& salt) {
+                                                             const std::string& salt,
+                                                             Clock::time_point deadline) {
   VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
   const absl::Status not_found =
       absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
-  absl::StatusOr<std::string> manifest = store_->Get(raw);
+  absl::StatusOr<std::string> manifest = store_->Get(raw, StoreDeadline(deadline));
   if (!manifest.ok()) {
     if (manifest.status().code() == absl::StatusCode::kNotFound) return not_found;
     return manifest.status();
@@ -131,7 +136,7 @@ absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
   // look again (a failed or narrower ingest is retried by the waiter).
   const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys));
+    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys, StoreDeadline(r.deadline)));
     if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) return absl::OkStatus();
     std::shared_ptr<IngestWait> wait;
     bool mine = false;
@@ -214,6 +219,10 @@ absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
   return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
 }
 
+Clock::time_point PrefixCatalogue::StoreDeadline(Clock::time_point deadline) const {
+  return std::min(deadline, Clock::now() + options_.rpc_timeout);
+}
+
 kvstore::ChunkKeyOptions PrefixCatalogue::KeyOptions(const std::string& salt) const {
   kvstore::ChunkKeyOptions ko;
   ko.chunk_tokens = options_.chunk_tokens;
@@ -230,10 +239,10 @@ const kvstore::ModelId* PrefixCatalogue::DraftModel() const {
   return model_.draft_model_id ? &*model_.draft_model_id : nullptr;
 }
 
-bool PrefixCatalogue::Missing(const Plan& plan) {
+bool PrefixCatalogue::Missing(const Plan& plan, Clock::time_point deadline) {
   std::vector<std::string> keys = plan.chunk_keys;
   keys.push_back(plan.variant_key);
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys, StoreDeadline(deadline));
   return hits.ok() && !AllTrue(*hits);
 }
 
@@ -277,7 +286,7 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   std::vector<std::string> lookup;
   for (const auto& k : *keys) lookup.push_back(k.Raw());
   lookup.push_back(manifest.Raw());
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup);
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup, StoreDeadline(r.deadline));
   if (!hits.ok()) return (hits.status());
   if (std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) {
     resp->set_already_stored(true);
@@ -314,7 +323,9 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   admission_->ChargeStored(r.tenant, iresp.bytes());
   *resp->mutable_variants() = iresp.variants();
   // The manifest last: a registered id always names a stored prefix.
-  if (absl::Status st = store_->Put(manifest.Raw(), EncodeTokens(tokens)); !st.ok()) {
+  if (absl::Status st =
+          store_->Put(manifest.Raw(), EncodeTokens(tokens), StoreDeadline(r.deadline));
+      !st.ok()) {
     return (st);
   }
   return absl::OkStatus();
@@ -322,7 +333,7 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
 
 absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::string& salt,
                                      const pb::ManagePrefixRequest& req,
-                                     pb::ManagePrefixResponse* resp) {
+                                     pb::ManagePrefixResponse* resp, Clock::time_point deadline) {
   CatalogueStore::Action action;
   switch (req.action()) {
     case pb::ManagePrefixRequest::PIN:
@@ -342,7 +353,7 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
   absl::StatusOr<std::vector<ingest::VariantSpec>> variants = RequestVariants(variants_text);
   if (!variants.ok()) return (variants.status());
   // Another tenant's prefix id answers NOT_FOUND, like an unknown one.
-  absl::StatusOr<std::vector<int32_t>> tokens = Tokens(req.prefix_id(), salt);
+  absl::StatusOr<std::vector<int32_t>> tokens = Tokens(req.prefix_id(), salt, deadline);
   if (!tokens.ok()) return (tokens.status());
   if (action == CatalogueStore::Action::kPin) {
     if (absl::Status s = admission_->CheckPin(tenant, req.prefix_id()); !s.ok()) {
@@ -365,7 +376,7 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
   }
   // Only what is stored (variants may never have been made); the manifest
   // goes last on delete so a half-done delete can be repeated.
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys);
+  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys, StoreDeadline(deadline));
   if (!hits.ok()) return (hits.status());
   std::vector<std::string> present;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -374,7 +385,7 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
   present.push_back(absl::HexStringToBytes(req.prefix_id()));  // the manifest
   int32_t applied = 0;
   for (const auto& key : present) {
-    absl::Status s = store_->Apply(action, key);
+    absl::Status s = store_->Apply(action, key, StoreDeadline(deadline));
     if (!s.ok() &&
         !(action == CatalogueStore::Action::kDelete && s.code() == absl::StatusCode::kNotFound)) {
       return s;

@@ -45,15 +45,20 @@ inline constexpr size_t kMaxVariantsTextBytes = 1024;
 // A variant list from a request: bounded text and count, parsed.
 absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text);
 
-// The store calls the catalogue makes.
+// The store calls the catalogue makes. Each ends by `deadline` (retries
+// after the store went away included): the deadline of the request it is
+// made for, cut to the catalogue's rpc_timeout, so that a request with 2 s
+// left never waits 10 s on a store that does not answer.
 class CatalogueStore {
  public:
   enum class Action { kDelete, kPin, kUnpin };
   virtual ~CatalogueStore() = default;
-  virtual absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys) = 0;
-  virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
-  virtual absl::Status Put(const std::string& key, const std::string& value) = 0;
-  virtual absl::Status Apply(Action action, const std::string& key) = 0;
+  virtual absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys,
+                                                   Clock::time_point deadline) = 0;
+  virtual absl::StatusOr<std::string> Get(const std::string& key, Clock::time_point deadline) = 0;
+  virtual absl::Status Put(const std::string& key, const std::string& value,
+                           Clock::time_point deadline) = 0;
+  virtual absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) = 0;
 };
 // The daemon's: the KV store's client (which must outlive it).
 std::unique_ptr<CatalogueStore> StoreClientCatalogue(daemon::StoreClient* store);
@@ -61,6 +66,8 @@ std::unique_ptr<CatalogueStore> StoreClientCatalogue(daemon::StoreClient* store)
 struct CatalogueOptions {
   int chunk_tokens = 64;
   std::string ingest_variants = "snapkv:0.25";
+  // The longest a store call may take (a request's earlier deadline cuts
+  // it), and the base of the verifier Ingest's deadline. Default 10 s.
   std::chrono::milliseconds rpc_timeout{10000};
   int max_worker_retries = 2;
 };
@@ -92,24 +99,26 @@ class PrefixCatalogue {
                   AdmissionController* admission, CatalogueHooks hooks);
 
   // A registered prefix's token list from its manifest; NotFound if unknown
-  // or registered under another salt.
-  absl::StatusOr<std::vector<int32_t>> Tokens(const std::string& prefix_id,
-                                              const std::string& salt);
+  // or registered under another salt. `deadline`: the request's.
+  absl::StatusOr<std::vector<int32_t>> Tokens(const std::string& prefix_id, const std::string& salt,
+                                              Clock::time_point deadline);
   // The plan's chunks and variant are stored (ingested if not), within r's
   // deadline; the ingest is charged to r's tenant.
   absl::Status EnsureStored(Plan& plan, Request& r);
-  // True when the store answers and one of the plan's entries is missing
-  // (evicted, or quarantined for failing its seal).
-  bool Missing(const Plan& plan);
+  // True when the store answers (by `deadline`, the request's) and one of
+  // the plan's entries is missing (evicted, or quarantined for failing its
+  // seal).
+  bool Missing(const Plan& plan, Clock::time_point deadline);
   // RegisterPrefix for r's tenant, whose keys use `salt`; `r` is the call
   // (deadline, cancellation) and takes an admission place while the ingest
   // runs.
   absl::Status Register(const std::string& salt, const vericache::v1::RegisterPrefixRequest& req,
                         Request& r, vericache::v1::RegisterPrefixResponse* resp);
-  // ManagePrefix for `tenant` with key salt `salt`.
+  // ManagePrefix for `tenant` with key salt `salt`, by `deadline` (the
+  // call's).
   absl::Status Manage(const std::string& tenant, const std::string& salt,
                       const vericache::v1::ManagePrefixRequest& req,
-                      vericache::v1::ManagePrefixResponse* resp);
+                      vericache::v1::ManagePrefixResponse* resp, Clock::time_point deadline);
 
  private:
   struct IngestWait {
@@ -121,6 +130,9 @@ class PrefixCatalogue {
   absl::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
                           vericache::v1::IngestResponse* resp);
   kvstore::ChunkKeyOptions KeyOptions(const std::string& salt) const;
+  // A store call's deadline on behalf of a request whose own is `deadline`:
+  // the earlier of it and rpc_timeout from now.
+  Clock::time_point StoreDeadline(Clock::time_point deadline) const;
   // The draft model's id for an IngestRequest (empty: none), and for keys.
   std::string DraftModelRaw() const;
   const kvstore::ModelId* DraftModel() const;

@@ -353,10 +353,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   for (int i = 0; i < o.verifiers; ++i) {
     const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
     std::vector<std::string> args = {
-        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
-        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
+        "--listen=127.0.0.1:0",
+        "--model=" + o.model,
+        "--kvstore=" + store->address,
+        "--data-plane=" + o.data_plane,
+        "--metrics-listen=" + metrics,
         absl::StrCat("--threads=", o.worker_threads),
-        absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false")};
+        absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false"),
+        absl::StrCat("--warmup-tokens=", o.warmup_tokens)};
     if (!o.draft_model.empty()) args.push_back("--draft-model=" + o.draft_model);
     args.insert(args.end(), verifier_seal.begin(), verifier_seal.end());
     absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", with_tls(args));
@@ -372,7 +376,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--metrics-listen=" + metrics,
                                      absl::StrCat("--threads=", o.worker_threads),
                                      absl::StrCat("--continuation-tokens=", o.continuation_tokens),
-                                     "--draft-weights=" + o.draft_weights};
+                                     "--draft-weights=" + o.draft_weights,
+                                     absl::StrCat("--warmup-tokens=", o.warmup_tokens)};
     if (!o.draft_model.empty()) args.push_back("--draft-model=" + o.draft_model);
     args.insert(args.end(), drafter_seal.begin(), drafter_seal.end());
     absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "drafter", "vc-drafter", with_tls(args));

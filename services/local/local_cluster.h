@@ -11,9 +11,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -51,6 +52,10 @@ struct LocalClusterOptions {
   int draft_len = 8;
   bool prefix_aware = true;
   int continuation_tokens = 8;
+  // Every worker's --warmup-tokens: the tokens of the engine's throwaway
+  // pass at start (1, the workers' default; 0: none). The workers bound it
+  // by the model's context and refuse more.
+  int64_t warmup_tokens = 1;
   // Every drafter's --draft-weights: f32, or a weight-quantised copy of the
   // model made at load (int8, int4). Verifiers always run f32.
   std::string draft_weights = "f32";

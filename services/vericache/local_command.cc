@@ -62,6 +62,9 @@ int RunLocal(int argc, char** argv) {
                 "prefix-aware verification (--prefix-aware=false disables)");
   flags.Add("--continuation-tokens", &o.continuation_tokens, "N",
             "drafter's speculative continuation (0 off)");
+  flags.Add("--warmup-tokens", &o.warmup_tokens, "N",
+            "every worker's throwaway forward pass at start, in tokens (0: none; at most the "
+            "model's context)");
   flags.Add("--draft-weights", &o.draft_weights, "f32|int8|int4",
             "every drafter drafts with a weight-quantised copy of the model made at load "
             "(verification stays f32 and exact)");
@@ -93,6 +96,11 @@ int RunLocal(int argc, char** argv) {
   o.metrics = !no_metrics;
   if (auto w = kernels::ParseWeightFormat(o.draft_weights); !w.ok()) {
     return BadInput(cmd, "--draft-weights: " + std::string(w.status().message()));
+  }
+  // The upper bound (the model's context) is the workers' to check: they
+  // load the model, and refuse a larger value with exit 2.
+  if (o.warmup_tokens < 0) {
+    return BadInput(cmd, "--warmup-tokens must be between 0 and the model's context");
   }
   if (!o.draft_model.empty()) {
     std::error_code ec;

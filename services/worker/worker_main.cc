@@ -1,5 +1,6 @@
 #include "services/worker/worker_main.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -36,6 +37,8 @@ struct Flags {
   int threads = 0;
   int tensor_parallel = 1;
   int64_t max_batch_tokens = 4096;
+  // Tokens of the engine's throwaway pass at start (EngineOptions); 0: none.
+  int64_t warmup_tokens = EngineOptions{}.warmup_tokens;
   int max_requests = 256;
   int64_t arena_bytes = int64_t{1} << 30;
   int64_t rpc_timeout_ms = 10000;
@@ -76,6 +79,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
             "tensor-parallel degree (ranks as threads on the cpu; N GPUs with nccl); must divide "
             "the model's reduction block count and n_kv_heads; never changes results");
   flags.Add("--max-batch-tokens", &f.max_batch_tokens, "N", "largest forward pass in tokens");
+  flags.Add("--warmup-tokens", &f.warmup_tokens, "N",
+            "tokens of a throwaway forward pass run at start, so that the first request's "
+            "passes do not pay for first touches of weights and buffers (0: none; at most the "
+            "model's context and --max-batch-tokens); never changes results");
   flags.Add("--max-requests", &f.max_requests, "N", "request sessions held at once");
   flags.Add("--arena-bytes", &f.arena_bytes, "N", "KV bytes this worker may hold");
   daemon::AddTlsFlags(flags, &f.server.tls);
@@ -215,7 +222,19 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   // What this worker's engine runs: a drafter with --draft-model drafts
   // with that model; everything else runs the target.
   const Model& engine_model = !verifier && draft_model ? *draft_model : **model;
+  // Bounded here rather than clamped by the engine, so a value that would
+  // not be run as given is refused.
+  const int64_t max_warmup =
+      std::min<int64_t>(engine_model.config().max_seq_len, f.max_batch_tokens);
+  if (f.warmup_tokens < 0 || f.warmup_tokens > max_warmup) {
+    return daemon::BadFlags(
+        name,
+        absl::StrCat("--warmup-tokens must be between 0 and ", max_warmup,
+                     " (the smaller of the model's context, ", engine_model.config().max_seq_len,
+                     ", and --max-batch-tokens, ", f.max_batch_tokens, ")"));
+  }
   EngineOptions eo;
+  eo.warmup_tokens = f.warmup_tokens;
   eo.backend.threads = f.threads;
   eo.tensor_parallel = f.tensor_parallel;
   eo.max_batch_tokens = f.max_batch_tokens;
@@ -262,10 +281,12 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   so.seal_context.model_id = model_id;
   so.seal_context.numerics_version = NumericsVersionFor((*model)->config());
   so.tls = f.server.tls;  // mutual TLS towards the store with this worker's certificate
+  // Declared before the store client, which counts its retries in it.
+  metrics::Registry registry;
+  so.metrics = &registry;
   auto store = daemon::StoreClient::Create(so);
   if (!store.ok()) return daemon::Fail(name, store.status().ToString());
 
-  metrics::Registry registry;
   std::unique_ptr<VerifierService> verifier_service;
   std::unique_ptr<DrafterService> drafter_service;
   grpc::Service* service = nullptr;

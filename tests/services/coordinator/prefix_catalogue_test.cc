@@ -2,7 +2,9 @@
 // Ingest writes the keys the real one would: one ingest for concurrent
 // requests over a prefix, a verifier that dies under an ingest replaced by
 // another, the tenant's stored-bytes budget, and register / look up / pin /
-// delete with another tenant's id answering like an unknown one.
+// delete with another tenant's id answering like an unknown one. Every store
+// call gets the request's deadline, cut to the rpc timeout: over the fake,
+// and over the real store client against a store that never answers.
 #include "services/coordinator/prefix_catalogue.h"
 
 #include <atomic>
@@ -13,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "services/common/store_client.h"
+#include "tests/services/common/fake_kvstore.h"
 #include "tests/services/coordinator/fake_workers.h"
 
 namespace vc::coordinator {
@@ -24,36 +28,49 @@ constexpr int kChunk = 4;
 
 kvstore::ModelId TestModel() { return kvstore::ChunkKey::FromRaw(std::string(32, 'm')).value(); }
 
+// A map; every call's deadline is kept in `deadlines`.
 class FakeStore final : public CatalogueStore {
  public:
-  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys) override {
+  absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys,
+                                           Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(mu);
+    deadlines.push_back(deadline);
     std::vector<bool> hits;
     for (const auto& k : keys) hits.push_back(entries.count(k) > 0);
     return hits;
   }
-  absl::StatusOr<std::string> Get(const std::string& key) override {
+  absl::StatusOr<std::string> Get(const std::string& key, Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(mu);
+    deadlines.push_back(deadline);
     auto it = entries.find(key);
     if (it == entries.end()) return absl::NotFoundError("no such key");
     return it->second;
   }
-  absl::Status Put(const std::string& key, const std::string& value) override {
+  absl::Status Put(const std::string& key, const std::string& value,
+                   Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(mu);
+    deadlines.push_back(deadline);
     entries[key] = value;
     return absl::OkStatus();
   }
-  absl::Status Apply(Action action, const std::string& key) override {
+  absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(mu);
+    deadlines.push_back(deadline);
     if (!entries.count(key)) return absl::NotFoundError("no such key");
     if (action == Action::kDelete) entries.erase(key);
     if (action == Action::kPin) pinned.insert(key);
     if (action == Action::kUnpin) pinned.erase(key);
     return absl::OkStatus();
   }
+  // What a verifier's ingest writes (not a catalogue call).
+  void Store(const std::string& key, const std::string& value) {
+    std::lock_guard<std::mutex> lock(mu);
+    entries[key] = value;
+  }
   std::mutex mu;
   std::map<std::string, std::string> entries;
   std::set<std::string> pinned;
+  std::vector<Clock::time_point> deadlines;
 };
 
 // Ingest stores the chunks and variants the request names, as the verifier does.
@@ -72,13 +89,13 @@ class FakeVerifier final : public FakeVerifierBase {
     std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
     auto keys = kvstore::ChunkKeysForTokens(ko, TestModel(), tokens);
     if (!keys.ok()) return keys.status();
-    for (const auto& k : *keys) EXPECT_TRUE(store_->Put(k.Raw(), "chunk").ok());
+    for (const auto& k : *keys) store_->Store(k.Raw(), "chunk");
     auto variants = ingest::ParseVariantList(req.variants());
     if (!variants.ok()) return variants.status();
     for (const auto& v : *variants) {
       auto vk = ingest::VariantKeyFor(keys->back(), v);
       if (!vk.ok()) return vk.status();
-      EXPECT_TRUE(store_->Put(vk->Raw(), "variant").ok());
+      store_->Store(vk->Raw(), "variant");
       resp->add_variants()->set_key(vk->Raw());
     }
     resp->set_bytes(int64_t{100} * req.tokens_size());
@@ -146,8 +163,9 @@ class CatalogueTest : public ::testing::Test {
   }
   static void Init(Request& r, const std::string& tenant = "t") {
     r.tenant = tenant;
-    r.deadline = Clock::now() + std::chrono::minutes(5);
+    r.deadline = Later();
   }
+  static Clock::time_point Later() { return Clock::now() + std::chrono::minutes(5); }
 
   FakeStore store_;
   std::unique_ptr<AdmissionController> admission_;
@@ -178,7 +196,7 @@ TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
   EXPECT_TRUE(sb.ok()) << sb;
   EXPECT_EQ(fakes_[0]->ingests.load(), 1);
   EXPECT_TRUE(a.totals.ingested());
-  EXPECT_FALSE(catalogue_->Missing(b));
+  EXPECT_FALSE(catalogue_->Missing(b, Later()));
   // Stored now: no ingest at all.
   Plan c = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 11});
   Request rc;
@@ -207,7 +225,7 @@ TEST_F(CatalogueTest, AFailedIngestNamesTheVerifier) {
   const absl::Status s = catalogue_->EnsureStored(p, r);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "verifier v0:1 Ingest: bad variant");
-  EXPECT_TRUE(catalogue_->Missing(p));
+  EXPECT_TRUE(catalogue_->Missing(p, Later()));
 }
 
 TEST_F(CatalogueTest, ATenantOverItsStoredBytesIsRefusedBeforeTheIngest) {
@@ -236,10 +254,10 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   EXPECT_FALSE(resp.already_stored());
   EXPECT_EQ(admission_->active(), 0) << "the ingest's admission place is given back";
   const absl::StatusOr<std::vector<int32_t>> tokens =
-      catalogue_->Tokens(resp.prefix_id(), "salt-a");
+      catalogue_->Tokens(resp.prefix_id(), "salt-a", Later());
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   EXPECT_EQ(*tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10}));
-  const absl::Status other = catalogue_->Tokens(resp.prefix_id(), "salt-b").status();
+  const absl::Status other = catalogue_->Tokens(resp.prefix_id(), "salt-b", Later()).status();
   EXPECT_EQ(other.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(other.message(),
             absl::StrCat("prefix ", resp.prefix_id(), " is not registered (vericache ingest)"));
@@ -252,20 +270,96 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   pin.set_prefix_id(resp.prefix_id());
   pin.set_action(pb::ManagePrefixRequest::PIN);
   pb::ManagePrefixResponse mresp;
-  ASSERT_TRUE(catalogue_->Manage("a", "salt-a", pin, &mresp).ok());
+  ASSERT_TRUE(catalogue_->Manage("a", "salt-a", pin, &mresp, Later()).ok());
   EXPECT_EQ(mresp.entries(), 3) << "the chunk, the variant and the manifest";
   EXPECT_EQ(store_.pinned.size(), 3u);
-  EXPECT_EQ(catalogue_->Manage("b", "salt-b", pin, &mresp).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalogue_->Manage("b", "salt-b", pin, &mresp, Later()).code(),
+            absl::StatusCode::kNotFound);
   pb::ManagePrefixRequest del = pin;
   del.set_action(pb::ManagePrefixRequest::DELETE);
-  ASSERT_TRUE(catalogue_->Manage("a", "salt-a", del, &mresp).ok());
-  EXPECT_EQ(catalogue_->Tokens(resp.prefix_id(), "salt-a").status().code(),
+  ASSERT_TRUE(catalogue_->Manage("a", "salt-a", del, &mresp, Later()).ok());
+  EXPECT_EQ(catalogue_->Tokens(resp.prefix_id(), "salt-a", Later()).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_.entries.empty());
   pb::ManagePrefixRequest bad = pin;
   bad.set_action(pb::ManagePrefixRequest::ACTION_UNSPECIFIED);
-  EXPECT_EQ(catalogue_->Manage("a", "salt-a", bad, &mresp).code(),
+  EXPECT_EQ(catalogue_->Manage("a", "salt-a", bad, &mresp, Later()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Each store call ends by the request's deadline, or rpc_timeout (10 s by
+// default) from now when the request has longer.
+TEST_F(CatalogueTest, StoreCallsEndByTheRequestDeadlineCutToTheRpcTimeout) {
+  Plan p = PlanFor({1, 2, 3, 4, 5});
+  Request r;
+  Init(r);
+  r.deadline = Clock::now() + std::chrono::seconds(2);
+  ASSERT_TRUE(catalogue_->EnsureStored(p, r).ok());
+  ASSERT_FALSE(store_.deadlines.empty());
+  for (const Clock::time_point d : store_.deadlines) EXPECT_EQ(d, r.deadline);
+
+  store_.deadlines.clear();
+  const Clock::time_point before = Clock::now();
+  EXPECT_FALSE(catalogue_->Missing(p, Clock::time_point::max()));
+  const Clock::time_point after = Clock::now();
+  ASSERT_EQ(store_.deadlines.size(), 1u);
+  EXPECT_GE(store_.deadlines[0], before + CatalogueOptions{}.rpc_timeout);
+  EXPECT_LE(store_.deadlines[0], after + CatalogueOptions{}.rpc_timeout);
+}
+
+// The real store client under the catalogue, against a store that never
+// answers (FakeKvStore with `hang`, as a SIGSTOPped vc-kvstore): a request
+// with 2 s left gets DEADLINE_EXCEEDED at about 2 s, not at the client's
+// and the catalogue's 10 s timeout.
+TEST(CatalogueDeadlineTest, ARequestWithTwoSecondsLeftDoesNotWaitTenOnAStoreThatNeverAnswers) {
+  testing::FakeKvStore server;
+  ASSERT_TRUE(server.started());
+  daemon::StoreClientOptions so;
+  so.control_address = server.address();
+  so.data_plane = "";
+  so.timeout = std::chrono::seconds(10);
+  auto client = daemon::StoreClient::Create(so);
+  ASSERT_TRUE(client.ok()) << client.status();
+  server.hang = true;
+  std::unique_ptr<CatalogueStore> store = StoreClientCatalogue(client->get());
+  AdmissionController admission(AdmissionOptions{});
+  CatalogueHooks hooks;
+  hooks.place_verifier = [](const std::string&) -> absl::StatusOr<Worker*> {
+    return absl::InternalError("no ingest: the store never answered the lookup");
+  };
+  hooks.worker_failed = [](WorkerPool, Worker&, const absl::Status&) { return false; };
+  PrefixCatalogue catalogue(
+      CatalogueOptions{.chunk_tokens = kChunk, .rpc_timeout = std::chrono::seconds(10)},
+      CatalogueModel{.model_id = TestModel(), .vocab = 100, .context = 64}, store.get(), &admission,
+      hooks);
+  constexpr auto kLeft = std::chrono::seconds(2);
+  // Well under the 10 s timeout, with room for a loaded machine.
+  constexpr auto kMost = std::chrono::seconds(7);
+
+  Plan plan;
+  plan.prompt = {1, 2, 3, 4, 5};
+  plan.prefix_tokens = kChunk;
+  plan.chunk_keys = {std::string(32, 'c')};
+  plan.variant_key = std::string(32, 'v');
+  plan.prefix_key = "cc";
+  Request r;
+  r.tenant = "t";
+  Clock::time_point start = Clock::now();
+  r.deadline = start + kLeft;
+  const absl::Status stored = catalogue.EnsureStored(plan, r);
+  Clock::duration took = Clock::now() - start;
+  EXPECT_EQ(stored.code(), absl::StatusCode::kDeadlineExceeded) << stored;
+  EXPECT_GE(took, kLeft - std::chrono::milliseconds(50));
+  EXPECT_LT(took, kMost);
+
+  // A registered prefix's manifest read (PlanRequest's) as well.
+  start = Clock::now();
+  const absl::Status tokens = catalogue.Tokens(std::string(64, 'a'), "", start + kLeft).status();
+  took = Clock::now() - start;
+  EXPECT_EQ(tokens.code(), absl::StatusCode::kDeadlineExceeded) << tokens;
+  EXPECT_GE(took, kLeft - std::chrono::milliseconds(50));
+  EXPECT_LT(took, kMost);
+  EXPECT_GE(server.calls.load(), 2);
 }
 
 }  // namespace
