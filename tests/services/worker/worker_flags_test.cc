@@ -65,6 +65,7 @@ class Worker {
     if (pipe(fds) != 0) return "";
     std::vector<std::string> all = args;
     std::vector<char*> argv;
+    argv.reserve(all.size() + 1);
     for (std::string& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = fork();
