@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/services/cluster/cluster_test_command.h"
 #include "tests/services/kvstore/kvstore_daemon.h"
 
 namespace vc {
@@ -33,17 +34,7 @@ std::string ModelPath() {
   return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
 }
 
-// Runs `command` through the shell: its exit code (-1 if it did not exit
-// normally), with stdout and stderr in `*output`.
-int RunCommand(const std::string& command, std::string* output) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using clustertest::RunCommand;
 
 // A worker daemon as a child process: started, its "listening on" line read
 // (bounded), then SIGTERM and its exit code (bounded); killed if still
