@@ -285,10 +285,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   ro.window_slots = options.window_slots;
   ro.lock_step = options.lock_step;
   ro.pack_reloads = options.pack_reloads;
-  // The store's NIC is one shared link per class (DESIGN.md section 6):
-  // link 0 = fast (store->verifiers), link 1 = slow (store->drafters).
-  ro.links = {RingLink{"fast", options.fast_link_bytes_per_second, RingLink::Sharing::kShared, -1},
-              RingLink{"slow", options.slow_link_bytes_per_second, RingLink::Sharing::kShared, -1}};
+  // The store's NIC is one shared link per class (DESIGN.md section 6),
+  // at the indices the runners book on (slot_clock.h).
+  ro.links.resize(kLinkCount);
+  ro.links[kFastLink] = RingLink{kLinkNames[kFastLink], options.fast_link_bytes_per_second,
+                                 RingLink::Sharing::kShared, -1};
+  ro.links[kSlowLink] = RingLink{kLinkNames[kSlowLink], options.slow_link_bytes_per_second,
+                                 RingLink::Sharing::kShared, -1};
   for (const auto& v : service->verifiers_) {
     ro.gpus.push_back(RingGpu{v->address, options.verifier_memory_bytes});
   }
@@ -927,9 +930,8 @@ void CoordinatorService::Calibrate(double step_seconds) {
 
 void CoordinatorService::UpdateSchedulerGauges() {
   const std::vector<double> links = clock_->LinkOccupancy();
-  static const char* kLinks[] = {"fast", "slow"};
-  for (size_t l = 0; l < links.size() && l < 2; ++l) {
-    metrics_->link_occupancy->Labels({kLinks[l]}).Set(links[l]);
+  for (size_t l = 0; l < links.size() && l < static_cast<size_t>(kLinkCount); ++l) {
+    metrics_->link_occupancy->Labels({kLinkNames[l]}).Set(links[l]);
   }
   const std::vector<int64_t> mem = clock_->MemoryBooked();
   for (size_t g = 0; g < mem.size() && g < verifiers_.size(); ++g) {

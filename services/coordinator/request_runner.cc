@@ -1,10 +1,12 @@
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/speculative/draft_verify.h"
@@ -13,6 +15,52 @@
 namespace vc::coordinator {
 
 namespace pb = ::vericache::v1;
+
+std::optional<int64_t> VariantSizes::Get(const std::string& variant_key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sizes_.find(variant_key);
+  if (it == sizes_.end()) return std::nullopt;
+  return it->second;
+}
+
+void VariantSizes::Note(const std::string& variant_key, int64_t bytes) {
+  if (bytes <= 0 || max_entries_ == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sizes_.insert_or_assign(variant_key, bytes).second) return;  // known: updated in place
+  order_.push_back(variant_key);
+  while (order_.size() > max_entries_) {
+    sizes_.erase(order_.front());
+    order_.pop_front();
+  }
+}
+
+namespace {
+
+// The code width a quantiser (or a composite's quantiser, after its '+')
+// uses when no bits are named: its registered --bits default; 0 when the
+// method quantises nothing or is unknown.
+int DefaultBits(const std::string& name) {
+  const size_t plus = name.find('+');
+  const std::string quantiser = plus == std::string::npos ? name : name.substr(plus + 1);
+  for (const CompressorInfo& info : ListCompressors()) {
+    if (info.name != quantiser || !info.takes_bits) continue;
+    for (const CompressorParamInfo& p : info.params) {
+      int bits = 0;
+      if (p.name == "--bits" && absl::SimpleAtoi(p.default_value, &bits)) return bits;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t EstimateVariantBytes(int64_t full_bytes, const CompressorOptions& variant) {
+  if (full_bytes <= 0) return 0;
+  double fraction = variant.ratio > 0 ? std::min(variant.ratio, 1.0) : 1.0;
+  const int bits = variant.bits > 0 ? variant.bits : DefaultBits(variant.name);
+  if (bits > 0) fraction *= std::min(bits / 16.0, 1.0);
+  return static_cast<int64_t>(std::ceil(static_cast<double>(full_bytes) * fraction));
+}
 
 WorkerCallOptions RunnerContext::CallOptions(const Request& r) const {
   WorkerCallOptions o;
@@ -66,6 +114,70 @@ pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys
   ref.set_prefix_tokens(tokens);
   for (const auto& k : keys) ref.add_chunk_keys(k);
   return ref;
+}
+
+// The bytes `req`'s Open makes the drafter fetch over the slow link
+// (store -> drafter), as far as they are known before the Open:
+//  * none without a whole stored chunk (prefix_tokens 0): nothing is fetched;
+//  * full_prefix (full_remote): the full chunks' K/V, prefix_tokens x
+//    kv_bytes_per_token (chunk headers and checksums aside, as the verify's
+//    reload on the fast link is booked);
+//  * the compressed variant: its exact size once a drafter has reported
+//    fetching it (ctx.variant_sizes), else EstimateVariantBytes of its spec.
+// A drafter that already holds the prefix for another live session of its
+// own fetches nothing (its cache); the coordinator does not track that, so
+// such an Open is booked as if it fetched: the link is over-booked, never
+// oversubscribed.
+int64_t DrafterFetchBytes(const RunnerContext& ctx, const Plan& plan,
+                          const pb::DrafterOpenRequest& req) {
+  if (plan.prefix_tokens <= 0) return 0;
+  const int64_t full_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
+  if (req.full_prefix()) return full_bytes;
+  if (ctx.variant_sizes != nullptr) {
+    if (std::optional<int64_t> known = ctx.variant_sizes->Get(req.variant_key())) return *known;
+  }
+  return EstimateVariantBytes(full_bytes, plan.variant.compressor);
+}
+
+// The drafter's Open of `req`: the prefix it fetches crosses the slow link
+// (DESIGN.md section 3), so its bytes are booked on that ring first and the
+// Open is sent at the booked slot, within r's deadline; a burst of new
+// requests then queues with the rounds' refreshes instead of oversubscribing
+// the paced link, and link_occupancy_ratio{link="slow"} shows it. The
+// booking is released when the Open returns (a started fetch keeps its link
+// time, RingScheduler::Release) or when the wait ends the request
+// (DeadlineExceeded, no Open sent: the time is given back). An unpaced link
+// books nothing and the Open goes at once; nothing fetched, nothing booked.
+// `*sent` says whether the Open was sent: if not, the error is the
+// booking's or the wait's, not the drafter's.
+absl::Status BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const Request& r,
+                               const pb::DrafterOpenRequest& req, pb::DrafterOpenResponse* resp,
+                               bool* sent) {
+  Worker& d = *plan.drafter;
+  *sent = false;
+  const int64_t bytes = DrafterFetchBytes(ctx, plan, req);
+  std::optional<int64_t> booking_id;
+  absl::Cleanup release = [&] {
+    if (booking_id) (void)ctx.clock->Release(*booking_id);
+  };
+  if (bytes > 0) {
+    const int64_t id = ctx.clock->NewBookingId();
+    VC_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, bytes, kSlowLink));
+    booking_id = id;
+    if (!ctx.clock->WaitForSlot(booking.first_slot(), r.deadline)) {
+      return absl::DeadlineExceededError(
+          "request deadline passed waiting for the slow link (drafter Open)");
+    }
+    if (booking.transfer_seconds > 0) UpdateGauges(ctx);
+  }
+  *sent = true;
+  const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, resp);
+  if (!s.ok()) return s;
+  // A fetched variant's exact size, for the next Open of it.
+  if (!req.full_prefix() && resp->prefix_bytes() > 0 && ctx.variant_sizes != nullptr) {
+    ctx.variant_sizes->Note(req.variant_key(), resp->prefix_bytes());
+  }
+  return absl::OkStatus();
 }
 
 // Adds one round's times to `times` (pb::RoundTimes: the control overhead is
@@ -184,7 +296,9 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
                          static_cast<int32_t>(plan.resumed));
     pb::DrafterOpenResponse resp;
-    const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, &resp);
+    bool sent = false;
+    const absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
+    if (!sent) return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
       absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
@@ -479,7 +593,9 @@ absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* w
     req.set_end_position(
         static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() - plan.resumed));
     pb::DrafterOpenResponse resp;
-    const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, &resp);
+    bool sent = false;
+    const absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
+    if (!sent) return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
       return WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));

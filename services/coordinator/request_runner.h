@@ -1,9 +1,10 @@
 // One Generate request as the coordinator runs it, and the runners that
 // decode it, one per mode, over the worker-client interface (worker_client.h):
-//  * RunVeriCache (vericache): per round, book the verify on the ring
-//    scheduler (SlotClock: the prefix's reload on the fast link and the
-//    verifier's memory, or join another request's pending verify of the same
-//    prefix), Load at its slot, take the drafts, Verify, stream the accepted
+//  * RunVeriCache (vericache): open the drafter once the prefix it fetches
+//    (the compressed variant) has its slot on the slow link; per round,
+//    book the verify on the ring scheduler (SlotClock: the prefix's reload
+//    on the fast link and the verifier's memory, or join another request's
+//    pending verify of the same prefix), Load at its slot, take the drafts, Verify, stream the accepted
 //    tokens, book their exact K/V (KV refresh) on the slow link and Commit
 //    them with it to the drafter at the booked slot, adapt x; a
 //    drafter that fails or whose acceptance collapses is dropped for
@@ -12,7 +13,8 @@
 //    with the prefix resident.
 //  * RunRemote (full_remote, lossy_remote): the drafter decodes alone, on
 //    the full prefix fetched over the slow link or on its compressed variant
-//    (lossy_remote is NOT lossless).
+//    (lossy_remote is NOT lossless); that fetch is booked on the slow link
+//    before the Open, as in vericache mode.
 // The runners own the round loop and nothing else: placement, admission,
 // retries on other workers and session releases at the end belong to the
 // service around them, which reaches in through RunnerContext's hooks.
@@ -21,12 +23,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/compress/compressor.h"
 #include "common/ingest/prefix_ingest.h"
 #include "common/metrics/metrics.h"
 #include "common/speculative/accept_rule.h"
@@ -38,11 +45,6 @@
 namespace vc::coordinator {
 
 using Clock = std::chrono::steady_clock;
-
-// The coordinator's bandwidth rings, in the order coordinator_service.cc
-// builds them.
-inline constexpr int kFastLink = 0;  // store -> verifiers: the verify's reload
-inline constexpr int kSlowLink = 1;  // store/verifiers -> drafters: KV refresh
 
 // One worker of a pool as the coordinator holds it.
 struct Worker {
@@ -116,6 +118,34 @@ struct Plan {
   bool healed = false;  // PrepareHeal ran once
 };
 
+// The exact sizes of compressed variants as drafters reported fetching them
+// (DrafterOpenResponse.prefix_bytes), by variant key: a key names one
+// immutable blob (prefix, compressor, model, tenant salt), so a later Open
+// of it books exactly what it fetches instead of an estimate. Bounded: past
+// max_entries the oldest entry is forgotten. Thread-safe.
+class VariantSizes {
+ public:
+  explicit VariantSizes(size_t max_entries = 4096) : max_entries_(max_entries) {}
+  std::optional<int64_t> Get(const std::string& variant_key) const;
+  void Note(const std::string& variant_key, int64_t bytes);
+
+ private:
+  const size_t max_entries_;
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> sizes_;
+  std::deque<std::string> order_;  // keys of sizes_, oldest first
+};
+
+// The bytes of a compressed variant made with `variant` from a prefix whose
+// full K/V is `full_bytes`, before any drafter has reported its size: the
+// kept fraction (`ratio`; 1 for a pure quantiser) times the code width
+// relative to 16-bit rows (`bits`, or the quantiser's default bits, over
+// 16; 1 for a method that quantises nothing). The
+// stored layout (kept positions, quantiser scales, a composite sizing its
+// ratio as f32) moves the real size a little either way; for a model with
+// f32 rows, or a draft model smaller than the target, it over-states.
+int64_t EstimateVariantBytes(int64_t full_bytes, const CompressorOptions& variant);
+
 struct RunnerOptions {
   // Adaptive x is kept within [1, max_draft_len].
   int max_draft_len = 32;
@@ -143,6 +173,9 @@ struct RunnerContext {
   // The drafters' separate draft model (ShortModelId; empty: the target),
   // reported in the totals.
   std::string draft_model;
+  // Sizes of the variants drafters have fetched (booked on the slow link at
+  // their next Open); never null unless a caller sets it so.
+  std::shared_ptr<VariantSizes> variant_sizes = std::make_shared<VariantSizes>();
   RunnerMetrics metrics;
   // Hooks into the service (unset: no-ops). A call to `w` failed with `s`:
   // probe it now and mark it down if it is gone; true if it is down.

@@ -34,10 +34,12 @@ void SlotClock::Stop() {
 void SlotClock::Run() {
   // Slot boundaries follow one another without drift: a late wake-up
   // advances every slot that has ended (the slot may be recalibrated, so the
-  // timeline restarts from the last boundary).
-  auto boundary = std::chrono::steady_clock::now();
+  // timeline restarts from the last boundary). The first slot began when the
+  // clock was made, not when this thread started: a booking made in between
+  // measured how much of the slot had run from then, and restarting the slot
+  // here would offer that part again (booking the slot beyond its length).
   std::unique_lock<std::mutex> lock(mu_);
-  slot_start_ = boundary;
+  auto boundary = slot_start_;
   while (!stopping_) {
     const auto slot = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(slot_seconds_));

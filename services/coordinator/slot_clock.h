@@ -2,7 +2,8 @@
 // (common/scheduler/ring_scheduler.h) driven by wall time. A thread ends a
 // slot every slot_seconds (RingScheduler::Advance) and wakes the requests
 // waiting for a slot; requests book their reloads and verifies through it,
-// and their KV refresh transfers on the slow link.
+// and their transfers on the slow link (KV refresh, the drafter Open's
+// prefix fetch).
 // The prefix rules it applies (residency, the admission rule, joining a
 // booking) are the pure PrefixPolicy's (common/scheduler/prefix_policy.h);
 // this only locks and applies them to the scheduler. Thread-safe.
@@ -24,6 +25,16 @@
 
 namespace vc::coordinator {
 
+// The coordinator's bandwidth rings (RingSchedulerOptions::links), by index:
+// coordinator_service.cc builds them in this order, the runners book on
+// them, and the link_occupancy_ratio gauge is labelled by kLinkNames.
+inline constexpr int kFastLink = 0;  // store -> verifiers: the verify's reload
+// store/verifiers -> drafters: KV refresh, and the prefix a drafter's Open
+// fetches (compressed variant, or full chunks for full_remote)
+inline constexpr int kSlowLink = 1;
+inline constexpr int kLinkCount = 2;
+inline constexpr const char* kLinkNames[kLinkCount] = {"fast", "slow"};
+
 class SlotClock {
  public:
   static absl::StatusOr<std::unique_ptr<SlotClock>> Create(const RingSchedulerOptions& options);
@@ -35,11 +46,12 @@ class SlotClock {
   absl::StatusOr<Admission> Admit(const AdmitRequest& r);
 
   // Books a link-only transfer of `bytes` on `link`
-  // (RingScheduler::BookTransfer), e.g. a round's KV refresh on the slow
-  // link: the part of the current slot that has already run is not offered.
-  // Issue it once WaitForSlot(booking.first_slot()) returns, and Release(id)
-  // when done (a started transfer keeps its link time; one never sent gives
-  // it back). An unlimited link books nothing and starts now.
+  // (RingScheduler::BookTransfer), e.g. a round's KV refresh or a drafter
+  // Open's prefix fetch on the slow link: the part of the current slot that
+  // has already run is not offered. Issue it once
+  // WaitForSlot(booking.first_slot()) returns, and Release(id) when done (a
+  // started transfer keeps its link time; one never sent gives it back). An
+  // unlimited link books nothing and starts now.
   absl::StatusOr<Booking> BookTransfer(int64_t id, int64_t bytes, int link);
 
   // Resident full KV: a session decoding on the verifier alone (full_local,

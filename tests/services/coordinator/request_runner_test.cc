@@ -1,10 +1,12 @@
 // The request runners over fake workers (worker_client.h's seam): the round
 // loop of each mode, its output exact whatever the drafts, fallback when the
 // drafter fails or its acceptance collapses, a worker's failure reported by
-// name, EOS and cancellation, and each round's KV refresh booked on the slow
-// link's ring before its Commit (none with KV refresh off). The fake model's output is 10, 11, 12,
-// ... (the token at output position k is 10 + k); the fake drafter drafts it, wrong on demand, and
-// the fake verifier accepts the drafts that match it.
+// name, EOS and cancellation, and the slow link's ring: each round's KV
+// refresh booked before its Commit (none with KV refresh off), and the
+// prefix a drafter's Open fetches booked before the Open (none when it
+// fetches nothing). The fake model's output is 10, 11, 12, ... (the token at
+// output position k is 10 + k); the fake drafter drafts it, wrong on demand,
+// and the fake verifier accepts the drafts that match it.
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
@@ -90,9 +92,11 @@ class FakeDrafter final : public FakeDrafterBase {
     return absl::OkStatus();
   }
   absl::Status Open(const WorkerCallOptions&, const pb::DrafterOpenRequest& req,
-                    pb::DrafterOpenResponse*) override {
+                    pb::DrafterOpenResponse* resp) override {
     calls_->Add("d.Open");
     opened_with = req;
+    if (on_open) on_open();
+    resp->set_prefix_bytes(open_prefix_bytes);
     return absl::OkStatus();
   }
   absl::Status Draft(const WorkerCallOptions&, const pb::DraftRequest& req,
@@ -116,6 +120,8 @@ class FakeDrafter final : public FakeDrafterBase {
   pb::DrafterOpenRequest opened_with;
   int64_t refresh_bytes = 0;  // received in Commits
   std::function<void()> on_commit;
+  std::function<void()> on_open;
+  int64_t open_prefix_bytes = 0;  // the fetch an Open reports (0: none)
 
  private:
   Calls* calls_;
@@ -330,6 +336,150 @@ TEST_F(RunnerTest, ARequestWhoseDeadlinePassesWaitingForTheSlowLinkFailsWithoutC
   EXPECT_EQ(plan_.output, Expected(5)) << "the verified tokens were streamed";
   EXPECT_EQ(clock_->stats().transfers, 2);
   EXPECT_EQ(clock_->stats().released, 1) << "the request's own booking is let go";
+}
+
+// ------------------------------------------------ the drafter Open's fetch
+
+class OpenBookingTest : public RunnerTest {
+ protected:
+  OpenBookingTest() {
+    // A stored prefix of 64 tokens at 100 B/token (6,400 full bytes); its
+    // variant keeps a quarter of the tokens: about 1,600 bytes.
+    plan_.prefix_tokens = 64;
+    ctx_.kv_bytes_per_token = 100;
+    plan_.variant.compressor.name = "snapkv";
+    plan_.variant.compressor.ratio = 0.25;
+    plan_.variant_key = std::string(32, 'v');
+  }
+
+  // Slots of 1 s at 100 B/s (one slot per 100 bytes); inside the Open, how
+  // many slots from now a 1-byte transfer booked after it has to wait: the
+  // slots the Open's booking took (-1 when the Open was never sent).
+  int64_t SlotsBookedBeforeTheOpen(const std::function<absl::Status()>& run) {
+    UseClock(1.0, 100);
+    int64_t waited = -1;
+    fake_d_->on_open = [&] {
+      absl::StatusOr<Booking> probe = clock_->BookTransfer(clock_->NewBookingId(), 1, kSlowLink);
+      if (probe.ok()) waited = probe->first_slot() - clock_->now();
+    };
+    EXPECT_TRUE(run().ok());
+    fake_d_->on_open = nullptr;
+    return waited;
+  }
+
+  absl::Status RunLossyRemote() {
+    r_.mode = pb::MODE_LOSSY_REMOTE;
+    plan_.output.clear();
+    return RunRemote(ctx_, plan_, r_, &sink_);
+  }
+};
+
+TEST(VariantSizeEstimateTest, KeepsTheRatioAndTheCodeWidthOf16BitRows) {
+  EXPECT_EQ(EstimateVariantBytes(6400, CompressorOptions{.name = "snapkv", .ratio = 0.25}), 1600);
+  EXPECT_EQ(EstimateVariantBytes(6400, CompressorOptions{.name = "kivi", .bits = 4}), 1600);
+  EXPECT_EQ(
+      EstimateVariantBytes(6400, CompressorOptions{.name = "snapkv+kivi", .ratio = 0.5, .bits = 2}),
+      400);
+  EXPECT_EQ(EstimateVariantBytes(6400, CompressorOptions{.name = "kivi"}), 1600)
+      << "no bits named: kivi's default, 4";
+  EXPECT_EQ(EstimateVariantBytes(6400, CompressorOptions{.name = "int8"}), 3200);
+  EXPECT_EQ(EstimateVariantBytes(6400, CompressorOptions{.name = "snapkv+int8", .ratio = 0.5}),
+            1600);
+  EXPECT_EQ(EstimateVariantBytes(0, CompressorOptions{.name = "snapkv", .ratio = 0.25}), 0);
+}
+
+TEST(VariantSizesTest, RemembersExactSizesWithinItsBound) {
+  VariantSizes sizes(2);
+  EXPECT_FALSE(sizes.Get("a").has_value());
+  sizes.Note("a", 10);
+  sizes.Note("b", 20);
+  sizes.Note("a", 11);  // updated, not a new entry
+  EXPECT_EQ(sizes.Get("a"), 11);
+  sizes.Note("c", 30);  // over the bound: the oldest ("a") goes
+  EXPECT_FALSE(sizes.Get("a").has_value());
+  EXPECT_EQ(sizes.Get("b"), 20);
+  EXPECT_EQ(sizes.Get("c"), 30);
+  sizes.Note("d", 0);  // nothing fetched: nothing learned
+  EXPECT_FALSE(sizes.Get("d").has_value());
+}
+
+TEST_F(OpenBookingTest, TheVariantsFetchIsBookedOnTheSlowLinkBeforeTheOpen) {
+  // 1,600 bytes at 100 B/s: 16 slots (15 to 17 as the current slot runs
+  // and ends while the test books).
+  const int64_t slots = SlotsBookedBeforeTheOpen([&] { return RunLossyRemote(); });
+  EXPECT_GE(slots, 14);
+  EXPECT_LE(slots, 17);
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(clock_->stats().transfers, 2) << "the Open's and the probe";
+  EXPECT_EQ(clock_->stats().released, 1) << "the Open's, once it returned";
+}
+
+TEST_F(OpenBookingTest, AVariantsReportedSizeIsBookedAtItsNextOpen) {
+  // The first Open estimates (1,600 bytes); the drafter reports fetching
+  // 800, and the next Open of the same variant books those: 8 slots.
+  fake_d_->open_prefix_bytes = 800;
+  ASSERT_GE(SlotsBookedBeforeTheOpen([&] { return RunLossyRemote(); }), 14);
+  EXPECT_EQ(ctx_.variant_sizes->Get(plan_.variant_key), 800);
+  const int64_t slots = SlotsBookedBeforeTheOpen([&] { return RunLossyRemote(); });
+  EXPECT_GE(slots, 6);
+  EXPECT_LE(slots, 9);
+}
+
+TEST_F(OpenBookingTest, FullRemoteBooksTheFullChunks) {
+  // 6,400 bytes at 100 B/s: 64 slots.
+  r_.mode = pb::MODE_FULL_REMOTE;
+  const int64_t slots =
+      SlotsBookedBeforeTheOpen([&] { return RunRemote(ctx_, plan_, r_, &sink_); });
+  EXPECT_GE(slots, 62);
+  EXPECT_LE(slots, 65);
+  EXPECT_FALSE(ctx_.variant_sizes->Get(plan_.variant_key).has_value())
+      << "full chunks are no variant";
+}
+
+TEST_F(OpenBookingTest, VeriCacheBooksTheOpenAndEachRefresh) {
+  // The default clock (1 ms slots, unpaced slow link): the Open and the
+  // three refreshes are booked for no time and go at once.
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(calls_.Count("d.Open"), 1);
+  EXPECT_EQ(clock_->stats().transfers, 1 + 3) << "the Open and three refreshes";
+  EXPECT_EQ(clock_->stats().released, 4 + 1 + 3) << "four verifies' reloads too";
+  EXPECT_EQ(clock_->stats().peak_slot_seconds[kSlowLink], 0.0) << "an unpaced link books no time";
+}
+
+TEST_F(OpenBookingTest, AnOpenThatFetchesNothingBooksNothing) {
+  // No whole stored chunk: the drafter fetches no prefix. KV refresh off,
+  // so nothing at all crosses the slow link.
+  UseClock(0.005, 50e3);
+  plan_.prefix_tokens = 0;
+  ctx_.options.kv_refresh = false;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(calls_.Count("d.Open"), 1);
+  EXPECT_EQ(clock_->stats().transfers, 0);
+  EXPECT_EQ(clock_->stats().peak_slot_seconds[kSlowLink], 0.0);
+}
+
+TEST_F(OpenBookingTest, ADeadlinePassedWaitingForTheSlowLinkFailsWithoutOpening) {
+  // Another transfer holds the slow link for the next 100 slots of 1 s: the
+  // Open's fetch could only go after them.
+  UseClock(1.0, 100);
+  ASSERT_TRUE(clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 100, kSlowLink).ok());
+  r_.deadline = Clock::now() + std::chrono::seconds(1);
+  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(s.message(), "request deadline passed waiting for the slow link (drafter Open)");
+  EXPECT_EQ(calls_.Count("d.Open"), 0);
+  EXPECT_TRUE(failures_.empty()) << "the drafter did nothing wrong";
+  EXPECT_FALSE(plan_.drafter_open);
+  EXPECT_TRUE(plan_.verifier_open) << "the service releases it";
+  EXPECT_TRUE(plan_.output.empty());
+  EXPECT_EQ(clock_->stats().transfers, 2);
+  EXPECT_EQ(clock_->stats().released, 1) << "the Open's booking is given back";
+  // Given back before its first slot: another transfer books where it was.
+  absl::StatusOr<Booking> after =
+      clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 16, kSlowLink);
+  ASSERT_TRUE(after.ok());
+  EXPECT_LE(after->first_slot() - clock_->now(), 101);
 }
 
 }  // namespace
