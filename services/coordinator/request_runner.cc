@@ -171,7 +171,7 @@ absl::Status BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const
     if (booking.transfer_seconds > 0) UpdateGauges(ctx);
   }
   *sent = true;
-  const absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, resp);
+  absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, resp);
   if (!s.ok()) return s;
   // A fetched variant's exact size, for the next Open of it.
   if (!req.full_prefix() && resp->prefix_bytes() > 0 && ctx.variant_sizes != nullptr) {
@@ -297,7 +297,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
                          static_cast<int32_t>(plan.resumed));
     pb::DrafterOpenResponse resp;
     bool sent = false;
-    const absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
+    absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
     if (!sent) return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
@@ -594,7 +594,7 @@ absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* w
         static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() - plan.resumed));
     pb::DrafterOpenResponse resp;
     bool sent = false;
-    const absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
+    absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
     if (!sent) return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);

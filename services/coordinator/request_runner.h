@@ -4,11 +4,12 @@
 //    (the compressed variant) has its slot on the slow link; per round,
 //    book the verify on the ring scheduler (SlotClock: the prefix's reload
 //    on the fast link and the verifier's memory, or join another request's
-//    pending verify of the same prefix), Load at its slot, take the drafts, Verify, stream the accepted
-//    tokens, book their exact K/V (KV refresh) on the slow link and Commit
-//    them with it to the drafter at the booked slot, adapt x; a
-//    drafter that fails or whose acceptance collapses is dropped for
-//    RunFullLocal on the same verifier session (fallback).
+//    pending verify of the same prefix), Load at its slot, take the
+//    drafts, Verify, stream the accepted tokens, book their exact K/V (KV
+//    refresh) on the slow link and Commit them with it to the drafter at
+//    the booked slot, adapt x; a drafter that fails or whose acceptance
+//    collapses is dropped for RunFullLocal on the same verifier session
+//    (fallback).
 //  * RunFullLocal (full_local, and fallback): the verifier decodes alone
 //    with the prefix resident.
 //  * RunRemote (full_remote, lossy_remote): the drafter decodes alone, on
