@@ -73,8 +73,8 @@ absl::Status RunTool(const std::vector<std::string>& argv) {
     char buf[4096];
     ssize_t n;
     // Bounded: only the start of a tool's complaint is worth reporting.
-    while ((n = read(fds[0], buf, sizeof(buf))) > 0) {
-      if (output.size() < 2000) output.append(buf, static_cast<size_t>(n));
+    while ((n = read(fds[0], buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0 && output.size() < 2000) output.append(buf, static_cast<size_t>(n));
     }
   }
   close(fds[0]);

@@ -54,10 +54,16 @@ class Echo {
       timeval tv{60, 0};  // bounded: a peer whose FIN was cut still ends it
       setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
       char buf[65536];
-      ssize_t n;
-      while ((n = recv(c, buf, sizeof(buf), 0)) > 0) {
+      while (true) {
+        // EINTR is not an end: the SIGCHLD of each `tc` LinkFaults runs
+        // interrupts a receive with a timeout (SO_RCVTIMEO), and the echo
+        // once closed its connection there mid-test.
+        const ssize_t n = recv(c, buf, sizeof(buf), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
         for (ssize_t off = 0; off < n;) {
           const ssize_t w = send(c, buf + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);
+          if (w < 0 && errno == EINTR) continue;
           if (w <= 0) break;
           off += w;
         }
@@ -94,7 +100,14 @@ class Client {
   // within `timeout`.
   bool RoundTrip(size_t n, std::chrono::seconds timeout) {
     const std::string out(n, 'x');
-    std::thread writer([&] { (void)send(fd_, out.data(), out.size(), MSG_NOSIGNAL); });
+    std::thread writer([&] {
+      for (size_t off = 0; off < out.size();) {
+        const ssize_t w = send(fd_, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        off += static_cast<size_t>(w);
+      }
+    });
     size_t got = 0;
     const auto deadline = Clock::now() + timeout;
     char buf[65536];
