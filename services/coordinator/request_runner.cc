@@ -139,6 +139,24 @@ int64_t DrafterFetchBytes(const RunnerContext& ctx, const Plan& plan,
   return EstimateVariantBytes(full_bytes, plan.variant.compressor);
 }
 
+// Books `bytes` on the slow link's ring and waits for the booking's first
+// slot within r's deadline (DeadlineExceeded naming `what` otherwise). The
+// id is in *booking_id as soon as it is booked: the caller releases it,
+// whether the wait succeeded or not. The slow link's occupancy gauge is
+// updated when there was something to book (nothing on an unpaced link).
+absl::Status AwaitSlowLinkSlot(const RunnerContext& ctx, const Request& r, int64_t bytes,
+                               const char* what, std::optional<int64_t>* booking_id) {
+  const int64_t id = ctx.clock->NewBookingId();
+  VC_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, bytes, kSlowLink));
+  *booking_id = id;
+  if (!ctx.clock->WaitForSlot(booking.first_slot(), r.deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("request deadline passed waiting for the slow link (", what, ")"));
+  }
+  if (booking.transfer_seconds > 0) UpdateGauges(ctx);
+  return absl::OkStatus();
+}
+
 // The drafter's Open of `req`: the prefix it fetches crosses the slow link
 // (DESIGN.md section 3), so its bytes are booked on that ring first and the
 // Open is sent at the booked slot, within r's deadline; a burst of new
@@ -160,16 +178,7 @@ absl::Status BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const
   absl::Cleanup release = [&] {
     if (booking_id) (void)ctx.clock->Release(*booking_id);
   };
-  if (bytes > 0) {
-    const int64_t id = ctx.clock->NewBookingId();
-    VC_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, bytes, kSlowLink));
-    booking_id = id;
-    if (!ctx.clock->WaitForSlot(booking.first_slot(), r.deadline)) {
-      return absl::DeadlineExceededError(
-          "request deadline passed waiting for the slow link (drafter Open)");
-    }
-    if (booking.transfer_seconds > 0) UpdateGauges(ctx);
-  }
+  if (bytes > 0) VC_RETURN_IF_ERROR(AwaitSlowLinkSlot(ctx, r, bytes, "drafter Open", &booking_id));
   *sent = true;
   absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, resp);
   if (!s.ok()) return s;
@@ -477,15 +486,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         // transfer time on its ring and send them at the booked slot, so
         // many requests' refreshes never oversubscribe a paced link. An
         // unpaced link books nothing and starts now: no wait.
-        const int64_t id = ctx.clock->NewBookingId();
-        VC_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, refresh_bytes, kSlowLink));
-        refresh_booking = id;
-        if (!ctx.clock->WaitForSlot(booking.first_slot(), r.deadline)) {
-          return absl::DeadlineExceededError(
-              "request deadline passed waiting for the slow link (KV refresh)");
-        }
-        // The slow link's occupancy now shows it (nothing to show unpaced).
-        if (booking.transfer_seconds > 0) UpdateGauges(ctx);
+        VC_RETURN_IF_ERROR(
+            AwaitSlowLinkSlot(ctx, r, refresh_bytes, "KV refresh", &refresh_booking));
         plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + refresh_bytes);
       }
       pb::CommitResponse resp;

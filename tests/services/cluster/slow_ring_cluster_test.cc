@@ -152,6 +152,19 @@ class SlowRingClusterTest : public ::testing::Test {
     return run;
   }
 
+  // The slow ring held `what`: the scraped gauge rose above 0 and never
+  // above 1, and every passed slot was booked, never beyond its length.
+  static void ExpectSlowRingBookedWithinItsSlots(const Run& run, const char* what) {
+    EXPECT_GT(run.scrapes, 0);
+    EXPECT_GT(run.max_scraped, 0.0) << "the slow link's gauge shows " << what;
+    EXPECT_LE(run.max_scraped, 1.0 + 1e-9) << "never booked beyond one slot";
+    ASSERT_EQ(run.status.link_peak_slot_seconds_size(), 2);
+    ASSERT_EQ(run.status.link_overrun_seconds_size(), 2);
+    EXPECT_GT(run.status.link_peak_slot_seconds(1), 0.0);
+    EXPECT_LE(run.status.link_peak_slot_seconds(1), kSlotMs / 1000 * (1 + 1e-9));
+    EXPECT_EQ(run.status.link_overrun_seconds(1), 0.0);
+  }
+
   const std::string model_path_ = clustertest::StoriesModelPath();
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
@@ -163,15 +176,7 @@ TEST_F(SlowRingClusterTest, RefreshIsBookedOnThePacedSlowRingWithinItsCapacity) 
   StartCluster(/*kv_refresh=*/true);
   const Run run = RunRequests();
   for (int64_t b : run.refresh_bytes) EXPECT_GT(b, 0) << "refresh rows were sent";
-  EXPECT_GT(run.scrapes, 0);
-  EXPECT_GT(run.max_scraped, 0.0) << "the slow link's gauge shows the booked refresh";
-  EXPECT_LE(run.max_scraped, 1.0 + 1e-9) << "never booked beyond one slot";
-  // Every passed slot of the slow ring: booked, never beyond its length.
-  ASSERT_EQ(run.status.link_peak_slot_seconds_size(), 2);
-  ASSERT_EQ(run.status.link_overrun_seconds_size(), 2);
-  EXPECT_GT(run.status.link_peak_slot_seconds(1), 0.0);
-  EXPECT_LE(run.status.link_peak_slot_seconds(1), kSlotMs / 1000 * (1 + 1e-9));
-  EXPECT_EQ(run.status.link_overrun_seconds(1), 0.0);
+  ExpectSlowRingBookedWithinItsSlots(run, "the booked refresh");
 }
 
 TEST_F(SlowRingClusterTest, WithoutKvRefreshTheSlowRingHoldsTheOpensFetchesAlone) {
@@ -182,14 +187,7 @@ TEST_F(SlowRingClusterTest, WithoutKvRefreshTheSlowRingHoldsTheOpensFetchesAlone
   StartCluster(/*kv_refresh=*/false);
   const Run run = RunRequests();
   for (int64_t b : run.refresh_bytes) EXPECT_EQ(b, 0) << "no refresh rows were sent";
-  EXPECT_GT(run.scrapes, 0);
-  EXPECT_GT(run.max_scraped, 0.0) << "the slow link's gauge shows the Opens' fetches";
-  EXPECT_LE(run.max_scraped, 1.0 + 1e-9) << "never booked beyond one slot";
-  ASSERT_EQ(run.status.link_peak_slot_seconds_size(), 2);
-  ASSERT_EQ(run.status.link_overrun_seconds_size(), 2);
-  EXPECT_GT(run.status.link_peak_slot_seconds(1), 0.0);
-  EXPECT_LE(run.status.link_peak_slot_seconds(1), kSlotMs / 1000 * (1 + 1e-9));
-  EXPECT_EQ(run.status.link_overrun_seconds(1), 0.0);
+  ExpectSlowRingBookedWithinItsSlots(run, "the Opens' fetches");
 }
 
 }  // namespace
