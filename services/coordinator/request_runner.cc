@@ -134,7 +134,12 @@ int64_t DrafterFetchBytes(const RunnerContext& ctx, const Plan& plan,
   const int64_t full_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
   if (req.full_prefix()) return full_bytes;
   if (ctx.variant_sizes != nullptr) {
-    if (std::optional<int64_t> known = ctx.variant_sizes->Get(req.variant_key())) return *known;
+    // A drafter's report is believed up to twice the prefix's full K/V (no
+    // variant is larger): a wrong or hostile one cannot book the slow link
+    // for longer than that.
+    if (std::optional<int64_t> known = ctx.variant_sizes->Get(req.variant_key())) {
+      return std::min(*known, 2 * full_bytes);
+    }
   }
   return EstimateVariantBytes(full_bytes, plan.variant.compressor);
 }

@@ -425,6 +425,16 @@ TEST_F(OpenBookingTest, AVariantsReportedSizeIsBookedAtItsNextOpen) {
   EXPECT_LE(slots, 9);
 }
 
+TEST_F(OpenBookingTest, AReportedSizeIsBelievedOnlyUpToTwiceTheFullPrefix) {
+  // A drafter reports fetching 10^9 bytes of a 6,400-byte prefix: the next
+  // Open books at most 12,800 bytes (128 slots), not 10^7 seconds.
+  fake_d_->open_prefix_bytes = int64_t{1'000'000'000};
+  ASSERT_GE(SlotsBookedBeforeTheOpen([&] { return RunLossyRemote(); }), 14);
+  const int64_t slots = SlotsBookedBeforeTheOpen([&] { return RunLossyRemote(); });
+  EXPECT_GE(slots, 126);
+  EXPECT_LE(slots, 129);
+}
+
 TEST_F(OpenBookingTest, FullRemoteBooksTheFullChunks) {
   // 6,400 bytes at 100 B/s: 64 slots.
   r_.mode = pb::MODE_FULL_REMOTE;
