@@ -30,16 +30,12 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/local/local_cluster.h"
+#include "tests/services/cluster/cluster_test_text.h"
 
 namespace vc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
 
 struct CliRun {
   std::string args;
@@ -124,7 +120,8 @@ class WorkerFailoverTest : public ::testing::Test {
   static constexpr int kMaxNew = 160;
 
   void SetUp() override {
-    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
+    if (!std::ifstream(clustertest::StoriesModelPath()).good())
+      GTEST_SKIP() << "test model not found: " << clustertest::StoriesModelPath();
     // Prompts of 80 ids: one whole stored chunk of 64 and a suffix.
     for (int p = 0; p < kPrompts; ++p) {
       std::vector<std::string> ids = {"1"};
@@ -140,8 +137,8 @@ class WorkerFailoverTest : public ::testing::Test {
     // The references: single-process full-KV decoding.
     for (int p = 0; p < kPrompts; ++p) {
       CliRun ref;
-      ref.args = absl::StrCat("generate --mode full --model ", ModelPath(), " --prompt-ids \"",
-                              prompts_[p], "\" --max-new-tokens ", kMaxNew,
+      ref.args = absl::StrCat("generate --mode full --model ", clustertest::StoriesModelPath(),
+                              " --prompt-ids \"", prompts_[p], "\" --max-new-tokens ", kMaxNew,
                               " --ignore-eos --threads 1 --json");
       RunCli(&ref, 1000 + p);
       ASSERT_EQ(ref.exit_code, 0) << ref.err;
@@ -150,7 +147,7 @@ class WorkerFailoverTest : public ::testing::Test {
     }
     local::LocalClusterOptions o;
     o.bin_dir = VC_DAEMON_DIR;
-    o.model = ModelPath();
+    o.model = clustertest::StoriesModelPath();
     o.verifiers = 2;
     o.drafters = 2;
     o.supervise = true;

@@ -3,118 +3,47 @@
 // with exit 2 and one line naming the bound; a good one (0 disables the
 // warm-up pass, the bound itself runs the largest) starts a worker against
 // a real vc-kvstore that then drains on SIGTERM with exit 0.
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/services/cluster/cluster_test_command.h"
+#include "tests/services/cluster/cluster_test_text.h"
 #include "tests/services/kvstore/kvstore_daemon.h"
 
 namespace vc {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
-
 using clustertest::RunCommand;
 
-// A worker daemon as a child process: started, its "listening on" line read
-// (bounded), then SIGTERM and its exit code (bounded); killed if still
-// running when destroyed.
-class Worker {
- public:
-  ~Worker() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_fd_ >= 0) close(out_fd_);
-  }
-
-  // The listening line, or "" (with what it printed in *error) when it
-  // exited or printed none within a minute.
-  std::string Start(const std::vector<std::string>& args, std::string* error) {
-    int fds[2];
-    if (pipe(fds) != 0) return "";
-    std::vector<std::string> all = args;
-    std::vector<char*> argv;
-    argv.reserve(all.size() + 1);
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_fd_ = fds[0];
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    std::string out;
-    while (Clock::now() < deadline) {
-      const size_t at = out.find(" listening on ");
-      if (at != std::string::npos && out.find('\n', at) != std::string::npos) {
-        const size_t begin = out.rfind('\n', at);
-        return out.substr(begin == std::string::npos ? 0 : begin + 1);
-      }
-      pollfd p{out_fd_, POLLIN, 0};
-      if (poll(&p, 1, 200) <= 0) continue;
-      char buf[512];
-      const ssize_t n = read(out_fd_, buf, sizeof buf);
-      if (n <= 0) break;  // exited
-      out.append(buf, static_cast<size_t>(n));
-    }
+// A worker daemon as a child process (stdout and stderr): the line it
+// printed " listening on " in, or "" (with what it printed in *error) when it
+// exited or printed none within a minute.
+std::string StartWorker(testing::ChildProcess& worker, const std::vector<std::string>& args,
+                        std::string* error) {
+  if (!worker.Spawn(args, /*merge_stderr=*/true, error)) return "";
+  std::string out;
+  if (!worker.ReadThroughLine(" listening on ", std::chrono::seconds(60), &out)) {
     *error = out;
     return "";
   }
-
-  // SIGTERM, then the exit code within 30 s (-1 otherwise).
-  int Stop() {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < deadline) {
-      int status = 0;
-      const pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-};
+  const size_t at = out.find(" listening on ");
+  const size_t begin = out.rfind('\n', at);
+  return out.substr(begin == std::string::npos ? 0 : begin + 1);
+}
 
 class WorkerFlagsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
+    if (!std::ifstream(clustertest::StoriesModelPath()).good())
+      GTEST_SKIP() << "test model not found: " << clustertest::StoriesModelPath();
   }
 };
 
@@ -133,8 +62,9 @@ TEST_F(WorkerFlagsTest, BadWarmupTokensExitTwoWithOneLine) {
   for (const char* daemon : {VC_VERIFIER_PATH, VC_DRAFTER_PATH}) {
     for (const Case& c : cases) {
       // The store is never reached: flags are checked before it is.
-      const std::string command =
-          std::string(daemon) + " --model " + ModelPath() + " --kvstore 127.0.0.1:1 " + c.args;
+      const std::string command = std::string(daemon) + " --model " +
+                                  clustertest::StoriesModelPath() + " --kvstore 127.0.0.1:1 " +
+                                  c.args;
       std::string out;
       EXPECT_EQ(RunCommand(command, &out), 2) << command << "\n" << out;
       EXPECT_NE(out.find(c.expect), std::string::npos) << command << "\n" << out;
@@ -169,14 +99,16 @@ TEST_F(WorkerFlagsTest, GoodWarmupTokensStartAndDrain) {
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {c.daemon, "--listen=127.0.0.1:0", "--threads=1",
-                                     "--model=" + ModelPath(), "--kvstore=" + store.grpc_addr()};
+                                     "--model=" + clustertest::StoriesModelPath(),
+                                     "--kvstore=" + store.grpc_addr()};
     args.insert(args.end(), c.args.begin(), c.args.end());
-    Worker worker;
+    testing::ChildProcess worker;
     std::string printed;
-    const std::string line = worker.Start(args, &printed);
+    const std::string line = StartWorker(worker, args, &printed);
     EXPECT_NE(line, "") << c.daemon << " " << c.args.back() << " did not start:\n" << printed;
     if (line.empty()) continue;
-    EXPECT_EQ(worker.Stop(), 0) << c.daemon << " " << c.args.back();
+    EXPECT_EQ(worker.SignalAndWait(SIGTERM, std::chrono::seconds(30)), 0)
+        << c.daemon << " " << c.args.back();
   }
   store.SignalAndWait(SIGTERM);
   std::filesystem::remove_all(dir);
