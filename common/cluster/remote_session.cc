@@ -530,6 +530,11 @@ absl::Status DraftSession::CheckRefresh(const std::string& refresh, int32_t veri
       static_cast<int>(h.head_dim) != config_.head_dim) {
     return absl::InvalidArgumentError("refresh rows have another model's shape");
   }
+  if (static_cast<Dtype>(h.dtype) != config_.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("refresh rows are ", DtypeName(static_cast<Dtype>(h.dtype)),
+                     ", the model's KV is ", DtypeName(config_.dtype)));
+  }
   const int64_t end = int64_t{h.first_position} + h.tokens;
   if (h.first_position < prefix_len_ || end > verified_end) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -550,8 +555,6 @@ absl::Status DraftSession::CheckRefresh(const std::string& refresh, int32_t veri
 
 absl::StatusOr<int32_t> DraftSession::ApplyRefresh(const std::string& refresh, int32_t* first_out) {
   VC_ASSIGN_OR_RETURN(const kvstore::ChunkHeader h, kvstore::VerifyChunk(refresh));
-  const int kv_heads = config_.n_kv_heads;
-  const int hd = config_.head_dim;
   const int32_t first = h.first_position;
   const int32_t count = static_cast<int32_t>(h.tokens);
   *first_out = first;
@@ -560,23 +563,11 @@ absl::StatusOr<int32_t> DraftSession::ApplyRefresh(const std::string& refresh, i
   if (first > kv_->next_position()) return 0;
   const int32_t end = first + count;
   if (end > kv_->next_position()) VC_RETURN_IF_ERROR(kv_->Append(end - kv_->next_position()));
-  const char* payload = refresh.data() + kvstore::kChunkHeaderBytes;
-  // Payload: per layer, K then V, each [kv_heads][count][head_dim] f32.
-  const int64_t plane = int64_t{kv_heads} * count * hd * int64_t{sizeof(float)};
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(hd);
-  std::vector<float> k(static_cast<size_t>(kv_heads) * hd), v(k.size());
-  for (int l = 0; l < config_.n_layers; ++l) {
-    const char* kl = payload + 2 * l * plane;
-    const char* vl = kl + plane;
-    for (int32_t p = first; p < end; ++p) {
-      for (int h2 = 0; h2 < kv_heads; ++h2) {
-        const int64_t off = (int64_t{h2} * count + (p - first)) * static_cast<int64_t>(row_bytes);
-        std::memcpy(&k[static_cast<size_t>(h2) * hd], kl + off, row_bytes);
-        std::memcpy(&v[static_cast<size_t>(h2) * hd], vl + off, row_bytes);
-      }
-      kv_->Write(l, p, k.data(), v.data());
-    }
-  }
+  // The chunk's own dtype (CheckRefresh refused one other than the model's).
+  kvstore::ForEachChunkRow(refresh, h,
+                           [&](int layer, int32_t position, const float* k, const float* v) {
+                             kv_->Write(layer, position, k, v);
+                           });
   return end - first;
 }
 

@@ -180,11 +180,20 @@ absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache,
                                                    cache.next_position()));
   }
   VC_RETURN_IF_ERROR(cache.Append(static_cast<int32_t>(h.tokens)));
+  ForEachChunkRow(bytes, h, [&](int layer, int32_t position, const float* k, const float* v) {
+    cache.Write(layer, position, k, v);
+  });
+  return absl::OkStatus();
+}
+
+void ForEachChunkRow(
+    const std::string& bytes, const ChunkHeader& h,
+    const std::function<void(int layer, int32_t position, const float* k, const float* v)>& row) {
   const size_t hd = h.head_dim;
   const size_t T = h.tokens;
   const size_t H = h.kv_heads;
   const size_t plane = H * T * hd;  // elements in one K (or V) of one layer
-  const Dtype dtype = cache.dtype();
+  const auto dtype = static_cast<Dtype>(h.dtype);
   const size_t eb = ElementBytes(h);
   std::vector<float> k(H * hd), v(H * hd);
   const char* payload = bytes.data() + kChunkHeaderBytes;
@@ -208,11 +217,9 @@ absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache,
         read_row(kbase + off, k.data() + kh * hd);
         read_row(vbase + off, v.data() + kh * hd);
       }
-      cache.Write(static_cast<int>(l), h.first_position + static_cast<int32_t>(t), k.data(),
-                  v.data());
+      row(static_cast<int>(l), h.first_position + static_cast<int32_t>(t), k.data(), v.data());
     }
   }
-  return absl::OkStatus();
 }
 
 }  // namespace vc::kvstore

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -62,5 +63,14 @@ absl::StatusOr<ChunkHeader> VerifyChunk(const std::string& bytes,
 // unchanged.
 absl::Status DecodeChunkInto(const std::string& bytes, PagedKvCache& cache,
                              ChecksumCheck checksum = ChecksumCheck::kRecompute);
+
+// Calls `row` for every (layer, position) of a chunk `h` describes (`h` from
+// VerifyChunk of the same `bytes`), with that row's K and V for every KV
+// head ([kv_heads][head_dim]) widened to f32 from the chunk's dtype: the one
+// reader of the payload, for a caller that writes the rows elsewhere (a
+// drafter's refresh overwriting its own rows).
+void ForEachChunkRow(
+    const std::string& bytes, const ChunkHeader& h,
+    const std::function<void(int layer, int32_t position, const float* k, const float* v)>& row);
 
 }  // namespace vc::kvstore

@@ -214,6 +214,44 @@ CompressorOptions Options(const Case& c) {
   return co;
 }
 
+// A bf16 model's refresh rows are bf16 (the chunk codec writes the KV dtype):
+// the drafter must read them as such. An exact drafter given the verifier's
+// exact rows then accepts every draft; rows read as f32 would read past the
+// payload and make garbage K/V (and rejections).
+TEST_F(RemoteSessionTest, RefreshRowsOfABf16ModelAreReadInItsDtype) {
+  ModelConfig c = SmallConfig();
+  c.dtype = Dtype::kBf16;
+  UseModel(c, 5);
+  const std::vector<int32_t> prompt = Prompt(24, 3);
+  const RunResult r = Run(prompt, 16, 24, CompressorOptions{}, 4, 4, /*refresh=*/true, Greedy());
+  EXPECT_EQ(r.tokens, Full(prompt, 24, Greedy()));
+  EXPECT_GT(r.accepted, 0);
+  EXPECT_EQ(r.rejected, 0);
+}
+
+TEST_F(RemoteSessionTest, RefreshRowsOfAnotherDtypeAreRefused) {
+  // f32 rows from a verifier of the f32 model, committed to a drafter of
+  // the same shape in bf16.
+  const std::vector<int32_t> prompt = Prompt(12, 4);
+  auto vs = std::move(VerifySession::Create(config(), prompt, 0, {})).value();
+  VerifySession* one = vs.get();
+  const std::vector<int32_t> none;
+  auto results = RunVerifyPass(*engine_, {&one, 1}, {&none, 1}, {});
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  const std::string rows =
+      std::move(vs->EncodeRows(results[0]->refresh_first, results[0]->refresh_count)).value();
+  ModelConfig c = SmallConfig();
+  c.dtype = Dtype::kBf16;
+  auto ds =
+      std::move(DraftSession::Create(c, prompt, std::make_unique<PrefixTailKv>(c, nullptr, 0, 0), 0,
+                                     DraftSessionOptions{}))
+          .value();
+  auto out = ds->Commit(results[0]->tokens, rows);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("refresh rows are f32"), std::string::npos) << out.status();
+}
+
 TEST_F(RemoteSessionTest, EqualsFullDecodingForEveryConfiguration) {
   const std::vector<Case> cases = {{"streamingllm", 0.25, 0}, {"snapkv", 0.3, 0},
                                    {"h2o", 0.5, 0},           {"kivi", 0, 2},
