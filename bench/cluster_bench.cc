@@ -165,7 +165,9 @@ int main(int argc, char** argv) {
                 "only the vericache scenario, on unpaced links with a calibrated slot "
                 "(--slot-ms 0), with 1 and then --concurrency requests in flight; prints where "
                 "each round's wall time went (drafting, verifying, waiting for the reload, "
-                "committing) and the control overhead left, from the daemons' timestamps");
+                "committing) and the control overhead left, from the daemons' timestamps; "
+                "each with the rounds relayed by the coordinator (--peer-rounds=false) and "
+                "with peer rounds, and the ratios peer / relayed");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "vc_cluster_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -266,8 +268,10 @@ int main(int argc, char** argv) {
   }
   // One scenario on a fresh cluster; false (after saying why) if the
   // cluster does not start or a prefix cannot be registered.
+  bool peer_rounds = true;  // the coordinator's --peer-rounds for the next run
   auto run_scenario = [&](const Scenario& sc, bool insecure, Row* row) -> bool {
     vc::local::LocalClusterOptions o;
+    o.peer_rounds = peer_rounds;
     o.model = model;
     // Insecure is the whole old setup: plaintext, no API keys, no seals.
     o.insecure = insecure;
@@ -357,31 +361,71 @@ int main(int argc, char** argv) {
     return errors + mismatches;
   };
   if (control_overhead) {
-    // One request in flight, then --concurrency.
-    std::vector<Row> all;
-    std::vector<int> in_flights;
-    std::printf("\ncontrol overhead (unpaced links, calibrated slot), ms per round:\n");
-    for (int in_flight : {1, concurrency}) {
-      in_flights.push_back(in_flight);
-      concurrency = in_flight;
-      Scenario sc = scenarios.front();
-      sc.name = absl::StrCat("vericache, ", in_flight, " in flight");
+    // One request in flight, then --concurrency; at each, the rounds relayed
+    // through the coordinator (--peer-rounds=false, the baseline) and peer
+    // rounds, alternating which goes first (a drift of the machine falls on
+    // both alike).
+    struct Measured {
+      int in_flight;
+      bool peer;
       Row row;
-      if (!run_scenario(sc, false, &row)) return 1;
-      all.push_back(row);
+    };
+    std::vector<Measured> all;
+    const int most_in_flight = concurrency;
+    std::printf("\ncontrol overhead (unpaced links, calibrated slot), ms per round:\n");
+    for (int in_flight : {1, most_in_flight}) {
+      concurrency = in_flight;
+      for (int k = 0; k < 2; ++k) {
+        peer_rounds = (in_flight == 1) == (k == 1);
+        Scenario sc = scenarios.front();
+        sc.name = absl::StrCat("vericache, ", in_flight, " in flight, ",
+                               peer_rounds ? "peer" : "relayed");
+        Measured m{in_flight, peer_rounds, Row{}};
+        if (!run_scenario(sc, false, &m.row)) return 1;
+        all.push_back(m);
+      }
     }
-    std::printf("\n  %-9s %7s %8s %8s %8s %9s %8s %9s %8s %8s\n", "in flight", "rounds", "wall",
-                "draft", "verify", "transfer", "commit", "overhead", "p50", "p90");
-    for (size_t i = 0; i < all.size(); ++i) {
-      const vc::local::RoundTimeSummary& t = all[i].sum.round_times;
+    peer_rounds = true;
+    // "slots": of the overhead, the coordinator's waits for its scheduler;
+    // "rpc p50": per round, the overhead without them (RPCs, hand-offs).
+    std::printf("\n  %-9s %-8s %7s %8s %8s %8s %9s %8s %9s %8s %8s %8s %8s %9s\n", "in flight",
+                "rounds", "n", "wall", "draft", "verify", "transfer", "commit", "overhead", "p50",
+                "p90", "slots", "rpc p50", "tok/s");
+    for (const Measured& m : all) {
+      const vc::local::RoundTimeSummary& t = m.row.sum.round_times;
       const double n = t.rounds > 0 ? static_cast<double>(t.rounds) : 1.0;
-      std::printf("  %-9d %7lld %8.2f %8.2f %8.2f %9.2f %8.2f %9.2f %8.2f %8.2f\n", in_flights[i],
-                  static_cast<long long>(t.rounds), 1e3 * t.wall_seconds / n,
-                  1e3 * t.draft_seconds / n, 1e3 * t.verify_seconds / n,
-                  1e3 * t.transfer_seconds / n, 1e3 * t.commit_seconds / n,
-                  1e3 * t.control_seconds() / n, t.p50_overhead_ms, t.p90_overhead_ms);
+      std::printf(
+          "  %-9d %-8s %7lld %8.2f %8.2f %8.2f %9.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %9.1f\n",
+          m.in_flight, m.peer ? "peer" : "relayed", static_cast<long long>(t.rounds),
+          1e3 * t.wall_seconds / n, 1e3 * t.draft_seconds / n, 1e3 * t.verify_seconds / n,
+          1e3 * t.transfer_seconds / n, 1e3 * t.commit_seconds / n, 1e3 * t.control_seconds() / n,
+          t.p50_overhead_ms, t.p90_overhead_ms, 1e3 * t.slot_wait_seconds / n,
+          t.p50_rpc_overhead_ms, m.row.sum.tokens_per_s);
     }
-    return failures(all) == 0 ? 0 : 1;
+    // Peer over relayed, measured in this run.
+    for (int in_flight : {1, most_in_flight}) {
+      const Row* relayed = nullptr;
+      const Row* peer = nullptr;
+      for (const Measured& m : all) {
+        if (m.in_flight != in_flight) continue;
+        (m.peer ? peer : relayed) = &m.row;
+      }
+      if (relayed == nullptr || peer == nullptr) continue;
+      auto per_round = [](const Row& r) {
+        const auto& t = r.sum.round_times;
+        return t.rounds > 0 ? t.wall_seconds / static_cast<double>(t.rounds) : 0.0;
+      };
+      auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+      std::printf(
+          "  %d in flight, peer / relayed: wall per round %.3f, overhead p50 %.3f, "
+          "tokens/s %.3f\n",
+          in_flight, ratio(per_round(*peer), per_round(*relayed)),
+          ratio(peer->sum.round_times.p50_overhead_ms, relayed->sum.round_times.p50_overhead_ms),
+          ratio(peer->sum.tokens_per_s, relayed->sum.tokens_per_s));
+    }
+    std::vector<Row> rows;
+    for (const Measured& m : all) rows.push_back(m.row);
+    return failures(rows) == 0 ? 0 : 1;
   }
   if (compare_insecure) {
     // Alternating, and which kind goes first alternates too, so a drift of

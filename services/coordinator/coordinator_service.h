@@ -67,6 +67,10 @@ struct CoordinatorOptions {
   // max_draft_len <= draft_len keeps x fixed.
   int max_draft_len = 32;
   bool kv_refresh = true;
+  // vericache rounds run worker to worker (Verifier.Round): drafts and
+  // refresh rows never pass through the coordinator. false: it relays them
+  // (Draft, Verify, Commit), as before peer rounds.
+  bool peer_rounds = true;
   // The drafter pool's separate draft model (--draft-model-id): "auto" takes
   // the first worker's (Info draft_model_id), "none" requires drafters of
   // the target, 64 hex digits require that draft model. Every worker must

@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
             "request that sets its draft_len keeps it");
   flags.AddBool("--no-kv-refresh", &no_kv_refresh,
                 "do not send the exact K/V of accepted tokens back to the drafter");
+  flags.AddBool("--peer-rounds", &o.peer_rounds,
+                "run each vericache round between the verifier and the drafter (the verifier "
+                "takes the drafts and commits to the drafter, whose refresh rows cross the slow "
+                "link from the verifier's peer data plane); --peer-rounds=false relays drafts "
+                "and rows through the coordinator");
   flags.Add("--draft-model-id", &o.draft_model_id, "auto|none|HEX",
             "the drafter pool's separate draft model: auto takes the first worker's, none "
             "requires drafters of the target, 64 hex digits that draft model (workers print "

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/kvstore/chunk_codec.h"
 #include "common/speculative/draft_verify.h"
 #include "services/coordinator/request_validation.h"
 
@@ -194,10 +195,26 @@ absl::Status BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const
   return absl::OkStatus();
 }
 
+// The most bytes a verify pass over `rows` input tokens can send back as
+// refresh (every row kept: the chunk codec's header, rows, checksum).
+int64_t MostRefreshBytes(const RunnerContext& ctx, int64_t rows) {
+  return static_cast<int64_t>(kvstore::kChunkHeaderBytes + kvstore::kChunkChecksumBytes) +
+         rows * ctx.kv_bytes_per_token;
+}
+
+// A new drafter epoch (DrafterOpenRequest.epoch): unique in this process,
+// so a session id reopened on a drafter after a retry never accepts the
+// earlier attempt's rounds.
+uint64_t NextDrafterEpoch() {
+  static std::atomic<uint64_t> epochs{0};
+  return epochs.fetch_add(1) + 1;
+}
+
 // Adds one round's times to `times` (pb::RoundTimes: the control overhead is
 // the wall time no worker reported as compute or transfer).
-void NoteRoundTimes(double wall_seconds, double draft_seconds, const pb::VerifyResponse& verify,
-                    const pb::CommitResponse& commit, pb::RoundTimes* times) {
+void NoteRoundTimes(double wall_seconds, double draft_seconds, double slot_wait_seconds,
+                    const pb::VerifyResponse& verify, const pb::CommitResponse& commit,
+                    pb::RoundTimes* times) {
   times->set_rounds(times->rounds() + 1);
   times->set_wall_seconds(times->wall_seconds() + wall_seconds);
   times->set_draft_seconds(times->draft_seconds() + draft_seconds);
@@ -207,6 +224,8 @@ void NoteRoundTimes(double wall_seconds, double draft_seconds, const pb::VerifyR
   const double overhead = wall_seconds - draft_seconds - verify.forward_seconds() -
                           verify.load_wait_seconds() - commit.commit_seconds();
   times->add_overhead_ms(static_cast<float>(overhead * 1000.0));
+  times->set_slot_wait_seconds(times->slot_wait_seconds() + slot_wait_seconds);
+  times->add_rpc_overhead_ms(static_cast<float>((overhead - slot_wait_seconds) * 1000.0));
 }
 
 void NoteDrafterCommit(const pb::CommitResponse& resp, pb::GenerateTotals* totals) {
@@ -309,6 +328,9 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     req.set_lookahead(plan.x);
     req.set_end_position(n + static_cast<int32_t>(plan.req.max_new_tokens()) -
                          static_cast<int32_t>(plan.resumed));
+    plan.drafter_epoch = NextDrafterEpoch();
+    plan.round_id = 0;
+    req.set_epoch(plan.drafter_epoch);
     pb::DrafterOpenResponse resp;
     bool sent = false;
     absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
@@ -329,6 +351,9 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
   }
   const int64_t prefix_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
   int64_t rounds = 0;
+  // Tokens the verifier session holds unverified before the next pass: the
+  // prompt after the stored prefix, then the last round's correction.
+  int64_t unverified = n - plan.prefix_tokens;
   while (drafter_ok) {
     if (r.gone()) return absl::CancelledError("request cancelled");
     if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
@@ -336,6 +361,15 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
     const auto round_start = Clock::now();
     double round_draft_seconds = 0;
+    // Time this round spent waiting for the scheduler (a queued booking,
+    // the reload's and the verify's slots; relayed: the refresh's slot).
+    double slot_wait_seconds = 0;
+    auto timed_wait = [&](auto&& wait) {
+      const auto t = Clock::now();
+      const bool ok = wait();
+      slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
+      return ok;
+    };
     // Book the verify: the reload on the fast link and the verifier's memory.
     int64_t first_slot = ctx.clock->now();
     double issue_offset = 0;  // seconds into first_slot (a packed reload)
@@ -347,13 +381,19 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     // the one it joined (SlotClock::JoinShared keeps that one's memory booked
     // until then).
     std::optional<int64_t> held;
+    // The verify's slot: when the drafts should be ready, x draft steps
+    // ahead (a slot is a draft step when calibrated). With peer rounds the
+    // drafter's drafts that survived the last commit are known ready
+    // (CommitResponse.surviving_drafts), so only the rest are waited for.
+    const int target_offset =
+        std::max(1, ctx.options.peer_rounds ? take - plan.drafts_ready : take);
     if (prefix_bytes > 0) {
       // PrefixPolicy's join rule (the simulator's too): join a booking of
       // the prefix on this verifier whose verify is still ahead when it is
       // no later than this round wants, or when a booking of its own would
       // verify no earlier or has to wait.
       while (true) {
-        const int64_t target = ctx.clock->now() + std::max(1, take);
+        const int64_t target = ctx.clock->now() + target_offset;
         SlotClock::Shared shared;
         const bool can_join = !ctx.clock->lock_step() &&
                               ctx.clock->FindShared(plan.prefix_key, v.index,
@@ -370,7 +410,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         AdmitRequest ar;
         ar.id = booking_id;
         ar.full_kv_bytes = prefix_bytes;
-        ar.target_offset = std::max(1, take);
+        ar.target_offset = target_offset;
         ar.min_offset = 1;
         ar.link = kFastLink;
         ar.gpu = v.index;
@@ -389,23 +429,29 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
           break;
         }
         Inc(ctx.metrics.scheduler_queued);
-        if (!ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline)) {
+        if (!timed_wait([&] { return ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline); })) {
           return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
         }
       }
     }
+    // Peer rounds: the Round itself starts the reload (RoundRequest.load)
+    // at the reload's slot, and the verify follows the drafts and the load
+    // on the verifier: no Load call, no wait here for the verify's slot.
+    const bool peer_round = ctx.options.peer_rounds && take > 0;
     absl::Status round_status = [&]() -> absl::Status {
       // The reload starts at its slot (just in time within it when packed).
       if (prefix_bytes > 0) {
-        if (!ctx.clock->WaitForSlot(first_slot, issue_offset, r.deadline)) {
+        if (!timed_wait(
+                [&] { return ctx.clock->WaitForSlot(first_slot, issue_offset, r.deadline); })) {
           return absl::DeadlineExceededError("request deadline passed");
         }
+        if (peer_round) return absl::OkStatus();
         pb::LoadRequest req;
         req.set_session_id(plan.session);
         pb::LoadResponse resp;
         const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
         if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
-        if (!ctx.clock->WaitForSlot(verify_slot, r.deadline)) {
+        if (!timed_wait([&] { return ctx.clock->WaitForSlot(verify_slot, r.deadline); })) {
           return absl::DeadlineExceededError("request deadline passed");
         }
       }
@@ -414,6 +460,110 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     if (!round_status.ok()) {
       if (held) (void)ctx.clock->Release(*held);
       return round_status;
+    }
+    if (peer_round) {
+      // The whole round worker to worker: the verifier takes the drafts,
+      // verifies and commits to the drafter, whose refresh rows cross the
+      // slow link from the verifier's peer data plane at their booked slot.
+      pb::RoundRequest rreq;
+      rreq.set_session_id(plan.session);
+      rreq.set_drafter(d.address);
+      rreq.set_epoch(plan.drafter_epoch);
+      rreq.set_round(++plan.round_id);
+      rreq.set_take(take);
+      rreq.set_lookahead(plan.x);
+      rreq.set_skip_refresh(!ctx.options.kv_refresh);
+      rreq.set_load(prefix_bytes > 0);
+      std::optional<int64_t> refresh_booking;
+      absl::Cleanup release_refresh = [&] {
+        if (refresh_booking) (void)ctx.clock->Release(*refresh_booking);
+      };
+      if (ctx.options.kv_refresh) {
+        // The rows' size is known only on the verifier, after the verify:
+        // book the most they can be (every row of the pass kept), so the
+        // slow link is never oversubscribed; the verifier offers them no
+        // earlier than the booked slot.
+        const int64_t id = ctx.clock->NewBookingId();
+        VC_ASSIGN_OR_RETURN(
+            Booking booking,
+            ctx.clock->BookTransfer(id, MostRefreshBytes(ctx, unverified + take), kSlowLink));
+        refresh_booking = id;
+        if (booking.transfer_seconds > 0) UpdateGauges(ctx);
+        rreq.set_refresh_delay_us(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      ctx.clock->TimeUntilSlot(booking.first_slot()))
+                                      .count());
+      }
+      pb::RoundResponse rresp;
+      const auto t0 = Clock::now();
+      // The Round includes the refresh's wait for its slot.
+      WorkerCallOptions round_call = ctx.CallOptions(r);
+      round_call.deadline = std::min(
+          r.deadline, round_call.deadline + std::chrono::microseconds(rreq.refresh_delay_us()));
+      const absl::Status rs = v.verifier->Round(round_call, rreq, &rresp);
+      if (held) (void)ctx.clock->Release(*held);
+      if (!rs.ok()) return WithCallName(rs, absl::StrCat("verifier ", v.address, " Round"));
+      const absl::Status drafter_status =
+          rresp.drafter_error_code() == 0
+              ? absl::OkStatus()
+              : absl::Status(static_cast<absl::StatusCode>(rresp.drafter_error_code()),
+                             absl::StrCat("drafter ", d.address, " ", rresp.drafter_error(),
+                                          " (from verifier ", v.address, ")"));
+      if (!rresp.has_verify()) {
+        // Nothing was verified: the drafter failed before (or answered
+        // nothing the verifier could judge).
+        absl::Status st = drafter_status.ok()
+                              ? absl::InternalError(absl::StrCat("verifier ", v.address,
+                                                                 " Round answered no verify"))
+                              : drafter_status;
+        if (!Retryable(st)) return st;
+        WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
+        drafter_ok = false;
+        break;
+      }
+      if (ctx.calibrate && rresp.draft_step_seconds() > 0)
+        ctx.calibrate(rresp.draft_step_seconds());
+      const pb::VerifyResponse& vresp = rresp.verify();
+      ++rounds;
+      Inc(ctx.metrics.rounds);
+      UpdateGauges(ctx);
+      Observe(ctx.metrics.accepted_per_round, vresp.accepted());
+      Inc(ctx.metrics.wasted, static_cast<double>(rresp.drafted()) - vresp.accepted());
+      plan.totals.set_verify_rounds(rounds);
+      plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() + rresp.drafted());
+      plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + vresp.accepted());
+      plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + rresp.refresh_bytes());
+      unverified = 1;
+      std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
+      pb::RoundStats round;
+      round.set_drafted(rresp.drafted());
+      round.set_accepted(vresp.accepted());
+      round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      round.set_batch_requests(vresp.batch_requests());
+      round.set_prefix_shared(vresp.prefix_shared());
+      if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+      if (!drafter_status.ok()) {
+        // The commit failed after a verify whose tokens stand (streamed).
+        if (!Retryable(drafter_status)) return drafter_status;
+        WorkerFailed(ctx, WorkerPool::kDrafter, d, drafter_status);
+        drafter_ok = false;
+        break;
+      }
+      plan.totals.set_continuation_hits(plan.totals.continuation_hits() +
+                                        rresp.commit().surviving_drafts());
+      plan.drafts_ready = rresp.commit().surviving_drafts();
+      NoteDrafterCommit(rresp.commit(), &plan.totals);
+      NoteRoundTimes(std::chrono::duration<double>(Clock::now() - round_start).count(),
+                     rresp.draft_seconds(), slot_wait_seconds, vresp, rresp.commit(),
+                     plan.totals.mutable_round_times());
+      if (plan.adaptive) {
+        plan.x = NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1,
+                                 ctx.options.max_draft_len);
+      }
+      if (take >= 2) {
+        plan.fallback.RecordRound(vresp.accepted());
+        if (plan.fallback.ShouldFallBack()) drafter_ok = false;
+      }
+      continue;
     }
     // Take the drafts (they have been drafting since the last commit).
     std::vector<int32_t> drafts;
@@ -491,8 +641,10 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         // transfer time on its ring and send them at the booked slot, so
         // many requests' refreshes never oversubscribe a paced link. An
         // unpaced link books nothing and starts now: no wait.
+        const auto t = Clock::now();
         VC_RETURN_IF_ERROR(
             AwaitSlowLinkSlot(ctx, r, refresh_bytes, "KV refresh", &refresh_booking));
+        slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
         plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + refresh_bytes);
       }
       pb::CommitResponse resp;
@@ -507,7 +659,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
       NoteDrafterCommit(resp, &plan.totals);
       NoteRoundTimes(std::chrono::duration<double>(Clock::now() - round_start).count(),
-                     round_draft_seconds, vresp, resp, plan.totals.mutable_round_times());
+                     round_draft_seconds, slot_wait_seconds, vresp, resp,
+                     plan.totals.mutable_round_times());
     }
     if (plan.adaptive && take > 0) {
       plan.x =

@@ -105,6 +105,13 @@ struct Plan {
   uint64_t session = 0;
   bool verifier_open = false;
   bool drafter_open = false;
+  // Peer rounds: the drafter session's epoch (new at every drafter Open,
+  // unique in this process) and the last round's id in it.
+  uint64_t drafter_epoch = 0;
+  uint64_t round_id = 0;
+  // Drafts the drafter held ready after the last commit (its surviving
+  // drafts): the next verify is booked for the rest only.
+  int32_t drafts_ready = 0;
   // Output.
   std::vector<int32_t> output;
   bool stopped_at_eos = false;
@@ -151,6 +158,8 @@ struct RunnerOptions {
   // Adaptive x is kept within [1, max_draft_len].
   int max_draft_len = 32;
   bool kv_refresh = true;
+  // vericache rounds worker to worker (Verifier.Round), or relayed here.
+  bool peer_rounds = false;
   int baseline_chunk = 16;  // tokens per Draft call in the remote baselines
   std::chrono::milliseconds rpc_timeout{10000};
 };

@@ -126,6 +126,16 @@ bool SlotClock::WaitForSlot(int64_t slot, double offset_seconds,
   return issue_at <= deadline || scheduler_.now() > slot;
 }
 
+std::chrono::steady_clock::duration SlotClock::TimeUntilSlot(int64_t slot) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t ahead = slot - scheduler_.now();
+  if (ahead <= 0) return std::chrono::steady_clock::duration::zero();
+  const auto start = slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(slot_seconds_ * ahead));
+  return std::max(std::chrono::steady_clock::duration::zero(),
+                  start - std::chrono::steady_clock::now());
+}
+
 double SlotClock::slot_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
   return slot_seconds_;

@@ -84,6 +84,10 @@ class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier>
                       pb::VerifyResponse* resp) override {
     return Call(WorkerStub(), &pb::Verifier::Stub::Verify, o, req, resp);
   }
+  absl::Status Round(const WorkerCallOptions& o, const pb::RoundRequest& req,
+                     pb::RoundResponse* resp) override {
+    return Call(WorkerStub(), &pb::Verifier::Stub::Round, o, req, resp);
+  }
   absl::Status Ingest(const WorkerCallOptions& o, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
     return Call(WorkerStub(), &pb::Verifier::Stub::Ingest, o, req, resp);

@@ -60,6 +60,8 @@ class VerifierClient : public WorkerClient {
                             vericache::v1::LoadResponse* resp) = 0;
   virtual absl::Status Verify(const WorkerCallOptions& o, const vericache::v1::VerifyRequest& req,
                               vericache::v1::VerifyResponse* resp) = 0;
+  virtual absl::Status Round(const WorkerCallOptions& o, const vericache::v1::RoundRequest& req,
+                             vericache::v1::RoundResponse* resp) = 0;
   virtual absl::Status Ingest(const WorkerCallOptions& o, const vericache::v1::IngestRequest& req,
                               vericache::v1::IngestResponse* resp) = 0;
 };

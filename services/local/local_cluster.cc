@@ -353,14 +353,15 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   for (int i = 0; i < o.verifiers; ++i) {
     const std::string name = i == 0 ? "verifier" : absl::StrCat("verifier-", i);
     std::vector<std::string> args = {
-        "--listen=127.0.0.1:0",
-        "--model=" + o.model,
-        "--kvstore=" + store->address,
-        "--data-plane=" + o.data_plane,
-        "--metrics-listen=" + metrics,
+        "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
+        "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
         absl::StrCat("--threads=", o.worker_threads),
         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false"),
-        absl::StrCat("--warmup-tokens=", o.warmup_tokens)};
+        absl::StrCat("--warmup-tokens=", o.warmup_tokens),
+        // Peer rounds: the refresh rows cross the slow link from here.
+        "--peer-data-listen=127.0.0.1:0",
+        absl::StrCat("--slow-link-bytes-per-second=", o.slow_link_bytes_per_second),
+        absl::StrCat("--slow-link-latency-ms=", o.slow_link_latency_ms)};
     if (!o.draft_model.empty()) args.push_back("--draft-model=" + o.draft_model);
     args.insert(args.end(), verifier_seal.begin(), verifier_seal.end());
     absl::StatusOr<Endpoint> ep = cluster->Spawn(name, "verifier", "vc-verifier", with_tls(args));
@@ -397,7 +398,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       "--ingest-variants=" + o.ingest_variants,
       absl::StrCat("--draft-len=", o.draft_len),
       absl::StrCat("--lossless-check-fraction=", o.lossless_check_fraction),
-      absl::StrCat("--max-active-requests=", o.max_active_requests)};
+      absl::StrCat("--max-active-requests=", o.max_active_requests),
+      absl::StrCat("--peer-rounds=", o.peer_rounds ? "true" : "false")};
   if (o.lock_step) coord_args.push_back("--lock-step");
   coord_args = with_tls(coord_args);
   if (cluster->creds_) {

@@ -40,7 +40,8 @@ struct LocalClusterOptions {
   std::string data_plane = "tcp";
   bool metrics = true;     // every daemon serves /metrics on a free port
   int worker_threads = 1;  // compute threads per worker
-  // Link pacing at the store (0 = unpaced) and what the scheduler books.
+  // Link pacing at the store and at the verifiers' peer data planes (0 =
+  // unpaced) and what the scheduler books.
   double fast_link_bytes_per_second = 0;
   double slow_link_bytes_per_second = 0;
   double fast_link_latency_ms = 0;
@@ -51,6 +52,9 @@ struct LocalClusterOptions {
   std::string ingest_variants = "snapkv:0.25";
   int draft_len = 8;
   bool prefix_aware = true;
+  // The coordinator's --peer-rounds: verifiers and drafters run each round
+  // between themselves (false: the coordinator relays drafts and rows).
+  bool peer_rounds = true;
   int continuation_tokens = 8;
   // Every worker's --warmup-tokens: the tokens of the engine's throwaway
   // pass at start (1, the workers' default; 0: none). The workers bound it

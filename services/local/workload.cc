@@ -58,6 +58,7 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
   sum.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<double> ttfts;
   std::vector<float> overheads;
+  std::vector<float> rpc_overheads;
   int64_t drafted = 0, accepted = 0;
   for (const WorkloadResult& r : *results) {
     if (!r.error.empty()) {
@@ -80,7 +81,14 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
     st.verify_seconds += rt.verify_seconds();
     st.transfer_seconds += rt.transfer_seconds();
     st.commit_seconds += rt.commit_seconds();
+    st.slot_wait_seconds += rt.slot_wait_seconds();
     overheads.insert(overheads.end(), rt.overhead_ms().begin(), rt.overhead_ms().end());
+    rpc_overheads.insert(rpc_overheads.end(), rt.rpc_overhead_ms().begin(),
+                         rt.rpc_overhead_ms().end());
+  }
+  if (!rpc_overheads.empty()) {
+    std::sort(rpc_overheads.begin(), rpc_overheads.end());
+    sum.round_times.p50_rpc_overhead_ms = rpc_overheads[rpc_overheads.size() / 2];
   }
   if (!overheads.empty()) {
     std::sort(overheads.begin(), overheads.end());

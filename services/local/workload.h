@@ -42,6 +42,10 @@ struct RoundTimeSummary {
   double commit_seconds = 0;
   double p50_overhead_ms = 0;
   double p90_overhead_ms = 0;
+  // Of the overhead: the coordinator's slot waits, and per round what is
+  // left without them (RPCs, hand-offs).
+  double slot_wait_seconds = 0;
+  double p50_rpc_overhead_ms = 0;
 
   // The wall time no worker reported as compute or transfer.
   double control_seconds() const {

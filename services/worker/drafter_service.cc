@@ -29,7 +29,35 @@ struct DrafterService::Session {
   Clock::time_point last_used;
   bool busy = false;         // in a draft step
   double draft_seconds = 0;  // steps since the last commit (DraftResponse)
+  // Peer rounds (0 where unchecked): the attempt this session belongs to,
+  // the round of the last Draft and of the last applied Commit.
+  uint64_t epoch = 0;
+  uint64_t drafted_round = 0;
+  uint64_t committed_round = 0;
 };
+
+namespace {
+
+// Whether a Draft (`committing` false) or Commit of (`epoch`, `round`) may
+// act on `s`: a call of another attempt, or of a round already committed
+// (or, for a commit, not the one last drafted), is stale: a late or
+// repeated message that must not move the session.
+absl::Status CheckRound(uint64_t session_id, uint64_t s_epoch, uint64_t drafted, uint64_t committed,
+                        uint64_t epoch, uint64_t round, bool committing) {
+  if (epoch != 0 && epoch != s_epoch) {
+    return absl::AbortedError(absl::StrCat("stale epoch ", epoch, " for session ", session_id,
+                                           " (its epoch is ", s_epoch, ")"));
+  }
+  if (round == 0) return absl::OkStatus();
+  if (round <= committed || (committing && round != drafted)) {
+    return absl::AbortedError(absl::StrCat("stale round ", round, " for session ", session_id,
+                                           " (last drafted ", drafted, ", last committed ",
+                                           committed, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 struct DrafterService::Waiter {
   uint64_t session_id = 0;
@@ -57,6 +85,7 @@ DrafterService::DrafterService(Engine* engine, const kvstore::ModelId& model_id,
       store_(store),
       options_(options),
       arena_("drafter", options.arena_bytes),
+      peer_rows_(options.peer_rows),
       metrics_(RegisterWorkerMetrics(registry, "drafter")) {
   if (options_.target_config != nullptr) config_.max_seq_len = options_.target_config->max_seq_len;
   if (options_.numerics_version == 0) {
@@ -201,6 +230,7 @@ void DrafterService::RunOpen(OpenJob& job) {
       }
     }
     auto session = std::make_unique<Session>();
+    session->epoch = req.epoch();
     std::unique_ptr<SequenceKv> kv;
     const auto t0 = Clock::now();
     if (prefix.tokens == 0) {
@@ -331,6 +361,13 @@ grpc::ServerUnaryReactor* DrafterService::Draft(grpc::CallbackServerContext* ctx
       return reactor;
     }
     Session& s = *it->second;
+    if (absl::Status st = CheckRound(req->session_id(), s.epoch, s.drafted_round, s.committed_round,
+                                     req->epoch(), req->round(), false);
+        !st.ok()) {
+      reactor->Finish(rpc::ToGrpcStatus(st));
+      return reactor;
+    }
+    if (req->round() != 0) s.drafted_round = req->round();
     s.last_used = Clock::now();
     if (req->lookahead() > 0) {
       s.window = req->lookahead();
@@ -406,6 +443,32 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
                                                  pb::CommitResponse* resp) {
   const auto start = Clock::now();
   std::vector<int32_t> tokens(req->tokens().begin(), req->tokens().end());
+  if (req->has_refresh() && req->has_refresh_from()) {
+    return Finish(ctx,
+                  absl::InvalidArgumentError("Commit: refresh and refresh_from are exclusive"));
+  }
+  // Peer rounds: the rows wait on the verifier's peer data plane; fetched
+  // before the session is touched (the slow link's time is the fetch's).
+  std::string fetched_rows;
+  if (req->has_refresh_from()) {
+    if (options_.target_config != nullptr) {
+      return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
+                             "this drafter drafts with draft model ",
+                             kvstore::ShortModelId(options_.draft_model_id),
+                             ", whose KV the target's refresh rows are not; commit without them")));
+    }
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             ctx->deadline() - std::chrono::system_clock::now());
+    absl::StatusOr<std::string> rows = peer_rows_.Fetch(req->refresh_from(), deadline);
+    if (!rows.ok()) {
+      return Finish(
+          ctx, absl::Status(rows.status().code(), absl::StrCat("fetching the refresh rows from ",
+                                                               req->refresh_from().data_plane(),
+                                                               ": ", rows.status().message())));
+    }
+    fetched_rows = std::move(*rows);
+    resp->set_refresh_fetch_seconds(std::chrono::duration<double>(Clock::now() - start).count());
+  }
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] {
     auto it = sessions_.find(req->session_id());
@@ -425,9 +488,16 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
                            ", whose KV the target's refresh rows are not; commit without them")));
   }
   Session& s = *it->second;
+  if (absl::Status st = CheckRound(req->session_id(), s.epoch, s.drafted_round, s.committed_round,
+                                   req->epoch(), req->round(), true);
+      !st.ok()) {
+    return Finish(ctx, st);
+  }
   s.last_used = Clock::now();
-  absl::StatusOr<cluster::CommitOutcome> out = s.ds->Commit(tokens, req->refresh().chunk());
+  absl::StatusOr<cluster::CommitOutcome> out =
+      s.ds->Commit(tokens, req->has_refresh_from() ? fetched_rows : req->refresh().chunk());
   if (!out.ok()) return Finish(ctx, out.status());
+  if (req->round() != 0) s.committed_round = req->round();
   resp->set_surviving_drafts(out->surviving_drafts);
   resp->set_rolled_back(out->rolled_back);
   resp->set_online_folds(s.ds->online_folds());

@@ -33,6 +33,7 @@
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
 #include "services/common/store_client.h"
+#include "services/worker/peer_rows.h"
 #include "services/worker/worker_common.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
@@ -61,6 +62,9 @@ struct DrafterOptions {
   // rejected rows are rolled back and accepted tokens re-run here.
   const ModelConfig* target_config = nullptr;
   kvstore::ModelId draft_model_id{};
+  // Fetching the refresh rows a verifier's peer Commit names (its kind and
+  // TLS are the cluster's data plane's).
+  PeerRowsFetcherOptions peer_rows;
 };
 
 class DrafterService final : public vericache::v1::Drafter::CallbackService {
@@ -129,6 +133,8 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   std::thread batcher_;
   std::thread opener_;
   double step_seconds_ewma_ = 0;  // guarded by mu_
+
+  PeerRowsFetcher peer_rows_;
 
   WorkerMetrics metrics_;  // the vericache_worker_* children of this role
   metrics::Counter* continuation_hits_;

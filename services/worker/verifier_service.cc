@@ -56,6 +56,38 @@ struct VerifierService::Job {
   const pb::IngestRequest* ingest_req = nullptr;
   pb::IngestResponse* ingest_resp = nullptr;
   Clock::time_point enqueued;
+  // A Round's verify: called with the outcome (verify_resp filled on OK)
+  // instead of finishing `reactor`.
+  std::function<void(const absl::Status&)> done;
+
+  void Finish(const absl::Status& status) {
+    if (done) {
+      done(status);
+    } else {
+      reactor->Finish(rpc::ToGrpcStatus(status));
+    }
+  }
+};
+
+// One Round between its arrival and its answer.
+struct VerifierService::RoundCall {
+  grpc::CallbackServerContext* ctx = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  pb::RoundRequest req;
+  pb::RoundResponse* resp = nullptr;
+  Clock::time_point arrived;
+  std::chrono::system_clock::time_point deadline;  // of the peer calls
+  std::shared_ptr<pb::Drafter::Stub> drafter;
+  grpc::ClientContext draft_ctx;
+  pb::DraftRequest draft_req;
+  pb::DraftResponse draft_resp;
+  Clock::time_point draft_start;
+  grpc::ClientContext commit_ctx;
+  pb::CommitRequest commit_req;
+  pb::CommitResponse commit_resp;
+  Clock::time_point commit_start;
+  std::string rows_key;  // in the outbox while the commit runs
+  grpc::Alarm alarm;     // the refresh's slot
 };
 
 VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_id,
@@ -82,6 +114,14 @@ VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_i
                                             "(before, during or right after the prefill; nothing "
                                             "of them is written).")
                             ->Get();
+  peer_rounds_ = &daemon::MustCounter(registry, "vericache_peer_rounds_total",
+                                      "Rounds this verifier ran with its drafter directly "
+                                      "(Round: drafts, commit and refresh rows worker to worker).")
+                      ->Get();
+  peer_refresh_bytes_ = &daemon::MustCounter(registry, "vericache_peer_refresh_bytes_total",
+                                             "Exact K/V row bytes this verifier offered to "
+                                             "drafters on its peer data plane.")
+                             ->Get();
   for (int i = 0; i < std::max(1, options_.loader_threads); ++i) {
     loaders_.emplace_back([this] { LoaderLoop(); });
   }
@@ -98,13 +138,28 @@ void VerifierService::Shutdown() {
     stopping_ = true;
     dropped.swap(jobs_);
   }
-  for (Job& j : dropped) j.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier is shutting down"));
+  for (Job& j : dropped) j.Finish(absl::UnavailableError("verifier is shutting down"));
   work_cv_.notify_all();
   load_cv_.notify_all();
   if (batcher_.joinable()) batcher_.join();
   for (auto& t : loaders_) {
     if (t.joinable()) t.join();
   }
+  // Rounds still talking to their drafter, or waiting for their refresh's
+  // slot, call back into this object: cancel their calls and alarms (each
+  // then finishes, UNAVAILABLE or with the drafter's error) and wait.
+  std::set<std::shared_ptr<RoundCall>> rounds;
+  {
+    std::lock_guard<std::mutex> lock(rounds_mu_);
+    rounds = rounds_;
+  }
+  for (const auto& call : rounds) {
+    call->draft_ctx.TryCancel();
+    call->commit_ctx.TryCancel();
+    call->alarm.Cancel();
+  }
+  std::unique_lock<std::mutex> lock(rounds_mu_);
+  rounds_cv_.wait(lock, [&] { return rounds_.empty(); });
 }
 
 // ------------------------------------------------------------------ RPCs
@@ -200,8 +255,57 @@ grpc::ServerUnaryReactor* VerifierService::Verify(grpc::CallbackServerContext* c
     job.draft_probs.push_back(*std::move(q));
   }
   job.verify_resp = resp;
-  job.enqueued = Clock::now();
   grpc::ServerUnaryReactor* reactor = nullptr;
+  if (absl::Status st = EnqueueVerify(std::move(job), &reactor); !st.ok()) return Finish(ctx, st);
+  return reactor;
+}
+
+absl::Status VerifierService::EnqueueVerify(Job job, grpc::ServerUnaryReactor** reactor) {
+  job.enqueued = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("verifier is shutting down");
+    auto it = sessions_.find(job.session_id);
+    if (it == sessions_.end())
+      return absl::NotFoundError(absl::StrCat("no session ", job.session_id));
+    if (static_cast<int>(jobs_.size()) >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError("verifier job queue is full");
+    }
+    Session& s = *it->second;
+    s.last_used = Clock::now();
+    // A verify without an earlier Load starts the load now.
+    if (!s.pinned) PinPrefix(s);
+    if (job.reactor == nullptr) job.reactor = job.ctx->DefaultReactor();
+    *reactor = job.reactor;
+    jobs_.push_back(std::move(job));
+  }
+  work_cv_.notify_all();
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ peer rounds
+
+grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ctx,
+                                                 const pb::RoundRequest* req,
+                                                 pb::RoundResponse* resp) {
+  if (options_.peer_rows == nullptr) {
+    return Finish(ctx, absl::FailedPreconditionError(
+                           "this verifier takes no peer rounds (it has no peer data plane)"));
+  }
+  if (req->drafter().empty() || req->drafter().size() > 256) {
+    return Finish(ctx, absl::InvalidArgumentError("Round: drafter must be HOST:PORT"));
+  }
+  if (req->round() == 0) return Finish(ctx, absl::InvalidArgumentError("Round: round must be > 0"));
+  if (req->take() < 1 || req->take() > config_.max_seq_len) {
+    return Finish(ctx, absl::InvalidArgumentError(
+                           absl::StrCat("Round: take must be in [1, ", config_.max_seq_len, "]")));
+  }
+  if (req->lookahead() < 0 || req->lookahead() > config_.max_seq_len) {
+    return Finish(ctx, absl::InvalidArgumentError("Round: lookahead out of range"));
+  }
+  if (req->refresh_delay_us() < 0 || req->refresh_delay_us() > int64_t{600} * 1000 * 1000) {
+    return Finish(ctx, absl::InvalidArgumentError("Round: refresh_delay_us must be in [0, 600 s]"));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
@@ -209,19 +313,188 @@ grpc::ServerUnaryReactor* VerifierService::Verify(grpc::CallbackServerContext* c
     if (it == sessions_.end()) {
       return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
     }
-    if (static_cast<int>(jobs_.size()) >= options_.max_queued_jobs) {
-      return Finish(ctx, absl::ResourceExhaustedError("verifier job queue is full"));
-    }
-    Session& s = *it->second;
-    s.last_used = Clock::now();
-    // A verify without an earlier Load starts the load now.
-    if (!s.pinned) PinPrefix(s);
-    job.reactor = ctx->DefaultReactor();
-    reactor = job.reactor;
-    jobs_.push_back(std::move(job));
+    it->second->last_used = Clock::now();
+    if (req->load()) PinPrefix(*it->second);
   }
-  work_cv_.notify_all();
+  auto call = std::make_shared<RoundCall>();
+  call->ctx = ctx;
+  call->req = *req;
+  call->resp = resp;
+  call->arrived = Clock::now();
+  // The peer calls end a margin before the Round's own deadline, so that a
+  // drafter that stops answering is reported as the drafter's failure
+  // (drafter_error), not seen by the coordinator as this verifier's
+  // timeout; the refresh's wait for its slot is part of the budget.
+  const auto now = std::chrono::system_clock::now();
+  const auto round_deadline = ctx->deadline();
+  const auto margin = std::clamp<std::chrono::system_clock::duration>(
+      (round_deadline - now) / 4, std::chrono::milliseconds(10), std::chrono::seconds(2));
+  call->deadline =
+      std::min(round_deadline - margin,
+               now + options_.peer_timeout + std::chrono::microseconds(req->refresh_delay_us()));
+  call->drafter = PeerStub(req->drafter());
+  {
+    std::lock_guard<std::mutex> lock(rounds_mu_);
+    if (static_cast<int>(rounds_.size()) >= options_.max_queued_jobs) {
+      return Finish(ctx, absl::ResourceExhaustedError("verifier: too many rounds in flight"));
+    }
+    rounds_.insert(call);
+  }
+  call->reactor = ctx->DefaultReactor();
+  pb::DraftRequest& d = call->draft_req;
+  d.set_session_id(req->session_id());
+  d.set_max_tokens(req->take());
+  d.set_min_tokens(req->take());
+  d.set_lookahead(req->lookahead());
+  d.set_epoch(req->epoch());
+  d.set_round(req->round());
+  call->draft_ctx.set_deadline(call->deadline);
+  call->draft_start = Clock::now();
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  call->drafter->async()->Draft(&call->draft_ctx, &call->draft_req, &call->draft_resp,
+                                [this, call](grpc::Status st) { OnPeerDraft(call, st); });
   return reactor;
+}
+
+std::shared_ptr<pb::Drafter::Stub> VerifierService::PeerStub(const std::string& address) {
+  std::lock_guard<std::mutex> lock(rounds_mu_);
+  auto it = peer_stubs_.find(address);
+  if (it != peer_stubs_.end()) return it->second;
+  // Bounded: past the cap one channel goes (a call holding its stub keeps
+  // it alive until the call ends).
+  if (static_cast<int>(peer_stubs_.size()) >= std::max(1, options_.max_peer_channels)) {
+    peer_stubs_.erase(peer_stubs_.begin());
+  }
+  auto stub = std::shared_ptr<pb::Drafter::Stub>(pb::Drafter::NewStub(
+      rpc::MakeChannel(address, options_.peer_max_message_bytes, options_.peer_tls)));
+  peer_stubs_.emplace(address, stub);
+  return stub;
+}
+
+namespace {
+
+// What the coordinator is told of a failed call to the drafter.
+void NoteDrafterError(const std::string& what, const grpc::Status& st, pb::RoundResponse* resp) {
+  resp->set_drafter_error_code(static_cast<int32_t>(st.error_code()));
+  resp->set_drafter_error(absl::StrCat(what, ": ", st.error_message()));
+}
+
+}  // namespace
+
+void VerifierService::OnPeerDraft(const std::shared_ptr<RoundCall>& call,
+                                  const grpc::Status& status) {
+  call->resp->set_peer_draft_seconds(
+      std::chrono::duration<double>(Clock::now() - call->draft_start).count());
+  if (!status.ok()) {
+    NoteDrafterError("Draft", status, call->resp);
+    return FinishRound(call, absl::OkStatus());
+  }
+  const pb::DraftResponse& dr = call->draft_resp;
+  call->resp->set_drafted(dr.drafts_size());
+  call->resp->set_draft_step_seconds(dr.step_seconds());
+  call->resp->set_draft_seconds(dr.draft_seconds());
+  Job job;
+  job.kind = Job::Kind::kVerify;
+  job.ctx = call->ctx;
+  job.reactor = call->reactor;
+  job.session_id = call->req.session_id();
+  // The drafter's answer is checked like a coordinator's Verify request:
+  // bounded drafts, and a distribution per draft under rejection sampling.
+  if (dr.drafts_size() > call->req.take()) {
+    NoteDrafterError(
+        "Draft",
+        grpc::Status(grpc::StatusCode::INTERNAL,
+                     absl::StrCat("returned ", dr.drafts_size(), " drafts for ", call->req.take())),
+        call->resp);
+    return FinishRound(call, absl::OkStatus());
+  }
+  job.drafts.assign(dr.drafts().begin(), dr.drafts().end());
+  for (const pb::DraftDistribution& d : dr.draft_probs()) {
+    absl::StatusOr<std::vector<double>> q = FromDraftDistribution(d, engine_->config().vocab_size);
+    if (!q.ok()) {
+      NoteDrafterError("Draft", rpc::ToGrpcStatus(q.status()), call->resp);
+      return FinishRound(call, absl::OkStatus());
+    }
+    job.draft_probs.push_back(*std::move(q));
+  }
+  job.skip_refresh = call->req.skip_refresh();
+  job.verify_resp = call->resp->mutable_verify();
+  job.done = [this, call](const absl::Status& st) { OnRoundVerified(call, st); };
+  grpc::ServerUnaryReactor* unused = nullptr;
+  if (absl::Status st = EnqueueVerify(std::move(job), &unused); !st.ok()) FinishRound(call, st);
+}
+
+void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
+                                      const absl::Status& status) {
+  if (!status.ok()) return FinishRound(call, status);
+  pb::VerifyResponse* v = call->resp->mutable_verify();
+  pb::CommitRequest& c = call->commit_req;
+  c.set_session_id(call->req.session_id());
+  c.mutable_tokens()->CopyFrom(v->tokens());
+  c.set_epoch(call->req.epoch());
+  c.set_round(call->req.round());
+  if (v->has_refresh() && !v->refresh().chunk().empty()) {
+    pb::KvRows* rows = v->mutable_refresh();
+    const auto bytes = static_cast<int64_t>(rows->chunk().size());
+    call->resp->set_refresh_bytes(bytes);
+    call->resp->set_refresh_rows(rows->count());
+    absl::StatusOr<std::string> key = options_.peer_rows->Put(std::move(*rows->mutable_chunk()));
+    if (!key.ok()) return FinishRound(call, key.status());
+    call->rows_key = *key;
+    pb::PeerRows* ref = c.mutable_refresh_from();
+    ref->set_data_plane(options_.peer_rows->address());
+    ref->set_key(*key);
+    ref->set_bytes(bytes);
+    ref->set_first_position(rows->first_position());
+    ref->set_count(rows->count());
+    peer_refresh_bytes_->Inc(static_cast<double>(bytes));
+  }
+  v->clear_refresh();
+  const auto slot = call->arrived + std::chrono::microseconds(call->req.refresh_delay_us());
+  if (!call->rows_key.empty() && slot > Clock::now()) {
+    // Offer the rows at their booked slot on the slow link; the alarm's
+    // thread starts the commit (no thread waits for it).
+    const auto wait = slot - Clock::now();
+    call->alarm.Set(std::chrono::system_clock::now() +
+                        std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
+                    [this, call](bool fired) {
+                      if (fired) return StartPeerCommit(call);
+                      // Cancelled: the verifier is shutting down.
+                      options_.peer_rows->Remove(call->rows_key);
+                      FinishRound(call, absl::UnavailableError("verifier is shutting down"));
+                    });
+    return;
+  }
+  StartPeerCommit(call);
+}
+
+void VerifierService::StartPeerCommit(const std::shared_ptr<RoundCall>& call) {
+  call->commit_ctx.set_deadline(call->deadline);
+  call->commit_start = Clock::now();
+  call->drafter->async()->Commit(&call->commit_ctx, &call->commit_req, &call->commit_resp,
+                                 [this, call](grpc::Status st) { OnPeerCommit(call, st); });
+}
+
+void VerifierService::OnPeerCommit(const std::shared_ptr<RoundCall>& call,
+                                   const grpc::Status& status) {
+  if (!call->rows_key.empty()) options_.peer_rows->Remove(call->rows_key);
+  call->resp->set_peer_commit_seconds(
+      std::chrono::duration<double>(Clock::now() - call->commit_start).count());
+  if (status.ok()) {
+    *call->resp->mutable_commit() = call->commit_resp;
+  } else {
+    NoteDrafterError("Commit", status, call->resp);
+  }
+  FinishRound(call, absl::OkStatus());
+}
+
+void VerifierService::FinishRound(const std::shared_ptr<RoundCall>& call,
+                                  const absl::Status& status) {
+  if (status.ok()) peer_rounds_->Inc();
+  call->reactor->Finish(rpc::ToGrpcStatus(status));
+  std::lock_guard<std::mutex> lock(rounds_mu_);
+  rounds_.erase(call);
+  rounds_cv_.notify_all();
 }
 
 grpc::ServerUnaryReactor* VerifierService::Release(grpc::CallbackServerContext* ctx,
@@ -432,12 +705,11 @@ void VerifierService::BatchLoop() {
       }
       auto it = sessions_.find(j.session_id);
       if (it == sessions_.end()) {
-        j.reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                       absl::StrCat("session ", j.session_id, " was released")));
+        j.Finish(absl::NotFoundError(absl::StrCat("session ", j.session_id, " was released")));
         continue;
       }
       if (j.ctx->IsCancelled()) {
-        j.reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "verify cancelled"));
+        j.Finish(absl::CancelledError("verify cancelled"));
         continue;
       }
       Session& s = *it->second;
@@ -561,7 +833,7 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
     // The transient prefix goes after its verify unless the session decodes
     // with it resident.
     if (!s.resident) UnpinPrefix(s);
-    jobs[i].reactor->Finish(rpc::ToGrpcStatus(errors[i]));
+    jobs[i].Finish(errors[i]);
   }
   UpdateGauges();
 }

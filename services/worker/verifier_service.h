@@ -14,6 +14,13 @@
 // jobs (prefill a prefix, store its chunks and variants) run between passes.
 // Loader threads fetch prefixes. Every queue is bounded; idle sessions are
 // reaped, so a coordinator that dies frees its KV here too.
+//
+// Peer rounds (Round): the verifier takes a round's drafts from the
+// drafter itself (an asynchronous Drafter.Draft), verifies them in its next
+// pass like any Verify, leaves the refresh rows in its PeerRowsOutbox and
+// commits to the drafter (Drafter.Commit naming them), at the slow-link
+// slot the coordinator booked; only then does the Round answer. No thread
+// waits on a peer: the calls are asynchronous and the slot is an alarm.
 #pragma once
 
 #include <chrono>
@@ -24,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,7 +40,10 @@
 #include "common/engine/engine.h"
 #include "common/kvstore/chunk_key.h"
 #include "common/metrics/metrics.h"
+#include "common/rpc/rpc.h"
+#include "grpcpp/alarm.h"
 #include "services/common/store_client.h"
+#include "services/worker/peer_rows.h"
 #include "services/worker/worker_common.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
@@ -60,6 +71,16 @@ struct VerifierOptions {
   // null when the pool's drafters run the target. Must outlive the service.
   Engine* draft_engine = nullptr;
   kvstore::ModelId draft_model_id{};
+  // Peer rounds: where the refresh rows wait for their drafter (null:
+  // Round is refused with FailedPrecondition; must outlive the service),
+  // and the calls to drafters: their TLS (this worker's certificate), the
+  // largest message, the deadline cap (the Round's own deadline is earlier
+  // when it is), and how many drafters' channels are held at once.
+  PeerRowsOutbox* peer_rows = nullptr;
+  rpc::TlsFiles peer_tls;
+  int peer_max_message_bytes = 64 << 20;
+  std::chrono::milliseconds peer_timeout{10000};
+  int max_peer_channels = 64;
   // Test seam (null in the daemon): called in Open once the session is
   // built, just before it is kept, so that a test can hold an Open there
   // until its caller has given up.
@@ -89,6 +110,9 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* ctx,
                                    const vericache::v1::VerifyRequest* req,
                                    vericache::v1::VerifyResponse* resp) override;
+  grpc::ServerUnaryReactor* Round(grpc::CallbackServerContext* ctx,
+                                  const vericache::v1::RoundRequest* req,
+                                  vericache::v1::RoundResponse* resp) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
                                     const vericache::v1::ReleaseRequest* req,
                                     vericache::v1::ReleaseResponse* resp) override;
@@ -100,8 +124,19 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   struct Prefix;
   struct Session;
   struct Job;
+  struct RoundCall;
 
   void BatchLoop();
+  // The steps of a Round, each run when the one before completes.
+  void OnPeerDraft(const std::shared_ptr<RoundCall>& call, const grpc::Status& status);
+  void OnRoundVerified(const std::shared_ptr<RoundCall>& call, const absl::Status& status);
+  void StartPeerCommit(const std::shared_ptr<RoundCall>& call);
+  void OnPeerCommit(const std::shared_ptr<RoundCall>& call, const grpc::Status& status);
+  void FinishRound(const std::shared_ptr<RoundCall>& call, const absl::Status& status);
+  // A stub for the drafter at `address` (channels cached, bounded).
+  std::shared_ptr<vericache::v1::Drafter::Stub> PeerStub(const std::string& address);
+  // Enqueues a verify job; the caller finishes it on error.
+  absl::Status EnqueueVerify(Job job, grpc::ServerUnaryReactor** reactor);
   void LoaderLoop();
   // mu_ held. Pins the session's prefix (loading it if needed); true if it
   // was already loaded.
@@ -130,10 +165,19 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   std::vector<std::thread> loaders_;
   std::thread batcher_;
 
+  // Rounds between their start and their answer (Shutdown waits for them:
+  // their peer calls and alarm call back into this service).
+  std::mutex rounds_mu_;
+  std::condition_variable rounds_cv_;
+  std::set<std::shared_ptr<RoundCall>> rounds_;  // in flight (Shutdown cancels their calls)
+  std::map<std::string, std::shared_ptr<vericache::v1::Drafter::Stub>> peer_stubs_;  // rounds_mu_
+
   WorkerMetrics metrics_;  // the vericache_worker_* children of this role
   metrics::Histogram* batch_requests_;
   metrics::Counter* prefix_shared_;
   metrics::Counter* ingests_cancelled_;
+  metrics::Counter* peer_rounds_;
+  metrics::Counter* peer_refresh_bytes_;
 };
 
 }  // namespace vc::worker

@@ -13,6 +13,7 @@
 #include "common/kvstore/seal.h"
 #include "common/model/model.h"
 #include "common/model/quantized_weights.h"
+#include "common/rpc/rpc.h"
 #include "common/speculative/draft_verify.h"
 #include "kernels/quantized.h"
 #include "services/common/daemon.h"
@@ -46,9 +47,16 @@ struct Flags {
   bool prefix_aware = true;     // verifier
   double batch_gather_ms = 2;   // verifier
   int continuation_tokens = 8;  // drafter
-  std::string seal_key;         // PEM Ed25519 private key: seal what this worker writes
-  std::string seal_trust;       // public keys: check the seal of what this worker reads
-  std::string kv_secret_file;   // the cluster KV secret: encrypt / decrypt KV at rest
+  // verifier: the peer data plane the refresh rows of peer rounds wait on
+  // (empty: no peer rounds), the address drafters reach it at, and its
+  // slow-link pacing (as the store's --slow-link-* flags).
+  std::string peer_data_listen = "auto";
+  std::string peer_data_advertise;
+  double slow_link_bytes_per_second = 0;
+  double slow_link_latency_ms = 0;
+  std::string seal_key;        // PEM Ed25519 private key: seal what this worker writes
+  std::string seal_trust;      // public keys: check the seal of what this worker reads
+  std::string kv_secret_file;  // the cluster KV secret: encrypt / decrypt KV at rest
   // drafter: f32, int8 or int4 (kernels::ParseWeightFormat)
   std::string draft_weights = "f32";
   // A separate draft model of the target's vocabulary: the drafter drafts
@@ -71,9 +79,11 @@ int RunWorkerMain(Role role, int argc, char** argv) {
                           : "VeriCache drafter worker (remote pool): fetches compressed KV over "
                             "the slow link and drafts tokens for many requests at once.");
   flags.Add("--listen", &f.server.listen, "HOST:PORT", "gRPC address (port 0 picks a free one)");
-  flags.Add("--model", &f.model, "PATH", "model file (llama2.c .bin) or Hugging Face directory (required)");
+  flags.Add("--model", &f.model, "PATH",
+            "model file (llama2.c .bin) or Hugging Face directory (required)");
   flags.Add("--kvstore", &f.kvstore, "HOST:PORT", "vc-kvstore gRPC address (required)");
-  flags.Add("--data-plane", &f.data_plane, "tcp|ucx", "data plane transport (must match the store)");
+  flags.Add("--data-plane", &f.data_plane, "tcp|ucx",
+            "data plane transport (must match the store)");
   flags.Add("--threads", &f.threads, "N", "compute threads (0 = all cores); never changes results");
   flags.Add("--tensor-parallel", &f.tensor_parallel, "N",
             "tensor-parallel degree (ranks as threads on the cpu; N GPUs with nccl); must divide "
@@ -99,6 +109,18 @@ int RunWorkerMain(Role role, int argc, char** argv) {
                   "(--prefix-aware=false disables)");
     flags.Add("--batch-gather-ms", &f.batch_gather_ms, "X",
               "wait this long for more due verifies before a pass");
+    flags.Add("--peer-data-listen", &f.peer_data_listen, "auto|off|HOST:PORT",
+              "data plane address of peer rounds: drafters fetch the exact K/V rows of each "
+              "round here, over the slow link (auto: --listen's host, a free port; port 0 "
+              "picks a free one; off: no peer rounds, the coordinator must relay them)");
+    flags.Add("--peer-data-advertise", &f.peer_data_advertise, "HOST:PORT",
+              "the address drafters reach --peer-data-listen at (default: the bound address; "
+              "required when it listens on 0.0.0.0)");
+    flags.Add("--slow-link-bytes-per-second", &f.slow_link_bytes_per_second, "N",
+              "pace the rows drafters fetch from the peer data plane to this many bytes per "
+              "second (the slow link; 0: unpaced), as vc-kvstore paces its fetches");
+    flags.Add("--slow-link-latency-ms", &f.slow_link_latency_ms, "X",
+              "one-way latency added to each peer data plane response (slow link)");
     flags.Add("--draft-model", &f.draft_model, "PATH",
               "the drafter pool's separate draft model (same vocabulary as --model): loaded "
               "once and used only at ingest, to make the prefix variants from its own prefill "
@@ -143,9 +165,35 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (f.max_requests < 1) return daemon::BadFlags(name, "--max-requests must be >= 1");
   if (f.arena_bytes < 1) return daemon::BadFlags(name, "--arena-bytes must be >= 1");
   if (f.rpc_timeout_ms < 1) return daemon::BadFlags(name, "--rpc-timeout-ms must be >= 1");
-  if (f.session_idle_seconds < 1) return daemon::BadFlags(name, "--session-idle-seconds must be >= 1");
+  if (f.session_idle_seconds < 1)
+    return daemon::BadFlags(name, "--session-idle-seconds must be >= 1");
   if (f.batch_gather_ms < 0) return daemon::BadFlags(name, "--batch-gather-ms must be >= 0");
-  if (f.continuation_tokens < 0) return daemon::BadFlags(name, "--continuation-tokens must be >= 0");
+  if (f.continuation_tokens < 0)
+    return daemon::BadFlags(name, "--continuation-tokens must be >= 0");
+  if (!(f.slow_link_bytes_per_second >= 0)) {
+    return daemon::BadFlags(name, "--slow-link-bytes-per-second must be >= 0");
+  }
+  if (!(f.slow_link_latency_ms >= 0))
+    return daemon::BadFlags(name, "--slow-link-latency-ms must be >= 0");
+  if (f.peer_data_listen == "auto") {
+    // The interface the daemon serves on, any free port.
+    std::string host;
+    int port = 0;
+    if (absl::Status s = rpc::SplitHostPort("--listen", f.server.listen, &host, &port); !s.ok()) {
+      return daemon::BadFlags(name, std::string(s.message()));
+    }
+    f.peer_data_listen = absl::StrCat(host, ":0");
+  } else if (f.peer_data_listen == "off" || f.peer_data_listen.empty()) {
+    f.peer_data_listen.clear();
+    if (!f.peer_data_advertise.empty()) {
+      return daemon::BadFlags(name, "--peer-data-advertise needs --peer-data-listen");
+    }
+  }
+  if (verifier && !f.peer_data_listen.empty()) {
+    if (absl::Status s = CheckPeerDataAddress(f.peer_data_listen, f.peer_data_advertise); !s.ok()) {
+      return daemon::BadFlags(name, std::string(s.message()));
+    }
+  }
   // Parsed before the model loads, so a typo costs no load time.
   auto draft_weights = kernels::ParseWeightFormat(f.draft_weights);
   if (!draft_weights.ok()) {
@@ -287,6 +335,24 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   auto store = daemon::StoreClient::Create(so);
   if (!store.ok()) return daemon::Fail(name, store.status().ToString());
 
+  std::unique_ptr<PeerRowsOutbox> peer_rows;
+  if (verifier && !f.peer_data_listen.empty()) {
+    PeerRowsOutboxOptions po;
+    po.server.kind = f.data_plane;
+    po.server.listen = f.peer_data_listen;
+    po.server.tls = f.data_tls;
+    po.server.slow.bytes_per_second = f.slow_link_bytes_per_second;
+    po.server.slow.latency_seconds = f.slow_link_latency_ms / 1000;
+    po.advertise = f.peer_data_advertise;
+    auto box = PeerRowsOutbox::Create(po);
+    if (!box.ok()) {
+      if (box.status().code() == absl::StatusCode::kInvalidArgument) {
+        return daemon::BadFlags(name, std::string(box.status().message()));
+      }
+      return daemon::Fail(name, absl::StrCat("peer data plane: ", box.status().ToString()));
+    }
+    peer_rows = std::move(box).value();
+  }
   std::unique_ptr<VerifierService> verifier_service;
   std::unique_ptr<DrafterService> drafter_service;
   grpc::Service* service = nullptr;
@@ -300,8 +366,12 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     vo.data_plane = f.data_plane;
     vo.draft_engine = draft_engine.get();
     vo.draft_model_id = draft_model_id;
-    verifier_service = std::make_unique<VerifierService>(engine->get(), model_id, store->get(),
-                                                         &registry, vo);
+    vo.peer_rows = peer_rows.get();
+    vo.peer_tls = f.server.tls;  // this worker's certificate towards drafters
+    vo.peer_max_message_bytes = static_cast<int>(f.server.max_message_bytes);
+    vo.peer_timeout = std::chrono::milliseconds(f.rpc_timeout_ms);
+    verifier_service =
+        std::make_unique<VerifierService>(engine->get(), model_id, store->get(), &registry, vo);
     service = verifier_service.get();
   } else {
     DrafterOptions dopt;
@@ -310,12 +380,14 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     dopt.arena_bytes = f.arena_bytes;
     dopt.session_idle = std::chrono::seconds(f.session_idle_seconds);
     dopt.data_plane = f.data_plane;
+    dopt.peer_rows.kind = f.data_plane;
+    dopt.peer_rows.tls = f.data_tls;
     if (draft_model) {
       dopt.target_config = &(*model)->config();
       dopt.draft_model_id = draft_model_id;
     }
-    drafter_service = std::make_unique<DrafterService>(engine->get(), model_id, store->get(),
-                                                       &registry, dopt);
+    drafter_service =
+        std::make_unique<DrafterService>(engine->get(), model_id, store->get(), &registry, dopt);
     service = drafter_service.get();
   }
   auto server = daemon::Server::Start(f.server, {service}, &registry);

@@ -46,7 +46,7 @@ while IFS= read -r line; do
 done <<<"$help_text"
 
 # Flags whose chart value is deployment-specific by design.
-deployment_specific=" --listen --metrics-listen --data-dir --data-listen --kvstore --verifiers --drafters --model --tokenizer --tls-cert --tls-key --tls-ca --api-keys-file --cluster-secret-file --coordinator --coordinator-tls-ca "
+deployment_specific=" --listen --metrics-listen --data-dir --data-listen --peer-data-listen --peer-data-advertise --kvstore --verifiers --drafters --model --tokenizer --tls-cert --tls-key --tls-ca --api-keys-file --cluster-secret-file --coordinator --coordinator-tls-ca "
 
 same_value() {  # numbers compare numerically ("20" == "20.0"), the rest as text
   local a="$1" b="$2"

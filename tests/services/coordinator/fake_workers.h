@@ -44,6 +44,10 @@ class FakeVerifierBase : public FakeWorkerBase<VerifierClient> {
                       vericache::v1::VerifyResponse*) override {
     return absl::UnimplementedError("Verify is not faked");
   }
+  absl::Status Round(const WorkerCallOptions&, const vericache::v1::RoundRequest&,
+                     vericache::v1::RoundResponse*) override {
+    return absl::UnimplementedError("Round is not faked");
+  }
   absl::Status Ingest(const WorkerCallOptions&, const vericache::v1::IngestRequest&,
                       vericache::v1::IngestResponse*) override {
     return absl::UnimplementedError("Ingest is not faked");

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/services/coordinator/fake_workers.h"
 
@@ -39,6 +41,8 @@ struct Calls {
     return static_cast<int>(std::count(names.begin(), names.end(), n));
   }
 };
+
+class FakeDrafter;
 
 class FakeVerifier final : public FakeVerifierBase {
  public:
@@ -75,8 +79,14 @@ class FakeVerifier final : public FakeVerifierBase {
     pos_ += accepted + 1;
     return absl::OkStatus();
   }
+  // Peer rounds: the drafter this verifier calls itself (defined below).
+  absl::Status Round(const WorkerCallOptions& o, const pb::RoundRequest& req,
+                     pb::RoundResponse* resp) override;
   std::optional<absl::Status> verify_error;
+  std::optional<absl::Status> round_error;
   int refresh_bytes_per_token = 100;  // the refresh rows' size
+  FakeDrafter* peer = nullptr;
+  std::vector<pb::RoundRequest> rounds;  // as received
 
  private:
   Calls* calls_;
@@ -101,7 +111,7 @@ class FakeDrafter final : public FakeDrafterBase {
   }
   absl::Status Draft(const WorkerCallOptions&, const pb::DraftRequest& req,
                      pb::DraftResponse* resp) override {
-    calls_->Add("d.Draft");
+    calls_->Add(in_peer_call ? "peer d.Draft" : "d.Draft");
     if (draft_error.has_value()) return *draft_error;
     for (int i = 0; i < req.max_tokens(); ++i)
       resp->add_drafts(always_wrong ? 0 : TokenAt(pos_ + i));
@@ -109,13 +119,17 @@ class FakeDrafter final : public FakeDrafterBase {
   }
   absl::Status Commit(const WorkerCallOptions&, const pb::CommitRequest& req,
                       pb::CommitResponse*) override {
-    calls_->Add("d.Commit");
-    refresh_bytes += static_cast<int64_t>(req.refresh().chunk().size());
+    calls_->Add(in_peer_call ? "peer d.Commit" : "d.Commit");
+    if (commit_error.has_value()) return *commit_error;
+    refresh_bytes +=
+        static_cast<int64_t>(req.refresh().chunk().size()) + req.refresh_from().bytes();
     if (on_commit) on_commit();
     pos_ += req.tokens_size();
     return absl::OkStatus();
   }
   std::optional<absl::Status> draft_error;
+  std::optional<absl::Status> commit_error;
+  bool in_peer_call = false;  // called by the fake verifier's Round
   bool always_wrong = false;
   pb::DrafterOpenRequest opened_with;
   int64_t refresh_bytes = 0;  // received in Commits
@@ -127,6 +141,52 @@ class FakeDrafter final : public FakeDrafterBase {
   Calls* calls_;
   int64_t pos_ = 0;
 };
+
+// What a verifier's Round does, over the fakes: Draft on the drafter,
+// Verify here, Commit the tokens with the rows' reference (their bytes
+// counted, never sent to the caller).
+absl::Status FakeVerifier::Round(const WorkerCallOptions& o, const pb::RoundRequest& req,
+                                 pb::RoundResponse* resp) {
+  calls_->Add("v.Round");
+  rounds.push_back(req);
+  if (round_error.has_value()) return *round_error;
+  peer->in_peer_call = true;
+  absl::Cleanup not_in_peer = [this] { peer->in_peer_call = false; };
+  auto drafter_failed = [&](const char* what, const absl::Status& s) {
+    resp->set_drafter_error_code(static_cast<int32_t>(s.code()));
+    resp->set_drafter_error(absl::StrCat(what, ": ", s.message()));
+    return absl::OkStatus();
+  };
+  pb::DraftRequest dreq;
+  dreq.set_session_id(req.session_id());
+  dreq.set_max_tokens(req.take());
+  dreq.set_min_tokens(req.take());
+  dreq.set_epoch(req.epoch());
+  dreq.set_round(req.round());
+  pb::DraftResponse dresp;
+  if (absl::Status s = peer->Draft(o, dreq, &dresp); !s.ok()) return drafter_failed("Draft", s);
+  resp->set_drafted(dresp.drafts_size());
+  pb::VerifyRequest vreq;
+  vreq.set_session_id(req.session_id());
+  vreq.mutable_drafts()->CopyFrom(dresp.drafts());
+  vreq.set_skip_refresh(req.skip_refresh());
+  VC_RETURN_IF_ERROR(Verify(o, vreq, resp->mutable_verify()));
+  pb::CommitRequest creq;
+  creq.set_session_id(req.session_id());
+  creq.mutable_tokens()->CopyFrom(resp->verify().tokens());
+  creq.set_epoch(req.epoch());
+  creq.set_round(req.round());
+  const auto bytes = static_cast<int64_t>(resp->verify().refresh().chunk().size());
+  if (bytes > 0) {
+    creq.mutable_refresh_from()->set_bytes(bytes);
+    resp->set_refresh_bytes(bytes);
+  }
+  resp->mutable_verify()->clear_refresh();
+  pb::CommitResponse cresp;
+  if (absl::Status s = peer->Commit(o, creq, &cresp); !s.ok()) return drafter_failed("Commit", s);
+  *resp->mutable_commit() = cresp;
+  return absl::OkStatus();
+}
 
 struct CollectSink final : Sink {
   std::vector<int32_t> tokens;
@@ -146,6 +206,7 @@ class RunnerTest : public ::testing::Test {
     auto d = std::make_unique<FakeDrafter>(&calls_);
     fake_v_ = v.get();
     fake_d_ = d.get();
+    fake_v_->peer = fake_d_;
     verifier_.address = v->address();
     verifier_.verifier = std::move(v);
     drafter_.address = d->address();
@@ -490,6 +551,125 @@ TEST_F(OpenBookingTest, ADeadlinePassedWaitingForTheSlowLinkFailsWithoutOpening)
       clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 16, kSlowLink);
   ASSERT_TRUE(after.ok());
   EXPECT_LE(after->first_slot() - clock_->now(), 101);
+}
+
+}  // namespace
+}  // namespace vc::coordinator
+
+namespace vc::coordinator {
+namespace {
+
+// ---------------------------------------------------------- peer rounds
+
+TEST_F(RunnerTest, PeerRoundsStreamExactlyWithNoDraftOrRowThroughTheCoordinator) {
+  ctx_.options.peer_rounds = true;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(plan_.totals.verify_rounds(), 4);
+  EXPECT_EQ(plan_.totals.accepted_drafts(), 16);
+  EXPECT_EQ(plan_.totals.drafted_tokens(), 16);
+  // The coordinator made no Draft, Verify-with-drafts or Commit of its own:
+  // every one was the verifier's, worker to worker.
+  EXPECT_EQ(calls_.Count("v.Round"), 4);
+  EXPECT_EQ(calls_.Count("d.Draft"), 0);
+  EXPECT_EQ(calls_.Count("d.Commit"), 0);
+  EXPECT_EQ(calls_.Count("peer d.Draft"), 4);
+  EXPECT_EQ(calls_.Count("peer d.Commit"), 4);
+  // Each round's rows: the count the verifier reported, none relayed.
+  EXPECT_EQ(plan_.totals.refresh_bytes(), 4 * 5 * 100);
+  EXPECT_EQ(fake_d_->refresh_bytes, 4 * 5 * 100);
+  // Rounds carry the drafter session's epoch (set at its Open) and ids 1..4.
+  ASSERT_EQ(fake_v_->rounds.size(), 4u);
+  EXPECT_NE(fake_d_->opened_with.epoch(), 0u);
+  for (size_t i = 0; i < fake_v_->rounds.size(); ++i) {
+    EXPECT_EQ(fake_v_->rounds[i].epoch(), fake_d_->opened_with.epoch());
+    EXPECT_EQ(fake_v_->rounds[i].round(), i + 1);
+    EXPECT_EQ(fake_v_->rounds[i].drafter(), "fake-drafter:1");
+    EXPECT_EQ(fake_v_->rounds[i].take(), 4);
+    EXPECT_FALSE(fake_v_->rounds[i].skip_refresh());
+  }
+}
+
+TEST_F(RunnerTest, EachDrafterOpenGetsANewEpoch) {
+  ctx_.options.peer_rounds = true;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  const uint64_t first = fake_d_->opened_with.epoch();
+  Plan again = plan_;
+  again.output.clear();
+  again.round_id = 0;
+  CollectSink sink;
+  ASSERT_TRUE(RunVeriCache(ctx_, again, r_, &sink).ok());
+  EXPECT_NE(fake_d_->opened_with.epoch(), first);
+  EXPECT_EQ(fake_v_->rounds.back().epoch(), fake_d_->opened_with.epoch());
+}
+
+TEST_F(RunnerTest, PeerRoundsBookTheMostTheRowsCanBeBeforeTheRound) {
+  // 4 drafts plus the one unverified token: at most 5 rows of
+  // kv_bytes_per_token each, with the chunk's header and checksum.
+  UseClock(0.005, 1e6);
+  ctx_.options.peer_rounds = true;
+  ctx_.kv_bytes_per_token = 100;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(clock_->stats().transfers, 4) << "one booking per round";
+  EXPECT_EQ(clock_->stats().released, 4);
+  for (const pb::RoundRequest& rr : fake_v_->rounds) {
+    EXPECT_GE(rr.refresh_delay_us(), 0);
+    EXPECT_LE(rr.refresh_delay_us(), 1000000);
+  }
+}
+
+TEST_F(RunnerTest, PeerRoundsWithoutKvRefreshBookNothingAndAskForNoRows) {
+  UseClock(0.005, 50e3);
+  ctx_.options.peer_rounds = true;
+  ctx_.options.kv_refresh = false;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(clock_->stats().transfers, 0);
+  EXPECT_EQ(plan_.totals.refresh_bytes(), 0);
+  for (const pb::RoundRequest& rr : fake_v_->rounds) EXPECT_TRUE(rr.skip_refresh());
+}
+
+TEST_F(RunnerTest, APeerDrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
+  ctx_.options.peer_rounds = true;
+  fake_d_->draft_error = absl::UnavailableError("connection refused");
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  ASSERT_EQ(failures_.size(), 1u);
+  EXPECT_EQ(failures_[0],
+            "drafter: drafter fake-drafter:1 Draft: connection refused (from verifier "
+            "fake-verifier:1)");
+  EXPECT_EQ(calls_.Count("v.LoadResident"), 1);
+}
+
+TEST_F(RunnerTest, APeerCommitThatFailsKeepsTheVerifiedTokensAndFallsBack) {
+  ctx_.options.peer_rounds = true;
+  fake_d_->commit_error = absl::UnavailableError("socket closed");
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20)) << "the first round's 5 tokens stand, then full KV";
+  EXPECT_EQ(plan_.totals.verify_rounds(), 1);
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  ASSERT_EQ(failures_.size(), 1u);
+  EXPECT_NE(failures_[0].find("Commit: socket closed"), std::string::npos) << failures_[0];
+}
+
+TEST_F(RunnerTest, APeerDrafterRefusingTheRequestFailsIt) {
+  ctx_.options.peer_rounds = true;
+  fake_d_->draft_error = absl::InvalidArgumentError("bad lookahead");
+  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "drafter fake-drafter:1 Draft: bad lookahead (from verifier fake-verifier:1)");
+}
+
+TEST_F(RunnerTest, AFailedRoundFailsTheRequestWithTheVerifiersName) {
+  ctx_.options.peer_rounds = true;
+  fake_v_->round_error = absl::UnavailableError("socket closed");
+  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "verifier fake-verifier:1 Round: socket closed");
+  EXPECT_TRUE(sink_.tokens.empty());
 }
 
 }  // namespace

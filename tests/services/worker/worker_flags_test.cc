@@ -78,6 +78,33 @@ TEST_F(WorkerFlagsTest, BadWarmupTokensExitTwoWithOneLine) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << local << "\n" << out;
 }
 
+// The verifier's peer data plane (peer rounds) must be reachable by
+// drafters: a wildcard address without an advertised one, or a malformed
+// address, stops it with exit 2 and one line, before the model loads.
+TEST_F(WorkerFlagsTest, BadPeerDataAddressesExitTwoWithOneLine) {
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"--listen 0.0.0.0:0", "--peer-data-advertise HOST:PORT"},
+      {"--peer-data-listen 0.0.0.0:0", "--peer-data-advertise HOST:PORT"},
+      {"--peer-data-listen nowhere", "--peer-data-listen"},
+      {"--peer-data-listen 127.0.0.1:0 --peer-data-advertise :7", "--peer-data-advertise"},
+      {"--peer-data-listen off --peer-data-advertise 10.0.0.1:7411",
+       "--peer-data-advertise needs --peer-data-listen"},
+  };
+  for (const Case& c : cases) {
+    const std::string command = std::string(VC_VERIFIER_PATH) + " --model " +
+                                clustertest::StoriesModelPath() + " --kvstore 127.0.0.1:1 " +
+                                c.args;
+    std::string out;
+    EXPECT_EQ(RunCommand(command, &out), 2) << command << "\n" << out;
+    EXPECT_NE(out.find(c.expect), std::string::npos) << command << "\n" << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << command << "\n" << out;
+  }
+}
+
 TEST_F(WorkerFlagsTest, GoodWarmupTokensStartAndDrain) {
   const std::string dir = ::testing::TempDir() + "/vc_worker_flags_" + std::to_string(getpid());
   testing::Daemon store;

@@ -1,0 +1,410 @@
+// Peer rounds between a real VerifierService and a real DrafterService in
+// this process, each behind its own gRPC server, the rows on a real TCP data
+// plane (PeerRowsOutbox / PeerRowsFetcher), no store (the sessions have no
+// stored prefix). The drafter drafts with int4 weights, so some drafts are
+// rejected and the refresh rows matter.
+//  * The tokens of consecutive Verifier.Round calls are greedy full-KV
+//    decoding of the prompt (DecodeFull, an independent path), and the rows
+//    went worker to worker: the verifier's peer counters moved, its outbox
+//    is empty after every round.
+//  * Stale messages never move a session: a Commit of an earlier round, a
+//    Draft or Commit of another epoch are ABORTED, and the next round still
+//    decodes exactly.
+//  * A drafter that is gone is reported in the Round's answer (its code and
+//    message, no verify), not as the verifier's failure; a verifier without
+//    a peer data plane refuses Round.
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/decode/full_decode.h"
+#include "common/kvstore/chunk_key.h"
+#include "common/metrics/metrics.h"
+#include "common/model/model.h"
+#include "common/model/quantized_weights.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/common/store_client.h"
+#include "services/worker/drafter_service.h"
+#include "services/worker/peer_rows.h"
+#include "services/worker/verifier_service.h"
+
+namespace vc::worker {
+namespace {
+
+namespace pb = ::vericache::v1;
+
+std::string ModelPath() {
+  const char* dir = std::getenv("VC_MODELS_DIR");
+  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
+}
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  auto server = builder.BuildAndStart();
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
+std::unique_ptr<grpc::ClientContext> Within(int seconds) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  return ctx;
+}
+
+double CounterValue(metrics::Registry& registry, const std::string& name) {
+  const std::string text = registry.Expose();
+  const size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
+}
+
+class PeerRoundTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
+    auto model = Model::Load(ModelPath());
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    EngineOptions eo;
+    eo.backend.threads = 1;
+    auto verify_engine = Engine::Create(*model_, eo);
+    ASSERT_TRUE(verify_engine.ok()) << verify_engine.status();
+    verify_engine_ = std::move(*verify_engine);
+    auto reference_engine = Engine::Create(*model_, eo);
+    ASSERT_TRUE(reference_engine.ok()) << reference_engine.status();
+    reference_engine_ = std::move(*reference_engine);
+    // The model's own text: BOS, a token, its greedy continuation.
+    prompt_ = {1, 345};
+    const std::vector<int32_t> more = Reference(prompt_, 10);
+    prompt_.insert(prompt_.end(), more.begin(), more.end());
+    QuantizeOptions qo;
+    qo.format = kernels::WeightFormat::kInt4;
+    auto q = QuantizedWeights::Create(*model_, qo);
+    ASSERT_TRUE(q.ok()) << q.status();
+    quantized_ = std::move(*q);
+    EngineOptions deo = eo;
+    deo.quantized = quantized_.get();
+    auto draft_engine = Engine::Create(*model_, deo);
+    ASSERT_TRUE(draft_engine.ok()) << draft_engine.status();
+    draft_engine_ = std::move(*draft_engine);
+    // Nothing listens there: sessions without a stored prefix never fetch.
+    daemon::StoreClientOptions so;
+    so.control_address = "127.0.0.1:1";
+    so.data_address = "127.0.0.1:1";
+    auto store = daemon::StoreClient::Create(so);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+
+    PeerRowsOutboxOptions po;
+    po.server.listen = "127.0.0.1:0";
+    auto box = PeerRowsOutbox::Create(po);
+    ASSERT_TRUE(box.ok()) << box.status();
+    outbox_ = std::move(*box);
+    const kvstore::ModelId id = kvstore::ComputeModelId(*model_);
+    VerifierOptions vo;
+    vo.peer_rows = outbox_.get();
+    vo.peer_timeout = std::chrono::seconds(30);
+    verifier_ = std::make_unique<VerifierService>(verify_engine_.get(), id, store_.get(),
+                                                  &verifier_registry_, vo);
+    DrafterOptions dopt;
+    dopt.continuation_tokens = 0;
+    drafter_ = std::make_unique<DrafterService>(draft_engine_.get(), id, store_.get(),
+                                                &drafter_registry_, dopt);
+    verifier_server_ = Serve(verifier_.get(), &verifier_address_);
+    drafter_server_ = Serve(drafter_.get(), &drafter_address_);
+    ASSERT_NE(verifier_server_, nullptr);
+    ASSERT_NE(drafter_server_, nullptr);
+    verifier_stub_ = pb::Verifier::NewStub(
+        grpc::CreateChannel(verifier_address_, grpc::InsecureChannelCredentials()));
+    drafter_stub_ = pb::Drafter::NewStub(
+        grpc::CreateChannel(drafter_address_, grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    const auto soon = std::chrono::system_clock::now() + std::chrono::seconds(5);
+    if (verifier_server_) verifier_server_->Shutdown(soon);
+    if (drafter_server_) drafter_server_->Shutdown(soon);
+    if (verifier_) verifier_->Shutdown();
+    if (drafter_) drafter_->Shutdown();
+  }
+
+  // Opens `session` on both workers over `prompt`, the drafter with `epoch`.
+  void OpenBoth(uint64_t session, const std::vector<int32_t>& prompt, uint64_t epoch) {
+    pb::VerifierOpenRequest vreq;
+    vreq.set_session_id(session);
+    for (int32_t t : prompt) vreq.add_prompt(t);
+    pb::VerifierOpenResponse vresp;
+    grpc::Status s = verifier_stub_->Open(Within(30).get(), vreq, &vresp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    pb::DrafterOpenRequest dreq;
+    dreq.set_session_id(session);
+    for (int32_t t : prompt) dreq.add_prompt(t);
+    dreq.set_lookahead(4);
+    dreq.set_epoch(epoch);
+    pb::DrafterOpenResponse dresp;
+    s = drafter_stub_->Open(Within(30).get(), dreq, &dresp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  grpc::Status CallRound(uint64_t session, uint64_t epoch, uint64_t round, int take,
+                         pb::RoundResponse* resp, const std::string& drafter = "") {
+    pb::RoundRequest req;
+    req.set_session_id(session);
+    req.set_drafter(drafter.empty() ? drafter_address_ : drafter);
+    req.set_epoch(epoch);
+    req.set_round(round);
+    req.set_take(take);
+    req.set_lookahead(take);
+    return verifier_stub_->Round(Within(60).get(), req, resp);
+  }
+
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int n) {
+    DecodeOptions o;
+    o.max_new_tokens = n;
+    o.ignore_eos = true;
+    auto r = DecodeFull(*reference_engine_, prompt, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->tokens : std::vector<int32_t>{};
+  }
+
+  std::unique_ptr<Model> model_;
+  std::vector<int32_t> prompt_;
+  std::unique_ptr<QuantizedWeights> quantized_;
+  std::unique_ptr<Engine> verify_engine_, draft_engine_, reference_engine_;
+  std::unique_ptr<daemon::StoreClient> store_;
+  std::unique_ptr<PeerRowsOutbox> outbox_;
+  metrics::Registry verifier_registry_, drafter_registry_;
+  std::unique_ptr<VerifierService> verifier_;
+  std::unique_ptr<DrafterService> drafter_;
+  std::unique_ptr<grpc::Server> verifier_server_, drafter_server_;
+  std::string verifier_address_, drafter_address_;
+  std::unique_ptr<pb::Verifier::Stub> verifier_stub_;
+  std::unique_ptr<pb::Drafter::Stub> drafter_stub_;
+};
+
+TEST_F(PeerRoundTest, RoundsDecodeExactlyWithRowsWorkerToWorker) {
+  OpenBoth(7, prompt_, 41);
+  std::vector<int32_t> out;
+  int64_t refresh_bytes = 0;
+  int accepted = 0, drafted = 0;
+  for (uint64_t round = 1; round <= 12; ++round) {
+    pb::RoundResponse resp;
+    const grpc::Status s = CallRound(7, 41, round, 4, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
+    ASSERT_TRUE(resp.has_verify());
+    EXPECT_FALSE(resp.verify().has_refresh()) << "the rows must not come back to the caller";
+    EXPECT_EQ(resp.drafted(), 4);
+    EXPECT_GT(resp.refresh_bytes(), 0);
+    EXPECT_EQ(resp.refresh_rows(), round == 1
+                                       ? static_cast<int>(prompt_.size()) + resp.verify().accepted()
+                                       : 1 + resp.verify().accepted());
+    EXPECT_EQ(outbox_->entries(), 0) << "rows outlived their commit";
+    refresh_bytes += resp.refresh_bytes();
+    accepted += resp.verify().accepted();
+    drafted += resp.drafted();
+    out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
+  }
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  // int4 drafts: some accepted, some not (the refresh path is exercised).
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+  EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_rounds_total"), 12);
+  EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_refresh_bytes_total"),
+            static_cast<double>(refresh_bytes));
+  EXPECT_GE(outbox_->SlowLinkStats().bytes_total, refresh_bytes);
+  EXPECT_EQ(outbox_->bytes(), 0);
+}
+
+TEST_F(PeerRoundTest, StaleRoundsAndEpochsAreRefusedAndChangeNothing) {
+  OpenBoth(9, prompt_, 5);
+  std::vector<int32_t> out;
+  for (uint64_t round = 1; round <= 3; ++round) {
+    pb::RoundResponse resp;
+    ASSERT_TRUE(CallRound(9, 5, round, 3, &resp).ok());
+    ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
+    out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
+  }
+  // A late commit of round 2 (already committed), a commit of the right
+  // round in another epoch, a draft of another epoch and a draft of a
+  // committed round: all refused.
+  {
+    pb::CommitRequest req;
+    req.set_session_id(9);
+    req.set_epoch(5);
+    req.set_round(2);
+    req.add_tokens(42);
+    pb::CommitResponse resp;
+    const grpc::Status s = drafter_stub_->Commit(Within(30).get(), req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("stale round 2"), std::string::npos) << s.error_message();
+    req.set_epoch(6);
+    req.set_round(3);
+    const grpc::Status s2 = drafter_stub_->Commit(Within(30).get(), req, &resp);
+    EXPECT_EQ(s2.error_code(), grpc::StatusCode::ABORTED) << s2.error_message();
+    EXPECT_NE(s2.error_message().find("stale epoch 6"), std::string::npos) << s2.error_message();
+  }
+  for (uint64_t epoch : {4, 6}) {
+    pb::DraftRequest req;
+    req.set_session_id(9);
+    req.set_max_tokens(1);
+    req.set_min_tokens(1);
+    req.set_epoch(epoch);
+    req.set_round(4);
+    pb::DraftResponse resp;
+    const grpc::Status s = drafter_stub_->Draft(Within(30).get(), req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  }
+  {
+    pb::DraftRequest req;
+    req.set_session_id(9);
+    req.set_max_tokens(1);
+    req.set_min_tokens(1);
+    req.set_epoch(5);
+    req.set_round(3);
+    pb::DraftResponse resp;
+    const grpc::Status s = drafter_stub_->Draft(Within(30).get(), req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  }
+  // A round of another epoch fails at its Draft, reported as the
+  // drafter's, and verifies nothing.
+  {
+    pb::RoundResponse resp;
+    ASSERT_TRUE(CallRound(9, 8, 4, 3, &resp).ok());
+    EXPECT_EQ(resp.drafter_error_code(), static_cast<int>(grpc::StatusCode::ABORTED));
+    EXPECT_FALSE(resp.has_verify());
+  }
+  // Nothing moved: the next rounds carry on exactly.
+  for (uint64_t round = 4; round <= 8; ++round) {
+    pb::RoundResponse resp;
+    ASSERT_TRUE(CallRound(9, 5, round, 3, &resp).ok());
+    ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
+    out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
+  }
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+}
+
+TEST_F(PeerRoundTest, ADrafterThatIsGoneIsReportedAsTheDrafters) {
+  OpenBoth(11, prompt_, 1);
+  pb::RoundResponse resp;
+  // Port 1: nothing listens.
+  const grpc::Status s = CallRound(11, 1, 1, 4, &resp, "127.0.0.1:1");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.drafter_error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE))
+      << resp.drafter_error();
+  EXPECT_NE(resp.drafter_error().find("Draft"), std::string::npos) << resp.drafter_error();
+  EXPECT_FALSE(resp.has_verify());
+  // The verifier session is intact: a plain verify still decodes.
+  pb::VerifyRequest vreq;
+  vreq.set_session_id(11);
+  pb::VerifyResponse vresp;
+  const grpc::Status vs = verifier_stub_->Verify(Within(30).get(), vreq, &vresp);
+  ASSERT_TRUE(vs.ok()) << vs.error_message();
+  EXPECT_EQ(std::vector<int32_t>(vresp.tokens().begin(), vresp.tokens().end()),
+            Reference(prompt_, 1));
+}
+
+TEST_F(PeerRoundTest, BadRoundsAreRefusedWithTheirField) {
+  OpenBoth(13, prompt_, 1);
+  struct Case {
+    uint64_t session, round;
+    int take;
+    grpc::StatusCode code;
+    std::string needle;
+  };
+  for (const Case& c : {Case{13, 0, 4, grpc::StatusCode::INVALID_ARGUMENT, "round"},
+                        Case{13, 1, 0, grpc::StatusCode::INVALID_ARGUMENT, "take"},
+                        Case{13, 1, 1 << 20, grpc::StatusCode::INVALID_ARGUMENT, "take"},
+                        Case{99, 1, 4, grpc::StatusCode::NOT_FOUND, "no session 99"}}) {
+    pb::RoundResponse resp;
+    const grpc::Status s = CallRound(c.session, 1, c.round, c.take, &resp);
+    EXPECT_EQ(s.error_code(), c.code) << s.error_message();
+    EXPECT_NE(s.error_message().find(c.needle), std::string::npos) << s.error_message();
+  }
+}
+
+TEST_F(PeerRoundTest, AVerifierWithoutAPeerDataPlaneRefusesRound) {
+  VerifierOptions vo;  // no peer_rows
+  metrics::Registry registry;
+  VerifierService plain(verify_engine_.get(), kvstore::ComputeModelId(*model_), store_.get(),
+                        &registry, vo);
+  std::string address;
+  auto server = Serve(&plain, &address);
+  auto stub =
+      pb::Verifier::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  pb::RoundRequest req;
+  req.set_session_id(1);
+  req.set_drafter(drafter_address_);
+  req.set_round(1);
+  req.set_take(1);
+  pb::RoundResponse resp;
+  const grpc::Status s = stub->Round(Within(30).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  plain.Shutdown();
+}
+
+// The outbox and fetcher alone: bounds, one-shot keys, sizes checked.
+TEST(PeerRowsTest, OutboxServesItsRowsUntilRemovedAndKeepsItsBounds) {
+  PeerRowsOutboxOptions po;
+  po.server.listen = "127.0.0.1:0";
+  po.max_entries = 2;
+  po.max_bytes = 1000;
+  auto box = PeerRowsOutbox::Create(po);
+  ASSERT_TRUE(box.ok()) << box.status();
+  auto key = (*box)->Put(std::string(300, 'a'));
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(key->size(), 16u);
+  auto key2 = (*box)->Put(std::string(600, 'b'));
+  ASSERT_TRUE(key2.ok()) << key2.status();
+  EXPECT_NE(*key, *key2);
+  EXPECT_EQ((*box)->Put("c").status().code(), absl::StatusCode::kResourceExhausted);  // entries
+  (*box)->Remove(*key2);
+  EXPECT_EQ((*box)->Put(std::string(701, 'd')).status().code(),
+            absl::StatusCode::kResourceExhausted);  // bytes
+
+  PeerRowsFetcher fetcher(PeerRowsFetcherOptions{});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  pb::PeerRows ref;
+  ref.set_data_plane((*box)->address());
+  ref.set_key(*key);
+  ref.set_bytes(300);
+  auto rows = fetcher.Fetch(ref, deadline);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, std::string(300, 'a'));
+  ref.set_bytes(299);
+  EXPECT_EQ(fetcher.Fetch(ref, deadline).status().code(), absl::StatusCode::kDataLoss);
+  ref.set_bytes(300);
+  (*box)->Remove(*key);
+  EXPECT_EQ(fetcher.Fetch(ref, deadline).status().code(), absl::StatusCode::kNotFound);
+  ref.set_key("short");
+  EXPECT_EQ(fetcher.Fetch(ref, deadline).status().code(), absl::StatusCode::kInvalidArgument);
+  ref.set_key(*key);
+  ref.set_bytes(int64_t{1} << 40);
+  EXPECT_EQ(fetcher.Fetch(ref, deadline).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*box)->entries(), 0);
+  EXPECT_EQ((*box)->bytes(), 0);
+}
+
+TEST(PeerRowsTest, AWildcardListenerNeedsAnAdvertisedAddress) {
+  PeerRowsOutboxOptions po;
+  po.server.listen = "0.0.0.0:0";
+  auto box = PeerRowsOutbox::Create(po);
+  ASSERT_FALSE(box.ok());
+  EXPECT_EQ(box.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(box.status().message().find("--peer-data-advertise"), std::string::npos);
+  po.advertise = "10.0.0.7:7411";
+  auto ok = PeerRowsOutbox::Create(po);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->address(), "10.0.0.7:7411");
+}
+
+}  // namespace
+}  // namespace vc::worker
