@@ -424,6 +424,7 @@ int main(int argc, char** argv) {
           ratio(peer->sum.tokens_per_s, relayed->sum.tokens_per_s));
     }
     std::vector<Row> rows;
+    rows.reserve(all.size());
     for (const Measured& m : all) rows.push_back(m.row);
     return failures(rows) == 0 ? 0 : 1;
   }

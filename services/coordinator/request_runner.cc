@@ -502,7 +502,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       const absl::Status rs = v.verifier->Round(round_call, rreq, &rresp);
       if (held) (void)ctx.clock->Release(*held);
       if (!rs.ok()) return WithCallName(rs, absl::StrCat("verifier ", v.address, " Round"));
-      const absl::Status drafter_status =
+      absl::Status drafter_status =
           rresp.drafter_error_code() == 0
               ? absl::OkStatus()
               : absl::Status(static_cast<absl::StatusCode>(rresp.drafter_error_code()),

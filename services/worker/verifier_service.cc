@@ -352,7 +352,7 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
   call->draft_start = Clock::now();
   grpc::ServerUnaryReactor* reactor = call->reactor;
   call->drafter->async()->Draft(&call->draft_ctx, &call->draft_req, &call->draft_resp,
-                                [this, call](grpc::Status st) { OnPeerDraft(call, st); });
+                                [this, call](const grpc::Status& st) { OnPeerDraft(call, st); });
   return reactor;
 }
 
@@ -472,7 +472,7 @@ void VerifierService::StartPeerCommit(const std::shared_ptr<RoundCall>& call) {
   call->commit_ctx.set_deadline(call->deadline);
   call->commit_start = Clock::now();
   call->drafter->async()->Commit(&call->commit_ctx, &call->commit_req, &call->commit_resp,
-                                 [this, call](grpc::Status st) { OnPeerCommit(call, st); });
+                                 [this, call](const grpc::Status& st) { OnPeerCommit(call, st); });
 }
 
 void VerifierService::OnPeerCommit(const std::shared_ptr<RoundCall>& call,
