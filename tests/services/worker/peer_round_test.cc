@@ -31,6 +31,7 @@
 #include "services/worker/drafter_service.h"
 #include "services/worker/peer_rows.h"
 #include "services/worker/verifier_service.h"
+#include "tests/services/worker/worker_test_util.h"
 
 namespace vc::worker {
 namespace {
@@ -72,12 +73,10 @@ class PeerRoundTest : public ::testing::Test {
     auto model = Model::Load(ModelPath());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
-    EngineOptions eo;
-    eo.backend.threads = 1;
-    auto verify_engine = Engine::Create(*model_, eo);
+    auto verify_engine = testing::OneThreadEngine(*model_);
     ASSERT_TRUE(verify_engine.ok()) << verify_engine.status();
     verify_engine_ = std::move(*verify_engine);
-    auto reference_engine = Engine::Create(*model_, eo);
+    auto reference_engine = testing::OneThreadEngine(*model_);
     ASSERT_TRUE(reference_engine.ok()) << reference_engine.status();
     reference_engine_ = std::move(*reference_engine);
     // The model's own text: BOS, a token, its greedy continuation.
@@ -89,16 +88,10 @@ class PeerRoundTest : public ::testing::Test {
     auto q = QuantizedWeights::Create(*model_, qo);
     ASSERT_TRUE(q.ok()) << q.status();
     quantized_ = std::move(*q);
-    EngineOptions deo = eo;
-    deo.quantized = quantized_.get();
-    auto draft_engine = Engine::Create(*model_, deo);
+    auto draft_engine = testing::OneThreadEngine(*model_, quantized_.get());
     ASSERT_TRUE(draft_engine.ok()) << draft_engine.status();
     draft_engine_ = std::move(*draft_engine);
-    // Nothing listens there: sessions without a stored prefix never fetch.
-    daemon::StoreClientOptions so;
-    so.control_address = "127.0.0.1:1";
-    so.data_address = "127.0.0.1:1";
-    auto store = daemon::StoreClient::Create(so);
+    auto store = testing::NowhereStore();
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
 

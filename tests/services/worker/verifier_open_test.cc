@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "services/common/store_client.h"
 #include "services/worker/verifier_service.h"
+#include "tests/services/worker/worker_test_util.h"
 
 namespace vc::worker {
 namespace {
@@ -41,17 +42,11 @@ class VerifierOpenTest : public ::testing::Test {
     auto model = Model::Load(ModelPath());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
-    EngineOptions eo;
-    eo.backend.threads = 1;
-    auto engine = Engine::Create(*model_, eo);
+    auto engine = testing::OneThreadEngine(*model_);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
-    // Nothing listens there; the data address is given, so Create asks
-    // nothing of the store, and these Opens never fetch.
-    daemon::StoreClientOptions so;
-    so.control_address = "127.0.0.1:1";
-    so.data_address = "127.0.0.1:1";
-    auto store = daemon::StoreClient::Create(so);
+    // These Opens never fetch.
+    auto store = testing::NowhereStore();
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     VerifierOptions vo;

@@ -39,6 +39,17 @@ std::string StartWorker(testing::ChildProcess& worker, const std::vector<std::st
   return out.substr(begin == std::string::npos ? 0 : begin + 1);
 }
 
+// `daemon` with the test model, a store nobody answers at (flags are checked
+// before it is reached) and `args`: exit 2 and one line containing `expect`.
+void ExpectBadFlags(const std::string& daemon, const std::string& args, const std::string& expect) {
+  const std::string command =
+      daemon + " --model " + clustertest::StoriesModelPath() + " --kvstore 127.0.0.1:1 " + args;
+  std::string out;
+  EXPECT_EQ(RunCommand(command, &out), 2) << command << "\n" << out;
+  EXPECT_NE(out.find(expect), std::string::npos) << command << "\n" << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << command << "\n" << out;
+}
+
 class WorkerFlagsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -60,16 +71,7 @@ TEST_F(WorkerFlagsTest, BadWarmupTokensExitTwoWithOneLine) {
       {"--warmup-tokens many", "--warmup-tokens"},
   };
   for (const char* daemon : {VC_VERIFIER_PATH, VC_DRAFTER_PATH}) {
-    for (const Case& c : cases) {
-      // The store is never reached: flags are checked before it is.
-      const std::string command = std::string(daemon) + " --model " +
-                                  clustertest::StoriesModelPath() + " --kvstore 127.0.0.1:1 " +
-                                  c.args;
-      std::string out;
-      EXPECT_EQ(RunCommand(command, &out), 2) << command << "\n" << out;
-      EXPECT_NE(out.find(c.expect), std::string::npos) << command << "\n" << out;
-      EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << command << "\n" << out;
-    }
+    for (const Case& c : cases) ExpectBadFlags(daemon, c.args, c.expect);
   }
   std::string out;
   const std::string local = std::string(VC_CLI_PATH) + " local --warmup-tokens -1";
@@ -94,15 +96,7 @@ TEST_F(WorkerFlagsTest, BadPeerDataAddressesExitTwoWithOneLine) {
       {"--peer-data-listen off --peer-data-advertise 10.0.0.1:7411",
        "--peer-data-advertise needs --peer-data-listen"},
   };
-  for (const Case& c : cases) {
-    const std::string command = std::string(VC_VERIFIER_PATH) + " --model " +
-                                clustertest::StoriesModelPath() + " --kvstore 127.0.0.1:1 " +
-                                c.args;
-    std::string out;
-    EXPECT_EQ(RunCommand(command, &out), 2) << command << "\n" << out;
-    EXPECT_NE(out.find(c.expect), std::string::npos) << command << "\n" << out;
-    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << command << "\n" << out;
-  }
+  for (const Case& c : cases) ExpectBadFlags(VC_VERIFIER_PATH, c.args, c.expect);
 }
 
 TEST_F(WorkerFlagsTest, GoodWarmupTokensStartAndDrain) {
