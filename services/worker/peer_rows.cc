@@ -58,12 +58,12 @@ absl::StatusOr<std::unique_ptr<PeerRowsOutbox>> PeerRowsOutbox::Create(
 
 PeerRowsOutbox::~PeerRowsOutbox() { server_.reset(); }
 
-absl::StatusOr<std::string> PeerRowsOutbox::Put(std::string rows) {
+absl::StatusOr<std::string> PeerRowsOutbox::Put(std::string* rows) {
   unsigned char raw[kKeyBytes];
   if (RAND_bytes(raw, sizeof(raw)) != 1) return absl::InternalError("peer rows: no randomness");
   std::string key(reinterpret_cast<const char*>(raw), sizeof(raw));
   std::lock_guard<std::mutex> lock(mu_);
-  const auto size = static_cast<int64_t>(rows.size());
+  const auto size = static_cast<int64_t>(rows->size());
   if (static_cast<int>(rows_.size()) >= options_.max_entries ||
       bytes_ + size > options_.max_bytes) {
     return absl::ResourceExhaustedError(
@@ -71,7 +71,7 @@ absl::StatusOr<std::string> PeerRowsOutbox::Put(std::string rows) {
                      " bytes; at most ", options_.max_entries, " and ", options_.max_bytes, ")"));
   }
   bytes_ += size;
-  rows_.emplace(key, std::move(rows));
+  rows_.emplace(key, std::move(*rows));
   return key;
 }
 

@@ -54,9 +54,10 @@ class PeerRowsOutbox {
 
   // The address drafters fetch from.
   const std::string& address() const { return address_; }
-  // Holds `rows` under a fresh random key (returned) until Remove.
-  // ResourceExhausted past max_entries or max_bytes.
-  absl::StatusOr<std::string> Put(std::string rows);
+  // Holds `*rows` (moved out) under a fresh random key (returned) until
+  // Remove. ResourceExhausted past max_entries or max_bytes (`*rows` left
+  // as it was).
+  absl::StatusOr<std::string> Put(std::string* rows);
   void Remove(const std::string& key);
   int entries() const;
   int64_t bytes() const;

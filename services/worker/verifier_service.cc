@@ -438,16 +438,21 @@ void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
     const auto bytes = static_cast<int64_t>(rows->chunk().size());
     call->resp->set_refresh_bytes(bytes);
     call->resp->set_refresh_rows(rows->count());
-    absl::StatusOr<std::string> key = options_.peer_rows->Put(std::move(*rows->mutable_chunk()));
-    if (!key.ok()) return FinishRound(call, key.status());
-    call->rows_key = *key;
-    pb::PeerRows* ref = c.mutable_refresh_from();
-    ref->set_data_plane(options_.peer_rows->address());
-    ref->set_key(*key);
-    ref->set_bytes(bytes);
-    ref->set_first_position(rows->first_position());
-    ref->set_count(rows->count());
-    peer_refresh_bytes_->Inc(static_cast<double>(bytes));
+    absl::StatusOr<std::string> key = options_.peer_rows->Put(rows->mutable_chunk());
+    if (key.ok()) {
+      call->rows_key = *key;
+      pb::PeerRows* ref = c.mutable_refresh_from();
+      ref->set_data_plane(options_.peer_rows->address());
+      ref->set_key(*key);
+      ref->set_bytes(bytes);
+      ref->set_first_position(rows->first_position());
+      ref->set_count(rows->count());
+      peer_refresh_bytes_->Inc(static_cast<double>(bytes));
+    } else {
+      // The outbox is full (its bounds): the rows ride the Commit itself,
+      // still worker to worker, unpaced, rather than fail a verified round.
+      c.mutable_refresh()->Swap(rows);
+    }
   }
   v->clear_refresh();
   const auto slot = call->arrived + std::chrono::microseconds(call->req.refresh_delay_us());

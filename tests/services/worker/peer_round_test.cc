@@ -97,6 +97,7 @@ class PeerRoundTest : public ::testing::Test {
 
     PeerRowsOutboxOptions po;
     po.server.listen = "127.0.0.1:0";
+    po.max_bytes = outbox_max_bytes_;
     auto box = PeerRowsOutbox::Create(po);
     ASSERT_TRUE(box.ok()) << box.status();
     outbox_ = std::move(*box);
@@ -167,6 +168,7 @@ class PeerRoundTest : public ::testing::Test {
     return r.ok() ? r->tokens : std::vector<int32_t>{};
   }
 
+  int64_t outbox_max_bytes_ = PeerRowsOutboxOptions{}.max_bytes;
   std::unique_ptr<Model> model_;
   std::vector<int32_t> prompt_;
   std::unique_ptr<QuantizedWeights> quantized_;
@@ -214,6 +216,33 @@ TEST_F(PeerRoundTest, RoundsDecodeExactlyWithRowsWorkerToWorker) {
             static_cast<double>(refresh_bytes));
   EXPECT_GE(outbox_->SlowLinkStats().bytes_total, refresh_bytes);
   EXPECT_EQ(outbox_->bytes(), 0);
+}
+
+// An outbox that holds nothing (its byte bound is 1): the rows ride the
+// peer Commit itself, and the rounds stay exact instead of failing.
+class PeerRoundFullOutboxTest : public PeerRoundTest {
+ protected:
+  void SetUp() override {
+    outbox_max_bytes_ = 1;
+    PeerRoundTest::SetUp();
+  }
+};
+
+TEST_F(PeerRoundFullOutboxTest, RowsRideTheCommitWhenTheOutboxIsFull) {
+  OpenBoth(3, prompt_, 2);
+  std::vector<int32_t> out;
+  for (uint64_t round = 1; round <= 6; ++round) {
+    pb::RoundResponse resp;
+    const grpc::Status s = CallRound(3, 2, round, 4, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
+    EXPECT_GT(resp.refresh_bytes(), 0);
+    out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
+  }
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_refresh_bytes_total"), 0)
+      << "nothing went through the outbox";
+  EXPECT_EQ(outbox_->SlowLinkStats().fetches, 0);
 }
 
 TEST_F(PeerRoundTest, StaleRoundsAndEpochsAreRefusedAndChangeNothing) {
@@ -352,16 +381,18 @@ TEST(PeerRowsTest, OutboxServesItsRowsUntilRemovedAndKeepsItsBounds) {
   po.max_bytes = 1000;
   auto box = PeerRowsOutbox::Create(po);
   ASSERT_TRUE(box.ok()) << box.status();
-  auto key = (*box)->Put(std::string(300, 'a'));
+  std::string a(300, 'a'), b(600, 'b'), c("c"), d(701, 'd');
+  auto key = (*box)->Put(&a);
   ASSERT_TRUE(key.ok()) << key.status();
   EXPECT_EQ(key->size(), 16u);
-  auto key2 = (*box)->Put(std::string(600, 'b'));
+  auto key2 = (*box)->Put(&b);
   ASSERT_TRUE(key2.ok()) << key2.status();
   EXPECT_NE(*key, *key2);
-  EXPECT_EQ((*box)->Put("c").status().code(), absl::StatusCode::kResourceExhausted);  // entries
+  EXPECT_EQ((*box)->Put(&c).status().code(), absl::StatusCode::kResourceExhausted);  // entries
+  EXPECT_EQ(c, "c") << "a refused put leaves the rows with the caller";
   (*box)->Remove(*key2);
-  EXPECT_EQ((*box)->Put(std::string(701, 'd')).status().code(),
-            absl::StatusCode::kResourceExhausted);  // bytes
+  EXPECT_EQ((*box)->Put(&d).status().code(), absl::StatusCode::kResourceExhausted);  // bytes
+  EXPECT_EQ(d.size(), 701u);
 
   PeerRowsFetcher fetcher(PeerRowsFetcherOptions{});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
