@@ -233,12 +233,13 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     log << "chaos: link faults off (--link-faults: needs root, ip and tc)" << std::endl;
   }
   // A daemon's link = every packet to or from its listening ports (gRPC and,
-  // for the store, the data plane); restarts keep the ports.
+  // for the store, the data plane; for a verifier, its peer data plane);
+  // restarts keep the ports.
   auto ports_of = [&](const std::string& name) {
     std::vector<int> ports;
     const local::Endpoint* ep = cluster.Find(name);
     if (ep == nullptr) return ports;
-    for (const std::string* a : {&ep->address, &ep->data}) {
+    for (const std::string* a : {&ep->address, &ep->data, &ep->peer_data}) {
       const size_t colon = a->rfind(':');
       if (colon != std::string::npos) ports.push_back(std::atoi(a->c_str() + colon + 1));
     }

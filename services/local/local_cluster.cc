@@ -65,13 +65,15 @@ absl::StatusOr<std::string> ReadLine(int fd, std::chrono::steady_clock::time_poi
   }
 }
 
-// "<name> listening on HOST:PORT [data tcp HOST:PORT] metrics HOST:PORT|disabled"
+// "<name> listening on HOST:PORT [data tcp HOST:PORT] [peer_data HOST:PORT]
+// metrics HOST:PORT|disabled"
 void ParseListening(const std::string& line, Endpoint* ep) {
   std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
   for (size_t i = 0; i + 1 < words.size(); ++i) {
     if (words[i] == "on") ep->address = words[i + 1];
     if (words[i] == "metrics" && words[i + 1] != "disabled") ep->metrics = words[i + 1];
     if (words[i] == "data" && i + 2 < words.size()) ep->data = words[i + 2];
+    if (words[i] == "peer_data") ep->peer_data = words[i + 1];
   }
 }
 
@@ -166,6 +168,9 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
       if (a.starts_with("--listen=")) a = "--listen=" + ep.address;
       if (a.starts_with("--metrics-listen=") && !ep.metrics.empty()) a = "--metrics-listen=" + ep.metrics;
       if (a.starts_with("--data-listen=") && !ep.data.empty()) a = "--data-listen=" + ep.data;
+      if (a.starts_with("--peer-data-listen=") && !ep.peer_data.empty()) {
+        a = "--peer-data-listen=" + ep.peer_data;
+      }
     }
   };
   const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;

@@ -110,6 +110,7 @@ struct Endpoint {
   std::string address;  // gRPC HOST:PORT
   std::string metrics;  // HOST:PORT of /metrics, "" if off
   std::string data;     // the store's data plane HOST:PORT
+  std::string peer_data;  // a verifier's peer data plane HOST:PORT (peer rounds)
   std::string url;      // HTTP endpoints (vc-openai): the API's base URL (https unless insecure)
   pid_t pid = -1;
 };

@@ -352,6 +352,9 @@ int RunWorkerMain(Role role, int argc, char** argv) {
       return daemon::Fail(name, absl::StrCat("peer data plane: ", box.status().ToString()));
     }
     peer_rows = std::move(box).value();
+    // Launchers read it (vericache local pins the port across restarts).
+    absl::StrAppend(&f.server.listening_note, f.server.listening_note.empty() ? "" : " ",
+                    "peer_data ", peer_rows->address());
   }
   std::unique_ptr<VerifierService> verifier_service;
   std::unique_ptr<DrafterService> drafter_service;
