@@ -330,6 +330,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
                          static_cast<int32_t>(plan.resumed));
     plan.drafter_epoch = NextDrafterEpoch();
     plan.round_id = 0;
+    plan.drafts_ready = 0;
     req.set_epoch(plan.drafter_epoch);
     pb::DrafterOpenResponse resp;
     bool sent = false;

@@ -27,14 +27,14 @@
 namespace vc::local {
 
 struct LocalClusterOptions {
-  std::string bin_dir;     // where vc-kvstore etc. live; "" = the running executable's dir
+  std::string bin_dir;  // where vc-kvstore etc. live; "" = the running executable's dir
   // Secure by default: a throwaway CA and certificates (mutual TLS on every
   // daemon's gRPC port, server TLS on the coordinator's public port) and two
   // tenants with API keys, in <data_dir>/tls. true: plaintext and no
   // authentication (the --insecure setup).
   bool insecure = false;
-  std::string model;       // required
-  std::string data_dir;    // "" = a fresh temporary dir, removed by Stop()
+  std::string model;     // required
+  std::string data_dir;  // "" = a fresh temporary dir, removed by Stop()
   int verifiers = 1;
   int drafters = 1;
   std::string data_plane = "tcp";
@@ -106,12 +106,12 @@ struct LocalClusterOptions {
 };
 
 struct Endpoint {
-  std::string name;     // "kvstore", "verifier", "verifier-1", "drafter", "coordinator"
-  std::string address;  // gRPC HOST:PORT
-  std::string metrics;  // HOST:PORT of /metrics, "" if off
-  std::string data;     // the store's data plane HOST:PORT
+  std::string name;       // "kvstore", "verifier", "verifier-1", "drafter", "coordinator"
+  std::string address;    // gRPC HOST:PORT
+  std::string metrics;    // HOST:PORT of /metrics, "" if off
+  std::string data;       // the store's data plane HOST:PORT
   std::string peer_data;  // a verifier's peer data plane HOST:PORT (peer rounds)
-  std::string url;      // HTTP endpoints (vc-openai): the API's base URL (https unless insecure)
+  std::string url;        // HTTP endpoints (vc-openai): the API's base URL (https unless insecure)
   pid_t pid = -1;
 };
 
@@ -188,7 +188,8 @@ class LocalCluster {
   };
   // Books the next restart of a child that died at `died` (a zero time
   // point: a failed restart); returns the backoff chosen.
-  std::chrono::milliseconds ScheduleRestart(Child* child, std::chrono::steady_clock::time_point died);
+  std::chrono::milliseconds ScheduleRestart(Child* child,
+                                            std::chrono::steady_clock::time_point died);
 
   LocalClusterOptions options_;
   std::string bin_dir_;
