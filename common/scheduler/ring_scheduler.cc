@@ -325,6 +325,36 @@ absl::StatusOr<Booking> RingScheduler::BookTransfer(const TransferRequest& r) {
   return b;
 }
 
+absl::Status RingScheduler::ShrinkTransfer(int64_t id, int64_t bytes) {
+  auto it = bookings_.find(id);
+  if (it == bookings_.end()) return absl::NotFoundError(absl::StrCat("no booking for ", id));
+  Booking& b = it->second;
+  if (!b.transfer_only) {
+    return absl::InvalidArgumentError(absl::StrCat("booking ", id, " is not a transfer"));
+  }
+  if (bytes < 0) return absl::InvalidArgumentError("negative transfer bytes");
+  const double bw = options_.links[b.link].bytes_per_second;
+  const double seconds = bw > 0 ? static_cast<double>(bytes) / bw : 0.0;
+  if (seconds > b.transfer_seconds * (1 + kSlack) + kSlack) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", id, " moved ", bytes, " bytes, more than it booked"));
+  }
+  // The bytes stream from the booking's start at the booked pace, so they
+  // used its first `seconds`; what follows, where still ahead, is free.
+  double kept = 0;
+  for (int i = 0; i < b.reload_slots; ++i) {
+    const double keep = std::min(b.slot_seconds[i], std::max(0.0, seconds - kept));
+    const double excess = b.slot_seconds[i] - keep;
+    kept += keep;
+    const int64_t slot = b.first_slot() + i;
+    if (excess <= 0 || slot < now_) continue;
+    LinkAt(b.link, slot) = std::max(0.0, LinkAt(b.link, slot) - excess);
+    b.slot_seconds[i] = keep;
+  }
+  b.transfer_seconds = seconds;
+  return absl::OkStatus();
+}
+
 absl::Status RingScheduler::Release(int64_t id) {
   auto it = bookings_.find(id);
   if (it == bookings_.end()) return absl::NotFoundError(absl::StrCat("no booking for ", id));

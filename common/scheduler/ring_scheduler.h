@@ -204,6 +204,14 @@ class RingScheduler {
   // elapsed_seconds.
   absl::StatusOr<Booking> BookTransfer(const TransferRequest& r);
 
+  // A transfer booked for more bytes than it turned out to move (booked at
+  // an upper bound before its size was known, e.g. a peer round's KV
+  // refresh): it keeps the link time `bytes` take from its start, and the
+  // rest of its booking, in the current slot and later ones, is given back.
+  // NotFound for an unknown id; InvalidArgument for a booking that is not a
+  // transfer, negative bytes, or more bytes than were booked.
+  absl::Status ShrinkTransfer(int64_t id, int64_t bytes);
+
   // Frees a booking's slots from now on (its verify finished, or it was
   // cancelled); a transfer that has started keeps its link time (see the
   // header comment). NotFound for an unknown id.

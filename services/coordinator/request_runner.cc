@@ -233,6 +233,46 @@ void NoteDrafterCommit(const pb::CommitResponse& resp, pb::GenerateTotals* total
   totals->set_drafter_kv_peak_bytes(std::max(totals->drafter_kv_peak_bytes(), resp.kv_bytes()));
 }
 
+// A verified round's counts and metrics, the same for a peer and a relayed
+// round; returns the stats streamed with its tokens.
+pb::RoundStats NoteVerifiedRound(const RunnerContext& ctx, int32_t drafted,
+                                 const pb::VerifyResponse& verify, double verify_ms, Plan& plan) {
+  Inc(ctx.metrics.rounds);
+  UpdateGauges(ctx);
+  Observe(ctx.metrics.accepted_per_round, verify.accepted());
+  Inc(ctx.metrics.wasted, static_cast<double>(drafted) - verify.accepted());
+  plan.totals.set_verify_rounds(plan.totals.verify_rounds() + 1);
+  plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() + drafted);
+  plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + verify.accepted());
+  pb::RoundStats round;
+  round.set_drafted(drafted);
+  round.set_accepted(verify.accepted());
+  round.set_verify_ms(verify_ms);
+  round.set_batch_requests(verify.batch_requests());
+  round.set_prefix_shared(verify.prefix_shared());
+  return round;
+}
+
+// A round the drafter committed: its totals and times, x adapted to its
+// acceptance, and the fallback rule's record of it. False when acceptance
+// has collapsed (decoding on the verifier alone is faster).
+bool NoteCommittedRound(const RunnerContext& ctx, int take, double wall_seconds,
+                        double draft_seconds, double slot_wait_seconds,
+                        const pb::VerifyResponse& verify, const pb::CommitResponse& commit,
+                        Plan& plan) {
+  plan.totals.set_continuation_hits(plan.totals.continuation_hits() + commit.surviving_drafts());
+  NoteDrafterCommit(commit, &plan.totals);
+  NoteRoundTimes(wall_seconds, draft_seconds, slot_wait_seconds, verify, commit,
+                 plan.totals.mutable_round_times());
+  if (plan.adaptive && take > 0) {
+    plan.x =
+        NextDraftLength(take, verify.accepted(), &plan.accept_ewma, 1, ctx.options.max_draft_len);
+  }
+  if (take < 2) return true;
+  plan.fallback.RecordRound(verify.accepted());
+  return !plan.fallback.ShouldFallBack();
+}
+
 // `variant`: the compressor the request's variant was ingested with
 // (ParseVariantList's options: name, ratio, bits; default method parameters).
 void SetOnlineUpdate(const pb::GenerateRequest& gen, int32_t prefix_tokens,
@@ -351,10 +391,18 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     }
   }
   const int64_t prefix_bytes = int64_t{plan.prefix_tokens} * ctx.kv_bytes_per_token;
-  int64_t rounds = 0;
   // Tokens the verifier session holds unverified before the next pass: the
   // prompt after the stored prefix, then the last round's correction.
   int64_t unverified = n - plan.prefix_tokens;
+  // A drafter call failed with `st`: a failure of the request's own (not
+  // retryable) ends it; otherwise the drafter is reported and the request
+  // falls back to the verifier alone.
+  auto drop_drafter = [&](const absl::Status& st) -> absl::Status {
+    if (!Retryable(st)) return st;
+    WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
+    drafter_ok = false;
+    return absl::OkStatus();
+  };
   while (drafter_ok) {
     if (r.gone()) return absl::CancelledError("request cancelled");
     if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
@@ -435,18 +483,18 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         }
       }
     }
-    // Peer rounds: the Round itself starts the reload (RoundRequest.load)
-    // at the reload's slot, and the verify follows the drafts and the load
-    // on the verifier: no Load call, no wait here for the verify's slot.
+    // Peer rounds: the Round, sent now, starts the reload itself at the
+    // reload's slot (RoundRequest.load, load_delay_us) and asks for the
+    // drafts at once; the verify follows the drafts and the load on the
+    // verifier: no Load call, no wait here for either slot.
     const bool peer_round = ctx.options.peer_rounds && take > 0;
     absl::Status round_status = [&]() -> absl::Status {
       // The reload starts at its slot (just in time within it when packed).
-      if (prefix_bytes > 0) {
+      if (prefix_bytes > 0 && !peer_round) {
         if (!timed_wait(
                 [&] { return ctx.clock->WaitForSlot(first_slot, issue_offset, r.deadline); })) {
           return absl::DeadlineExceededError("request deadline passed");
         }
-        if (peer_round) return absl::OkStatus();
         pb::LoadRequest req;
         req.set_session_id(plan.session);
         pb::LoadResponse resp;
@@ -475,6 +523,11 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       rreq.set_lookahead(plan.x);
       rreq.set_skip_refresh(!ctx.options.kv_refresh);
       rreq.set_load(prefix_bytes > 0);
+      if (prefix_bytes > 0) {
+        rreq.set_load_delay_us(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   ctx.clock->TimeUntilSlot(first_slot, issue_offset))
+                                   .count());
+      }
       std::optional<int64_t> refresh_booking;
       absl::Cleanup release_refresh = [&] {
         if (refresh_booking) (void)ctx.clock->Release(*refresh_booking);
@@ -496,12 +549,23 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       }
       pb::RoundResponse rresp;
       const auto t0 = Clock::now();
-      // The Round includes the refresh's wait for its slot.
+      // The Round includes the reload's and the refresh's waits for their
+      // slots.
       WorkerCallOptions round_call = ctx.CallOptions(r);
       round_call.deadline = std::min(
-          r.deadline, round_call.deadline + std::chrono::microseconds(rreq.refresh_delay_us()));
+          r.deadline, round_call.deadline + std::chrono::microseconds(rreq.load_delay_us() +
+                                                                      rreq.refresh_delay_us()));
       const absl::Status rs = v.verifier->Round(round_call, rreq, &rresp);
       if (held) (void)ctx.clock->Release(*held);
+      if (refresh_booking && rs.ok()) {
+        // Now that their size is known (0: none were sent), the rows keep
+        // only their own link time; the rest of the upper bound, where still
+        // ahead, is free for the next transfers. (More than booked cannot
+        // be: the bound holds every row of the pass.) A failed Round keeps
+        // the bound: its rows may have crossed.
+        (void)ctx.clock->ShrinkTransfer(*refresh_booking, rresp.refresh_bytes());
+        UpdateGauges(ctx);
+      }
       if (!rs.ok()) return WithCallName(rs, absl::StrCat("verifier ", v.address, " Round"));
       absl::Status drafter_status =
           rresp.drafter_error_code() == 0
@@ -516,54 +580,29 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
                               ? absl::InternalError(absl::StrCat("verifier ", v.address,
                                                                  " Round answered no verify"))
                               : drafter_status;
-        if (!Retryable(st)) return st;
-        WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
-        drafter_ok = false;
+        VC_RETURN_IF_ERROR(drop_drafter(st));
         break;
       }
       if (ctx.calibrate && rresp.draft_step_seconds() > 0)
         ctx.calibrate(rresp.draft_step_seconds());
       const pb::VerifyResponse& vresp = rresp.verify();
-      ++rounds;
-      Inc(ctx.metrics.rounds);
-      UpdateGauges(ctx);
-      Observe(ctx.metrics.accepted_per_round, vresp.accepted());
-      Inc(ctx.metrics.wasted, static_cast<double>(rresp.drafted()) - vresp.accepted());
-      plan.totals.set_verify_rounds(rounds);
-      plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() + rresp.drafted());
-      plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + vresp.accepted());
+      slot_wait_seconds += rresp.slot_wait_seconds();  // the verifier's, for the reload's slot
       plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + rresp.refresh_bytes());
       unverified = 1;
       std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
-      pb::RoundStats round;
-      round.set_drafted(rresp.drafted());
-      round.set_accepted(vresp.accepted());
-      round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-      round.set_batch_requests(vresp.batch_requests());
-      round.set_prefix_shared(vresp.prefix_shared());
+      const pb::RoundStats round = NoteVerifiedRound(
+          ctx, rresp.drafted(), vresp,
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), plan);
       if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
       if (!drafter_status.ok()) {
         // The commit failed after a verify whose tokens stand (streamed).
-        if (!Retryable(drafter_status)) return drafter_status;
-        WorkerFailed(ctx, WorkerPool::kDrafter, d, drafter_status);
-        drafter_ok = false;
+        VC_RETURN_IF_ERROR(drop_drafter(drafter_status));
         break;
       }
-      plan.totals.set_continuation_hits(plan.totals.continuation_hits() +
-                                        rresp.commit().surviving_drafts());
       plan.drafts_ready = rresp.commit().surviving_drafts();
-      NoteDrafterCommit(rresp.commit(), &plan.totals);
-      NoteRoundTimes(std::chrono::duration<double>(Clock::now() - round_start).count(),
-                     rresp.draft_seconds(), slot_wait_seconds, vresp, rresp.commit(),
-                     plan.totals.mutable_round_times());
-      if (plan.adaptive) {
-        plan.x = NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1,
-                                 ctx.options.max_draft_len);
-      }
-      if (take >= 2) {
-        plan.fallback.RecordRound(vresp.accepted());
-        if (plan.fallback.ShouldFallBack()) drafter_ok = false;
-      }
+      drafter_ok = NoteCommittedRound(
+          ctx, take, std::chrono::duration<double>(Clock::now() - round_start).count(),
+          rresp.draft_seconds(), slot_wait_seconds, vresp, rresp.commit(), plan);
       continue;
     }
     // Take the drafts (they have been drafting since the last commit).
@@ -580,9 +619,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
         if (held) (void)ctx.clock->Release(*held);
-        if (!Retryable(st)) return st;
-        WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
-        drafter_ok = false;
+        VC_RETURN_IF_ERROR(drop_drafter(st));
         break;
       }
       drafts.assign(resp.drafts().begin(), resp.drafts().end());
@@ -604,22 +641,10 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       // token streamed so far was verified).
       return WithCallName(vs, absl::StrCat("verifier ", v.address, " Verify"));
     }
-    ++rounds;
-    Inc(ctx.metrics.rounds);
-    UpdateGauges(ctx);
-    Observe(ctx.metrics.accepted_per_round, vresp.accepted());
-    Inc(ctx.metrics.wasted, static_cast<double>(drafts.size()) - vresp.accepted());
-    plan.totals.set_verify_rounds(rounds);
-    plan.totals.set_drafted_tokens(plan.totals.drafted_tokens() +
-                                   static_cast<int64_t>(drafts.size()));
-    plan.totals.set_accepted_drafts(plan.totals.accepted_drafts() + vresp.accepted());
     std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
-    pb::RoundStats round;
-    round.set_drafted(static_cast<int32_t>(drafts.size()));
-    round.set_accepted(vresp.accepted());
-    round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    round.set_batch_requests(vresp.batch_requests());
-    round.set_prefix_shared(vresp.prefix_shared());
+    const pb::RoundStats round = NoteVerifiedRound(
+        ctx, static_cast<int32_t>(drafts.size()), vresp,
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), plan);
     if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
     // Tell the drafter: its confirmed drafts survive, the rest roll back,
     // and the exact K/V of the verified tokens replaces its own.
@@ -652,25 +677,12 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
-        if (!Retryable(st)) return st;
-        WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
-        drafter_ok = false;
+        VC_RETURN_IF_ERROR(drop_drafter(st));
         break;
       }
-      plan.totals.set_continuation_hits(plan.totals.continuation_hits() + resp.surviving_drafts());
-      NoteDrafterCommit(resp, &plan.totals);
-      NoteRoundTimes(std::chrono::duration<double>(Clock::now() - round_start).count(),
-                     round_draft_seconds, slot_wait_seconds, vresp, resp,
-                     plan.totals.mutable_round_times());
-    }
-    if (plan.adaptive && take > 0) {
-      plan.x =
-          NextDraftLength(take, vresp.accepted(), &plan.accept_ewma, 1, ctx.options.max_draft_len);
-    }
-    // Acceptance collapse: decoding on the verifier alone is faster.
-    if (take >= 2) {
-      plan.fallback.RecordRound(vresp.accepted());
-      if (plan.fallback.ShouldFallBack()) drafter_ok = false;
+      drafter_ok = NoteCommittedRound(
+          ctx, take, std::chrono::duration<double>(Clock::now() - round_start).count(),
+          round_draft_seconds, slot_wait_seconds, vresp, resp, plan);
     }
   }
   // Fallback: plain full-KV decoding on the verifier.

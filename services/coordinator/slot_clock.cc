@@ -88,6 +88,11 @@ int64_t SlotClock::ResidentBytes(int gpu) const {
   return prefixes_.ResidentBytes(gpu);
 }
 
+absl::Status SlotClock::ShrinkTransfer(int64_t id, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.ShrinkTransfer(id, bytes);
+}
+
 absl::Status SlotClock::Release(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = users_.find(id);
@@ -126,12 +131,17 @@ bool SlotClock::WaitForSlot(int64_t slot, double offset_seconds,
   return issue_at <= deadline || scheduler_.now() > slot;
 }
 
-std::chrono::steady_clock::duration SlotClock::TimeUntilSlot(int64_t slot) const {
+std::chrono::steady_clock::duration SlotClock::TimeUntilSlot(int64_t slot,
+                                                             double offset_seconds) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t ahead = slot - scheduler_.now();
-  if (ahead <= 0) return std::chrono::steady_clock::duration::zero();
+  if (ahead < 0 || (ahead == 0 && !(offset_seconds > 0))) {
+    return std::chrono::steady_clock::duration::zero();
+  }
+  const double from_start =
+      slot_seconds_ * static_cast<double>(ahead) + std::max(0.0, offset_seconds);
   const auto start = slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                       std::chrono::duration<double>(slot_seconds_ * ahead));
+                                       std::chrono::duration<double>(from_start));
   return std::max(std::chrono::steady_clock::duration::zero(),
                   start - std::chrono::steady_clock::now());
 }

@@ -54,6 +54,10 @@ class SlotClock {
   // unlimited link books nothing and starts now.
   absl::StatusOr<Booking> BookTransfer(int64_t id, int64_t bytes, int link);
 
+  // RingScheduler::ShrinkTransfer: a transfer booked at an upper bound
+  // gives back the link time beyond `bytes`.
+  absl::Status ShrinkTransfer(int64_t id, int64_t bytes);
+
   // Resident full KV: a session decoding on the verifier alone (full_local,
   // fallback) keeps its prefix loaded for its whole life, outside any
   // booking. While held it lowers that verifier's memory ring capacity, so
@@ -77,9 +81,11 @@ class SlotClock {
                    std::chrono::steady_clock::time_point deadline);
 
   int64_t now() const;
-  // How long until `slot` begins (zero if it has begun): a wait another
-  // process can do (a verifier holding a round's refresh for its slot).
-  std::chrono::steady_clock::duration TimeUntilSlot(int64_t slot) const;
+  // How long until `slot` begins, or until `offset_seconds` into it (as
+  // WaitForSlot waits; zero once that has passed or the slot has ended): a
+  // wait another process can do (a verifier holding a round's reload or
+  // refresh for its slot).
+  std::chrono::steady_clock::duration TimeUntilSlot(int64_t slot, double offset_seconds = 0) const;
   double slot_seconds() const;
   // Recalibrates the slot (RingScheduler::SetSlotSeconds); later slots use
   // the new duration.

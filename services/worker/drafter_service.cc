@@ -447,16 +447,34 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
     return Finish(ctx,
                   absl::InvalidArgumentError("Commit: refresh and refresh_from are exclusive"));
   }
+  if (options_.target_config != nullptr &&
+      (req->has_refresh_from() || !req->refresh().chunk().empty())) {
+    // Same shape or not, the verifier's rows are the target's K/V: written
+    // into the draft model's cache they would be wrong KV.
+    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "this drafter drafts with draft model ",
+                           kvstore::ShortModelId(options_.draft_model_id),
+                           ", whose KV the target's refresh rows are not; commit without them")));
+  }
+  // A stale or unknown commit is refused before anything else (checked again
+  // below, once the session is idle: a round may have moved it meanwhile).
+  auto check = [&](const Session* s) {
+    if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", req->session_id()));
+    return CheckRound(req->session_id(), s->epoch, s->drafted_round, s->committed_round,
+                      req->epoch(), req->round(), true);
+  };
+  auto find = [&]() -> Session* {
+    auto it = sessions_.find(req->session_id());
+    return it == sessions_.end() ? nullptr : it->second.get();
+  };
+  if (req->has_refresh_from()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status st = check(find()); !st.ok()) return Finish(ctx, st);
+  }
   // Peer rounds: the rows wait on the verifier's peer data plane; fetched
   // before the session is touched (the slow link's time is the fetch's).
   std::string fetched_rows;
   if (req->has_refresh_from()) {
-    if (options_.target_config != nullptr) {
-      return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
-                             "this drafter drafts with draft model ",
-                             kvstore::ShortModelId(options_.draft_model_id),
-                             ", whose KV the target's refresh rows are not; commit without them")));
-    }
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              ctx->deadline() - std::chrono::system_clock::now());
     absl::StatusOr<std::string> rows = peer_rows_.Fetch(req->refresh_from(), deadline);
@@ -470,29 +488,13 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
     resp->set_refresh_fetch_seconds(std::chrono::duration<double>(Clock::now() - start).count());
   }
   std::unique_lock<std::mutex> lock(mu_);
-  auto ready = [&] {
-    auto it = sessions_.find(req->session_id());
-    return it == sessions_.end() || !it->second->busy;
-  };
-  work_cv_.wait(lock, ready);
-  auto it = sessions_.find(req->session_id());
-  if (it == sessions_.end()) {
-    return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
-  }
-  if (options_.target_config != nullptr && !req->refresh().chunk().empty()) {
-    // Same shape or not, the verifier's rows are the target's K/V: written
-    // into the draft model's cache they would be wrong KV.
-    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "this drafter drafts with draft model ",
-                           kvstore::ShortModelId(options_.draft_model_id),
-                           ", whose KV the target's refresh rows are not; commit without them")));
-  }
-  Session& s = *it->second;
-  if (absl::Status st = CheckRound(req->session_id(), s.epoch, s.drafted_round, s.committed_round,
-                                   req->epoch(), req->round(), true);
-      !st.ok()) {
-    return Finish(ctx, st);
-  }
+  work_cv_.wait(lock, [&] {
+    const Session* s = find();
+    return s == nullptr || !s->busy;
+  });
+  Session* found = find();
+  if (absl::Status st = check(found); !st.ok()) return Finish(ctx, st);
+  Session& s = *found;
   s.last_used = Clock::now();
   absl::StatusOr<cluster::CommitOutcome> out =
       s.ds->Commit(tokens, req->has_refresh_from() ? fetched_rows : req->refresh().chunk());

@@ -1,5 +1,7 @@
 #include "services/worker/worker_common.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/rpc.h"
 #include "services/common/daemon.h"
@@ -63,6 +65,8 @@ void ToDraftDistribution(const std::vector<double>& q, pb::DraftDistribution* ou
   }
 }
 
+namespace {
+
 absl::StatusOr<std::vector<double>> FromDraftDistribution(const pb::DraftDistribution& d,
                                                           int32_t vocab_size) {
   if (d.tokens_size() != d.probs_size()) {
@@ -83,6 +87,22 @@ absl::StatusOr<std::vector<double>> FromDraftDistribution(const pb::DraftDistrib
     previous = t;
   }
   return q;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<double>>> FromDraftDistributions(
+    const google::protobuf::RepeatedPtrField<pb::DraftDistribution>& wire, int32_t vocab_size) {
+  std::vector<std::vector<double>> dense;
+  dense.reserve(static_cast<size_t>(wire.size()));
+  for (int i = 0; i < wire.size(); ++i) {
+    absl::StatusOr<std::vector<double>> q = FromDraftDistribution(wire.Get(i), vocab_size);
+    if (!q.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("draft ", i, ": ", q.status().message()));
+    }
+    dense.push_back(*std::move(q));
+  }
+  return dense;
 }
 
 void FillWorkerInfo(const std::string& role, const ModelConfig& config,

@@ -37,12 +37,13 @@ inline constexpr size_t kMaxTenantSaltBytes = 64;
 absl::Status ValidateTenantSalt(const std::string& salt);
 
 // A draft distribution on the wire keeps only its non-zero entries (top-k /
-// top-p leave few); FromDraftDistribution rebuilds the dense vector of
-// `vocab_size` entries, InvalidArgument for ids outside the vocabulary,
+// top-p leave few); FromDraftDistributions rebuilds each one's dense vector
+// of `vocab_size` entries, InvalidArgument for ids outside the vocabulary,
 // unsorted or repeated ids, or mismatched lengths.
 void ToDraftDistribution(const std::vector<double>& q, vericache::v1::DraftDistribution* out);
-absl::StatusOr<std::vector<double>> FromDraftDistribution(
-    const vericache::v1::DraftDistribution& d, int32_t vocab_size);
+absl::StatusOr<std::vector<std::vector<double>>> FromDraftDistributions(
+    const google::protobuf::RepeatedPtrField<vericache::v1::DraftDistribution>& wire,
+    int32_t vocab_size);
 
 // The Info answer: identity, model facts, load, and the data plane's counters.
 // `draft_model_id`: the worker's separate draft model (null: none).

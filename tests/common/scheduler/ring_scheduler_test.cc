@@ -497,6 +497,41 @@ TEST(RingSchedulerTest, AnUnlimitedLinkBooksNoTransferTime) {
   EXPECT_TRUE(s.Release(1).ok());
 }
 
+// A transfer booked at an upper bound (a peer round's KV refresh, sized only
+// once verified) keeps the time its bytes took from its start and gives the
+// rest back where it is still ahead.
+TEST(RingSchedulerTest, AShrunkTransferKeepsOnlyTheTimeItsBytesTook) {
+  RingScheduler s = Make(Options(1.0, 16, 100.0, 1 << 30));
+  s.Advance(1);
+  auto a = s.BookTransfer({.id = 1, .bytes = 250, .link = 0});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->first_slot(), 1);
+  EXPECT_EQ(a->slot_seconds, (std::vector<double>{1.0, 1.0, 0.5}));
+  s.Advance(1);  // started: its first slot is over
+  // 120 bytes: 1.2 s, all of slot 1 (past) and 0.2 s of slot 2.
+  ASSERT_TRUE(s.ShrinkTransfer(1, 120).ok());
+  EXPECT_NEAR(s.LinkBooked(0, 2), 0.2, 1e-9);
+  EXPECT_EQ(s.LinkBooked(0, 3), 0.0);
+  EXPECT_NEAR(s.Find(1)->transfer_seconds, 1.2, 1e-9);
+  // The freed time goes to the next transfer at once.
+  auto b = s.BookTransfer({.id = 2, .bytes = 100, .link = 0});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->first_slot(), 2);
+  EXPECT_NEAR(b->slot_seconds[0], 0.8, 1e-9);
+  // Never grown, never negative; only transfers shrink.
+  EXPECT_EQ(s.ShrinkTransfer(1, 121).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.ShrinkTransfer(1, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.ShrinkTransfer(9, 0).code(), absl::StatusCode::kNotFound);
+  MustBook(s, {.id = 3, .full_kv_bytes = 100, .target_offset = 4});
+  EXPECT_EQ(s.ShrinkTransfer(3, 0).code(), absl::StatusCode::kInvalidArgument);
+  // Nothing sent: all of it that is ahead is free; a release after a shrink
+  // keeps what the transfer kept.
+  ASSERT_TRUE(s.ShrinkTransfer(2, 0).ok());
+  EXPECT_NEAR(s.LinkBooked(0, 2), 0.2, 1e-9);
+  ASSERT_TRUE(s.Release(1).ok());
+  EXPECT_NEAR(s.LinkBooked(0, 2), 0.2, 1e-9);
+}
+
 TEST(RingSchedulerTest, ReleasingATransferKeepsTheTimeItHasUsed) {
   RingScheduler s = Make(Options(1.0, 16, 100.0, 1 << 30));
   s.Advance(1);
@@ -550,9 +585,10 @@ TEST(RingSchedulerTest, TransfersRejectBadInput) {
 }
 
 // Issue 14: many requests' KV refreshes on a paced slow link, mixed with
-// reloads, random sizes, mid-slot bookings, releases and advances (also in
-// lock-step mode): no slot is ever booked more than bandwidth x slot length
-// in bytes, and each transfer is booked in full.
+// reloads, random sizes, mid-slot bookings, shrinks to what crossed,
+// releases and advances (also in lock-step mode): no slot is ever booked
+// more than bandwidth x slot length in bytes, and each transfer is booked
+// in full.
 TEST(RingSchedulerTest, PropertyTransfersNeverOverbookAPacedLink) {
   constexpr double kT = 0.02;    // 20 ms slots
   constexpr double kBw = 1.2e6;  // a 1.2 MB/s slow link: 24 kB per slot
@@ -561,7 +597,7 @@ TEST(RingSchedulerTest, PropertyTransfersNeverOverbookAPacedLink) {
     o.links.push_back(RingLink{.name = "slow", .bytes_per_second = kBw});
     RingScheduler s = Make(o);
     std::mt19937_64 rng(14 + lock_step);
-    std::map<int64_t, bool> live;  // id -> transfer
+    std::map<int64_t, int64_t> live;  // id -> a transfer's bytes (-1: a reload)
     int64_t next_id = 0;
     double booked_total = 0, expected_total = 0;
     for (int step = 0; step < 4000; ++step) {
@@ -579,20 +615,26 @@ TEST(RingSchedulerTest, PropertyTransfersNeverOverbookAPacedLink) {
         EXPECT_GE(b->first_slot(), s.now());
         booked_total += sum;
         expected_total += static_cast<double>(bytes) / kBw;
-        live[next_id++] = true;
+        live[next_id++] = bytes;
       } else if (op < 7) {
         // A reload beside them on the same link (lock-step books its
         // reloads past the limit by design: there, on the other link).
         auto a = s.Admit(
             {.id = next_id, .full_kv_bytes = 4096, .target_offset = 4, .link = lock_step ? 0 : 1});
         ASSERT_TRUE(a.ok()) << a.status();
-        if (!a->queued) live[next_id] = false;
+        if (!a->queued) live[next_id] = -1;
         ++next_id;
       } else if (op < 9 && !live.empty()) {
         auto it = live.begin();
         std::advance(it, static_cast<long>(rng() % live.size()));
-        ASSERT_TRUE(s.Release(it->first).ok());
-        live.erase(it);
+        if (it->second > 0 && rng() % 2 == 0) {
+          // Its rows turned out smaller than booked.
+          it->second = static_cast<int64_t>(rng() % static_cast<uint64_t>(it->second + 1));
+          ASSERT_TRUE(s.ShrinkTransfer(it->first, it->second).ok());
+        } else {
+          ASSERT_TRUE(s.Release(it->first).ok());
+          live.erase(it);
+        }
       } else {
         s.Advance(1 + static_cast<int64_t>(rng() % 2));
       }

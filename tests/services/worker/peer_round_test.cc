@@ -18,6 +18,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/decode/full_decode.h"
@@ -31,17 +32,14 @@
 #include "services/worker/drafter_service.h"
 #include "services/worker/peer_rows.h"
 #include "services/worker/verifier_service.h"
+#include "services/worker/worker_common.h"
+#include "tests/services/cluster/cluster_test_text.h"
 #include "tests/services/worker/worker_test_util.h"
 
 namespace vc::worker {
 namespace {
 
 namespace pb = ::vericache::v1;
-
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
   grpc::ServerBuilder builder;
@@ -69,8 +67,9 @@ double CounterValue(metrics::Registry& registry, const std::string& name) {
 class PeerRoundTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
-    auto model = Model::Load(ModelPath());
+    if (!std::ifstream(clustertest::StoriesModelPath()).good())
+      GTEST_SKIP() << "test model not found: " << clustertest::StoriesModelPath();
+    auto model = Model::Load(clustertest::StoriesModelPath());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     auto verify_engine = testing::OneThreadEngine(*model_);
@@ -147,8 +146,10 @@ class PeerRoundTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
+  // A Round; `load_delay_us` >= 0 also asks it to load (RoundRequest.load).
   grpc::Status CallRound(uint64_t session, uint64_t epoch, uint64_t round, int take,
-                         pb::RoundResponse* resp, const std::string& drafter = "") {
+                         pb::RoundResponse* resp, const std::string& drafter = "",
+                         int64_t load_delay_us = -1) {
     pb::RoundRequest req;
     req.set_session_id(session);
     req.set_drafter(drafter.empty() ? drafter_address_ : drafter);
@@ -156,7 +157,11 @@ class PeerRoundTest : public ::testing::Test {
     req.set_round(round);
     req.set_take(take);
     req.set_lookahead(take);
-    return verifier_stub_->Round(Within(60).get(), req, resp);
+    if (load_delay_us >= 0) {
+      req.set_load(true);
+      req.set_load_delay_us(load_delay_us);
+    }
+    return verifier_stub_->Round(Within(120).get(), req, resp);
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int n) {
@@ -272,6 +277,15 @@ TEST_F(PeerRoundTest, StaleRoundsAndEpochsAreRefusedAndChangeNothing) {
     const grpc::Status s2 = drafter_stub_->Commit(Within(30).get(), req, &resp);
     EXPECT_EQ(s2.error_code(), grpc::StatusCode::ABORTED) << s2.error_message();
     EXPECT_NE(s2.error_message().find("stale epoch 6"), std::string::npos) << s2.error_message();
+    // A stale commit that names rows is refused before it fetches them
+    // (nothing listens on port 1: a fetch would be UNAVAILABLE).
+    req.set_epoch(5);
+    req.set_round(2);
+    req.mutable_refresh_from()->set_data_plane("127.0.0.1:1");
+    req.mutable_refresh_from()->set_key(std::string(16, 'k'));
+    req.mutable_refresh_from()->set_bytes(64);
+    const grpc::Status s3 = drafter_stub_->Commit(Within(30).get(), req, &resp);
+    EXPECT_EQ(s3.error_code(), grpc::StatusCode::ABORTED) << s3.error_message();
   }
   for (uint64_t epoch : {4, 6}) {
     pb::DraftRequest req;
@@ -333,6 +347,64 @@ TEST_F(PeerRoundTest, ADrafterThatIsGoneIsReportedAsTheDrafters) {
             Reference(prompt_, 1));
 }
 
+// The reload's slot handed to the verifier (load_delay_us): the drafts are
+// asked for at once, the verify waits for the slot, and the tokens are the
+// same.
+TEST_F(PeerRoundTest, ARoundVerifiesNoEarlierThanItsReloadSlot) {
+  OpenBoth(15, prompt_, 3);
+  std::vector<int32_t> out;
+  for (uint64_t round = 1; round <= 3; ++round) {
+    pb::RoundResponse resp;
+    const auto start = std::chrono::steady_clock::now();
+    const grpc::Status s = CallRound(15, 3, round, 3, &resp, "", round == 2 ? 1000000 : 0);
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
+    if (round == 2) {
+      EXPECT_GE(wall, 0.99);
+      // The drafts were taken while the slot was ahead: the Draft call and
+      // the wait after it cover the delay between them.
+      EXPECT_GE(resp.peer_draft_seconds() + resp.slot_wait_seconds(), 0.9);
+    } else {
+      EXPECT_EQ(resp.slot_wait_seconds(), 0.0);
+    }
+    out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
+  }
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+}
+
+// A round whose drafter fails before its reload's slot answers at once (not
+// at the slot), loads nothing, and a verifier shutting down with rounds
+// waiting for their slots answers them and stops.
+TEST_F(PeerRoundTest, ARoundWaitingForItsReloadSlotEndsPromptly) {
+  OpenBoth(17, prompt_, 1);
+  {
+    pb::RoundResponse resp;
+    const auto start = std::chrono::steady_clock::now();
+    const grpc::Status s = CallRound(17, 1, 1, 4, &resp, "127.0.0.1:1", int64_t{60} * 1000000);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.drafter_error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  }
+  OpenBoth(19, prompt_, 1);
+  grpc::Status waiting;
+  pb::RoundResponse waiting_resp;
+  std::thread round(
+      [&] { waiting = CallRound(19, 1, 1, 2, &waiting_resp, "", int64_t{60} * 1000000); });
+  // The round's drafts come in and wait for the slot, a minute away.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto start = std::chrono::steady_clock::now();
+  verifier_->Shutdown();
+  round.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  // Answered: UNAVAILABLE from its slot's wait, or (on a machine so loaded
+  // that the drafts were not in yet) the cancelled Draft as the drafter's.
+  EXPECT_TRUE(waiting.error_code() == grpc::StatusCode::UNAVAILABLE ||
+              waiting_resp.drafter_error_code() == static_cast<int>(grpc::StatusCode::CANCELLED))
+      << waiting.error_message() << " / " << waiting_resp.drafter_error();
+}
+
 TEST_F(PeerRoundTest, BadRoundsAreRefusedWithTheirField) {
   OpenBoth(13, prompt_, 1);
   struct Case {
@@ -350,6 +422,10 @@ TEST_F(PeerRoundTest, BadRoundsAreRefusedWithTheirField) {
     EXPECT_EQ(s.error_code(), c.code) << s.error_message();
     EXPECT_NE(s.error_message().find(c.needle), std::string::npos) << s.error_message();
   }
+  pb::RoundResponse resp;
+  const grpc::Status s = CallRound(13, 1, 1, 1, &resp, "", int64_t{601} * 1000 * 1000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("load_delay_us"), std::string::npos) << s.error_message();
 }
 
 TEST_F(PeerRoundTest, AVerifierWithoutAPeerDataPlaneRefusesRound) {
@@ -428,6 +504,48 @@ TEST(PeerRowsTest, AWildcardListenerNeedsAnAdvertisedAddress) {
   auto ok = PeerRowsOutbox::Create(po);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)->address(), "10.0.0.7:7411");
+}
+
+// The draft distributions a drafter sends a verifier (Verify, and Draft in a
+// peer round): sparse on the wire, dense again on arrival; whatever a peer
+// sends that is not a distribution over the vocabulary is refused with the
+// draft it came in.
+TEST(DraftDistributionWireTest, RoundTripsAndRefusesWhatIsNotADistribution) {
+  const std::vector<double> q = {0.0, 0.25, 0.0, 0.0, 0.75, 0.0};
+  google::protobuf::RepeatedPtrField<pb::DraftDistribution> wire;
+  ToDraftDistribution(q, wire.Add());
+  ToDraftDistribution({1.0, 0, 0, 0, 0, 0}, wire.Add());
+  EXPECT_EQ(wire.Get(0).tokens_size(), 2);  // zeros are not sent
+  auto dense = FromDraftDistributions(wire, 6);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  ASSERT_EQ(dense->size(), 2u);
+  EXPECT_EQ((*dense)[0], q);
+  EXPECT_EQ((*dense)[1], (std::vector<double>{1.0, 0, 0, 0, 0, 0}));
+
+  auto refused = [&](const pb::DraftDistribution& bad) {
+    google::protobuf::RepeatedPtrField<pb::DraftDistribution> w = wire;
+    *w.Add() = bad;
+    auto r = FromDraftDistributions(w, 6);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  pb::DraftDistribution outside;
+  outside.add_tokens(6);
+  outside.add_probs(1.0);
+  EXPECT_NE(refused(outside).find("draft 2:"), std::string::npos);
+  pb::DraftDistribution repeated;
+  repeated.add_tokens(3);
+  repeated.add_probs(0.5);
+  repeated.add_tokens(3);
+  repeated.add_probs(0.5);
+  refused(repeated);
+  pb::DraftDistribution negative;
+  negative.add_tokens(-1);
+  negative.add_probs(1.0);
+  refused(negative);
+  pb::DraftDistribution uneven;
+  uneven.add_tokens(1);
+  EXPECT_NE(refused(uneven).find("probabilities"), std::string::npos);
 }
 
 }  // namespace

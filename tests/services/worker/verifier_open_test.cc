@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "services/common/store_client.h"
 #include "services/worker/verifier_service.h"
+#include "tests/services/cluster/cluster_test_text.h"
 #include "tests/services/worker/worker_test_util.h"
 
 namespace vc::worker {
@@ -30,16 +31,12 @@ namespace {
 namespace pb = ::vericache::v1;
 using Clock = std::chrono::steady_clock;
 
-std::string ModelPath() {
-  const char* dir = std::getenv("VC_MODELS_DIR");
-  return std::string(dir ? dir : "../shared/models") + "/stories260K.bin";
-}
-
 class VerifierOpenTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
-    auto model = Model::Load(ModelPath());
+    if (!std::ifstream(clustertest::StoriesModelPath()).good())
+      GTEST_SKIP() << "test model not found: " << clustertest::StoriesModelPath();
+    auto model = Model::Load(clustertest::StoriesModelPath());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     auto engine = testing::OneThreadEngine(*model_);
