@@ -363,8 +363,13 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
   if (load_later) {
     // Tracked above, so Shutdown cancels it.
     call->load_slot = RoundCall::LoadSlot::kAhead;
+    // A weak reference: the alarm keeps its callback after running it, so
+    // a strong one would keep the call (which owns the alarm) forever. The
+    // call is tracked (rounds_) whenever the callback can run.
     call->load_alarm.Set(now + std::chrono::microseconds(req->load_delay_us()),
-                         [this, call](bool fired) { OnLoadSlot(call, fired); });
+                         [this, weak = std::weak_ptr<RoundCall>(call)](bool fired) {
+                           if (auto c = weak.lock()) OnLoadSlot(c, fired);
+                         });
   }
   pb::DraftRequest& d = call->draft_req;
   d.set_session_id(req->session_id());
@@ -528,11 +533,14 @@ void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
     const auto wait = slot - Clock::now();
     call->alarm.Set(std::chrono::system_clock::now() +
                         std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
-                    [this, call](bool fired) {
-                      if (fired) return StartPeerCommit(call);
+                    [this, weak = std::weak_ptr<RoundCall>(call)](bool fired) {
+                      // Weak, as the load alarm's (Round).
+                      auto c = weak.lock();
+                      if (c == nullptr) return;
+                      if (fired) return StartPeerCommit(c);
                       // Cancelled: the verifier is shutting down.
-                      options_.peer_rows->Remove(call->rows_key);
-                      FinishRound(call, absl::UnavailableError("verifier is shutting down"));
+                      options_.peer_rows->Remove(c->rows_key);
+                      FinishRound(c, absl::UnavailableError("verifier is shutting down"));
                     });
     return;
   }
