@@ -363,9 +363,10 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
   if (load_later) {
     // Tracked above, so Shutdown cancels it.
     call->load_slot = RoundCall::LoadSlot::kAhead;
-    // A weak reference: the alarm keeps its callback after running it, so
-    // a strong one would keep the call (which owns the alarm) forever. The
-    // call is tracked (rounds_) whenever the callback can run.
+    // A weak reference: an alarm may keep its callback after running it (a
+    // cancelled one did, under ASan), and a strong one would then keep the
+    // call, which owns the alarm, forever. The call is tracked (rounds_)
+    // whenever the callback can run.
     call->load_alarm.Set(now + std::chrono::microseconds(req->load_delay_us()),
                          [this, weak = std::weak_ptr<RoundCall>(call)](bool fired) {
                            if (auto c = weak.lock()) OnLoadSlot(c, fired);
@@ -449,17 +450,19 @@ void VerifierService::OnPeerDraft(const std::shared_ptr<RoundCall>& call,
   job.skip_refresh = call->req.skip_refresh();
   job.verify_resp = call->resp->mutable_verify();
   job.done = [this, call](const absl::Status& st) { OnRoundVerified(call, st); };
+  RoundCall::LoadSlot slot = RoundCall::LoadSlot::kReached;
   {
     std::lock_guard<std::mutex> lock(call->load_mu);
-    if (call->load_slot == RoundCall::LoadSlot::kAhead) {
+    slot = call->load_slot;
+    if (slot == RoundCall::LoadSlot::kAhead) {
       // The reload's slot has not come: the job waits for it (OnLoadSlot).
       call->parked = std::move(job);
       call->parked_at = Clock::now();
       return;
     }
-    if (call->load_slot == RoundCall::LoadSlot::kCancelled) {
-      return FinishRound(call, absl::UnavailableError("verifier is shutting down"));
-    }
+  }
+  if (slot == RoundCall::LoadSlot::kCancelled) {
+    return FinishRound(call, absl::UnavailableError("verifier is shutting down"));
   }
   grpc::ServerUnaryReactor* unused = nullptr;
   if (absl::Status st = EnqueueVerify(std::move(job), &unused); !st.ok()) FinishRound(call, st);
