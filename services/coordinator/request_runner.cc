@@ -483,18 +483,22 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         }
       }
     }
-    // Peer rounds: the Round, sent now, starts the reload itself at the
-    // reload's slot (RoundRequest.load, load_delay_us) and asks for the
-    // drafts at once; the verify follows the drafts and the load on the
-    // verifier: no Load call, no wait here for either slot.
+    // Peer rounds: the Round, sent at the reload's slot, starts the reload
+    // itself (RoundRequest.load) and the verify follows the drafts and the
+    // load on the verifier: no Load call, no wait here for the verify's
+    // slot. (The Round could go at once with load_delay_us, the verifier
+    // waiting for the slot; it measured no faster, and a Round in flight
+    // through the slot wait is exposed to a pause of this process: its
+    // deadline expires under it. So the wait stays here.)
     const bool peer_round = ctx.options.peer_rounds && take > 0;
     absl::Status round_status = [&]() -> absl::Status {
       // The reload starts at its slot (just in time within it when packed).
-      if (prefix_bytes > 0 && !peer_round) {
+      if (prefix_bytes > 0) {
         if (!timed_wait(
                 [&] { return ctx.clock->WaitForSlot(first_slot, issue_offset, r.deadline); })) {
           return absl::DeadlineExceededError("request deadline passed");
         }
+        if (peer_round) return absl::OkStatus();
         pb::LoadRequest req;
         req.set_session_id(plan.session);
         pb::LoadResponse resp;
@@ -523,11 +527,6 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       rreq.set_lookahead(plan.x);
       rreq.set_skip_refresh(!ctx.options.kv_refresh);
       rreq.set_load(prefix_bytes > 0);
-      if (prefix_bytes > 0) {
-        rreq.set_load_delay_us(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   ctx.clock->TimeUntilSlot(first_slot, issue_offset))
-                                   .count());
-      }
       std::optional<int64_t> refresh_booking;
       absl::Cleanup release_refresh = [&] {
         if (refresh_booking) (void)ctx.clock->Release(*refresh_booking);

@@ -619,33 +619,6 @@ TEST_F(RunnerTest, PeerRoundsBookTheMostTheRowsCanBeBeforeTheRound) {
   }
 }
 
-TEST_F(RunnerTest, PeerRoundsHandTheReloadSlotToTheVerifierInsteadOfWaitingForIt) {
-  // A stored prefix on 1 s slots: each round's reload is booked slots
-  // ahead. The Round goes at once with the time until that slot; the
-  // coordinator itself never waits for it, and sends no Load.
-  UseClock(1.0, 0);
-  ctx_.options.peer_rounds = true;
-  plan_.prompt.assign(65, 5);  // 64 stored, one to start from
-  plan_.prefix_tokens = 64;
-  ctx_.kv_bytes_per_token = 100;
-  const auto start = Clock::now();
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(sink_.tokens, Expected(20));
-  ASSERT_EQ(fake_v_->rounds.size(), 4u);
-  EXPECT_EQ(calls_.Count("v.Load"), 0);
-  for (const pb::RoundRequest& rr : fake_v_->rounds) {
-    EXPECT_TRUE(rr.load());
-    EXPECT_LE(rr.load_delay_us(), 5000000);
-  }
-  // The first round's verify is booked 4 slots (x drafts) ahead, its reload
-  // in the slot before at the latest: seconds away, handed over.
-  EXPECT_GE(fake_v_->rounds[0].load_delay_us(), 2000000);
-  // Waiting for the four slots here would take more than 8 s.
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(8));
-  EXPECT_LT(plan_.totals.round_times().slot_wait_seconds(), 1.0);
-}
-
 TEST_F(RunnerTest, PeerRoundsGiveBackTheBookedLinkTimeTheirRowsDidNotUse) {
   // Slots of 1 s on a 100 B/s slow link: each round books the most its rows
   // can be (5 rows of 100 bytes and the chunk's framing, about 5 s of link)
