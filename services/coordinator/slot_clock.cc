@@ -131,17 +131,12 @@ bool SlotClock::WaitForSlot(int64_t slot, double offset_seconds,
   return issue_at <= deadline || scheduler_.now() > slot;
 }
 
-std::chrono::steady_clock::duration SlotClock::TimeUntilSlot(int64_t slot,
-                                                             double offset_seconds) const {
+std::chrono::steady_clock::duration SlotClock::TimeUntilSlot(int64_t slot) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t ahead = slot - scheduler_.now();
-  if (ahead < 0 || (ahead == 0 && !(offset_seconds > 0))) {
-    return std::chrono::steady_clock::duration::zero();
-  }
-  const double from_start =
-      slot_seconds_ * static_cast<double>(ahead) + std::max(0.0, offset_seconds);
+  if (ahead <= 0) return std::chrono::steady_clock::duration::zero();
   const auto start = slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                       std::chrono::duration<double>(from_start));
+                                       std::chrono::duration<double>(slot_seconds_ * ahead));
   return std::max(std::chrono::steady_clock::duration::zero(),
                   start - std::chrono::steady_clock::now());
 }

@@ -81,11 +81,9 @@ class SlotClock {
                    std::chrono::steady_clock::time_point deadline);
 
   int64_t now() const;
-  // How long until `slot` begins, or until `offset_seconds` into it (as
-  // WaitForSlot waits; zero once that has passed or the slot has ended): a
-  // wait another process can do (a verifier holding a round's reload or
-  // refresh for its slot).
-  std::chrono::steady_clock::duration TimeUntilSlot(int64_t slot, double offset_seconds = 0) const;
+  // How long until `slot` begins (zero if it has begun): a wait another
+  // process can do (a verifier holding a round's refresh for its slot).
+  std::chrono::steady_clock::duration TimeUntilSlot(int64_t slot) const;
   double slot_seconds() const;
   // Recalibrates the slot (RingScheduler::SetSlotSeconds); later slots use
   // the new duration.
