@@ -486,10 +486,10 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     // Peer rounds: the Round, sent at the reload's slot, starts the reload
     // itself (RoundRequest.load) and the verify follows the drafts and the
     // load on the verifier: no Load call, no wait here for the verify's
-    // slot. (The Round could go at once with load_delay_us, the verifier
-    // waiting for the slot; it measured no faster, and a Round in flight
-    // through the slot wait is exposed to a pause of this process: its
-    // deadline expires under it. So the wait stays here.)
+    // slot. (A Round sent at once, the verifier waiting for the slot,
+    // measured no faster, and a Round in flight through the slot wait is
+    // exposed to a pause of this process: its deadline expires under it.
+    // So the wait stays here: docs/results.md.)
     const bool peer_round = ctx.options.peer_rounds && take > 0;
     absl::Status round_status = [&]() -> absl::Status {
       // The reload starts at its slot (just in time within it when packed).
@@ -548,12 +548,10 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       }
       pb::RoundResponse rresp;
       const auto t0 = Clock::now();
-      // The Round includes the reload's and the refresh's waits for their
-      // slots.
+      // The Round includes the refresh's wait for its slot.
       WorkerCallOptions round_call = ctx.CallOptions(r);
       round_call.deadline = std::min(
-          r.deadline, round_call.deadline + std::chrono::microseconds(rreq.load_delay_us() +
-                                                                      rreq.refresh_delay_us()));
+          r.deadline, round_call.deadline + std::chrono::microseconds(rreq.refresh_delay_us()));
       const absl::Status rs = v.verifier->Round(round_call, rreq, &rresp);
       if (held) (void)ctx.clock->Release(*held);
       if (refresh_booking && rs.ok()) {
@@ -585,7 +583,6 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       if (ctx.calibrate && rresp.draft_step_seconds() > 0)
         ctx.calibrate(rresp.draft_step_seconds());
       const pb::VerifyResponse& vresp = rresp.verify();
-      slot_wait_seconds += rresp.slot_wait_seconds();  // the verifier's, for the reload's slot
       plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + rresp.refresh_bytes());
       unverified = 1;
       std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());

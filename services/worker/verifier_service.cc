@@ -89,18 +89,6 @@ struct VerifierService::RoundCall {
   Clock::time_point commit_start;
   std::string rows_key;  // in the outbox while the commit runs
   grpc::Alarm alarm;     // the refresh's slot
-  // The reload's slot (load_delay_us): until its alarm fires, drafts that
-  // are already in wait here as their verify job, so the prefix is never
-  // fetched before its booked slot.
-  enum class LoadSlot { kReached, kAhead, kCancelled };
-  grpc::Alarm load_alarm;
-  std::mutex load_mu;
-  LoadSlot load_slot = LoadSlot::kReached;  // guarded by load_mu
-  std::optional<Job> parked;                // guarded by load_mu
-  // The round was answered before its reload's slot came (its drafter
-  // failed): the alarm's callback, not FinishRound, stops tracking it.
-  bool answered = false;  // guarded by load_mu
-  Clock::time_point parked_at;
 };
 
 VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_id,
@@ -170,7 +158,6 @@ void VerifierService::Shutdown() {
     call->draft_ctx.TryCancel();
     call->commit_ctx.TryCancel();
     call->alarm.Cancel();
-    call->load_alarm.Cancel();
   }
   std::unique_lock<std::mutex> lock(rounds_mu_);
   rounds_cv_.wait(lock, [&] { return rounds_.empty(); });
@@ -319,10 +306,6 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
   if (req->refresh_delay_us() < 0 || req->refresh_delay_us() > int64_t{600} * 1000 * 1000) {
     return Finish(ctx, absl::InvalidArgumentError("Round: refresh_delay_us must be in [0, 600 s]"));
   }
-  if (req->load_delay_us() < 0 || req->load_delay_us() > int64_t{600} * 1000 * 1000) {
-    return Finish(ctx, absl::InvalidArgumentError("Round: load_delay_us must be in [0, 600 s]"));
-  }
-  const bool load_later = req->load() && req->load_delay_us() > 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
@@ -331,7 +314,7 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
       return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
     }
     it->second->last_used = Clock::now();
-    if (req->load() && !load_later) PinPrefix(*it->second);
+    if (req->load()) PinPrefix(*it->second);
   }
   auto call = std::make_shared<RoundCall>();
   call->ctx = ctx;
@@ -341,16 +324,14 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
   // The peer calls end a margin before the Round's own deadline, so that a
   // drafter that stops answering is reported as the drafter's failure
   // (drafter_error), not seen by the coordinator as this verifier's
-  // timeout; the waits for the reload's and the refresh's slots are part of
-  // the budget.
+  // timeout; the wait for the refresh's slot is part of the budget.
   const auto now = std::chrono::system_clock::now();
   const auto round_deadline = ctx->deadline();
   const auto margin = std::clamp<std::chrono::system_clock::duration>(
       (round_deadline - now) / 4, std::chrono::milliseconds(10), std::chrono::seconds(2));
   call->deadline =
       std::min(round_deadline - margin,
-               now + options_.peer_timeout +
-                   std::chrono::microseconds(req->load_delay_us() + req->refresh_delay_us()));
+               now + options_.peer_timeout + std::chrono::microseconds(req->refresh_delay_us()));
   call->drafter = PeerStub(req->drafter());
   {
     std::lock_guard<std::mutex> lock(rounds_mu_);
@@ -360,18 +341,6 @@ grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ct
     rounds_.insert(call);
   }
   call->reactor = ctx->DefaultReactor();
-  if (load_later) {
-    // Tracked above, so Shutdown cancels it.
-    call->load_slot = RoundCall::LoadSlot::kAhead;
-    // A weak reference: an alarm may keep its callback after running it (a
-    // cancelled one did, under ASan), and a strong one would then keep the
-    // call, which owns the alarm, forever. The call is tracked (rounds_)
-    // whenever the callback can run.
-    call->load_alarm.Set(now + std::chrono::microseconds(req->load_delay_us()),
-                         [this, weak = std::weak_ptr<RoundCall>(call)](bool fired) {
-                           if (auto c = weak.lock()) OnLoadSlot(c, fired);
-                         });
-  }
   pb::DraftRequest& d = call->draft_req;
   d.set_session_id(req->session_id());
   d.set_max_tokens(req->take());
@@ -450,52 +419,8 @@ void VerifierService::OnPeerDraft(const std::shared_ptr<RoundCall>& call,
   job.skip_refresh = call->req.skip_refresh();
   job.verify_resp = call->resp->mutable_verify();
   job.done = [this, call](const absl::Status& st) { OnRoundVerified(call, st); };
-  RoundCall::LoadSlot slot = RoundCall::LoadSlot::kReached;
-  {
-    std::lock_guard<std::mutex> lock(call->load_mu);
-    slot = call->load_slot;
-    if (slot == RoundCall::LoadSlot::kAhead) {
-      // The reload's slot has not come: the job waits for it (OnLoadSlot).
-      call->parked = std::move(job);
-      call->parked_at = Clock::now();
-      return;
-    }
-  }
-  if (slot == RoundCall::LoadSlot::kCancelled) {
-    return FinishRound(call, absl::UnavailableError("verifier is shutting down"));
-  }
   grpc::ServerUnaryReactor* unused = nullptr;
   if (absl::Status st = EnqueueVerify(std::move(job), &unused); !st.ok()) FinishRound(call, st);
-}
-
-void VerifierService::OnLoadSlot(const std::shared_ptr<RoundCall>& call, bool fired) {
-  std::optional<Job> parked;
-  bool answered = false;
-  {
-    std::lock_guard<std::mutex> lock(call->load_mu);
-    call->load_slot = fired ? RoundCall::LoadSlot::kReached : RoundCall::LoadSlot::kCancelled;
-    parked.swap(call->parked);
-    answered = call->answered;
-  }
-  if (answered) return Untrack(call);  // nothing left to load for
-  if (!fired) {
-    // Shutting down. Without a parked job the Draft's callback, cancelled
-    // too, finishes the round.
-    if (parked) FinishRound(call, absl::UnavailableError("verifier is shutting down"));
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(call->req.session_id());
-    if (!stopping_ && it != sessions_.end() && !it->second->pinned) PinPrefix(*it->second);
-  }
-  if (!parked) return;  // the drafts are not in yet: OnPeerDraft enqueues the job
-  call->resp->set_slot_wait_seconds(
-      std::chrono::duration<double>(Clock::now() - call->parked_at).count());
-  grpc::ServerUnaryReactor* unused = nullptr;
-  if (absl::Status st = EnqueueVerify(*std::move(parked), &unused); !st.ok()) {
-    FinishRound(call, st);
-  }
 }
 
 void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
@@ -537,7 +462,11 @@ void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
     call->alarm.Set(std::chrono::system_clock::now() +
                         std::chrono::duration_cast<std::chrono::system_clock::duration>(wait),
                     [this, weak = std::weak_ptr<RoundCall>(call)](bool fired) {
-                      // Weak, as the load alarm's (Round).
+                      // Weak: a cancelled alarm may keep its callback
+                      // (it did, under ASan), and a strong reference
+                      // would then keep the call, which owns the alarm,
+                      // forever. The call is tracked (rounds_) while the
+                      // callback can run.
                       auto c = weak.lock();
                       if (c == nullptr) return;
                       if (fired) return StartPeerCommit(c);
@@ -574,22 +503,6 @@ void VerifierService::FinishRound(const std::shared_ptr<RoundCall>& call,
                                   const absl::Status& status) {
   if (status.ok()) peer_rounds_->Inc();
   call->reactor->Finish(rpc::ToGrpcStatus(status));
-  bool slot_ahead = false;
-  {
-    std::lock_guard<std::mutex> lock(call->load_mu);
-    slot_ahead = call->load_slot == RoundCall::LoadSlot::kAhead;
-    call->answered = slot_ahead;
-  }
-  if (slot_ahead) {
-    // Its callback, which calls into this object, is still to come: it
-    // stops tracking the round (and loads nothing), so Shutdown waits for it.
-    call->load_alarm.Cancel();
-    return;
-  }
-  Untrack(call);
-}
-
-void VerifierService::Untrack(const std::shared_ptr<RoundCall>& call) {
   std::lock_guard<std::mutex> lock(rounds_mu_);
   rounds_.erase(call);
   rounds_cv_.notify_all();

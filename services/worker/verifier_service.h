@@ -129,13 +129,10 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   void BatchLoop();
   // The steps of a Round, each run when the one before completes.
   void OnPeerDraft(const std::shared_ptr<RoundCall>& call, const grpc::Status& status);
-  // The reload's slot came (`fired`) or Shutdown cancelled it.
-  void OnLoadSlot(const std::shared_ptr<RoundCall>& call, bool fired);
   void OnRoundVerified(const std::shared_ptr<RoundCall>& call, const absl::Status& status);
   void StartPeerCommit(const std::shared_ptr<RoundCall>& call);
   void OnPeerCommit(const std::shared_ptr<RoundCall>& call, const grpc::Status& status);
   void FinishRound(const std::shared_ptr<RoundCall>& call, const absl::Status& status);
-  void Untrack(const std::shared_ptr<RoundCall>& call);
   // A stub for the drafter at `address` (channels cached, bounded).
   std::shared_ptr<vericache::v1::Drafter::Stub> PeerStub(const std::string& address);
   // Enqueues a verify job; the caller finishes it on error.

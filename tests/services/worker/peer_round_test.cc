@@ -146,10 +146,10 @@ class PeerRoundTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
-  // A Round; `load_delay_us` >= 0 also asks it to load (RoundRequest.load).
+  // A Round; `load` asks it to fetch the prefix too (RoundRequest.load).
   grpc::Status CallRound(uint64_t session, uint64_t epoch, uint64_t round, int take,
                          pb::RoundResponse* resp, const std::string& drafter = "",
-                         int64_t load_delay_us = -1) {
+                         bool load = false, int64_t refresh_delay_us = 0) {
     pb::RoundRequest req;
     req.set_session_id(session);
     req.set_drafter(drafter.empty() ? drafter_address_ : drafter);
@@ -157,10 +157,8 @@ class PeerRoundTest : public ::testing::Test {
     req.set_round(round);
     req.set_take(take);
     req.set_lookahead(take);
-    if (load_delay_us >= 0) {
-      req.set_load(true);
-      req.set_load_delay_us(load_delay_us);
-    }
+    req.set_load(load);
+    req.set_refresh_delay_us(refresh_delay_us);
     return verifier_stub_->Round(Within(120).get(), req, resp);
   }
 
@@ -347,42 +345,40 @@ TEST_F(PeerRoundTest, ADrafterThatIsGoneIsReportedAsTheDrafters) {
             Reference(prompt_, 1));
 }
 
-// The reload's slot handed to the verifier (load_delay_us): the drafts are
-// asked for at once, the verify waits for the slot, and the tokens are the
-// same.
-TEST_F(PeerRoundTest, ARoundVerifiesNoEarlierThanItsReloadSlot) {
+// A Round that reloads the prefix itself (RoundRequest.load) decodes the
+// same tokens, and its rows are offered no earlier than their booked slot on
+// the slow link (refresh_delay_us).
+TEST_F(PeerRoundTest, ARoundLoadsItsPrefixAndOffersItsRowsAtTheirSlot) {
   OpenBoth(15, prompt_, 3);
   std::vector<int32_t> out;
   for (uint64_t round = 1; round <= 3; ++round) {
     pb::RoundResponse resp;
     const auto start = std::chrono::steady_clock::now();
-    const grpc::Status s = CallRound(15, 3, round, 3, &resp, "", round == 2 ? 1000000 : 0);
+    const grpc::Status s =
+        CallRound(15, 3, round, 3, &resp, "", /*load=*/round == 2, round == 3 ? 1000000 : 0);
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ASSERT_TRUE(s.ok()) << s.error_message();
     ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
-    if (round == 2) {
+    if (round == 3) {
+      ASSERT_GT(resp.refresh_bytes(), 0);  // else there was nothing to offer late
       EXPECT_GE(wall, 0.99);
-      // The drafts were taken while the slot was ahead: the Draft call and
-      // the wait after it cover the delay between them.
-      EXPECT_GE(resp.peer_draft_seconds() + resp.slot_wait_seconds(), 0.9);
-    } else {
-      EXPECT_EQ(resp.slot_wait_seconds(), 0.0);
     }
     out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
   }
   EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  EXPECT_EQ(outbox_->entries(), 0);
 }
 
-// A round whose drafter fails before its reload's slot answers at once (not
-// at the slot), loads nothing, and a verifier shutting down with rounds
-// waiting for their slots answers them and stops.
-TEST_F(PeerRoundTest, ARoundWaitingForItsReloadSlotEndsPromptly) {
+// A round whose drafter is gone answers at once, and a verifier shutting
+// down with a round waiting for its refresh's slot answers it and stops.
+TEST_F(PeerRoundTest, ARoundWaitingForItsRefreshSlotEndsPromptly) {
   OpenBoth(17, prompt_, 1);
   {
     pb::RoundResponse resp;
     const auto start = std::chrono::steady_clock::now();
-    const grpc::Status s = CallRound(17, 1, 1, 4, &resp, "127.0.0.1:1", int64_t{60} * 1000000);
+    const grpc::Status s =
+        CallRound(17, 1, 1, 4, &resp, "127.0.0.1:1", /*load=*/true, int64_t{60} * 1000000);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.drafter_error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
@@ -390,19 +386,22 @@ TEST_F(PeerRoundTest, ARoundWaitingForItsReloadSlotEndsPromptly) {
   OpenBoth(19, prompt_, 1);
   grpc::Status waiting;
   pb::RoundResponse waiting_resp;
-  std::thread round(
-      [&] { waiting = CallRound(19, 1, 1, 2, &waiting_resp, "", int64_t{60} * 1000000); });
-  // The round's drafts come in and wait for the slot, a minute away.
+  std::thread round([&] {
+    waiting = CallRound(19, 1, 1, 2, &waiting_resp, "", /*load=*/true, int64_t{60} * 1000000);
+  });
+  // The round is verified and its rows wait for their slot, a minute away.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto start = std::chrono::steady_clock::now();
   verifier_->Shutdown();
   round.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
-  // Answered: UNAVAILABLE from its slot's wait, or (on a machine so loaded
-  // that the drafts were not in yet) the cancelled Draft as the drafter's.
+  // Answered: UNAVAILABLE from the slot's wait (or the dropped verify), or
+  // (on a machine so loaded that the drafts were not in yet) the cancelled
+  // Draft as the drafter's.
   EXPECT_TRUE(waiting.error_code() == grpc::StatusCode::UNAVAILABLE ||
               waiting_resp.drafter_error_code() == static_cast<int>(grpc::StatusCode::CANCELLED))
       << waiting.error_message() << " / " << waiting_resp.drafter_error();
+  EXPECT_EQ(outbox_->entries(), 0);
 }
 
 TEST_F(PeerRoundTest, BadRoundsAreRefusedWithTheirField) {
@@ -423,9 +422,9 @@ TEST_F(PeerRoundTest, BadRoundsAreRefusedWithTheirField) {
     EXPECT_NE(s.error_message().find(c.needle), std::string::npos) << s.error_message();
   }
   pb::RoundResponse resp;
-  const grpc::Status s = CallRound(13, 1, 1, 1, &resp, "", int64_t{601} * 1000 * 1000);
+  const grpc::Status s = CallRound(13, 1, 1, 1, &resp, "", false, int64_t{601} * 1000 * 1000);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_NE(s.error_message().find("load_delay_us"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("refresh_delay_us"), std::string::npos) << s.error_message();
 }
 
 TEST_F(PeerRoundTest, AVerifierWithoutAPeerDataPlaneRefusesRound) {
