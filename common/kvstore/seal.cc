@@ -8,13 +8,12 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <unordered_set>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -210,30 +209,48 @@ absl::Status SealSigner::Seal(absl::string_view store_key, const SealContext& co
 
 struct SealTrust::Keys {
   std::map<std::string, Pkey> by_id;
-  // (signed message, signature) pairs that verified, newest last, at most
-  // kVerifiedCacheEntries. A verifier reloads the same prefix chunks round
-  // after round; Ed25519 verification is a pure function of (public key,
-  // message, signature) and the message holds the key id and the entry's
-  // checksum, so a pair seen valid once is valid again: the checksum is
-  // still recomputed from the bytes every time, only the ~100 us signature
-  // check is skipped.
+  // Pairs (signed message, signature) that verified, as SHA-256 digests:
+  // at most kVerifiedCacheEntries, the oldest replaced first. A verifier
+  // reloads the same prefix chunks round after round; Ed25519 verification
+  // is a pure function of (public key, message, signature) and the message
+  // holds the key id and the entry's checksum, so a pair seen valid once is
+  // valid again (a forged pair would need a SHA-256 collision with a valid
+  // one): the checksum is still recomputed from the bytes every time, only
+  // the ~100 us signature check is skipped. Every byte of the cache is
+  // allocated up front: a cache of whole pairs grew the workers' RSS for
+  // the hour it took to fill (the soak's slope, docs/results.md).
   static constexpr size_t kVerifiedCacheEntries = 8192;
+  using Digest = std::array<uint8_t, 32>;
+  struct DigestHash {
+    size_t operator()(const Digest& d) const {
+      size_t h = 0;
+      std::memcpy(&h, d.data(), sizeof(h));  // already uniform
+      return h;
+    }
+  };
   std::mutex mu;
-  std::unordered_set<std::string> verified;
-  std::deque<std::string> order;
+  absl::flat_hash_set<Digest, DigestHash> verified;
+  std::vector<Digest> ring;  // insertion order; ring[next] is replaced next
+  size_t next = 0;
 
-  bool Seen(const std::string& pair) {
-    std::lock_guard<std::mutex> lock(mu);
-    return verified.count(pair) > 0;
+  Keys() {
+    verified.reserve(kVerifiedCacheEntries);
+    ring.reserve(kVerifiedCacheEntries);
   }
-  void Remember(std::string pair) {
+  bool Seen(const Digest& pair) {
+    std::lock_guard<std::mutex> lock(mu);
+    return verified.contains(pair);
+  }
+  void Remember(const Digest& pair) {
     std::lock_guard<std::mutex> lock(mu);
     if (!verified.insert(pair).second) return;
-    order.push_back(std::move(pair));
-    if (order.size() > kVerifiedCacheEntries) {
-      verified.erase(order.front());
-      order.pop_front();
+    if (ring.size() < kVerifiedCacheEntries) {
+      ring.push_back(pair);
+      return;
     }
+    verified.erase(ring[next]);
+    ring[next] = pair;
+    next = (next + 1) % kVerifiedCacheEntries;
   }
 };
 
@@ -346,8 +363,9 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
   const std::string message =
       SignedMessage(store_key, out.context, out.key_id,
                     absl::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
-  std::string pair = message;
-  pair.append(reinterpret_cast<const char*>(sig), kSealSignatureBytes);
+  std::string signed_pair = message;
+  signed_pair.append(reinterpret_cast<const char*>(sig), kSealSignatureBytes);
+  const Keys::Digest pair = Sha256(signed_pair);
   if (keys_->Seen(pair)) return out;
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
   if (ctx == nullptr ||
@@ -360,7 +378,7 @@ absl::StatusOr<OpenedEntry> SealTrust::Open(absl::string_view store_key,
     return absl::UnauthenticatedError(
         "entry's seal does not verify (forged, corrupted, or stored under another key)");
   }
-  keys_->Remember(std::move(pair));
+  keys_->Remember(pair);
   return out;
 }
 

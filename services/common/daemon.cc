@@ -2,7 +2,11 @@
 
 #include <pthread.h>
 #include <signal.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -14,6 +18,18 @@
 #include "grpcpp/health_check_service_interface.h"
 
 namespace vc::daemon {
+
+namespace {
+
+// Returns the free pages of every malloc arena to the kernel (not only the
+// top of the main heap, which glibc's own threshold trims).
+void TrimHeap() {
+#if defined(__GLIBC__)
+  (void)malloc_trim(0);
+#endif
+}
+
+}  // namespace
 
 int BadFlags(const std::string& name, const std::string& message) {
   std::fprintf(stderr, "%s: %s (see %s --help)\n", name.c_str(), message.c_str(), name.c_str());
@@ -43,6 +59,9 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.max_message_bytes <= 0 || options.max_message_bytes > INT_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-message-bytes must be in [1, ", INT_MAX, "]"));
+  }
+  if (options.heap_trim_seconds < 0) {
+    return absl::InvalidArgumentError("heap_trim_seconds must be >= 0 (0: never)");
   }
   return absl::OkStatus();
 }
@@ -176,8 +195,20 @@ int Server::metrics_port() const { return impl_->metrics ? impl_->metrics->port(
 
 int Server::WaitForSignalAndDrain(const std::function<void()>& before_stop) {
   const sigset_t set = DrainSignals();
+  const int trim_seconds = impl_->options.heap_trim_seconds;
   int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
+  while (true) {
+    if (trim_seconds <= 0) {
+      if (sigwait(&set, &sig) == 0) break;
+      continue;
+    }
+    const timespec period{trim_seconds, 0};
+    const int got = sigtimedwait(&set, nullptr, &period);
+    if (got > 0) {
+      sig = got;
+      break;
+    }
+    if (errno == EAGAIN) TrimHeap();  // else EINTR: wait again
   }
   const std::string& name = impl_->options.name;
   std::fprintf(stderr, "%s: signal %d, draining\n", name.c_str(), sig);

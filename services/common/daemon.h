@@ -26,6 +26,11 @@ struct ServerOptions {
   std::string metrics_listen;  // HOST:PORT, empty: no /metrics
   int64_t max_message_bytes = int64_t{64} << 20;
   int shutdown_deadline_seconds = 5;
+  // While it waits for a signal, the daemon hands the heap's free pages
+  // back to the kernel this often (glibc's malloc_trim); 0: never. Freed
+  // memory otherwise stays resident in glibc's per-thread arenas, and a
+  // long run's RSS creeps up with no live allocation behind it.
+  int heap_trim_seconds = 60;
   // TLS of the gRPC port (--tls-cert/--tls-key/--tls-ca); empty: plaintext.
   // Internal daemons require a client certificate signed by the CA (mTLS);
   // the coordinator's public port sets kNone (its callers use API keys).
@@ -78,7 +83,8 @@ class Server {
   int port() const { return port_; }
   int metrics_port() const;
 
-  // Waits for SIGTERM/SIGINT, then drains: health NOT_SERVING, `before_stop`
+  // Waits for SIGTERM/SIGINT (trimming the heap every heap_trim_seconds
+  // meanwhile), then drains: health NOT_SERVING, `before_stop`
   // (e.g. fail queued work), gRPC shutdown with the deadline, /metrics stop.
   // Returns 0.
   int WaitForSignalAndDrain(const std::function<void()>& before_stop = nullptr);

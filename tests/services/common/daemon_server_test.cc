@@ -4,8 +4,14 @@
 // restarted on its port while another process held that port served only
 // some of its clients (KvStoreDaemonTest's restart saw its calls answered
 // by another test's store).
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -62,6 +68,43 @@ TEST(DaemonServerTest, APortIsServedAgainAfterItsServerStops) {
       Server::Start(Options(absl::StrCat("127.0.0.1:", port)), {&again_service}, &again_registry);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)->port(), port);
+}
+
+// Waiting for its signal, a daemon wakes every heap_trim_seconds to trim
+// its heap and goes back to waiting: it neither returns nor misses the
+// signal, and then drains as before.
+TEST(DaemonServerTest, TrimmingTheHeapWhileWaitingStillDrainsOnASignal) {
+  AnyService service;
+  metrics::Registry registry;
+  ServerOptions o = Options("127.0.0.1:0");
+  o.heap_trim_seconds = 1;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(o, {&service}, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::atomic<bool> returned{false};
+  std::atomic<bool> drained{false};
+  std::atomic<bool> blocked{false};
+  int rc = -1;
+  std::thread waiter([&] {
+    // The signal goes to this thread only (pthread_kill), which blocks it as
+    // a daemon's threads do, so nothing else in the test sees it.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    blocked = true;
+    rc = (*server)->WaitForSignalAndDrain([&] { drained = true; });
+    returned = true;
+  });
+  while (!blocked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two trims at least
+  EXPECT_FALSE(returned) << "returned without a signal";
+  EXPECT_FALSE(drained);
+  // Blocked in that thread: it is taken by sigtimedwait, as the daemon's is.
+  // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread)
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  EXPECT_EQ(rc, 0);
+  EXPECT_TRUE(drained);
 }
 
 }  // namespace
