@@ -100,6 +100,31 @@ TEST(SealTest, RememberedSealsStillBindKeyAndContext) {
   EXPECT_EQ(TrustOf(*other).Open(kKey, sealed).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
+// More seals than the trust remembers (8,192): the oldest are forgotten and
+// verified again when they come back, and a changed signature is refused
+// whatever is remembered.
+TEST(SealTest, ForgottenSealsVerifyAgainAndForgedOnesNever) {
+  auto signer = NewSigner();
+  const SealTrust trust = TrustOf(*signer);
+  const std::string payload = WithChecksum("small");
+  auto key_of = [](int i) { return std::string(24, 'k') + std::to_string(100000 + i); };
+  constexpr int kSeals = 8192 + 100;
+  std::string first, last;
+  for (int i = 0; i < kSeals; ++i) {
+    const std::string sealed = Sealed(*signer, key_of(i), Ctx(7), payload);
+    ASSERT_TRUE(trust.OpenFor(key_of(i), Ctx(7), sealed).ok()) << i;
+    if (i == 0) first = sealed;
+    if (i == kSeals - 1) last = sealed;
+  }
+  EXPECT_TRUE(trust.OpenFor(key_of(0), Ctx(7), first).ok());
+  EXPECT_TRUE(trust.OpenFor(key_of(kSeals - 1), Ctx(7), last).ok());
+  // The signature sits right before the trailer's last 4 bytes (its size).
+  std::string forged = last;
+  forged[forged.size() - 5] = static_cast<char>(forged[forged.size() - 5] ^ 0x40);
+  EXPECT_EQ(trust.OpenFor(key_of(kSeals - 1), Ctx(7), forged).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 TEST(SealTest, TransplantToAnotherKeyIsRefused) {
   auto signer = NewSigner();
   const std::string sealed = Sealed(*signer, kKey, Ctx(7), kPayload);
