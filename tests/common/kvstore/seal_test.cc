@@ -2,7 +2,9 @@
 // key, model id and numerics version, with a trusted key; any changed byte,
 // a missing seal, an untrusted signer, a transplant to another key, a seal
 // over a checksum that does not match the bytes, and a version-1 seal are
-// refused with Unauthenticated. Keys rotate (several trusted at once).
+// refused with Unauthenticated. Keys rotate (several trusted at once). Seals
+// already verified are remembered (bounded): remembering never lets a
+// changed byte through, and a forgotten seal verifies again.
 #include "common/kvstore/seal.h"
 
 #include <string>
