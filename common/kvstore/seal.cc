@@ -221,15 +221,8 @@ struct SealTrust::Keys {
   // the hour it took to fill (the soak's slope, docs/results.md).
   static constexpr size_t kVerifiedCacheEntries = 8192;
   using Digest = std::array<uint8_t, 32>;
-  struct DigestHash {
-    size_t operator()(const Digest& d) const {
-      size_t h = 0;
-      std::memcpy(&h, d.data(), sizeof(h));  // already uniform
-      return h;
-    }
-  };
   std::mutex mu;
-  absl::flat_hash_set<Digest, DigestHash> verified;
+  absl::flat_hash_set<Digest> verified;
   std::vector<Digest> ring;  // insertion order; ring[next] is replaced next
   size_t next = 0;
 
