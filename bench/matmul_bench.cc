@@ -9,8 +9,9 @@
 // change on a shared machine then hits every T alike); a T's cost is the
 // median over repetitions of the wall time and of the process CPU time per
 // call, and its ratio is the median of the per-repetition ratios to T = 1.
-// The backend's threads block rather than spin, so CPU time leaves out the
-// time a thread waited for a core; it still includes memory contention.
+// The backend's threads spin for at most ThreadPoolOptions::spin_us after
+// a piece before they block, so CPU time counts little of the time a thread
+// waited for work or for a core; it still includes memory contention.
 // The "layer" rows sum one decoder layer's products (4 x dim^2, 2 x
 // dim x hidden, 1 x hidden x dim, each timed separately) per repetition.
 // Every T-token output is also checked, bit for bit, against T 1-token

@@ -63,6 +63,41 @@ TEST(ThreadPoolTest, UsesMoreThanOneThreadWhenAsked) {
   EXPECT_TRUE(saw_two);
 }
 
+// Plain (non-atomic) writes made by any piece are visible to the caller once
+// ParallelFor returns, job after job, whether the threads spin, block at
+// once or spin long enough never to block (TSan checks the happens-before).
+TEST(ThreadPoolTest, EveryPiecesWritesAreVisibleWhenParallelForReturns) {
+  for (const int spin_us : {0, 50, 100000}) {
+    ThreadPool pool(3, ThreadPoolOptions{.spin_us = spin_us});
+    std::vector<int64_t> out(257);
+    for (int job = 0; job < 300; ++job) {
+      pool.ParallelFor(static_cast<int64_t>(out.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = int64_t{job} * 1000 + i;
+      });
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], int64_t{job} * 1000 + static_cast<int64_t>(i)) << "spin " << spin_us;
+      }
+    }
+  }
+}
+
+// A pool whose workers have gone to sleep (after their spin) still takes
+// the next job, and one destroyed while its workers spin ends promptly.
+TEST(ThreadPoolTest, SleepingWorkersWakeForTheNextJobAndSpinningOnesStop) {
+  ThreadPool pool(2, ThreadPoolOptions{.spin_us = 1});
+  std::atomic<int64_t> total{0};
+  for (int job = 0; job < 20; ++job) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the worker sleeps
+    pool.ParallelFor(64, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+  }
+  EXPECT_EQ(total.load(), 20 * 64);
+  for (int i = 0; i < 20; ++i) {
+    ThreadPool spinning(4, ThreadPoolOptions{.spin_us = 1000000});
+    spinning.ParallelFor(16, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+  }  // each destructor must not wait out the second of spinning
+  EXPECT_EQ(total.load(), 20 * 64 + 20 * 16);
+}
+
 TEST(ThreadPoolTest, ZeroOrNegativeThreadsMeansInline) {
   ThreadPool pool(0);
   EXPECT_EQ(pool.num_threads(), 1);
