@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/cache_line_allocator.h"
 #include "common/base/mapped_file.h"
 #include "common/model/model.h"
 
@@ -14,8 +15,10 @@ namespace vc {
 
 struct Model::Storage {
   std::vector<MappedFile> files;           // f32 tensors are used in place
-  std::vector<std::vector<float>> owned;   // widened or generated tensors
-  std::vector<std::vector<uint16_t>> owned16;  // bf16/f16 matrices not usable in place
+  // Widened or generated tensors, and bf16/f16 matrices not usable in
+  // place; each starts on a cache line.
+  std::vector<CacheLineVector<float>> owned;
+  std::vector<CacheLineVector<uint16_t>> owned16;
 };
 
 class ModelBuilder {

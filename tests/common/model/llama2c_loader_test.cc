@@ -114,6 +114,34 @@ TEST_F(Llama2cLoaderTest, TrailingBytesAreRejected) {
   EXPECT_THAT(Model::LoadLlama2c(copy), StatusIs(kInvalid, {"trailing"}));
 }
 
+// A random model's tensors (the benchmarks' synthetic models) are owned by
+// the model and start on cache lines, so the products' 64-byte loads never
+// straddle two lines.
+TEST(RandomModelTest, TensorsStartOnCacheLines) {
+  ModelConfig c;
+  c.dim = 40;  // rows of 160 bytes: a plain allocation would not be aligned by luck
+  c.hidden_dim = 72;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 10;
+  c.vocab_size = 33;
+  c.max_seq_len = 16;
+  auto model = Model::CreateRandom(c, 7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelWeights& w = (*model)->weights();
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
+  EXPECT_TRUE(aligned(w.token_embedding.data));
+  EXPECT_TRUE(aligned(w.rms_final));
+  for (const LayerWeights& l : w.layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3}) {
+      EXPECT_TRUE(aligned(m->data));
+    }
+    EXPECT_TRUE(aligned(l.rms_att));
+    EXPECT_TRUE(aligned(l.rms_ffn));
+  }
+}
+
 TEST(Llama2cLoaderErrors, GarbageHeaderFailsCleanly) {
   TempDir tmp;
   const std::string path = tmp.path() + "/garbage.bin";
