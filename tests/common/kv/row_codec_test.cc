@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -427,6 +428,66 @@ TEST(RowCodecTest, NonFiniteInputsStayInTheirGroup) {
     EXPECT_EQ(r0[3], 7.0f);
     EXPECT_EQ(r1[2], -7.0f);
     EXPECT_EQ(r1[3], -7.0f);
+  }
+}
+
+// The 8-bit symmetric codes (the INT8 compressor's, encoded by a vectorised
+// loop) against the definition written plainly: code = clamp(nearbyint(x /
+// scale), -127, 127) + 127, a NaN quotient or a scale that is not > 0 giving
+// code 127; seen through Decode, which maps a code to float(code - 127) *
+// scale. Rows with scale 1 exercise every tie (k + 0.5 rounds to even).
+TEST(RowCodecTest, Int8CodesAreTheNearestIntegerOfTheQuotient) {
+  const int dim = 37;  // not a multiple of any vector width
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> rows;
+  auto add_row = [&](std::vector<float> r) {
+    r.resize(dim, 0.0f);
+    rows.insert(rows.end(), r.begin(), r.end());
+  };
+  add_row({127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 0.5f, 1.5f, 126.5f, -126.5f, -127.0f, 63.5f, -0.0f,
+           0.49999997f, -1.5000001f});
+  add_row({});  // all zeros: scale 0
+  const float nan = std::nanf(""), inf = INFINITY, tiny = std::numeric_limits<float>::denorm_min();
+  add_row({nan, 1.0f, -2.0f});
+  add_row({inf, 1.0f, -inf, 0.0f});
+  add_row({tiny, -tiny, 3 * tiny, 0.0f});
+  add_row({3e38f, -3e38f, 1e-30f, 1.0f});
+  for (int i = 0; i < 40; ++i) {
+    std::vector<float> r(dim);
+    const float mag = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+    for (float& x : r) x = u(rng) * mag;
+    add_row(r);
+  }
+  const int64_t n = static_cast<int64_t>(rows.size()) / dim;
+  for (const int group : {0, 8, 16}) {
+    const RowCodecSpec spec{Kind::kPerTokenSymmetric, 8, group, 0};
+    auto store = MustEncode(spec, rows, dim);
+    ASSERT_NE(store, nullptr);
+    const int g = group == 0 ? dim : group;
+    for (int64_t i = 0; i < n; ++i) {
+      const std::vector<float> got = Row(*store, i);
+      for (int c0 = 0; c0 < dim; c0 += g) {
+        const int c1 = std::min(dim, c0 + g);
+        float amax = 0.0f;
+        for (int c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(rows[i * dim + c]));
+        const float scale = amax / 127.0f;
+        for (int c = c0; c < c1; ++c) {
+          float q = scale > 0.0f ? std::nearbyint(rows[i * dim + c] / scale) : 0.0f;
+          if (std::isnan(q)) q = 0.0f;
+          const int code = static_cast<int>(std::clamp(q, -127.0f, 127.0f)) + 127;
+          const float want = static_cast<float>(code - 127) * scale;
+          const float have = got[static_cast<size_t>(c)];
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(have)) << "group " << group << " row " << i << " channel " << c;
+          } else {
+            EXPECT_EQ(std::bit_cast<uint32_t>(have), std::bit_cast<uint32_t>(want))
+                << "group " << group << " row " << i << " channel " << c << ": x "
+                << rows[i * dim + c] << " scale " << scale;
+          }
+        }
+      }
+    }
   }
 }
 
