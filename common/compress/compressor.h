@@ -86,10 +86,17 @@ class Compressor {
   virtual ~Compressor() = default;
   virtual const CompressorInfo& info() const = 0;
   // Compresses positions [0, prefix_len) of `full`. `stats` holds the
-  // prefill's attention statistics (methods that need none ignore it).
+  // prefill's attention statistics (methods that need none ignore it). With
+  // a `pool` (idle: never from inside a ParallelFor on it), the encoding runs
+  // on it; the result is the same either way.
   virtual absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Compress(
       const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
-      const AttentionStats& stats) const = 0;
+      const AttentionStats& stats, ThreadPool* pool) const = 0;
+  absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Compress(
+      const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
+      const AttentionStats& stats) const {
+    return Compress(config, full, prefix_len, stats, nullptr);
+  }
   // A short stable text naming the method and its effective parameters (part
   // of the compressed variant's key).
   virtual std::string Describe() const = 0;

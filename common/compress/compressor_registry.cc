@@ -79,9 +79,10 @@ class StagedCompressor final : public Compressor {
   const CompressorInfo& info() const override { return info_; }
   std::string Describe() const override { return description_; }
 
+  using Compressor::Compress;
   absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Compress(
       const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
-      const AttentionStats& stats) const override {
+      const AttentionStats& stats, ThreadPool* pool) const override {
     if (prefix_len < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat(info_.name, ": prefix to compress must hold >= 1 token, got ", prefix_len));
@@ -102,7 +103,7 @@ class StagedCompressor final : public Compressor {
     const RowCodecSpec value_spec =
         quantizer_ != nullptr ? quantizer_->ValueSpec(config) : RowCodecSpec::F32();
     return CompressedPrefix::Build(config, full, prefix_len, kept, key_spec, value_spec,
-                                   description_);
+                                   description_, pool);
   }
 
   absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Update(

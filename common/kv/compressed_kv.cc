@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_pool.h"
 #include "kernels/quantized_kv.h"
 
 namespace vc {
@@ -12,7 +13,7 @@ namespace vc {
 absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
     const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
     const std::vector<std::vector<std::vector<int32_t>>>& kept, const RowCodecSpec& key_spec,
-    const RowCodecSpec& value_spec, std::string description) {
+    const RowCodecSpec& value_spec, std::string description, ThreadPool* pool) {
   if (prefix_len < 1 || full.first_position() != 0 || full.next_position() < prefix_len) {
     return absl::InvalidArgumentError(absl::StrCat("compressed prefix of ", prefix_len,
                                                    " tokens needs a full KV holding them (has ",
@@ -21,13 +22,7 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
   if (static_cast<int>(kept.size()) != config.n_layers) {
     return absl::InvalidArgumentError("kept positions must list every layer");
   }
-  const int hd = config.head_dim;
-  std::shared_ptr<CompressedPrefix> out(new CompressedPrefix());
-  out->prefix_len_ = prefix_len;
-  out->description_ = std::move(description);
-  out->full_bytes_ = int64_t{prefix_len} * config.kv_bytes_per_token();
-  out->layers_.resize(config.n_layers);
-  std::vector<float> k_rows, v_rows;
+  // Every unit's positions are checked before any is encoded.
   for (int l = 0; l < config.n_layers; ++l) {
     if (static_cast<int>(kept[l].size()) != config.n_kv_heads) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": kept positions for ",
@@ -49,21 +44,55 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
               prefix_len, ")"));
         }
       }
+    }
+  }
+  const int hd = config.head_dim;
+  std::shared_ptr<CompressedPrefix> out(new CompressedPrefix());
+  out->prefix_len_ = prefix_len;
+  out->description_ = std::move(description);
+  out->full_bytes_ = int64_t{prefix_len} * config.kv_bytes_per_token();
+  out->layers_.resize(config.n_layers);
+  for (Layer& layer : out->layers_) layer.heads.resize(config.n_kv_heads);
+  // One unit per (layer, KV head), each encoded on its own (a store's codes
+  // do not depend on any other), so a pool may take them in any order.
+  const int64_t units = int64_t{config.n_layers} * config.n_kv_heads;
+  std::vector<absl::Status> failed(static_cast<size_t>(units));
+  auto encode = [&](int64_t u0, int64_t u1) {
+    std::vector<float> k_rows, v_rows;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int l = static_cast<int>(u / config.n_kv_heads);
+      const int h = static_cast<int>(u % config.n_kv_heads);
+      const std::vector<int32_t>& pos = kept[l][h];
       k_rows.resize(pos.size() * hd);
       v_rows.resize(pos.size() * hd);
       for (size_t i = 0; i < pos.size(); ++i) {
         std::copy_n(full.KeyAt(l, h, pos[i]), hd, &k_rows[i * hd]);
         std::copy_n(full.ValueAt(l, h, pos[i]), hd, &v_rows[i * hd]);
       }
-      Head head;
+      Head& head = out->layers_[l].heads[h];
       head.positions = pos;
-      VC_ASSIGN_OR_RETURN(head.keys, RowStore::Encode(key_spec, k_rows.data(), pos.size(), hd));
-      VC_ASSIGN_OR_RETURN(head.values, RowStore::Encode(value_spec, v_rows.data(), pos.size(), hd));
-      out->bytes_ += head.keys->bytes() + head.values->bytes();
-      if (static_cast<int32_t>(pos.size()) < prefix_len) {
-        out->bytes_ += static_cast<int64_t>(pos.size() * sizeof(int32_t));
+      auto keys = RowStore::Encode(key_spec, k_rows.data(), pos.size(), hd);
+      auto values = RowStore::Encode(value_spec, v_rows.data(), pos.size(), hd);
+      if (!keys.ok() || !values.ok()) {
+        failed[static_cast<size_t>(u)] = keys.ok() ? values.status() : keys.status();
+        continue;
       }
-      out->layers_[l].heads.push_back(std::move(head));
+      head.keys = std::move(*keys);
+      head.values = std::move(*values);
+    }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(units, 1, encode);
+  } else {
+    encode(0, units);
+  }
+  for (const absl::Status& s : failed) VC_RETURN_IF_ERROR(s);
+  for (int l = 0; l < config.n_layers; ++l) {
+    for (const Head& head : out->layers_[l].heads) {
+      out->bytes_ += head.keys->bytes() + head.values->bytes();
+      if (static_cast<int32_t>(head.positions.size()) < prefix_len) {
+        out->bytes_ += static_cast<int64_t>(head.positions.size() * sizeof(int32_t));
+      }
     }
   }
   return std::shared_ptr<const CompressedPrefix>(std::move(out));

@@ -36,6 +36,8 @@
 
 namespace vc {
 
+class ThreadPool;
+
 class CompressedPrefix {
  public:
   struct Head {
@@ -50,10 +52,13 @@ class CompressedPrefix {
   // Builds from the per-layer, per-head kept positions (each sorted, the same
   // count per head within a layer) of `full`, whose positions [0,
   // prefix_len) must be present. `key_spec`/`value_spec` choose the formats.
+  // With a `pool`, the (layer, KV head) units are encoded in parallel on it
+  // (the result is the same); never from inside a ParallelFor on that pool.
   static absl::StatusOr<std::shared_ptr<const CompressedPrefix>> Build(
       const ModelConfig& config, const PagedKvCache& full, int32_t prefix_len,
       const std::vector<std::vector<std::vector<int32_t>>>& kept,  // [layer][kv_head][i]
-      const RowCodecSpec& key_spec, const RowCodecSpec& value_spec, std::string description);
+      const RowCodecSpec& key_spec, const RowCodecSpec& value_spec, std::string description,
+      ThreadPool* pool = nullptr);
 
   // Reassembles a prefix from its stored parts (the reader of a serialised
   // variant, common/kvstore/variant_codec.h): `layers` as layer() returns

@@ -362,7 +362,8 @@ absl::Status SpeculativeRequest::BuildDraftView(const PagedKvCache& full) {
   } else {
     const AttentionStats empty_stats(draft_config_, 0, 0);
     const AttentionStats& stats = stats_observer_ ? *stats_observer_ : empty_stats;
-    VC_ASSIGN_OR_RETURN(prefix, compressor_->Compress(draft_config_, full, prompt_len, stats));
+    VC_ASSIGN_OR_RETURN(prefix,
+                        compressor_->Compress(draft_config_, full, prompt_len, stats, work_pool_));
   }
   stats_.compressed_kv_bytes = prefix->bytes();
   stats_.compression_ratio = prefix->ratio();
@@ -600,6 +601,9 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
     return draft_engine != nullptr && (r.phase() == SpeculativeRequest::Phase::kDraft ||
                                        r.phase() == SpeculativeRequest::Phase::kDraftPrefill);
   };
+  // Between passes the target engine's pool is idle: the requests may use
+  // it for their own work (compressing a prompt's KV).
+  for (const auto& r : requests) r->set_work_pool(&engine.backend().pool());
   BatchResult result;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t vocab = engine.config().vocab_size;

@@ -162,6 +162,10 @@ class SpeculativeRequest {
   // The input this request contributes to the next Forward call of its phase
   // (prefill, one draft step, a verify pass, or a full decode step).
   SequenceInput NextInput();
+  // A pool the request may run its own work on between passes (compressing
+  // the prompt's KV after its prefill), idle whenever OnLogits runs; RunBatch
+  // lends the target engine's. Null: that work runs on the calling thread.
+  void set_work_pool(ThreadPool* pool) { work_pool_ = pool; }
   // Consumes the logit rows the Forward call returned for that input.
   absl::Status OnLogits(std::span<const float> rows);
 
@@ -230,6 +234,7 @@ class SpeculativeRequest {
   std::unique_ptr<PagedKvCache> verify_kv_;  // staged arena copy for one verify
   KvArena::Reservation prefix_reservation_;   // compressed prefix charged to draft_kv_arena
   std::unique_ptr<AttentionStats> stats_observer_;
+  ThreadPool* work_pool_ = nullptr;
   OnlinePolicy online_;                                  // with options_.online_update
   std::unique_ptr<DecodeAttentionStats> decode_stats_;  // online H2O/TOVA
   std::vector<int32_t> output_;

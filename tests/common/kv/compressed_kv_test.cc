@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/thread_pool.h"
 #include "common/engine/kv_cache.h"
 #include "common/kv/kv_arena.h"
 #include "common/kv/row_codec.h"
@@ -225,6 +227,43 @@ TEST_F(CompressedKvTest, ViewMatchesBruteForceForEveryFormat) {
       CheckEveryLevel(kv);
     }
   }
+}
+
+// Built on a pool (the units in any order, on any thread) the prefix is the
+// one built on the calling thread: the same positions, bytes and rows, bit
+// for bit; and a unit whose format fails still fails the whole build.
+TEST_F(CompressedKvTest, BuildingOnAPoolGivesTheSamePrefix) {
+  ThreadPool pool(3);
+  const RowCodecSpec int8{Kind::kPerTokenSymmetric, 8, 0, 0};
+  const RowCodecSpec kivi{Kind::kPerChannelAsymmetric, 2, 4, 3};
+  for (const Kept& kept : {SomeKept(), AllKept(config_)}) {
+    auto serial = CompressedPrefix::Build(config_, *full_, kPrefix, kept, int8, kivi, "s");
+    auto pooled = CompressedPrefix::Build(config_, *full_, kPrefix, kept, int8, kivi, "s", &pool);
+    ASSERT_TRUE(serial.ok()) << serial.status();
+    ASSERT_TRUE(pooled.ok()) << pooled.status();
+    EXPECT_EQ((*pooled)->bytes(), (*serial)->bytes());
+    std::vector<float> a(config_.head_dim), b(config_.head_dim);
+    for (int l = 0; l < config_.n_layers; ++l) {
+      for (int h = 0; h < config_.n_kv_heads; ++h) {
+        const auto& x = (*serial)->layer(l).heads[h];
+        const auto& y = (*pooled)->layer(l).heads[h];
+        ASSERT_EQ(x.positions, y.positions);
+        for (int64_t i = 0; i < x.keys->rows(); ++i) {
+          for (const auto& [sx, sy] :
+               {std::pair{x.keys.get(), y.keys.get()}, std::pair{x.values.get(), y.values.get()}}) {
+            sx->Decode(i, a.data());
+            sy->Decode(i, b.data());
+            ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+                << "layer " << l << " head " << h << " row " << i;
+          }
+        }
+      }
+    }
+  }
+  const RowCodecSpec bad{Kind::kPerTokenSymmetric, 3, 0, 0};  // 3-bit codes do not exist
+  auto failed =
+      CompressedPrefix::Build(config_, *full_, kPrefix, SomeKept(), int8, bad, "b", &pool);
+  EXPECT_FALSE(failed.ok());
 }
 
 TEST_F(CompressedKvTest, F32RowsAreTheOriginalRows) {
