@@ -41,6 +41,9 @@ struct Int8Src {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
   }
   float Finish(int64_t o, float sum) const { return scales[o] * sum; }
+  const char* Addr(int64_t o, int64_t i) const {  // element i of row o
+    return reinterpret_cast<const char*>(q + o * padded_in + i);
+  }
 };
 
 struct Int4Src {
@@ -60,16 +63,29 @@ struct Int4Src {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(scales[o * groups + i / group]));
   }
   float Finish(int64_t, float sum) const { return sum; }
+  const char* Addr(int64_t o, int64_t i) const {
+    return reinterpret_cast<const char*>(q + o * (padded_in / 2) + i / 2);
+  }
 };
 
 // R weight rows x T tokens: each row block is decoded once for all T tokens.
+// With `pf_next`, the tile also asks for the next R rows (into L2) as it
+// walks its own, one request per row and 64 elements: a drafter's
+// matrix-vector products read rows of only 1-3 KB, too short for the
+// hardware prefetchers to follow, and this took about a seventh off the
+// 111M model's int8 drafter step (docs/results.md section 8). Further
+// prefetches along the tile's own rows into L1 made no difference. A
+// prefetch never changes a value.
 template <int R, int T, class Src>
-void Tile(const Src& src, const float* x, int64_t ldx, const float* bias, int64_t o0,
-          int64_t ldy, float* y) {
+void Tile(const Src& src, const float* x, int64_t ldx, const float* bias, int64_t o0, int64_t ldy,
+          float* y, bool pf_next) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < src.padded_in; i += 16) {
+    if (pf_next && i % 64 == 0) {
+      for (int r = 0; r < R; ++r) _mm_prefetch(src.Addr(o0 + R + r, i), _MM_HINT_T1);
+    }
     __m512 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = src.Load(o0 + r, i);
     for (int t = 0; t < T; ++t) {
@@ -90,7 +106,8 @@ constexpr int kRows = 4;
 constexpr int kTokens = 4;
 
 template <class Src>
-using TileFn = void (*)(const Src&, const float*, int64_t, const float*, int64_t, int64_t, float*);
+using TileFn = void (*)(const Src&, const float*, int64_t, const float*, int64_t, int64_t, float*,
+                        bool);
 
 template <class Src, int R>
 constexpr TileFn<Src> kTilesForRows[kTokens + 1] = {nullptr, Tile<R, 1, Src>, Tile<R, 2, Src>,
@@ -106,13 +123,14 @@ void Rows(const Src& src, const float* x, int64_t tokens, int64_t ldx, const flo
       kTilesForRows<Src, 4>};
   int64_t o = o_begin;
   if (tokens == 1) {
-    for (; o + 8 <= o_end; o += 8) Tile<8, 1, Src>(src, x, ldx, bias, o, ldy, y);
+    // The next 8 rows are prefetched while they lie inside this range.
+    for (; o + 8 <= o_end; o += 8) Tile<8, 1, Src>(src, x, ldx, bias, o, ldy, y, o + 16 <= o_end);
   }
   for (; o < o_end; o += kRows) {
     const int r = static_cast<int>(std::min<int64_t>(kRows, o_end - o));
     for (int64_t t = 0; t < tokens; t += kTokens) {
       const int n = static_cast<int>(std::min<int64_t>(kTokens, tokens - t));
-      kTiles[r][n](src, x + t * ldx, ldx, bias, o, ldy, y + t * ldy);
+      kTiles[r][n](src, x + t * ldx, ldx, bias, o, ldy, y + t * ldy, false);
     }
   }
 }
