@@ -5,10 +5,11 @@
 // tokens:
 //  * --mode full (the baseline) and --mode vericache with the given
 //    compressor, drafter weights and draft length, both through RunBatch as
-//    `vericache generate` runs them; the outputs are compared token for
-//    token; decode_tokens_per_s = generated tokens / seconds from the end of
-//    the prompt's prefill pass (RequestStats::prefill_pass_end), so prompt
-//    compression, drafting and verifying all count as decode;
+//    `vericache generate` runs them, --runs pairs alternating which mode
+//    goes first; the outputs are compared token for token; decode_tokens_per_s
+//    = generated tokens / seconds from the end of the prompt's prefill pass
+//    (RequestStats::prefill_pass_end), so prompt compression, drafting and
+//    verifying all count as decode; the speedup is the median over the pairs;
 //  * the verify-pass cost table: one Forward of n tokens (n = 1, 2, 4, 9, 17,
 //    33) on the full KV of the prompt, median and fastest over --reps, as a multiple of
 //    the 1-token step; and the drafter's 1-token step (quantised weights,
@@ -16,8 +17,10 @@
 // A random model's acceptance is not a trained model's: with tied
 // embeddings a random model mostly predicts its input token again, whatever
 // its layers do, so the quantised drafter agrees with it nearly always. The
-// run therefore measures the cost side at (near) full acceptance; nothing is
-// extrapolated.
+// run therefore measures the cost side at (near) full acceptance, and prints
+// separately, marked as a prediction, the speedup its measured costs would
+// give at the acceptance of the trained test models (docs/results.md
+// section 3).
 //  * the warm-up check of issue 15 item 4: a fresh process (this binary,
 //    re-executed) loads the model from a llama2.c file as `vericache
 //    generate` does and prints its first 4 1-token passes as multiples of
@@ -43,6 +46,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
@@ -68,11 +74,44 @@ struct Options {
   std::string compressor = "int8";
   std::string draft_weights = "int8";
   int reps = 5;
+  int runs = 3;  // pairs of generation runs (full, VeriCache)
   uint64_t seed = 1;
   bool no_fresh = false;
   int64_t warmup_tokens = EngineOptions().warmup_tokens;
   std::string fresh_process;  // internal: the child's model file
+  // Tokens per verify round that trained models reach with this drafter
+  // configuration, as NAME=TOKENS,...; empty: the measured table of
+  // docs/results.md section 3 when the configuration is the default one.
+  std::string trained_rounds;
 };
+
+// docs/results.md section 3, "Acceptance per drafter": tokens per verify
+// round (accepted drafts + the corrected or bonus token) of the trained test
+// models with INT8 KV, int8 drafter weights and draft length 8, greedy.
+constexpr char kTrainedRoundsInt8Int8X8[] = "stories260K=6.71,aidreams260K=8.51";
+
+struct TrainedRounds {
+  std::string model;
+  double tokens_per_round = 0;
+};
+
+absl::StatusOr<std::vector<TrainedRounds>> ParseTrainedRounds(const std::string& text) {
+  std::vector<TrainedRounds> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    TrainedRounds t;
+    t.model = std::string(kv.first);
+    if (t.model.empty() || !absl::SimpleAtod(kv.second, &t.tokens_per_round) ||
+        !(t.tokens_per_round >= 1 && t.tokens_per_round <= 1000)) {
+      return absl::InvalidArgumentError(
+          "--trained-rounds: expected NAME=TOKENS with TOKENS in "
+          "[1, 1000], got '" +
+          std::string(item) + "'");
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
 ModelConfig BenchConfig(bool small) {
   ModelConfig c;
@@ -113,6 +152,10 @@ struct RunResult {
   // compression, which follows it inside that step).
   double prefill_cpu_seconds = 0;
   int64_t verify_rounds = 0, fallbacks = 0;
+  // Wall time of the steps by phase (each from the end of the step before
+  // it, so what RunBatch and the request do between passes counts too).
+  double draft_step_seconds = 0, verify_pass_seconds = 0, full_step_seconds = 0;
+  int64_t draft_steps = 0, full_steps = 0;
 };
 
 absl::StatusOr<RunResult> Generate(Engine& engine, Engine* draft_engine,
@@ -123,14 +166,31 @@ absl::StatusOr<RunResult> Generate(Engine& engine, Engine* draft_engine,
   const auto start = Clock::now();
   const double cpu_start = ProcessCpuSeconds();
   double cpu_mark = -1;
+  // Each step's wall time by the phase it ran: the phase the request was
+  // in after the step before it.
+  SpeculativeRequest::Phase next_phase = SpeculativeRequest::Phase::kPrefill;
+  auto last = start;
+  RunResult r;
   auto after_step = [&] {
+    const auto now = Clock::now();
     if (cpu_mark < 0) cpu_mark = ProcessCpuSeconds();
+    const double dt = std::chrono::duration<double>(now - last).count();
+    if (next_phase == SpeculativeRequest::Phase::kDraft) {
+      r.draft_step_seconds += dt;
+      ++r.draft_steps;
+    } else if (next_phase == SpeculativeRequest::Phase::kVerify) {
+      r.verify_pass_seconds += dt;
+    } else if (next_phase == SpeculativeRequest::Phase::kFullDecode) {
+      r.full_step_seconds += dt;
+      ++r.full_steps;
+    }
+    next_phase = batch[0]->phase();
+    last = now;
   };
   VC_RETURN_IF_ERROR(RunBatch(engine, draft_engine, batch, after_step).status());
   const auto end = Clock::now();
   const double cpu_end = ProcessCpuSeconds();
   const RequestStats& st = batch[0]->stats();
-  RunResult r;
   r.tokens = batch[0]->output();
   r.prefill_seconds = std::chrono::duration<double>(st.prefill_pass_end - start).count();
   r.decode_seconds = std::chrono::duration<double>(end - st.prefill_pass_end).count();
@@ -197,9 +257,9 @@ double ProcessCpuSeconds() {
 // Median and fastest seconds of one Forward of `n` tokens appended to `kv`
 // (truncated back after each), and the median CPU time the pass's threads
 // used. On a shared machine the fastest pass is the one least disturbed by
-// other processes, and CPU time does not count the time the threads waited
-// for a core (the engine's threads block rather than spin), so all three
-// are printed.
+// other processes, and CPU time counts little of the time the threads waited
+// for a core (the engine's threads spin for at most ThreadPoolOptions::spin_us
+// before they block), so all three are printed.
 absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int reps,
                                      std::mt19937_64& rng) {
   const int32_t base = kv.next_position();
@@ -347,32 +407,123 @@ absl::Status SpawnFresh(const Options& o, const Model& model) {
   return absl::OkStatus();
 }
 
-void PrintRuns(const Options& o, const RunResult& f, const RunResult& v, bool same) {
-  const double f_tps = f.tokens.size() / f.decode_seconds;
-  const double v_tps = v.tokens.size() / v.decode_seconds;
-  std::printf("\n%-58s %10s %10s %12s %9s\n", "mode", "prefill s", "decode s", "decode tok/s",
-              "accepted");
-  std::printf("%-58s %10.2f %10.3f %12.2f %9s\n", "full", f.prefill_seconds, f.decode_seconds,
-              f_tps, "-");
+// One pair of runs: the same prompt in full mode and in VeriCache mode.
+struct RunPair {
+  RunResult full, vericache;
+  bool same = false;
+  double Speedup() const {
+    return (vericache.tokens.size() / vericache.decode_seconds) /
+           (full.tokens.size() / full.decode_seconds);
+  }
+};
+
+// Every pair's row, then the median speedup over the pairs: the first pair
+// is the process's first request of each mode (it faults in memory that
+// later requests reuse), so one pair alone overstates what a serving
+// process pays per request.
+void PrintRuns(const Options& o, const std::vector<RunPair>& pairs) {
+  std::printf("\n%-4s %-58s %10s %10s %12s %9s\n", "run", "mode", "prefill s", "decode s",
+              "decode tok/s", "accepted");
   const std::string label = "vericache --compressor " + o.compressor + " --draft-weights " +
                             o.draft_weights + " --draft-len " + std::to_string(o.draft_len);
-  std::printf("%-58s %10.2f %10.3f %12.2f %9.2f\n", label.c_str(), v.prefill_seconds,
-              v.decode_seconds, v_tps, v.mean_accepted);
+  std::vector<double> speedups;
+  bool all_same = true;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const RunPair& p = pairs[i];
+    const RunResult& f = p.full;
+    const RunResult& v = p.vericache;
+    std::printf("%-4zu %-58s %10.2f %10.3f %12.2f %9s\n", i + 1, "full", f.prefill_seconds,
+                f.decode_seconds, f.tokens.size() / f.decode_seconds, "-");
+    std::printf("%-4zu %-58s %10.2f %10.3f %12.2f %9.2f\n", i + 1, label.c_str(), v.prefill_seconds,
+                v.decode_seconds, v.tokens.size() / v.decode_seconds, v.mean_accepted);
+    std::printf(
+        "     identical token for token: %s (%zu tokens); verify rounds %lld, fallbacks %lld; "
+        "speedup %.3fx; decode CPU s full %.3f, vericache %.3f; compressing the prompt's KV "
+        "%.3f s wall\n",
+        p.same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
+        static_cast<long long>(v.fallbacks), p.Speedup(), f.decode_cpu_seconds,
+        v.decode_cpu_seconds, v.compress_seconds);
+    std::printf(
+        "     per step: full %.2f ms (%lld steps); vericache draft %.2f ms (%lld steps), verify "
+        "%.2f ms (%lld passes)\n",
+        f.full_steps > 0 ? f.full_step_seconds / f.full_steps * 1e3 : 0.0,
+        static_cast<long long>(f.full_steps),
+        v.draft_steps > 0 ? v.draft_step_seconds / v.draft_steps * 1e3 : 0.0,
+        static_cast<long long>(v.draft_steps),
+        v.verify_rounds > 0 ? v.verify_pass_seconds / v.verify_rounds * 1e3 : 0.0,
+        static_cast<long long>(v.verify_rounds));
+    speedups.push_back(p.Speedup());
+    all_same = all_same && p.same;
+  }
   std::printf(
-      "outputs identical token for token: %s (%zu tokens); verify rounds %lld, "
-      "fallbacks %lld\n",
-      same ? "yes" : "NO", f.tokens.size(), static_cast<long long>(v.verify_rounds),
-      static_cast<long long>(v.fallbacks));
-  std::printf("decode speedup (vericache / full): %.3fx (target 1.7x)\n", v_tps / f_tps);
+      "outputs identical token for token in every run: %s\n"
+      "decode speedup (vericache / full), median of %zu runs: %.3fx (each run: ",
+      all_same ? "yes" : "NO", speedups.size(), Median(speedups));
+  for (size_t i = 0; i < speedups.size(); ++i) {
+    std::printf("%s%.3fx", i == 0 ? "" : ", ", speedups[i]);
+  }
+  std::printf("; target 1.7x)\n");
   std::printf(
-      "decode CPU time after the prefill's step: full %.3f s, vericache %.3f s (ratio %.3fx); "
-      "not in it: compressing the prompt's KV, %.3f s wall in this run\n",
-      f.decode_cpu_seconds, v.decode_cpu_seconds, f.decode_cpu_seconds / v.decode_cpu_seconds,
-      v.compress_seconds);
+      "prefill step CPU time of run 1: full %.3f s (the process's first request), vericache "
+      "%.3f s (with the compression)\n",
+      pairs[0].full.prefill_cpu_seconds, pairs[0].vericache.prefill_cpu_seconds);
+}
+
+// The speedup this run's measured costs would give at the acceptance of the
+// trained test models, printed as a prediction (a random model's acceptance
+// is not a trained one's). Two estimates: from the cost table (a round =
+// draft_len drafter steps + one pass of draft_len + 1 tokens, against one
+// full step per token) and from the generation runs (the VeriCache run's
+// cost per round, its prompt compression once, against the full run's
+// decode time).
+absl::Status PrintPrediction(const Options& o, const RunPair* runs, double step, double verify_pass,
+                             double draft_step) {
+  std::string text = o.trained_rounds;
+  if (text.empty()) {
+    if (o.compressor != "int8" || o.draft_weights != "int8" || o.draft_len != 8) {
+      std::printf(
+          "prediction at trained acceptance: skipped (the measured table is for --compressor "
+          "int8 --draft-weights int8 --draft-len 8; give --trained-rounds for others)\n");
+      return absl::OkStatus();
+    }
+    text = kTrainedRoundsInt8Int8X8;
+  }
+  VC_ASSIGN_OR_RETURN(const std::vector<TrainedRounds> trained, ParseTrainedRounds(text));
+  const double round_steps = (o.draft_len * draft_step + verify_pass) / step;
   std::printf(
-      "prefill step CPU time: full %.3f s (the process's first request), vericache %.3f s "
-      "(with the compression)\n",
-      f.prefill_cpu_seconds, v.prefill_cpu_seconds);
+      "\nPREDICTION, not a measurement: the speedup these costs would give at the tokens per "
+      "round\nof the trained test models (docs/results.md section 3); a round = %d drafter "
+      "steps + one %d-token pass = %.2f full steps (median wall times above)\n",
+      o.draft_len, o.draft_len + 1, round_steps);
+  double round_s = 0, compress_s = 0, full_decode_s = 0;
+  int64_t decode_tokens = 0;
+  if (runs != nullptr && runs->vericache.verify_rounds > 0) {
+    const RunResult& f = runs->full;
+    const RunResult& v = runs->vericache;
+    compress_s = v.compress_seconds;
+    round_s = std::max(0.0, v.decode_seconds - compress_s) / v.verify_rounds;
+    full_decode_s = f.decode_seconds;
+    // The prefill's logits give the first token; the rest is decode.
+    decode_tokens = static_cast<int64_t>(f.tokens.size()) - 1;
+    std::printf(
+        "from the last run: a round cost %.2f ms (decode s less the compression's %.3f s, over "
+        "%lld rounds)\n",
+        round_s * 1e3, compress_s, static_cast<long long>(v.verify_rounds));
+  }
+  std::printf("%-16s %16s %22s %22s\n", "trained model", "tokens/round", "speedup (cost table)",
+              "speedup (the runs)");
+  for (const TrainedRounds& t : trained) {
+    const double a = std::min(t.tokens_per_round, static_cast<double>(o.draft_len + 1));
+    std::printf("%-16s %16.2f %21.2fx", t.model.c_str(), a, a / round_steps);
+    if (round_s > 0 && decode_tokens > 0) {
+      const double predicted = compress_s + decode_tokens / a * round_s;
+      std::printf(" %21.2fx", full_decode_s / predicted);
+    } else {
+      std::printf(" %22s", "-");
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run(const Options& o) {
@@ -381,6 +532,14 @@ absl::Status Run(const Options& o) {
   if (o.prompt_len < 2 || o.prompt_len + o.max_new > c.max_seq_len) {
     return absl::InvalidArgumentError("prompt + new tokens exceed the context");
   }
+  if (o.runs < 1 || o.runs > 100 || o.reps < 1 || o.reps > 1000) {
+    return absl::InvalidArgumentError("--runs must be in [1, 100] and --reps in [1, 1000]");
+  }
+  if (o.draft_len < 1 || o.draft_len > 64 || o.prompt_len + o.draft_len + 1 > c.max_seq_len) {
+    return absl::InvalidArgumentError("--draft-len must be in [1, 64] and fit the context");
+  }
+  // Checked before the long runs, not after them.
+  VC_RETURN_IF_ERROR(ParseTrainedRounds(o.trained_rounds).status());
   std::printf(
       "model: random llama2.c-shaped, dim %d hidden %d layers %d heads %d/%d vocab %d "
       "ctx %d (%.1fM parameters); prompt %d tokens, %lld new, --threads %d\n",
@@ -424,13 +583,28 @@ absl::Status Run(const Options& o) {
   vc.draft.draft_len = o.draft_len;
   bool same = true;
   double full_cpu_per_step = 0;
+  std::vector<RunPair> pairs;
   if (!o.table_only) {
-    VC_ASSIGN_OR_RETURN(const RunResult f, Generate(*engine, nullptr, prompt, full));
+    for (int i = 0; i < o.runs; ++i) {
+      // Alternating which mode goes first, so that neither always runs
+      // right after the other's memory traffic.
+      RunPair p;
+      if (i % 2 == 0) {
+        VC_ASSIGN_OR_RETURN(p.full, Generate(*engine, nullptr, prompt, full));
+        VC_ASSIGN_OR_RETURN(p.vericache, Generate(*engine, draft_engine.get(), prompt, vc));
+      } else {
+        VC_ASSIGN_OR_RETURN(p.vericache, Generate(*engine, draft_engine.get(), prompt, vc));
+        VC_ASSIGN_OR_RETURN(p.full, Generate(*engine, nullptr, prompt, full));
+      }
+      p.same = p.full.tokens == p.vericache.tokens;
+      same = same && p.same;
+      std::fprintf(stderr, "run %d of %d: speedup %.3fx\n", i + 1, o.runs, p.Speedup());
+      pairs.push_back(std::move(p));
+    }
+    const RunResult& f = pairs.back().full;
     // The prefill's logits give the first token: tokens - 1 decode steps.
     if (f.tokens.size() > 1) full_cpu_per_step = f.decode_cpu_seconds / (f.tokens.size() - 1);
-    VC_ASSIGN_OR_RETURN(const RunResult v, Generate(*engine, draft_engine.get(), prompt, vc));
-    same = f.tokens == v.tokens;
-    PrintRuns(o, f, v, same);
+    PrintRuns(o, pairs);
   }
 
   // The verify-pass cost table on the prompt's full KV.
@@ -450,10 +624,16 @@ absl::Status Run(const Options& o) {
   // runs on this KV (then dropped again).
   VC_ASSIGN_OR_RETURN(const auto after_prefill, Steps(*engine, kv, 4, rng));
   kv.Truncate(o.prompt_len);
-  PassTime step;
-  for (int n : {1, 2, 4, 9, 17, 33}) {
+  PassTime step, verify_pass;  // verify_pass: draft_len + 1 tokens, a VeriCache round's
+  std::vector<int> pass_tokens = {1, 2, 4, 9, 17, 33};
+  if (std::find(pass_tokens.begin(), pass_tokens.end(), o.draft_len + 1) == pass_tokens.end()) {
+    pass_tokens.push_back(o.draft_len + 1);
+    std::sort(pass_tokens.begin(), pass_tokens.end());
+  }
+  for (int n : pass_tokens) {
     VC_ASSIGN_OR_RETURN(const PassTime p, PassSeconds(*engine, kv, n, o.reps, rng));
     if (n == 1) step = p;
+    if (n == o.draft_len + 1) verify_pass = p;
     std::printf("%8d %10.2f %8.2f %10.2f %8.2f %10.2f %8.2f\n", n, p.median * 1e3,
                 p.median / step.median, p.min * 1e3, p.min / step.min, p.cpu * 1e3,
                 p.cpu / step.cpu);
@@ -489,6 +669,8 @@ absl::Status Run(const Options& o) {
         "with f32 weights on the same KV: %.2f ms = %.2f x\n",
         o.draft_weights.c_str(), o.compressor.c_str(), d * 1e3, d / step.median, d32 * 1e3,
         d32 / step.median);
+    VC_RETURN_IF_ERROR(PrintPrediction(o, pairs.empty() ? nullptr : &pairs.back(), step.median,
+                                       verify_pass.median, d));
   }
   return same ? absl::OkStatus() : absl::InternalError("outputs differ");
 }
@@ -503,7 +685,7 @@ int main(int argc, char** argv) {
                     "decoding on a random llama2.c-shaped model, plus the verify-pass cost table.");
   flags.AddBool("--small", &o.small, "~25M-parameter model, 1500-token prompt, 32 new tokens");
   flags.AddBool("--table-only", &o.table_only,
-                "only the verify-pass cost table (skips the two generation runs)");
+                "only the verify-pass cost table (skips the generation runs)");
   flags.Add("--prompt-len", &o.prompt_len, "N", "prompt tokens");
   flags.Add("--max-new", &o.max_new, "N", "tokens to generate");
   flags.Add("--threads", &o.threads, "N", "engine threads");
@@ -511,10 +693,16 @@ int main(int argc, char** argv) {
   flags.Add("--compressor", &o.compressor, "NAME", "KV compressor of the drafter");
   flags.Add("--draft-weights", &o.draft_weights, "FORMAT", "f32 | int8 | int4");
   flags.Add("--reps", &o.reps, "N", "timed passes per row of the cost table");
+  flags.Add("--runs", &o.runs, "N",
+            "pairs of generation runs (full and VeriCache, alternating which goes first); the "
+            "speedup is their median");
   flags.Add("--seed", &o.seed, "N", "seed of the weights and the prompt");
   flags.Add("--warmup-tokens", &o.warmup_tokens, "N",
             "tokens of the engines' warm-up pass at creation (EngineOptions::warmup_tokens; 0: "
             "none)");
+  flags.Add("--trained-rounds", &o.trained_rounds, "NAME=TOKENS,...",
+            "tokens per verify round of trained models for the printed prediction (default: "
+            "docs/results.md section 3's table for int8 KV, int8 weights, draft length 8)");
   flags.AddBool("--no-fresh", &o.no_fresh,
                 "skip the fresh-process warm-up check (it writes the model to a temporary file)");
   flags.Add("--fresh-process", &o.fresh_process, "FILE",

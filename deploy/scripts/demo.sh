@@ -2,7 +2,9 @@
 # The main job: install what is missing, build, start the local cluster (the
 # four daemons on loopback), register shared prefixes, serve a demo workload
 # and print a short report (tokens/s, TTFT, acceptance, identical to full-KV
-# decoding); then two single-process comparisons on the test models.
+# decoding); then the single-node long-prompt benchmark (VeriCache with an
+# int8 drafter against full-KV decoding) and two single-process comparisons
+# on the test models.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -21,6 +23,13 @@ echo "== the local cluster: vc-kvstore, vc-verifier, vc-drafter, vc-coordinator 
 echo "   3 shared prefixes registered, 12 requests per mode, 8 in flight; every output checked"
 echo "   against full-KV decoding in this process"
 "$VC" demo --model "$M/stories260K.bin"
+
+echo
+echo "== single node, long prompt: VeriCache with an int8 drafter vs full-KV decoding (vc_single_node_bench --small) =="
+echo "   a random 23.5M-parameter llama2.c-shaped model, 1500-token prompt, 32 new tokens, 2 threads;"
+echo "   drafter: the target's weights in int8 over its INT8-compressed KV, draft length 8; the baseline"
+echo "   is full-KV decoding in the same process; 3 runs of each, outputs compared token for token"
+"$REPO_ROOT/build/bin/vc_single_node_bench" --small --threads 2 --reps 5 --no-fresh
 
 echo
 echo "== single process: aidreams260K, lossless VeriCache (draft on INT8 KV, verify on full KV) =="
