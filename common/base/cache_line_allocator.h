@@ -20,9 +20,7 @@ struct CacheLineAllocator {
   template <class U>
   CacheLineAllocator(const CacheLineAllocator<U>& /*other*/) {}  // NOLINT: rebinding
 
-  T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), kAlignment));
-  }
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
   void deallocate(T* p, std::size_t /*n*/) { ::operator delete(p, kAlignment); }
 
   template <class U>
