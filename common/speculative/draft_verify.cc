@@ -602,7 +602,14 @@ absl::StatusOr<BatchResult> RunBatch(Engine& engine, Engine* draft_engine,
                                        r.phase() == SpeculativeRequest::Phase::kDraftPrefill);
   };
   // Between passes the target engine's pool is idle: the requests may use
-  // it for their own work (compressing a prompt's KV).
+  // it for their own work (compressing a prompt's KV); only while this
+  // RunBatch drives them, so no request keeps a pool it may outlive.
+  struct LentPool {
+    std::span<const std::unique_ptr<SpeculativeRequest>> requests;
+    ~LentPool() {
+      for (const auto& r : requests) r->set_work_pool(nullptr);
+    }
+  } lent{requests};
   for (const auto& r : requests) r->set_work_pool(&engine.backend().pool());
   BatchResult result;
   const auto t0 = std::chrono::steady_clock::now();
