@@ -136,4 +136,26 @@ void PrefixPolicy::ExpireShared(int64_t now) {
   }
 }
 
+void PrefixPolicy::StartUsers(int64_t booking_id) { users_[booking_id] = 1; }
+
+bool PrefixPolicy::AddUser(int64_t booking_id) {
+  auto it = users_.find(booking_id);
+  if (it == users_.end()) return false;
+  ++it->second;
+  return true;
+}
+
+bool PrefixPolicy::DropUser(int64_t booking_id) {
+  auto it = users_.find(booking_id);
+  if (it == users_.end()) return true;
+  if (--it->second > 0) return false;
+  users_.erase(it);
+  return true;
+}
+
+int PrefixPolicy::Users(int64_t booking_id) const {
+  auto it = users_.find(booking_id);
+  return it == users_.end() ? 0 : it->second;
+}
+
 }  // namespace vc

@@ -19,7 +19,9 @@
 //    same pass, loaded once) instead of booking a second reload. It joins when
 //    that verify is no later than the round wants it, or when a booking of
 //    its own would verify no earlier (or would have to wait): then joining
-//    costs no time and saves the reload (JoinsAtOnce, JoinsInsteadOf).
+//    costs no time and saves the reload (JoinsAtOnce, JoinsInsteadOf); the
+//    booking is released when its last user leaves (StartUsers, AddUser,
+//    DropUser).
 #pragma once
 
 #include <cstdint>
@@ -107,6 +109,19 @@ class PrefixPolicy {
   // them any more).
   void ExpireShared(int64_t now);
 
+  // Users of a booking: the round that booked it and the rounds that joined
+  // it, all verifying on the one copy it loads. The booking goes back to the
+  // ring only when its last user leaves, so a joined round's copy stays
+  // booked until its own verify is over. StartUsers: a new booking's first
+  // user. AddUser: one more; false when the booking is not tracked (its
+  // users are gone and it was released: nothing to join). DropUser: true
+  // when the caller must now release the booking on the ring (its last user
+  // left, or it was never tracked).
+  void StartUsers(int64_t booking_id);
+  bool AddUser(int64_t booking_id);
+  bool DropUser(int64_t booking_id);
+  int Users(int64_t booking_id) const;
+
  private:
   struct Resident {
     int64_t bytes = 0;
@@ -118,6 +133,7 @@ class PrefixPolicy {
   std::vector<int64_t> resident_;  // per worker
   std::map<std::pair<std::string, int>, Resident> copies_;
   std::map<std::pair<std::string, int>, SharedBooking> shared_;
+  std::map<int64_t, int> users_;  // booking id -> users
 };
 
 }  // namespace vc

@@ -101,8 +101,9 @@ struct Transfer {
 
 // A full-KV copy on a verifier (or long-context GPU) for one booking, used by
 // the booking's round and by the rounds that joined it.
+// Its users (the booking's round and those that joined it) are counted by
+// PrefixPolicy, as the coordinator's are.
 struct Copy {
-  int users = 0;
   double shared_bytes = 0;  // the prefix part (0 unless shared), freed with the last user
   bool landed = false;
   std::vector<int64_t> members;
@@ -715,7 +716,7 @@ absl::Status Simulation::TryBook(Req& r) {
     r.verifier = gi;
     booking_wait_s_ += now_ - r.booking_since;
     Copy& copy = copies_[adm.booking.id];
-    copy.users = 1;
+    policy_->StartUsers(adm.booking.id);
     copy.shared_bytes = sharing() ? Kv(static_cast<double>(r.prompt)) : 0.0;
     copy.members = {r.id};
     r.copy = adm.booking.id;
@@ -730,7 +731,8 @@ absl::Status Simulation::TryBook(Req& r) {
 
 void Simulation::Join(Req& r, int gi, const SharedBooking& shared) {
   Copy& copy = copies_[shared.booking_id];
-  ++copy.users;
+  // Tracked: FindShared offers only bookings whose verify is still ahead.
+  (void)policy_->AddUser(shared.booking_id);
   copy.members.push_back(r.id);
   ++shared_joins_;
   r.booking = Booking{};
@@ -768,7 +770,7 @@ void Simulation::Landed(Req& r) {
 absl::Status Simulation::DropCopyUser(int64_t id, Gpu& v) {
   auto it = copies_.find(id);
   if (it == copies_.end()) return absl::InternalError(absl::StrCat("no copy for booking ", id));
-  if (--it->second.users > 0) return absl::OkStatus();
+  if (!policy_->DropUser(id)) return absl::OkStatus();
   v.transient -= it->second.shared_bytes;
   copies_.erase(it);
   return sched_->Release(id);

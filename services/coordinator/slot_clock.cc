@@ -60,7 +60,7 @@ void SlotClock::Run() {
 absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Admission> admission = prefixes_.Admit(scheduler_, r);
-  if (admission.ok() && !admission->queued) users_[r.id] = 1;
+  if (admission.ok() && !admission->queued) prefixes_.StartUsers(r.id);
   return admission;
 }
 
@@ -95,18 +95,13 @@ absl::Status SlotClock::ShrinkTransfer(int64_t id, int64_t bytes) {
 
 absl::Status SlotClock::Release(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = users_.find(id);
-  if (it != users_.end() && --it->second > 0) return absl::OkStatus();
-  if (it != users_.end()) users_.erase(it);
+  if (!prefixes_.DropUser(id)) return absl::OkStatus();  // joined rounds still verify on it
   return scheduler_.Release(id);
 }
 
 bool SlotClock::JoinShared(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = users_.find(id);
-  if (it == users_.end()) return false;
-  ++it->second;
-  return true;
+  return prefixes_.AddUser(id);
 }
 
 bool SlotClock::WaitForSlot(int64_t slot, std::chrono::steady_clock::time_point deadline) {

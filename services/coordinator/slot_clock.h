@@ -13,7 +13,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -125,7 +124,6 @@ class SlotClock {
   const bool lock_step_;
   bool stopping_ = false;
   PrefixPolicy prefixes_;
-  std::map<int64_t, int> users_;  // booking id -> requests verifying on it
   std::atomic<int64_t> next_booking_id_{0};
   std::thread thread_;
 };

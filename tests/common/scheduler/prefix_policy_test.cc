@@ -2,8 +2,8 @@
 // (prefix, worker) however many holders, the capacity it leaves and the
 // admission rule (checked against an independent recount over random holds,
 // releases and capacity changes), joining a booking only inside its window,
-// and placement by rendezvous hashing (only live workers, stable, only a dead
-// worker's keys move).
+// a booking released with its last user, and placement by rendezvous hashing (only live workers,
+// stable, only a dead worker's keys move).
 #include "common/scheduler/prefix_policy.h"
 
 #include <algorithm>
@@ -41,6 +41,54 @@ TEST(PrefixPolicyTest, OneCopyPerPrefixAndWorker) {
   EXPECT_EQ(p.ResidentBytes(0), 0);
   EXPECT_EQ(p.ResidentBytes(7), 0);
   EXPECT_EQ(p.CapacityLeft(7), 0);
+}
+
+// A booking goes back to the ring with its last user: the round that booked
+// it and every round that joined it (the rule SlotClock and the simulator
+// share), checked against a plain recount over random starts, joins and drops.
+TEST(PrefixPolicyTest, ABookingIsReleasedWithItsLastUser) {
+  PrefixPolicy p({1000});
+  p.StartUsers(7);
+  EXPECT_TRUE(p.AddUser(7));
+  EXPECT_TRUE(p.AddUser(7));
+  EXPECT_EQ(p.Users(7), 3);
+  EXPECT_FALSE(p.DropUser(7)) << "two rounds still verify on it";
+  EXPECT_FALSE(p.DropUser(7));
+  EXPECT_TRUE(p.DropUser(7)) << "the last user releases it";
+  EXPECT_EQ(p.Users(7), 0);
+  EXPECT_FALSE(p.AddUser(7)) << "a released booking cannot be joined";
+  EXPECT_TRUE(p.DropUser(8)) << "an untracked booking is released at once";
+
+  std::mt19937 rng(3);
+  std::map<int64_t, int> recount;
+  std::set<int64_t> released;
+  for (int step = 0; step < 5000; ++step) {
+    const int64_t id = static_cast<int64_t>(rng() % 40);
+    switch (rng() % 3) {
+      case 0:
+        if (!recount.count(id) && !released.count(id)) {
+          p.StartUsers(id);
+          recount[id] = 1;
+        }
+        break;
+      case 1: {
+        const bool tracked = recount.count(id) > 0;
+        ASSERT_EQ(p.AddUser(id), tracked) << "step " << step;
+        if (tracked) ++recount[id];
+        break;
+      }
+      default:
+        if (recount.count(id)) {
+          const bool last = --recount[id] == 0;
+          ASSERT_EQ(p.DropUser(id), last) << "step " << step;
+          if (last) {
+            recount.erase(id);
+            released.insert(id);
+          }
+        }
+    }
+    ASSERT_EQ(p.Users(id), recount.count(id) ? recount[id] : 0);
+  }
 }
 
 TEST(PrefixPolicyTest, ResidentsMakeFittingReloadsWaitAndLeaveOthersToTheScheduler) {
