@@ -48,15 +48,13 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-int64_t ThreadPool::RunPieces(const std::function<void(int64_t, int64_t)>& fn, int64_t n,
-                              int64_t chunk, int64_t pieces) {
-  int64_t ran = 0;
+void ThreadPool::RunPieces(const std::function<void(int64_t, int64_t)>& fn, int64_t n,
+                           int64_t chunk, int64_t pieces) {
   for (;;) {
     const int64_t piece = next_piece_.fetch_add(1, std::memory_order_relaxed);
-    if (piece >= pieces) return ran;
+    if (piece >= pieces) return;
     fn(piece * chunk, std::min(n, (piece + 1) * chunk));
     pieces_done_.fetch_add(1, std::memory_order_acq_rel);
-    ++ran;
   }
 }
 

@@ -47,10 +47,9 @@ class ThreadPool {
 
  private:
   void WorkerLoop();
-  // Claims and runs pieces of the current job until none is left; returns
-  // how many it ran.
-  int64_t RunPieces(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunk,
-                    int64_t pieces);
+  // Claims and runs pieces of the current job until none is left.
+  void RunPieces(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunk,
+                 int64_t pieces);
 
   const int num_threads_;
   const ThreadPoolOptions options_;
