@@ -100,9 +100,8 @@ struct Transfer {
 };
 
 // A full-KV copy on a verifier (or long-context GPU) for one booking, used by
-// the booking's round and by the rounds that joined it.
-// Its users (the booking's round and those that joined it) are counted by
-// PrefixPolicy, as the coordinator's are.
+// the booking's round and by the rounds that joined it (PrefixPolicy counts
+// them, as it does the coordinator's).
 struct Copy {
   double shared_bytes = 0;  // the prefix part (0 unless shared), freed with the last user
   bool landed = false;
