@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/internal/avx512_lanes.h"
 #include "kernels/cpu/internal/kv_quant_ops.h"
 
 namespace vc::kernels::cpu {
@@ -56,14 +57,12 @@ struct Avx512Vec {
   }
   static I SubConst(I v, int c) { return _mm512_sub_epi32(v, _mm512_set1_epi32(c)); }
   static F ToFloat(I v) { return _mm512_cvtepi32_ps(v); }
-  // The canonical lane tree (ReduceLanes16): the same pairs, lower lane first.
-  static float Reduce(F v) {
-    const __m256 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m256 s8 = _mm256_add_ps(lo, hi);  // l[k] + l[k+8]
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
+  static float Reduce(F v) { return cpu::Reduce(v); }
+  // out[r] = Reduce(acc[r]) * scale, the 8 trees interleaved.
+  static void ReduceScaled8(const F (&acc)[8], float scale, float* out) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(cpu::Reduce8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5],
+                                                     acc[6], acc[7]),
+                                        _mm256_set1_ps(scale)));
   }
 };
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/internal/avx512_lanes.h"
 #include "kernels/cpu/internal/quant_ops.h"
 
 namespace vc::kernels::cpu {
@@ -20,17 +21,6 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-
-// The canonical lane tree (ReduceLanes16): the same pairs, lower lane first.
-inline float Reduce(__m512 v) {
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  const __m256 a = _mm256_load_ps(l), b = _mm256_load_ps(l + 8);
-  const __m256 s8 = _mm256_add_ps(a, b);  // l[k] + l[k+8]
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
-}
 
 struct Int8Src {
   const int8_t* q;

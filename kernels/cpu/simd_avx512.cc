@@ -3,74 +3,18 @@
 // DetectSimdLevel() saw AVX-512F.
 #include <immintrin.h>
 
-#include <cmath>
-
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/internal/avx512_lanes.h"
 #include "kernels/cpu/internal/simd_ops.h"
 
 namespace vc::kernels::cpu {
 namespace {
 
 inline __mmask16 TailMask(int64_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
-
-// GCC 12 implements the unmasked AVX-512 shuffles, extracts and casts from a
-// zmm with _mm512_undefined_ps(), which trips -Wuninitialized; the maskz_
-// forms with a full mask are the same instructions, and the halves of a
-// register are taken with __builtin_shufflevector.
-constexpr __mmask16 kAll = 0xFFFF;
-inline __m256 Lo256(__m512 v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
-inline __m256 Hi256(__m512 v) {
-  return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-inline __m128 Lo128(__m512 v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3); }
-
-// The canonical tree (ReduceLanes16) done in registers. Every step adds the
-// same pairs of lanes as the scalar tree, lower lane first, so the results are
-// bit-identical; only the lanes' positions in the registers differ.
-inline float Reduce(__m512 v) {
-  const __m256 s8 = _mm256_add_ps(Lo256(v), Hi256(v));  // l[k] + l[k+8]
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
-}
-
-// Level 1 of the tree for two registers: [a[k] + a[k+8] | b[k] + b[k+8]], k < 8.
-inline __m512 Fold8(__m512 a, __m512 b) {
-  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, a, b, 0x44),
-                       _mm512_maskz_shuffle_f32x4(kAll, a, b, 0xEE));
-}
-
-// Level 2 for two level-1 results ab = [A | B], cd = [C | D] (8 lanes each):
-// quarter j of the result is X[k] + X[k+4], k < 4, for X = A, B, C, D.
-inline __m512 Fold4(__m512 ab, __m512 cd) {
-  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, ab, cd, 0x88),
-                       _mm512_maskz_shuffle_f32x4(kAll, ab, cd, 0xDD));
-}
-
-// Lane i of the result is Reduce(v_i), for 4 registers.
-inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 u = Fold4(Fold8(a, b), Fold8(c, d));
-  const __m512 v = _mm512_add_ps(u, _mm512_shuffle_ps(u, u, 0xEE));  // [k] + [k+2] per quarter
-  const __m512 z = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, 0x55));  // [0] + [1] per quarter
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  return Lo128(_mm512_maskz_permutexvar_ps(kAll, idx, z));
-}
-
-// Lane i of the result is Reduce(v_i), for 8 registers.
-inline __m256 Reduce8(__m512 a, __m512 b, __m512 c, __m512 d, __m512 e, __m512 f, __m512 g,
-                      __m512 h) {
-  const __m512 u1 = Fold4(Fold8(a, b), Fold8(c, d));  // quarters: a b c d
-  const __m512 u2 = Fold4(Fold8(e, f), Fold8(g, h));  // quarters: e f g h
-  // Per quarter j: [X[0]+X[2], X[1]+X[3], Y[0]+Y[2], Y[1]+Y[3]], X from u1, Y from u2.
-  const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u1, u2, 0x44), _mm512_shuffle_ps(u1, u2, 0xEE));
-  // Per quarter j: [X, Y, X, Y], the finished sums of outputs j and j + 4.
-  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(v, v, 0x88), _mm512_shuffle_ps(v, v, 0xDD));
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-  return Lo256(_mm512_maskz_permutexvar_ps(kAll, idx, z));
-}
 
 float Dot(const float* a, const float* b, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
@@ -271,7 +215,7 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
   __m512 acc[Q][C];
   for (int q = 0; q < Q; ++q) {
     for (int c = 0; c < C; ++c) {
-      acc[q][c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, out[q] + int64_t{16} * c);
+      acc[q][c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAllLanes, out[q] + int64_t{16} * c);
     }
   }
   for (int64_t j = 0; j < n; ++j) {
@@ -279,13 +223,13 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
     for (int q = 0; q < Q; ++q) pj[q] = _mm512_set1_ps(p[q][j]);
     const float* vj = v + j * dim;
     for (int c = 0; c < C; ++c) {
-      const __m512 vv = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAll, vj + int64_t{16} * c);
+      const __m512 vv = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAllLanes, vj + int64_t{16} * c);
       for (int q = 0; q < Q; ++q) acc[q][c] = _mm512_fmadd_ps(pj[q], vv, acc[q][c]);
     }
   }
   for (int q = 0; q < Q; ++q) {
     for (int c = 0; c < C; ++c) {
-      _mm512_mask_storeu_ps(out[q] + int64_t{16} * c, c == C - 1 ? last : kAll, acc[q][c]);
+      _mm512_mask_storeu_ps(out[q] + int64_t{16} * c, c == C - 1 ? last : kAllLanes, acc[q][c]);
     }
   }
 }
@@ -310,7 +254,7 @@ void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t di
   for (int64_t d = 0; d < dim; d += 128) {
     const int64_t rem = dim - d < 128 ? dim - d : 128;
     const int chunks = static_cast<int>((rem + 15) / 16);
-    const __mmask16 last = rem % 16 == 0 ? kAll : TailMask(rem % 16);
+    const __mmask16 last = rem % 16 == 0 ? kAllLanes : TailMask(rem % 16);
     float* o[Q];
     for (int q = 0; q < Q; ++q) o[q] = out[q] + d;
     kChunks[chunks](p, v + d, n, dim, o, last);

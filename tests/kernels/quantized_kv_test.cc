@@ -137,8 +137,9 @@ std::vector<Format> Formats() {
 }
 
 // Head dims: below one block, odd, one block and a bit, several 64-channel
-// value passes (130).
-constexpr int kDims[] = {1, 5, 8, 13, 16, 17, 31, 64, 80, 130};
+// value passes (130); rows of whole 16-lane blocks (16, 64, 80, 96, 128) take
+// the kernels' whole-block path, 8 rows of scores at a time.
+constexpr int kDims[] = {1, 5, 8, 13, 16, 17, 31, 64, 80, 96, 128, 130};
 
 // fn(rows, rng) for random rows of every format and head dim.
 template <typename Fn>
