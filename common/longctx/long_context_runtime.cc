@@ -11,7 +11,9 @@
 namespace vc {
 namespace {
 
-constexpr int kBlockTokens = 16;  // PagedKvCache's default block, used by every cache here
+// Tokens per block of every KV cache here (requests' full KV and the device
+// copies): the device budget is planned in these blocks, so they stay small.
+constexpr int kBlockTokens = 16;
 constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max() / 4;
 
 // Runs the batch's inputs through the engine in as few Forward calls as the
@@ -100,6 +102,7 @@ absl::StatusOr<KvFootprint> MeasureKvFootprint(Engine& engine, const std::vector
   ro.staged_verify = false;
   ro.full_kv_arena = nullptr;
   ro.draft_kv_arena = nullptr;
+  ro.full_kv_block_tokens = kBlockTokens;
   VC_ASSIGN_OR_RETURN(auto req, SpeculativeRequest::Create(engine, prompt, ro));
   std::vector<float> logits;
   const SequenceInput in = req->NextInput();
@@ -193,6 +196,7 @@ absl::StatusOr<int> LongContextRuntime::Submit(std::vector<int32_t> prompt) {
   ro.staged_verify = vericache();
   ro.full_kv_arena = options_.mode == DecodeMode::kFull ? device_.get() : host_.get();
   ro.draft_kv_arena = device_.get();
+  ro.full_kv_block_tokens = kBlockTokens;
   // Falling back to full decoding would decode against the host tier.
   ro.draft.fallback_min_accepted = -1;
   ro.draft.fallback_after_rounds = -1;

@@ -188,7 +188,8 @@ SpeculativeRequest::SpeculativeRequest(const Engine& engine, std::vector<int32_t
       options_(options),
       compressor_(std::move(compressor)),
       full_kv_(std::make_unique<PagedKvCache>(
-          engine.config(), PagedKvCache::Options{.arena = options.full_kv_arena})),
+          engine.config(), PagedKvCache::Options{.block_tokens = options.full_kv_block_tokens,
+                                                 .arena = options.full_kv_arena})),
       fallback_(FallbackOptions{.window = options.draft.fallback_window,
                                 .min_accepted = options.draft.fallback_min_accepted,
                                 .after_rounds = options.draft.fallback_after_rounds}) {

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "common/compress/compressor.h"
 #include "common/engine/engine.h"
+#include "common/engine/kv_cache.h"
 #include "common/kv/compressed_kv.h"
 #include "common/model/model.h"
 #include "common/sampling/sampler.h"
@@ -89,6 +90,8 @@ struct RequestOptions {
   bool staged_verify = false;
   KvArena* full_kv_arena = nullptr;   // where full KV is charged (host tier, or device when not staged)
   KvArena* draft_kv_arena = nullptr;  // where the compressed view is charged (device)
+  // Tokens per block of the request's full KV (PagedKvCache::Options).
+  int full_kv_block_tokens = PagedKvCache::Options{}.block_tokens;
   // Online compression of the drafter's view (vericache and lossy; the
   // compressor must have an online rule): after each verify round (each step
   // in lossy mode) settled tokens are folded into the compressed prefix as
