@@ -11,6 +11,12 @@
 // the compressors are the real ones (common/compress), default parameters.
 // One engine thread; the fused and decoded paths' outputs are checked bit
 // for bit against each other.
+//
+// Then a verify pass's attention over the synthetic shape's full f32 KV:
+// 1, 9 and 33 queries at once (a pass of that many tokens at the end of the
+// prefix, causal), as the engine runs them (ScoresBatch, SoftmaxRows,
+// MixValuesBatch per layer and KV head), with each phase's time, so that
+// what a multi-token pass costs beyond one token's attention is visible.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -46,6 +52,7 @@ struct Shape {
   const char* name;
   ModelConfig config;
   int32_t prefix;
+  bool verify_table = false;  // also time a verify pass's attention over the f32 KV
 };
 
 ModelConfig MakeConfig(int layers, int heads, int kv_heads, int head_dim, int32_t ctx) {
@@ -82,6 +89,66 @@ void AttendOnce(const kernels::KernelBackend& backend, const ModelConfig& c, con
   }
 }
 
+// Seconds spent in each phase of batched attention (scores, softmax, values).
+struct PhaseSeconds {
+  double scores = 0, softmax = 0, values = 0;
+  double total() const { return scores + softmax + values; }
+};
+
+// The attention of a verify pass of nq tokens at the end of `kv` (causal: the
+// query at position p attends keys [0, p]), as the engine runs it: per layer
+// and KV head one QueryBatch of all the queries, ScoresBatch, SoftmaxRows,
+// MixValuesBatch. Adds each phase's time to *t.
+void AttendBatch(const kernels::KernelBackend& backend, const ModelConfig& c, const SequenceKv& kv,
+                 int64_t nq, const std::vector<float>& q, std::vector<float>* scores,
+                 std::vector<float>* out, PhaseSeconds* t) {
+  using Clock = std::chrono::steady_clock;
+  const int group = c.n_heads / c.n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t n = kv.next_position();
+  const int64_t queries = nq * group;
+  std::vector<SequenceKv::KeyRange> ranges(static_cast<size_t>(queries));
+  std::vector<float> qs(static_cast<size_t>(queries * c.head_dim));
+  std::vector<float*> rows(static_cast<size_t>(queries));
+  std::vector<int64_t> counts(static_cast<size_t>(queries));
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int kvh = 0; kvh < c.n_kv_heads; ++kvh) {
+      for (int64_t i = 0; i < queries; ++i) {
+        const int64_t pos = n - nq + i / group;
+        ranges[i] = kv.Keys(l, kvh, 0, static_cast<int32_t>(pos));
+        const int h = kvh * group + static_cast<int>(i % group);
+        std::copy_n(&q[(static_cast<size_t>(i / group) * c.n_heads + h) * c.head_dim], c.head_dim,
+                    &qs[static_cast<size_t>(i) * c.head_dim]);
+      }
+      SequenceKv::QueryBatch b;
+      b.q = qs.data();
+      b.ranges = ranges.data();
+      b.count = queries;
+      b.head_dim = c.head_dim;
+      b.base = 0;
+      b.ld = n;
+      scores->resize(static_cast<size_t>(queries * n));
+      b.scores = scores->data();
+      const auto t0 = Clock::now();
+      kv.ScoresBatch(backend, l, kvh, b, scale);
+      const auto t1 = Clock::now();
+      for (int64_t i = 0; i < queries; ++i) {
+        rows[i] = b.scores + i * b.ld;
+        counts[i] = ranges[i].count;
+      }
+      backend.SoftmaxRows(rows.data(), counts.data(), queries);
+      const auto t2 = Clock::now();
+      float* o = &(*out)[static_cast<size_t>(l * c.n_kv_heads + kvh) * queries * c.head_dim];
+      std::fill(o, o + queries * c.head_dim, 0.0f);
+      kv.MixValuesBatch(backend, l, kvh, b, o);
+      const auto t3 = Clock::now();
+      t->scores += std::chrono::duration<double>(t1 - t0).count();
+      t->softmax += std::chrono::duration<double>(t2 - t1).count();
+      t->values += std::chrono::duration<double>(t3 - t2).count();
+    }
+  }
+}
+
 // Seconds per call of fn, over calls filling at least min_seconds.
 template <typename Fn>
 double TimePerCall(double min_seconds, Fn fn) {
@@ -101,21 +168,29 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-absl::Status RunShape(const Options& o, const kernels::KernelBackend& backend, const Shape& shape,
-                      bool* all_identical) {
+// The shape's prefix of random-normal K/V rows, appended to `kv`.
+absl::Status FillRandom(const Shape& shape, std::mt19937& rng, PagedKvCache* kv) {
   const ModelConfig& c = shape.config;
-  PagedKvCache full(c);
-  VC_RETURN_IF_ERROR(full.Append(shape.prefix));
-  std::mt19937 rng(1);
+  VC_RETURN_IF_ERROR(kv->Append(shape.prefix));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> k(c.kv_dim()), v(c.kv_dim());
   for (int l = 0; l < c.n_layers; ++l) {
     for (int32_t p = 0; p < shape.prefix; ++p) {
       for (float& x : k) x = normal(rng);
       for (float& x : v) x = normal(rng);
-      full.Write(l, p, k.data(), v.data());
+      kv->Write(l, p, k.data(), v.data());
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunShape(const Options& o, const kernels::KernelBackend& backend, const Shape& shape,
+                      bool* all_identical) {
+  const ModelConfig& c = shape.config;
+  PagedKvCache full(c);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  VC_RETURN_IF_ERROR(FillRandom(shape, rng, &full));
   std::vector<float> q(static_cast<size_t>(c.n_heads) * c.head_dim);
   for (float& x : q) x = normal(rng);
   std::vector<float> scores, out_f32(static_cast<size_t>(c.n_layers) * c.n_heads * c.head_dim);
@@ -162,6 +237,50 @@ absl::Status RunShape(const Options& o, const kernels::KernelBackend& backend, c
   return absl::OkStatus();
 }
 
+// A verify pass's attention over the shape's full f32 KV, T queries at once
+// (T = 1, 9, 33), as a multiple of one query's, split by phase.
+absl::Status RunVerifyTable(const Options& o, const kernels::KernelBackend& backend,
+                            const Shape& shape) {
+  const ModelConfig& c = shape.config;
+  PagedKvCache full(c);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  VC_RETURN_IF_ERROR(FillRandom(shape, rng, &full));
+  std::vector<float> scores;
+  // Verify-pass attention over the full f32 KV: T queries at once vs one.
+  std::printf("  verify-pass attention over the f32 KV (%s, %d tokens), per pass:\n", shape.name,
+              shape.prefix);
+  std::printf("  %6s %10s %8s %10s %10s %10s\n", "tokens", "us", "x T=1", "scores us", "softmax us",
+              "values us");
+  std::vector<float> qn, out;
+  double one = 0;
+  for (int64_t nq : {1, 9, 33}) {
+    qn.resize(static_cast<size_t>(nq) * c.n_heads * c.head_dim);
+    for (float& x : qn) x = normal(rng);
+    out.assign(static_cast<size_t>(c.n_layers) * c.n_heads * nq * c.head_dim, 0.0f);
+    std::vector<PhaseSeconds> samples;
+    for (int s = 0; s < o.samples; ++s) {
+      PhaseSeconds t;
+      int64_t calls = 0;
+      do {
+        AttendBatch(backend, c, full, nq, qn, &scores, &out, &t);
+        ++calls;
+      } while (t.total() < o.min_seconds);
+      t.scores /= calls;
+      t.softmax /= calls;
+      t.values /= calls;
+      samples.push_back(t);
+    }
+    std::sort(samples.begin(), samples.end(),
+              [](const PhaseSeconds& a, const PhaseSeconds& b) { return a.total() < b.total(); });
+    const PhaseSeconds& m = samples[samples.size() / 2];
+    if (nq == 1) one = m.total();
+    std::printf("  %6lld %10.1f %8.2f %10.1f %10.1f %10.1f\n", static_cast<long long>(nq),
+                m.total() * 1e6, m.total() / one, m.scores * 1e6, m.softmax * 1e6, m.values * 1e6);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Main(int argc, char** argv) {
   Options o;
   FlagSet flags("vc_kv_attention_bench",
@@ -186,7 +305,7 @@ absl::Status Main(int argc, char** argv) {
                       kernels::CreateBackend({.name = "cpu", .threads = 1, .simd = o.simd}));
   const std::vector<Shape> shapes = {
       {"stories260K", MakeConfig(5, 8, 4, 8, 512), o.quick ? 100 : 400},
-      {"synth-110M", MakeConfig(8, 16, 16, 64, 4096), o.quick ? 100 : 3000}};
+      {"synth-110M", MakeConfig(8, 16, 16, 64, 4096), o.quick ? 100 : 3000, true}};
   std::printf(
       "vc_kv_attention_bench: %s, 1 thread, microseconds of attention per token (every "
       "layer and head over the prefix); medians of %d samples, ratios taken per sample\n",
@@ -196,6 +315,9 @@ absl::Status Main(int argc, char** argv) {
   bool identical = true;
   for (const Shape& s : shapes) VC_RETURN_IF_ERROR(RunShape(o, *backend, s, &identical));
   std::printf("fused outputs bit-identical to the decode path: %s\n", identical ? "yes" : "NO");
+  for (const Shape& s : shapes) {
+    if (s.verify_table) VC_RETURN_IF_ERROR(RunVerifyTable(o, *backend, s));
+  }
   if (!identical) return absl::InternalError("fused attention differs from the decode path");
   return absl::OkStatus();
 }
