@@ -92,7 +92,7 @@ void AttendOnce(const kernels::KernelBackend& backend, const ModelConfig& c, con
 // Seconds spent in each phase of batched attention (scores, softmax, values).
 struct PhaseSeconds {
   double scores = 0, softmax = 0, values = 0;
-  double total() const { return scores + softmax + values; }
+  double Total() const { return scores + softmax + values; }
 };
 
 // The attention of a verify pass of nq tokens at the end of `kv` (causal: the
@@ -265,18 +265,18 @@ absl::Status RunVerifyTable(const Options& o, const kernels::KernelBackend& back
       do {
         AttendBatch(backend, c, full, nq, qn, &scores, &out, &t);
         ++calls;
-      } while (t.total() < o.min_seconds);
+      } while (t.Total() < o.min_seconds);
       t.scores /= calls;
       t.softmax /= calls;
       t.values /= calls;
       samples.push_back(t);
     }
     std::sort(samples.begin(), samples.end(),
-              [](const PhaseSeconds& a, const PhaseSeconds& b) { return a.total() < b.total(); });
+              [](const PhaseSeconds& a, const PhaseSeconds& b) { return a.Total() < b.Total(); });
     const PhaseSeconds& m = samples[samples.size() / 2];
-    if (nq == 1) one = m.total();
+    if (nq == 1) one = m.Total();
     std::printf("  %6lld %10.1f %8.2f %10.1f %10.1f %10.1f\n", static_cast<long long>(nq),
-                m.total() * 1e6, m.total() / one, m.scores * 1e6, m.softmax * 1e6, m.values * 1e6);
+                m.Total() * 1e6, m.Total() / one, m.scores * 1e6, m.softmax * 1e6, m.values * 1e6);
   }
   return absl::OkStatus();
 }
