@@ -265,25 +265,19 @@ struct KvQuantKernels {
   template <Layout L, int kBits>
   static void Scores(const float* q, const QuantizedKvRows& k, int64_t first, int64_t n,
                      float scale, float* scores) {
-    switch (WholeBlocks(k)) {
-      case 1:
-        return ScoresWhole<L, kBits, 1>(q, k, first, n, scale, scores);
-      case 2:
-        return ScoresWhole<L, kBits, 2>(q, k, first, n, scale, scores);
-      case 3:
-        return ScoresWhole<L, kBits, 3>(q, k, first, n, scale, scores);
-      case 4:
-        return ScoresWhole<L, kBits, 4>(q, k, first, n, scale, scores);
-      case 5:
-        return ScoresWhole<L, kBits, 5>(q, k, first, n, scale, scores);
-      case 6:
-        return ScoresWhole<L, kBits, 6>(q, k, first, n, scale, scores);
-      case 7:
-        return ScoresWhole<L, kBits, 7>(q, k, first, n, scale, scores);
-      case 8:
-        return ScoresWhole<L, kBits, 8>(q, k, first, n, scale, scores);
-      default:
-        break;  // head dims that are not whole blocks, or over 128
+    using WholeFn = void (*)(const float*, const QuantizedKvRows&, int64_t, int64_t, float, float*);
+    static constexpr WholeFn kWhole[] = {nullptr,
+                                         ScoresWhole<L, kBits, 1>,
+                                         ScoresWhole<L, kBits, 2>,
+                                         ScoresWhole<L, kBits, 3>,
+                                         ScoresWhole<L, kBits, 4>,
+                                         ScoresWhole<L, kBits, 5>,
+                                         ScoresWhole<L, kBits, 6>,
+                                         ScoresWhole<L, kBits, 7>,
+                                         ScoresWhole<L, kBits, 8>};
+    // Head dims that are not whole blocks, or over 128, take the loop below.
+    if (const int blocks = WholeBlocks(k); blocks > 0 && blocks <= 8) {
+      return kWhole[blocks](q, k, first, n, scale, scores);
     }
     constexpr int kPlanned = 32;  // head dims up to 512 planned once per call
     BlockPlan plans[kPlanned];
@@ -335,40 +329,16 @@ struct KvQuantKernels {
   template <Layout L, int kBits>
   static void Accumulate(const float* p, const QuantizedKvRows& v, int64_t first, int64_t n,
                          float* out) {
-    if (WholeBlocks(v) > 0) {
-      for (int d0 = 0; d0 < v.dim; d0 += 64) {
-        switch (std::min(64, v.dim - d0) / 16) {
-          case 1:
-            AccumulateWhole<L, kBits, 1>(p, v, first, n, d0, out);
-            break;
-          case 2:
-            AccumulateWhole<L, kBits, 2>(p, v, first, n, d0, out);
-            break;
-          case 3:
-            AccumulateWhole<L, kBits, 3>(p, v, first, n, d0, out);
-            break;
-          default:
-            AccumulateWhole<L, kBits, 4>(p, v, first, n, d0, out);
-            break;
-        }
-      }
-      return;
-    }
+    using ChunksFn = void (*)(const float*, const QuantizedKvRows&, int64_t, int64_t, int, float*);
+    static constexpr ChunksFn kWhole[] = {
+        nullptr, AccumulateWhole<L, kBits, 1>, AccumulateWhole<L, kBits, 2>,
+        AccumulateWhole<L, kBits, 3>, AccumulateWhole<L, kBits, 4>};
+    static constexpr ChunksFn kGeneral[] = {
+        nullptr, AccumulateChunks<L, kBits, 1>, AccumulateChunks<L, kBits, 2>,
+        AccumulateChunks<L, kBits, 3>, AccumulateChunks<L, kBits, 4>};
+    const ChunksFn* chunks = WholeBlocks(v) > 0 ? kWhole : kGeneral;
     for (int d0 = 0; d0 < v.dim; d0 += 64) {
-      switch ((std::min(64, v.dim - d0) + 15) / 16) {
-        case 1:
-          AccumulateChunks<L, kBits, 1>(p, v, first, n, d0, out);
-          break;
-        case 2:
-          AccumulateChunks<L, kBits, 2>(p, v, first, n, d0, out);
-          break;
-        case 3:
-          AccumulateChunks<L, kBits, 3>(p, v, first, n, d0, out);
-          break;
-        default:
-          AccumulateChunks<L, kBits, 4>(p, v, first, n, d0, out);
-          break;
-      }
+      chunks[(std::min(64, v.dim - d0) + 15) / 16](p, v, first, n, d0, out);
     }
   }
 
