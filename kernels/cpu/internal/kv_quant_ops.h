@@ -177,7 +177,8 @@ struct KvQuantKernels {
   }
 
   // Block `blk` of a row of whole blocks whose codes start at `codes`; for
-  // per-token layouts `group` is the block's group within the row.
+  // per-token layouts `group` is the block's group within the row (its
+  // BlockPlan's, never -1 for rows WholeBlocks accepts; unused per channel).
   template <Layout L, int kBits>
   VC_KVQ_INLINE static F WholeBlock(const QuantizedKvRows& x, const uint8_t* codes,
                                     const RowCursor<L>& row, int blk, int group) {
@@ -212,7 +213,7 @@ struct KvQuantKernels {
     int group[B];
     for (int b = 0; b < B; ++b) {
       qv[b] = V::Load(q + 16 * b, 16);
-      group[b] = L == Layout::kPerChannelAsymmetric ? 0 : 16 * b / std::max(k.group, 1);
+      group[b] = Plan(k, 16 * b).group;
     }
     const int64_t row_bytes = int64_t{k.dim} * kBits / 8;
     const uint8_t* codes = k.codes + first * row_bytes;
@@ -244,7 +245,7 @@ struct KvQuantKernels {
     int group[C];
     for (int c = 0; c < C; ++c) {
       acc[c] = V::Load(out + d0 + 16 * c, 16);
-      group[c] = L == Layout::kPerChannelAsymmetric ? 0 : (d0 + 16 * c) / std::max(v.group, 1);
+      group[c] = Plan(v, d0 + 16 * c).group;
     }
     const int64_t row_bytes = int64_t{v.dim} * kBits / 8;
     // WholeBlock takes block numbers within the row: start at d0's block.
