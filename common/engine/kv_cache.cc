@@ -42,6 +42,18 @@ std::pair<int64_t, int64_t> RangeUnion(const SequenceKv::QueryBatch& b) {
   return lo < hi ? std::pair{lo, hi} : std::pair<int64_t, int64_t>{0, 0};
 }
 
+// Reads one byte of every 4 KiB page of [p, p + floats): the address
+// translations of a block's pages are then done, side by side, before the
+// kernels' loads need them. A head's rows in the next block are a whole
+// block further on, where neither the hardware prefetchers nor the
+// kernels' software prefetches (which do not wait for a page walk) reach;
+// under this VM's nested paging each new page stalled the first loads of
+// its rows (see docs/results.md section 8).
+void TouchPages(const float* p, int64_t floats) {
+  const auto* bytes = reinterpret_cast<const volatile char*>(p);
+  for (int64_t b = 0; b < floats * int64_t{sizeof(float)}; b += 4096) (void)bytes[b];
+}
+
 }  // namespace
 
 PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
@@ -202,6 +214,10 @@ void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer,
         t1 = t + 1;
       }
     }
+    if (i + n < hi) {
+      TouchPages(Row(layer, false, kv_head, static_cast<int32_t>(i + n) + first_position_),
+                 std::min<int64_t>(hi - i - n, block_tokens_) * head_dim_);
+    }
     if (t0 < t1) {
       backend.AttentionScoresMulti(
           b.q + t0 * b.head_dim, t1 - t0,
@@ -221,6 +237,10 @@ void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int lay
   for (int64_t i = lo; i < hi;) {
     const int64_t n = std::min<int64_t>(hi - i, block_tokens_ - i % block_tokens_);
     const float* v = Row(layer, true, kv_head, static_cast<int32_t>(i) + first_position_);
+    if (i + n < hi) {
+      TouchPages(Row(layer, true, kv_head, static_cast<int32_t>(i + n) + first_position_),
+                 std::min<int64_t>(hi - i - n, block_tokens_) * head_dim_);
+    }
     // Runs of consecutive queries that cover the whole block share one call.
     for (int64_t t = 0; t < b.count;) {
       const KeyRange& r = b.ranges[t];

@@ -111,13 +111,18 @@ class CpuBackend final : public KernelBackend {
     ops_.scores(q, k, n, head_dim, scale, scores);
   }
 
-  // The scores of several queries against a run of keys are a small matmul
-  // (queries x keys, no bias), whose elements are canonical Dots: the
-  // register-tiled kernel reads each key row once for all the queries and
-  // amortises the lane reductions. The scale is one multiply afterwards,
-  // as in AttentionScores.
+  // The scores of several queries against a run of keys: the level's own
+  // kernel for the head dims it covers (AVX-512: multiples of 16 up to 128,
+  // every real head), else a small matmul (queries x keys, no bias), whose
+  // elements are canonical Dots too. Either reads each key row once for all
+  // the queries; the scale is one multiply afterwards, as in
+  // AttentionScores.
   void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t head_dim,
                             float scale, float* scores, int64_t ld) const override {
+    if (ops_.scores_multi != nullptr &&
+        ops_.scores_multi(q, nq, k, n, head_dim, scale, scores, ld)) {
+      return;
+    }
     ops_.matmul_rows(q, nq, k, nullptr, head_dim, 0, n, ld, scores);
     for (int64_t t = 0; t < nq; ++t) {
       for (int64_t j = 0; j < n; ++j) scores[t * ld + j] *= scale;
@@ -126,14 +131,12 @@ class CpuBackend final : public KernelBackend {
 
   void AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
                              int64_t head_dim, float* out) const override {
-    int64_t t = 0;
-    if (ops_.accumulate2 != nullptr) {
-      for (; t + 2 <= nq; t += 2) {
-        ops_.accumulate2(p + t * ldp, p + (t + 1) * ldp, v, n, head_dim, out + t * head_dim,
-                         out + (t + 1) * head_dim);
-      }
+    if (ops_.accumulate_multi != nullptr) {
+      ops_.accumulate_multi(p, ldp, nq, v, n, head_dim, out);
+      return;
     }
-    for (; t < nq; ++t) ops_.accumulate(p + t * ldp, v, n, head_dim, out + t * head_dim);
+    for (int64_t t = 0; t < nq; ++t)
+      ops_.accumulate(p + t * ldp, v, n, head_dim, out + t * head_dim);
   }
 
   void Softmax(float* s, int64_t n) const override { SoftmaxWithExp(s, n, ops_.exp_inplace); }

@@ -230,7 +230,7 @@ void ExpInplace(float* x, int64_t n) {
 }  // namespace
 
 const SimdOps* Avx2Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace, nullptr};
+  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace, nullptr, nullptr};
   return &ops;
 }
 

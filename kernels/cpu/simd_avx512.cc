@@ -243,30 +243,42 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
   }
 }
 
+// At most this many accumulators per pass over the keys: with the Q
+// broadcast weights and one value chunk they fill the 32 zmm registers.
+constexpr int kMaxAccumulators = 24;
+constexpr int kMaxRowsPerPass = 6;
+
 // out[q][d] = fma(p[q][j], v[j * dim + d], out[q][d]) for j = 0..n-1 in
-// order, for every d < dim and q < Q, up to 8 chunks of 16 d's per pass over
-// the keys.
+// order, for every d < dim and q < Q, up to kMaxAccumulators / Q chunks of 16
+// d's (at most 8) per pass over the keys.
 template <int Q>
 void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
                     float* const* out) {
+  constexpr int kChunks = kMaxAccumulators / Q < 8 ? kMaxAccumulators / Q : 8;
   using ChunksFn =
       void (*)(const float* const*, const float*, int64_t, int64_t, float* const*, __mmask16);
-  static constexpr ChunksFn kChunks[9] = {nullptr,
-                                          AccumulateChunks<Q, 1>,
-                                          AccumulateChunks<Q, 2>,
-                                          AccumulateChunks<Q, 3>,
-                                          AccumulateChunks<Q, 4>,
-                                          AccumulateChunks<Q, 5>,
-                                          AccumulateChunks<Q, 6>,
-                                          AccumulateChunks<Q, 7>,
-                                          AccumulateChunks<Q, 8>};
-  for (int64_t d = 0; d < dim; d += 128) {
-    const int64_t rem = dim - d < 128 ? dim - d : 128;
+  static constexpr ChunksFn kChunksFns[9] = {nullptr,
+                                             AccumulateChunks<Q, 1>,
+                                             AccumulateChunks < Q,
+                                             2 <= kChunks ? 2 : 1 >,
+                                             AccumulateChunks < Q,
+                                             3 <= kChunks ? 3 : 1 >,
+                                             AccumulateChunks < Q,
+                                             4 <= kChunks ? 4 : 1 >,
+                                             AccumulateChunks < Q,
+                                             5 <= kChunks ? 5 : 1 >,
+                                             AccumulateChunks < Q,
+                                             6 <= kChunks ? 6 : 1 >,
+                                             AccumulateChunks < Q,
+                                             7 <= kChunks ? 7 : 1 >
+                                             , AccumulateChunks < Q, 8 <= kChunks ? 8 : 1 > };
+  for (int64_t d = 0; d < dim; d += 16 * kChunks) {
+    const int64_t rem = dim - d < 16 * kChunks ? dim - d : 16 * kChunks;
     const int chunks = static_cast<int>((rem + 15) / 16);
     const __mmask16 last = rem % 16 == 0 ? kAllLanes : TailMask(rem % 16);
     float* o[Q];
     for (int q = 0; q < Q; ++q) o[q] = out[q] + d;
-    kChunks[chunks](p, v + d, n, dim, o, last);
+    kChunksFns[chunks](p, v + d, n, dim, o, last);
   }
 }
 
@@ -274,11 +286,96 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
   AccumulateRows<1>(&p, v, n, dim, &out);
 }
 
-void AccumulatePair(const float* p0, const float* p1, const float* v, int64_t n, int64_t dim,
-                    float* out0, float* out1) {
-  const float* p[2] = {p0, p1};
-  float* out[2] = {out0, out1};
-  AccumulateRows<2>(p, v, n, dim, out);
+// accumulate for nq weight rows (row t at p + t * ldp, into out + t * dim)
+// over the same values, in near-equal groups of at most kMaxRowsPerPass
+// rows: a 9-token pass's value sums over 64-dim heads are 5 + 4 rows per
+// pass over the keys, instead of four pairs and a single row, whose 8 (or 4)
+// FMA chains left the FMA unit waiting on their latency.
+void AccumulateMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
+                     int64_t dim, float* out) {
+  using RowsFn = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*);
+  static constexpr RowsFn kRows[kMaxRowsPerPass + 1] = {
+      nullptr,           AccumulateRows<1>, AccumulateRows<2>, AccumulateRows<3>,
+      AccumulateRows<4>, AccumulateRows<5>, AccumulateRows<6>};
+  const int64_t groups = (nq + kMaxRowsPerPass - 1) / kMaxRowsPerPass;
+  for (int64_t g = 0, t = 0; g < groups; ++g) {
+    const int64_t t1 = nq * (g + 1) / groups;
+    const float* pr[kMaxRowsPerPass];
+    float* o[kMaxRowsPerPass];
+    for (int64_t i = t; i < t1; ++i) {
+      pr[i - t] = p + i * ldp;
+      o[i - t] = out + i * dim;
+    }
+    kRows[t1 - t](pr, v, n, dim, o);
+    t = t1;
+  }
+}
+
+// scores[t * ld + r] = Dot(q_t, k_r) * scale for 8 key rows r and every
+// query t < nq, the rows' dim = 16 * C. Per output the FMAs of Dot in its
+// order (lane l: chunk 0, 1, ... of the row) and then the canonical tree;
+// the 8 keys' trees are done together (Reduce8) and stored as one vector.
+template <int C>
+void ScoresTile8(const float* q, int64_t nq, const float* k, float scale, float* scores,
+                 int64_t ld) {
+  constexpr int64_t kDim = int64_t{16} * C;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t t = 0; t < nq; ++t) {
+    const float* qt = q + t * kDim;
+    __m512 acc[8];
+    const __m512 q0 = _mm512_loadu_ps(qt);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc[r] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(k + r * kDim), zero);
+#pragma GCC unroll 8
+    for (int c = 1; c < C; ++c) {
+      const __m512 qc = _mm512_loadu_ps(qt + int64_t{16} * c);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        acc[r] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k + r * kDim + int64_t{16} * c), acc[r]);
+      }
+    }
+    const __m256 s = Reduce8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
+    _mm256_storeu_ps(scores + t * ld, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+  }
+}
+
+// Dot(q_t, k_j) * scale for nq queries and n keys of a head whose dim is a
+// multiple of 16 and at most 128 (false otherwise: the caller takes the
+// general path): 8 keys at a time, all queries against them while they are
+// in L1. Each 8-key tile is 8 independent FMA chains per query and one
+// batched lane tree, where the matmul tiles spent as much on per-output
+// reductions and on set-up as on the products of such short rows.
+constexpr int64_t kScoresAhead = 16;  // keys
+
+template <int C>
+void ScoresRows(const float* q, int64_t nq, const float* k, int64_t n, float scale, float* scores,
+                int64_t ld) {
+  constexpr int64_t kDim = int64_t{16} * C;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    // The tile two ahead, into L1: a tile's queries are long enough work
+    // that the hardware prefetcher alone left its first loads waiting.
+    if (j + kScoresAhead + 8 <= n) {
+      const float* pf = k + (j + kScoresAhead) * kDim;
+      for (int64_t f = 0; f < 8 * kDim; f += 16) PrefetchL1(pf + f);
+    }
+    ScoresTile8<C>(q, nq, k + j * kDim, scale, scores + j, ld);
+  }
+  for (; j < n; ++j) {
+    for (int64_t t = 0; t < nq; ++t)
+      scores[t * ld + j] = Dot(q + t * kDim, k + j * kDim, kDim) * scale;
+  }
+}
+
+bool ScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim, float scale,
+                 float* scores, int64_t ld) {
+  using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t);
+  static constexpr RowsFn kRows[9] = {nullptr,       ScoresRows<1>, ScoresRows<2>,
+                                      ScoresRows<3>, ScoresRows<4>, ScoresRows<5>,
+                                      ScoresRows<6>, ScoresRows<7>, ScoresRows<8>};
+  if (dim % 16 != 0 || dim > 128 || dim == 0) return false;
+  kRows[dim / 16](q, nq, k, n, scale, scores, ld);
+  return true;
 }
 
 VC_DEFINE_SCORES(Dot)
@@ -349,7 +446,8 @@ void ExpInplace(float* x, int64_t n) {
 }  // namespace
 
 const SimdOps* Avx512Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace, AccumulatePair};
+  static const SimdOps ops{Dot,        MatmulRows,      Accumulate, Scores,
+                           ExpInplace, AccumulateMulti, ScoresMulti};
   return &ops;
 }
 

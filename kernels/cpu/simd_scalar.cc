@@ -52,8 +52,8 @@ void ExpInplaceScalar(float* x, int64_t n) {
 }  // namespace
 
 const SimdOps& ScalarOps() {
-  static const SimdOps ops{DotScalar, MatmulRowsScalar, AccumulateScalar,
-                           Scores,    ExpInplaceScalar, nullptr};
+  static const SimdOps ops{DotScalar,        MatmulRowsScalar, AccumulateScalar, Scores,
+                           ExpInplaceScalar, nullptr,          nullptr};
   return ops;
 }
 

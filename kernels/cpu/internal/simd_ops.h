@@ -21,11 +21,17 @@ struct SimdOps {
                  float* scores);
   // x[i] = kernels::Exp(x[i]) bit for bit (same operations, vectorised).
   void (*exp_inplace)(float* x, int64_t n);
-  // accumulate for two weight rows over the same values, each output
-  // exactly accumulate's (two independent FMA chains per lane hide the FMA
-  // latency); null where a level has none.
-  void (*accumulate2)(const float* p0, const float* p1, const float* v, int64_t n, int64_t dim,
-                      float* out0, float* out1);
+  // accumulate for nq weight rows over the same values (row t at
+  // p + t * ldp, into out + t * dim), each output exactly accumulate's
+  // (several rows' FMA chains side by side hide the FMA latency); null where
+  // a level has none.
+  void (*accumulate_multi)(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
+                           int64_t dim, float* out);
+  // scores[t * ld + j] = dot(q + t * dim, k + j * dim, dim) * scale for
+  // t < nq, j < n, bit for bit; false (nothing written) for a shape the
+  // level has no kernel for. Null where a level has none.
+  bool (*scores_multi)(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim,
+                       float scale, float* scores, int64_t ld);
 };
 
 // The constants of kernels::Exp (Cephes expf), shared by every level.

@@ -428,16 +428,18 @@ TEST(KernelsTest, MatmulIsTheSameAtEveryAlignment) {
 
 // The multi-query attention primitives of head-major attention: each query's
 // scores, softmax and value sums equal the single-query primitives' bit for
-// bit, whatever the number of queries (pairs and a leftover, groups of 8 rows
-// and a remainder) and row lengths.
+// bit, whatever the number of queries (value sums in near-equal groups of up
+// to 6 rows, softmax in groups of 8 rows and a remainder), keys (scores in
+// 8-key tiles with a prefetch 16 keys ahead, and a remainder) and head dims
+// (scores kernels for multiples of 16 up to 128, the matmul path otherwise).
 TEST(KernelsTest, MultiQueryAttentionPrimitivesEqualSingleQueryOnes) {
   std::mt19937_64 rng(43);
   for (const auto& level : Levels()) {
     auto backend = MakeBackend(level, 1);
     ASSERT_NE(backend, nullptr);
-    for (int64_t head_dim : {8, 12, 16, 64, 100, 130}) {
-      for (int64_t nq : {1, 2, 3, 8, 9, 19}) {
-        for (int64_t n : {1, 5, 16, 37}) {
+    for (int64_t head_dim : {8, 12, 16, 32, 64, 96, 100, 128, 130, 144}) {
+      for (int64_t nq : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19, 33}) {
+        for (int64_t n : {1, 5, 8, 16, 37, 64}) {
           SCOPED_TRACE(::testing::Message()
                        << level << " head_dim=" << head_dim << " nq=" << nq << " n=" << n);
           const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
