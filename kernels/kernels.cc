@@ -194,61 +194,100 @@ void RmsNorm(const KernelBackend& backend, const float* x, const float* g, int64
   for (int64_t i = 0; i < n; ++i) out[i] = g[i] * (x[i] * r);
 }
 
-void SoftmaxWithExp(float* s, int64_t n, void (*exp_inplace)(float*, int64_t)) {
-  if (n <= 0) return;
-  float m = s[0];
+namespace {
+
+// A row's max. Any order of the comparisons gives the same value except for
+// the sign of a zero max, and the sign does not change a result: s_j - m is
+// the same for m = +0 and -0 unless s_j is a zero, whose Exp is 1 either
+// way. NaNs are another matter (std::max keeps the first operand when
+// either is NaN, so the chain's result depends on where they are), hence
+// the sequential chain whenever the vector max saw one.
+float RowMax(const float* s, int64_t n, const SoftmaxParts& parts) {
+  float m;
+  if (parts.max_no_nan != nullptr && parts.max_no_nan(s, n, &m)) return m;
+  m = s[0];
   for (int64_t j = 1; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// e_j = Exp(s_j - m), in place.
+void ShiftAndExp(float* s, int64_t n, const SoftmaxParts& parts) {
+  const float m = RowMax(s, n, parts);
   for (int64_t j = 0; j < n; ++j) s[j] = s[j] - m;
-  exp_inplace(s, n);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) sum += s[j];
+  parts.exp_inplace(s, n);
+}
+
+void Normalise(float* s, int64_t n, float sum) {
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
 
-void SoftmaxRowsWithExp(float* const* rows, const int64_t* n, int64_t count,
-                        void (*exp_inplace)(float*, int64_t)) {
-  // A row's max and sum are sequential chains (the sum's order is part of
-  // the result); 8 rows' chains side by side keep the adder busy.
-  constexpr int kRows = 8;
-  int64_t r0 = 0;
-  for (; r0 + kRows <= count; r0 += kRows) {
-    float* s[kRows];
-    int64_t common = std::numeric_limits<int64_t>::max();
-    for (int i = 0; i < kRows; ++i) {
-      s[i] = rows[r0 + i];
-      common = std::min(common, n[r0 + i]);
-    }
-    if (common <= 0) {
-      for (int i = 0; i < kRows; ++i) SoftmaxWithExp(s[i], n[r0 + i], exp_inplace);
-      continue;
-    }
-    float m[kRows], sum[kRows];
-    for (int i = 0; i < kRows; ++i) m[i] = s[i][0];
-    for (int64_t j = 1; j < common; ++j) {
-      for (int i = 0; i < kRows; ++i) m[i] = std::max(m[i], s[i][j]);
-    }
-    for (int i = 0; i < kRows; ++i) {
-      const int64_t len = n[r0 + i];
-      for (int64_t j = common; j < len; ++j) m[i] = std::max(m[i], s[i][j]);
-      for (int64_t j = 0; j < len; ++j) s[i][j] = s[i][j] - m[i];
-      exp_inplace(s[i], len);
-      sum[i] = 0.0f;
-    }
-    for (int64_t j = 0; j < common; ++j) {
-      for (int i = 0; i < kRows; ++i) sum[i] += s[i][j];
-    }
-    for (int i = 0; i < kRows; ++i) {
-      const int64_t len = n[r0 + i];
-      for (int64_t j = common; j < len; ++j) sum[i] += s[i][j];
-      const float inv = 1.0f / sum[i];
-      for (int64_t j = 0; j < len; ++j) s[i][j] *= inv;
-    }
+// The sums of G rows, each its own sequential chain in key order; the G
+// chains side by side keep the adder busy where one chain waits on its
+// latency.
+template <int G>
+void SumRows(float* const* s, const int64_t* n, float* sum) {
+  int64_t common = n[0];
+  for (int i = 1; i < G; ++i) common = std::min(common, n[i]);
+  float acc[G];
+  for (int i = 0; i < G; ++i) acc[i] = 0.0f;
+  for (int64_t j = 0; j < common; ++j) {
+#pragma GCC unroll 16
+    for (int i = 0; i < G; ++i) acc[i] += s[i][j];
   }
-  for (; r0 < count; ++r0) SoftmaxWithExp(rows[r0], n[r0], exp_inplace);
+  for (int i = 0; i < G; ++i) {
+    for (int64_t j = common; j < n[i]; ++j) acc[i] += s[i][j];
+    sum[i] = acc[i];
+  }
 }
 
-void Softmax(float* s, int64_t n) { SoftmaxWithExp(s, n, cpu::ScalarOps().exp_inplace); }
+constexpr int kSumRows = 16;
+using SumRowsFn = void (*)(float* const*, const int64_t*, float*);
+constexpr SumRowsFn kSumRowsFns[kSumRows + 1] = {
+    nullptr,     SumRows<1>,  SumRows<2>,  SumRows<3>,  SumRows<4>,  SumRows<5>,
+    SumRows<6>,  SumRows<7>,  SumRows<8>,  SumRows<9>,  SumRows<10>, SumRows<11>,
+    SumRows<12>, SumRows<13>, SumRows<14>, SumRows<15>, SumRows<16>};
+
+}  // namespace
+
+void SoftmaxWith(float* s, int64_t n, const SoftmaxParts& parts) {
+  if (n <= 0) return;
+  ShiftAndExp(s, n, parts);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += s[j];
+  Normalise(s, n, sum);
+}
+
+void SoftmaxRowsWith(float* const* rows, const int64_t* n, int64_t count,
+                     const SoftmaxParts& parts) {
+  // Empty rows are left alone, as by SoftmaxWith; the others' sums go in
+  // near-equal groups of at most kSumRows rows (9 rows: one group).
+  float* live[kSumRows];
+  int64_t len[kSumRows];
+  float sum[kSumRows];
+  int64_t r = 0;
+  while (r < count) {
+    int64_t remaining = 0;
+    for (int64_t i = r; i < count; ++i) remaining += n[i] > 0 ? 1 : 0;
+    const int64_t groups = (remaining + kSumRows - 1) / kSumRows;
+    const int64_t want = groups > 0 ? (remaining + groups - 1) / groups : 0;
+    int g = 0;
+    for (; r < count && g < want; ++r) {
+      if (n[r] <= 0) continue;
+      ShiftAndExp(rows[r], n[r], parts);
+      live[g] = rows[r];
+      len[g] = n[r];
+      ++g;
+    }
+    if (g == 0) break;
+    kSumRowsFns[g](live, len, sum);
+    for (int i = 0; i < g; ++i) Normalise(live[i], len[i], sum[i]);
+  }
+}
+
+void Softmax(float* s, int64_t n) {
+  SoftmaxWith(s, n, {.exp_inplace = cpu::ScalarOps().exp_inplace, .max_no_nan = nullptr});
+}
 
 void KernelBackend::Softmax(float* s, int64_t n) const { kernels::Softmax(s, n); }
 

@@ -139,9 +139,9 @@ class CpuBackend final : public KernelBackend {
       ops_.accumulate(p + t * ldp, v, n, head_dim, out + t * head_dim);
   }
 
-  void Softmax(float* s, int64_t n) const override { SoftmaxWithExp(s, n, ops_.exp_inplace); }
+  void Softmax(float* s, int64_t n) const override { SoftmaxWith(s, n, softmax_); }
   void SoftmaxRows(float* const* rows, const int64_t* n, int64_t count) const override {
-    SoftmaxRowsWithExp(rows, n, count, ops_.exp_inplace);
+    SoftmaxRowsWith(rows, n, count, softmax_);
   }
 
   void AccumulateValues(const float* p, const float* v, int64_t n, int64_t head_dim,
@@ -152,6 +152,7 @@ class CpuBackend final : public KernelBackend {
  private:
   const SimdLevel level_;
   const cpu::SimdOps& ops_;
+  const SoftmaxParts softmax_{.exp_inplace = ops_.exp_inplace, .max_no_nan = ops_.max_no_nan};
   ThreadPool pool_;
 };
 

@@ -227,10 +227,43 @@ void ExpInplace(float* x, int64_t n) {
   }
 }
 
+bool MaxNoNan(const float* x, int64_t n, float* max) {
+  const __m256 lowest = _mm256_set1_ps(-INFINITY);
+  __m256 m = lowest;
+  int nan = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    m = _mm256_max_ps(m, v);
+  }
+  if (i < n) {
+    const __m256i tail = PrefixMask(n - i);
+    const __m256 v =
+        _mm256_blendv_ps(lowest, _mm256_maskload_ps(x + i, tail), _mm256_castsi256_ps(tail));
+    nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    m = _mm256_max_ps(m, v);
+  }
+  if (nan != 0) return false;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = lanes[0];
+  for (int l = 1; l < 8; ++l) r = std::max(r, lanes[l]);
+  *max = r;
+  return true;
+}
+
 }  // namespace
 
 const SimdOps* Avx2Ops() {
-  static const SimdOps ops{Dot, MatmulRows, Accumulate, Scores, ExpInplace, nullptr, nullptr};
+  static const SimdOps ops{.dot = Dot,
+                           .matmul_rows = MatmulRows,
+                           .accumulate = Accumulate,
+                           .scores = Scores,
+                           .exp_inplace = ExpInplace,
+                           .max_no_nan = MaxNoNan,
+                           .accumulate_multi = nullptr,
+                           .scores_multi = nullptr};
   return &ops;
 }
 

@@ -443,11 +443,42 @@ void ExpInplace(float* x, int64_t n) {
   }
 }
 
+bool MaxNoNan(const float* x, int64_t n, float* max) {
+  const __m512 lowest = _mm512_set1_ps(-INFINITY);
+  __m512 m = lowest;
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_maskz_max_ps(kAllLanes, m, v);  // see avx512_lanes.h on maskz_
+  }
+  if (i < n) {
+    const __mmask16 tail = TailMask(n - i);
+    const __m512 v = _mm512_mask_loadu_ps(lowest, tail, x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_maskz_max_ps(kAllLanes, m, v);  // see avx512_lanes.h on maskz_
+  }
+  if (nan != 0) return false;
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float r = lanes[0];
+  for (int l = 1; l < 16; ++l) r = std::max(r, lanes[l]);
+  *max = r;
+  return true;
+}
+
 }  // namespace
 
 const SimdOps* Avx512Ops() {
-  static const SimdOps ops{Dot,        MatmulRows,      Accumulate, Scores,
-                           ExpInplace, AccumulateMulti, ScoresMulti};
+  static const SimdOps ops{.dot = Dot,
+                           .matmul_rows = MatmulRows,
+                           .accumulate = Accumulate,
+                           .scores = Scores,
+                           .exp_inplace = ExpInplace,
+                           .max_no_nan = MaxNoNan,
+                           .accumulate_multi = AccumulateMulti,
+                           .scores_multi = ScoresMulti};
   return &ops;
 }
 

@@ -52,8 +52,14 @@ void ExpInplaceScalar(float* x, int64_t n) {
 }  // namespace
 
 const SimdOps& ScalarOps() {
-  static const SimdOps ops{DotScalar,        MatmulRowsScalar, AccumulateScalar, Scores,
-                           ExpInplaceScalar, nullptr,          nullptr};
+  static const SimdOps ops{.dot = DotScalar,
+                           .matmul_rows = MatmulRowsScalar,
+                           .accumulate = AccumulateScalar,
+                           .scores = Scores,
+                           .exp_inplace = ExpInplaceScalar,
+                           .max_no_nan = nullptr,
+                           .accumulate_multi = nullptr,
+                           .scores_multi = nullptr};
   return ops;
 }
 

@@ -16,13 +16,21 @@ using BackendFactory =
 // Returns true so it can initialise a namespace-scope constant.
 bool RegisterBackend(const std::string& name, BackendFactory factory);
 
-// kernels::Softmax with the exps computed by `exp_inplace` (which must equal
-// kernels::Exp bit for bit); backends pass their vectorised exp.
-void SoftmaxWithExp(float* s, int64_t n, void (*exp_inplace)(float*, int64_t));
-// SoftmaxWithExp over `count` rows, with the sequential max and sum chains of
-// up to 8 rows interleaved (each row's own operations in its own order).
-void SoftmaxRowsWithExp(float* const* rows, const int64_t* n, int64_t count,
-                        void (*exp_inplace)(float*, int64_t));
+// The parts of kernels::Softmax a backend may vectorise; each must give the
+// scalar definition's results bit for bit.
+struct SoftmaxParts {
+  void (*exp_inplace)(float* x, int64_t n);  // x[i] = kernels::Exp(x[i])
+  // *max = the max of x[0, n) and true, or false when x holds a NaN (then
+  // the sequential std::max chain decides). Null: always the chain.
+  bool (*max_no_nan)(const float* x, int64_t n, float* max);
+};
+
+// kernels::Softmax with a backend's parts.
+void SoftmaxWith(float* s, int64_t n, const SoftmaxParts& parts);
+// SoftmaxWith over `count` rows, with the sequential sum chains of up to 16
+// rows interleaved (each row's own additions in its own order).
+void SoftmaxRowsWith(float* const* rows, const int64_t* n, int64_t count,
+                     const SoftmaxParts& parts);
 
 // Built-in factories.
 absl::StatusOr<std::unique_ptr<KernelBackend>> CreateCpuBackend(const BackendOptions& options);

@@ -21,6 +21,9 @@ struct SimdOps {
                  float* scores);
   // x[i] = kernels::Exp(x[i]) bit for bit (same operations, vectorised).
   void (*exp_inplace)(float* x, int64_t n);
+  // *max = the max of x[0, n) (n >= 1) and true, or false when x holds a
+  // NaN; null where a level has none.
+  bool (*max_no_nan)(const float* x, int64_t n, float* max);
   // accumulate for nq weight rows over the same values (row t at
   // p + t * ldp, into out + t * dim), each output exactly accumulate's
   // (several rows' FMA chains side by side hide the FMA latency); null where

@@ -643,6 +643,53 @@ TEST(KernelsTest, BackendSoftmaxEqualsReferenceOnEveryLevel) {
   }
 }
 
+// The vector max of the SIMD levels (any order: the same value up to the
+// sign of a zero, which changes no result; a NaN sends the row to the
+// sequential chain) against the scalar definition, on rows with NaNs in
+// every position, infinities and signed zeros, alone and as SoftmaxRows.
+TEST(KernelsTest, SoftmaxWithNaNsInfinitiesAndSignedZerosEqualsTheReference) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> cases = {
+      {-0.0f, 0.0f, -0.0f},
+      {0.0f, -0.0f},
+      {-0.0f, -1.0f, 0.0f, -2.0f},
+      {-inf, -inf, -inf},
+      {inf, 1.0f, 2.0f},
+      {1.0f, -inf, 3.0f},
+      {-0.0f, -0.0f, -0.0f, 0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f,
+       -0.0f, -0.0f, -0.0f, 0.0f, -0.0f}};
+  for (int64_t n : {1, 2, 16, 17, 40}) {
+    for (int64_t at = 0; at < n; at += std::max<int64_t>(1, n / 5)) {
+      std::vector<float> row(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>((j * 7) % 11) - 5.0f;
+      row[at] = nan;
+      cases.push_back(row);
+      row[at] = -nan;  // the other sign's payload
+      cases.push_back(row);
+    }
+  }
+  for (const auto& level : Levels()) {
+    auto be = MakeBackend(level, 1);
+    ASSERT_NE(be, nullptr);
+    std::vector<std::vector<float>> got = cases;
+    std::vector<float*> rows;
+    std::vector<int64_t> lens;
+    for (auto& c : got) {
+      rows.push_back(c.data());
+      lens.push_back(static_cast<int64_t>(c.size()));
+    }
+    be->SoftmaxRows(rows.data(), lens.data(), static_cast<int64_t>(rows.size()));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::vector<float> ref = cases[i], one = cases[i];
+      Softmax(ref.data(), static_cast<int64_t>(ref.size()));
+      be->Softmax(one.data(), static_cast<int64_t>(one.size()));
+      EXPECT_TRUE(SameBits(one, ref)) << level << " case " << i << " (Softmax)";
+      EXPECT_TRUE(SameBits(got[i], ref)) << level << " case " << i << " (SoftmaxRows)";
+    }
+  }
+}
+
 TEST(KernelsTest, RmsNormAndSoftmaxFollowTheirFormulas) {
   std::mt19937_64 rng(41);
   for (const auto& level : Levels()) {
