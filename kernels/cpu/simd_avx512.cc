@@ -248,32 +248,40 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
 constexpr int kMaxAccumulators = 24;
 constexpr int kMaxRowsPerPass = 6;
 
+// Chunks of 16 d's per pass for Q rows: at most kMaxAccumulators / Q, and 8.
+template <int Q>
+constexpr int kChunksPerPass = kMaxAccumulators / Q < 8 ? kMaxAccumulators / Q : 8;
+
+using ChunksFn = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*,
+                          __mmask16);
+// AccumulateChunks<Q, C>, or null for more chunks than Q rows take per pass.
+template <int Q, int C>
+constexpr ChunksFn ChunksKernel() {
+  if constexpr (C <= kChunksPerPass<Q>) {
+    return AccumulateChunks<Q, C>;
+  } else {
+    return nullptr;
+  }
+}
+
 // out[q][d] = fma(p[q][j], v[j * dim + d], out[q][d]) for j = 0..n-1 in
-// order, for every d < dim and q < Q, up to kMaxAccumulators / Q chunks of 16
-// d's (at most 8) per pass over the keys.
+// order, for every d < dim and q < Q, kChunksPerPass<Q> chunks of 16 d's per
+// pass over the keys.
 template <int Q>
 void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
                     float* const* out) {
-  constexpr int kChunks = kMaxAccumulators / Q < 8 ? kMaxAccumulators / Q : 8;
-  using ChunksFn =
-      void (*)(const float* const*, const float*, int64_t, int64_t, float* const*, __mmask16);
   static constexpr ChunksFn kChunksFns[9] = {nullptr,
-                                             AccumulateChunks<Q, 1>,
-                                             AccumulateChunks < Q,
-                                             2 <= kChunks ? 2 : 1 >,
-                                             AccumulateChunks < Q,
-                                             3 <= kChunks ? 3 : 1 >,
-                                             AccumulateChunks < Q,
-                                             4 <= kChunks ? 4 : 1 >,
-                                             AccumulateChunks < Q,
-                                             5 <= kChunks ? 5 : 1 >,
-                                             AccumulateChunks < Q,
-                                             6 <= kChunks ? 6 : 1 >,
-                                             AccumulateChunks < Q,
-                                             7 <= kChunks ? 7 : 1 >
-                                             , AccumulateChunks < Q, 8 <= kChunks ? 8 : 1 > };
-  for (int64_t d = 0; d < dim; d += 16 * kChunks) {
-    const int64_t rem = dim - d < 16 * kChunks ? dim - d : 16 * kChunks;
+                                             ChunksKernel<Q, 1>(),
+                                             ChunksKernel<Q, 2>(),
+                                             ChunksKernel<Q, 3>(),
+                                             ChunksKernel<Q, 4>(),
+                                             ChunksKernel<Q, 5>(),
+                                             ChunksKernel<Q, 6>(),
+                                             ChunksKernel<Q, 7>(),
+                                             ChunksKernel<Q, 8>()};
+  constexpr int64_t kPassDims = int64_t{16} * kChunksPerPass<Q>;
+  for (int64_t d = 0; d < dim; d += kPassDims) {
+    const int64_t rem = dim - d < kPassDims ? dim - d : kPassDims;
     const int chunks = static_cast<int>((rem + 15) / 16);
     const __mmask16 last = rem % 16 == 0 ? kAllLanes : TailMask(rem % 16);
     float* o[Q];
@@ -405,12 +413,12 @@ inline __m512 Exp16(__m512 x) {
   p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP3));
   p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP4));
   p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpP5));
-  const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
-                                 _mm512_set1_ps(1.0f));
+  const __m512 y =
+      _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
   // n is integral and within int range for every lane that survives the
   // range selects below; other lanes' values are discarded.
-  const __m512 n_clamped = _mm512_min_ps(_mm512_max_ps(n, _mm512_set1_ps(-1000.f)),
-                                         _mm512_set1_ps(1000.f));
+  const __m512 n_clamped =
+      _mm512_min_ps(_mm512_max_ps(n, _mm512_set1_ps(-1000.f)), _mm512_set1_ps(1000.f));
   const __m512i e = _mm512_cvtps_epi32(n_clamped);
   const __m512i lo = _mm512_set1_epi32(-126), hi = _mm512_set1_epi32(127);
   const __m512 mid = _mm512_mul_ps(y, Pow2(_mm512_min_epi32(_mm512_max_epi32(e, lo), hi)));
