@@ -31,14 +31,14 @@ absl::StatusOr<HugePageBuffer> HugePageBuffer::Allocate(size_t bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
   }
-  const auto start = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > start) ::munmap(p, aligned - start);
-  const uintptr_t end = aligned + mapped;
-  if (start + span > end) ::munmap(reinterpret_cast<void*>(end), start + span - end);
+  char* raw = static_cast<char*>(p);
+  const size_t lead = (kHugePage - reinterpret_cast<uintptr_t>(raw) % kHugePage) % kHugePage;
+  char* aligned = raw + lead;
+  if (lead > 0) ::munmap(raw, lead);
+  if (span - lead > mapped) ::munmap(aligned + mapped, span - lead - mapped);
   // Advice only: without THP (or with it off) the mapping is still good.
-  (void)::madvise(reinterpret_cast<void*>(aligned), mapped, MADV_HUGEPAGE);
-  b.data_ = reinterpret_cast<void*>(aligned);
+  (void)::madvise(aligned, mapped, MADV_HUGEPAGE);
+  b.data_ = aligned;
   b.size_ = bytes;
   b.mapped_ = mapped;
   return b;
