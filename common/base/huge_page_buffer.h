@@ -4,7 +4,10 @@
 // page faults instead of ~6,000, and a kernel streaming it crosses no 4 KiB
 // page boundary (a new translation under a hypervisor's nested paging, and a
 // stop for the hardware prefetchers). Where it does not, the buffer is plain
-// anonymous memory, zeroed by the kernel on first touch.
+// anonymous memory, zeroed by the kernel on first touch. Freed buffers'
+// mappings are kept (up to kKeptBytes in all) for later ones of about the
+// same size, which are then zeroed with a memset instead of being faulted
+// in again.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +18,9 @@ namespace vc {
 
 class HugePageBuffer {
  public:
+  // Freed mappings kept for reuse, at most, in the whole process.
+  static constexpr size_t kKeptBytes = size_t{1} << 30;
+
   // ResourceExhausted (with the size) when the mapping fails; an empty
   // buffer for 0 bytes.
   static absl::StatusOr<HugePageBuffer> Allocate(size_t bytes);

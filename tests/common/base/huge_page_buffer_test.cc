@@ -41,6 +41,30 @@ TEST(HugePageBufferTest, AnImpossibleSizeIsResourceExhausted) {
   EXPECT_NE(b.status().message().find("bytes"), absl::string_view::npos);
 }
 
+// A freed buffer's mapping is kept for the next one of about its size, which
+// must still start zeroed.
+TEST(HugePageBufferTest, AKeptMappingIsReusedAndZeroedAgain) {
+  const size_t bytes = (size_t{3} << 20) + 5;
+  void* first = nullptr;
+  {
+    auto a = HugePageBuffer::Allocate(bytes);
+    ASSERT_TRUE(a.ok());
+    first = a->data();
+    std::memset(a->data(), 0x5A, bytes);
+  }
+  auto b = HugePageBuffer::Allocate(bytes - 1000);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->data(), first);
+  const auto* p = static_cast<const unsigned char*>(b->data());
+  size_t nonzero = 0;
+  for (size_t i = 0; i < b->size(); ++i) nonzero += p[i] != 0 ? 1 : 0;
+  EXPECT_EQ(nonzero, 0u);
+  // Much smaller buffers do not take it (at most twice the size asked for).
+  auto c = HugePageBuffer::Allocate(size_t{1} << 20);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(c->data(), first);
+}
+
 TEST(HugePageBufferTest, MovingHandsOverTheMapping) {
   auto a = HugePageBuffer::Allocate(size_t{3} << 20);
   ASSERT_TRUE(a.ok());
