@@ -69,7 +69,6 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, const Options& options)
       block_floats_(int64_t{config.n_kv_heads} * std::max(1, options.block_tokens) *
                     config.head_dim),
       blocks_(config.n_layers),
-      huge_slab_bytes_(options.huge_slab_bytes),
       slabs_(config.n_layers),
       arena_(options.arena) {}
 
@@ -102,25 +101,15 @@ absl::Status PagedKvCache::Append(int32_t count) {
   // runs in a mapping per block (a block of 16 tokens was 128 KB, so glibc
   // mapped each on its own), which took one token's attention over 3000
   // tokens of the 110M synthetic model's shape from about 21 to 12 ms
-  // (vc_kv_attention_bench, one thread, blocks of 16 tokens). A slab of at
-  // least Options::huge_slab_bytes is a HugePageBuffer (a prompt's KV: a
-  // 3000-token prompt of that shape is 24 MB per layer), smaller ones come
-  // from the heap. Zeroed, so that unused rows never hold garbage.
+  // (vc_kv_attention_bench, one thread, blocks of 16 tokens). Zeroed, so
+  // that unused rows never hold garbage.
   for (int l = 0; l < n_layers_; ++l) {
     const size_t have = blocks_[l].size();
     if (have >= blocks_needed) continue;
-    const size_t floats = (blocks_needed - have) * 2 * block_floats_;
-    Slab& slab = slabs_[l].emplace_back();
-    float* base = nullptr;
-    if (floats * sizeof(float) >= huge_slab_bytes_) {
-      VC_ASSIGN_OR_RETURN(slab.mapped, HugePageBuffer::Allocate(floats * sizeof(float)));
-      base = static_cast<float*>(slab.mapped.data());
-    } else {
-      slab.heap.reset(new float[floats]());
-      base = slab.heap.get();
-    }
+    float* slab =
+        slabs_[l].emplace_back(new float[(blocks_needed - have) * 2 * block_floats_]()).get();
     for (size_t b = have; b < blocks_needed; ++b) {
-      blocks_[l].push_back(base + (b - have) * 2 * block_floats_);
+      blocks_[l].push_back(slab + (b - have) * 2 * block_floats_);
     }
   }
   length_ = new_length;

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/base/huge_page_buffer.h"
 #include "common/kv/kv_arena.h"
 #include "common/model/model.h"
 #include "kernels/kernels.h"
@@ -103,13 +102,6 @@ class PagedKvCache final : public SequenceKv {
     // Blocks are charged to this arena (not owned; must outlive the cache);
     // Append fails with ResourceExhausted when the arena is full.
     KvArena* arena = nullptr;
-    // An Append's slab of a layer from this many bytes on is a
-    // HugePageBuffer (common/base/huge_page_buffer.h), smaller ones come
-    // from the heap. With huge pages a 9-token pass over 3000 tokens of the
-    // 110M synthetic model's KV took 22.5-22.8 ms against 23.5-24.3 with
-    // 4 KiB pages, a 33-token pass 54.3-55.3 against 58.0-58.8 (the same
-    // process, alternating, docs/results.md section 8).
-    size_t huge_slab_bytes = size_t{4} << 20;
   };
   PagedKvCache(const ModelConfig& config, const Options& options);
   explicit PagedKvCache(const ModelConfig& config) : PagedKvCache(config, Options()) {}
@@ -166,12 +158,7 @@ class PagedKvCache final : public SequenceKv {
   // layer's slabs_ (each Append allocates one slab per layer for all the
   // blocks it adds, so a prompt's blocks lie back to back).
   std::vector<std::vector<float*>> blocks_;
-  struct Slab {  // one of the two
-    std::unique_ptr<float[]> heap;
-    HugePageBuffer mapped;
-  };
-  size_t huge_slab_bytes_;
-  std::vector<std::vector<Slab>> slabs_;
+  std::vector<std::vector<std::unique_ptr<float[]>>> slabs_;
   KvArena* arena_;
   std::vector<KvArena::Reservation> reservations_;  // one per block index
 };

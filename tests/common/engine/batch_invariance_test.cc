@@ -104,10 +104,9 @@ void RunChunks(Engine& engine, PagedKvCache& kv, const std::vector<int32_t>& tok
 }
 
 void RunFresh(Engine& engine, const std::vector<int32_t>& tokens, const std::vector<int>& chunks,
-              Rows* rows, int block_tokens = 16, size_t huge_slab_bytes = size_t{4} << 20) {
+              Rows* rows, int block_tokens = 16) {
   PagedKvCache::Options o;
   o.block_tokens = block_tokens;
-  o.huge_slab_bytes = huge_slab_bytes;
   PagedKvCache kv(engine.config(), o);
   rows->clear();
   RunChunks(engine, kv, tokens, 0, chunks, rows);
@@ -243,10 +242,6 @@ TEST_F(BatchInvarianceTest, PrefillDecodeAndChunksAgree) {
       ASSERT_NO_FATAL_FAILURE(RunFresh(*engine, tokens, chunks, &rows, block));
       EXPECT_TRUE(BitIdentical(prefill, rows, vocab)) << "block_tokens " << block;
     }
-    // Every slab mapped on its own (HugePageBuffer) instead of from the heap.
-    const auto chunks = RandomChunks(rng, s.length, 9);
-    ASSERT_NO_FATAL_FAILURE(RunFresh(*engine, tokens, chunks, &rows, 16, 1));
-    EXPECT_TRUE(BitIdentical(prefill, rows, vocab)) << "mapped slabs";
   }
 }
 
