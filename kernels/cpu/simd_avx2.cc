@@ -247,9 +247,7 @@ bool MaxNoNan(const float* x, int64_t n, float* max) {
   if (nan != 0) return false;
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m);
-  float r = lanes[0];
-  for (int l = 1; l < 8; ++l) r = std::max(r, lanes[l]);
-  *max = r;
+  *max = MaxOfLanes(lanes, 8);
   return true;
 }
 

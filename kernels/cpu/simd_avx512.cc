@@ -470,9 +470,7 @@ bool MaxNoNan(const float* x, int64_t n, float* max) {
   if (nan != 0) return false;
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, m);
-  float r = lanes[0];
-  for (int l = 1; l < 16; ++l) r = std::max(r, lanes[l]);
-  *max = r;
+  *max = MaxOfLanes(lanes, 16);
   return true;
 }
 

@@ -62,6 +62,13 @@ const SimdOps& ScalarOps();
 const SimdOps* Avx2Ops();    // null when not compiled in
 const SimdOps* Avx512Ops();  // null when not compiled in
 
+// The max of a vector max's lanes (no NaN among them; any order).
+static inline float MaxOfLanes(const float* lanes, int n) {
+  float r = lanes[0];
+  for (int l = 1; l < n; ++l) r = r < lanes[l] ? lanes[l] : r;
+  return r;
+}
+
 // The fixed pairwise tree over 16 lanes. static: each SIMD translation unit
 // gets its own copy, so no AVX-512 code can be linked into the scalar path.
 static inline float ReduceLanes16(const float* l) {
