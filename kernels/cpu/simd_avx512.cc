@@ -347,12 +347,12 @@ void ScoresTile8(const float* q, int64_t nq, const float* k, float scale, float*
   }
 }
 
-// Dot(q_t, k_j) * scale for nq queries and n keys of a head whose dim is a
-// multiple of 16 and at most 128 (false otherwise: the caller takes the
-// general path): 8 keys at a time, all queries against them while they are
-// in L1. Each 8-key tile is 8 independent FMA chains per query and one
-// batched lane tree, where the matmul tiles spent as much on per-output
-// reductions and on set-up as on the products of such short rows.
+// Dot(q_t, k_j) * scale for nq queries and n keys of dim 16 * C: 8 keys at
+// a time, all queries against them while they are in L1 (a remainder of
+// keys one Dot each). Each 8-key tile is 8 independent FMA chains per query
+// and one batched lane tree, where the matmul tiles spent as much on
+// per-output reductions and on set-up as on the products of such short
+// rows.
 constexpr int64_t kScoresAhead = 16;  // keys
 
 template <int C>
@@ -375,6 +375,9 @@ void ScoresRows(const float* q, int64_t nq, const float* k, int64_t n, float sca
   }
 }
 
+// ScoresRows for a head whose dim is a multiple of 16 and at most 128 (every
+// real head); false for any other, whose scores the caller computes on the
+// general path.
 bool ScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim, float scale,
                  float* scores, int64_t ld) {
   using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t);
