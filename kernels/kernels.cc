@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -253,8 +252,8 @@ constexpr SumRowsFn kSumRowsFns[kSumRows + 1] = {
 void SoftmaxWith(float* s, int64_t n, const SoftmaxParts& parts) {
   if (n <= 0) return;
   ShiftAndExp(s, n, parts);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) sum += s[j];
+  float sum;
+  SumRows<1>(&s, &n, &sum);
   Normalise(s, n, sum);
 }
 
@@ -265,12 +264,12 @@ void SoftmaxRowsWith(float* const* rows, const int64_t* n, int64_t count,
   float* live[kSumRows];
   int64_t len[kSumRows];
   float sum[kSumRows];
+  int64_t remaining = 0;  // non-empty rows from r on
+  for (int64_t i = 0; i < count; ++i) remaining += n[i] > 0 ? 1 : 0;
   int64_t r = 0;
-  while (r < count) {
-    int64_t remaining = 0;
-    for (int64_t i = r; i < count; ++i) remaining += n[i] > 0 ? 1 : 0;
+  while (remaining > 0) {
     const int64_t groups = (remaining + kSumRows - 1) / kSumRows;
-    const int64_t want = groups > 0 ? (remaining + groups - 1) / groups : 0;
+    const int64_t want = (remaining + groups - 1) / groups;
     int g = 0;
     for (; r < count && g < want; ++r) {
       if (n[r] <= 0) continue;
@@ -279,7 +278,7 @@ void SoftmaxRowsWith(float* const* rows, const int64_t* n, int64_t count,
       len[g] = n[r];
       ++g;
     }
-    if (g == 0) break;
+    remaining -= g;
     kSumRowsFns[g](live, len, sum);
     for (int i = 0; i < g; ++i) Normalise(live[i], len[i], sum[i]);
   }

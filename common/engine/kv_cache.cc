@@ -198,6 +198,13 @@ void PagedKvCache::MixValues(const kernels::KernelBackend& backend, int layer, i
   bytes_read_.fetch_add(range.count * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
 }
 
+void PagedKvCache::TouchBlock(int layer, bool value, int kv_head, int64_t first,
+                              int64_t end) const {
+  if (first >= end) return;
+  TouchPages(Row(layer, value, kv_head, static_cast<int32_t>(first) + first_position_),
+             std::min<int64_t>(end - first, block_tokens_) * head_dim_);
+}
+
 void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
                                const QueryBatch& b, float scale) const {
   const auto [lo, hi] = RangeUnion(b);
@@ -214,10 +221,7 @@ void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer,
         t1 = t + 1;
       }
     }
-    if (i + n < hi) {
-      TouchPages(Row(layer, false, kv_head, static_cast<int32_t>(i + n) + first_position_),
-                 std::min<int64_t>(hi - i - n, block_tokens_) * head_dim_);
-    }
+    TouchBlock(layer, false, kv_head, i + n, hi);
     if (t0 < t1) {
       backend.AttentionScoresMulti(
           b.q + t0 * b.head_dim, t1 - t0,
@@ -237,10 +241,7 @@ void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int lay
   for (int64_t i = lo; i < hi;) {
     const int64_t n = std::min<int64_t>(hi - i, block_tokens_ - i % block_tokens_);
     const float* v = Row(layer, true, kv_head, static_cast<int32_t>(i) + first_position_);
-    if (i + n < hi) {
-      TouchPages(Row(layer, true, kv_head, static_cast<int32_t>(i + n) + first_position_),
-                 std::min<int64_t>(hi - i - n, block_tokens_) * head_dim_);
-    }
+    TouchBlock(layer, true, kv_head, i + n, hi);
     // Runs of consecutive queries that cover the whole block share one call.
     for (int64_t t = 0; t < b.count;) {
       const KeyRange& r = b.ranges[t];
