@@ -456,6 +456,8 @@ std::string ResultToJson(const SimConfig& c, const SimResult& r) {
                     {"peak_memory_booked_bytes", r.peak_memory_booked_bytes}};
   j["startup_bytes"] = r.startup_bytes;
   j["reload_bytes"] = r.reload_bytes;
+  j["refresh_bytes"] = r.refresh_bytes;
+  j["refresh_wait_s"] = r.refresh_wait_s;
   j["prefix_sharing"] = {{"shared_prefixes", c.shared_prefixes},
                          {"sharing", c.shared_prefixes > 0 && c.prefix_sharing},
                          {"joins", r.shared_joins},

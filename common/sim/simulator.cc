@@ -53,6 +53,7 @@ enum class Phase {
   kDrafting,     // drafting the round's x drafts
   kAwaitVerify,  // drafts done, waiting for the full KV / the verifier
   kResult,       // verified, the result travelling back (remote-prefix)
+  kRefresh,      // result in, the accepted rows crossing the slow link (remote-prefix)
   kBarrier,      // lock-step: waiting for every request's verify
   kDecoding,     // full mode
   kDone,
@@ -88,6 +89,7 @@ struct Req {
   double own_transient = 0;   // its part of that copy (all of it unless the prefix is shared)
   bool rows_pending = false;  // a joined round's own rows still on the link
   int pending_accepted = 0;
+  double result_t = -1;  // its round's result reached the drafter (kRefresh)
   double first_token_t = -1;
   double finish_t = -1;
 };
@@ -96,7 +98,8 @@ struct Transfer {
   int64_t req = -1;
   double bytes = 0;
   TransferKind kind = TransferKind::kStartup;
-  int64_t copy = -1;  // kReload: the booking whose copy lands
+  int64_t copy = -1;     // kReload: the booking whose copy lands
+  int64_t booking = -1;  // kRefresh: its slow-link booking, released when it lands
 };
 
 // A full-KV copy on a verifier (or long-context GPU) for one booking, used by
@@ -125,9 +128,10 @@ enum class Role { kLongContext, kDrafter, kVerifier, kFull };
 struct Gpu {
   Role role = Role::kLongContext;
   std::string name;
-  int link = -1;        // simulated link that feeds it (startup loads; long-context reloads)
-  int sched_gpu = -1;   // index in the scheduler's GPUs (long-context, verifier)
-  int sched_link = -1;  // scheduler link of its reloads (long-context, per-verifier)
+  int link = -1;          // simulated link that feeds it (startup loads; long-context reloads)
+  int sched_gpu = -1;     // index in the scheduler's GPUs (long-context, verifier)
+  int sched_link = -1;    // scheduler link of its reloads (long-context, per-verifier)
+  int refresh_link = -1;  // drafter: scheduler link of its slow link (KV refresh)
   bool busy = false;
   double iter_start = 0;
   std::vector<int64_t> members;  // requests it drafts / decodes
@@ -235,13 +239,20 @@ class Simulation {
   absl::Status TryBook(Req& r);
   absl::Status RetryBookings();
   void IssueReloads();
+  absl::Status SendRefresh(Req& r, double bytes);
+  void IssueRefreshes();
   void Enqueue(int link, const Transfer& t);
   void StartLink(int link);
   absl::Status OnLinkDone(int link);
-  void OnMessage(int64_t req, Message m);
+  absl::Status OnMessage(int64_t req, Message m);
   absl::Status OnGpuDone(int gpu);
   void StartIterations();
-  void ApplyResult(Req& r, int accepted);
+  absl::Status ApplyResult(Req& r, int accepted);
+  // The drafter takes the verified round: its continuation drafts survive or
+  // not, and the next round starts (or the lock-step barrier is reached).
+  void Commit(Req& r, int accepted);
+  // Continuation drafts the next round carries (the rest are wasted).
+  int SettleContinuation(Req& r, int accepted);
   void Finish(Req& r);
   void Join(Req& r, int gi, const SharedBooking& shared);
   void Landed(Req& r);
@@ -276,8 +287,9 @@ class Simulation {
   std::vector<Req> reqs_;
   std::deque<int64_t> waiting_;
   std::deque<int64_t> to_book_;
-  std::multimap<int64_t, int64_t> reloads_due_;  // first slot -> request
-  std::vector<double> arrivals_;                 // Poisson arrival times
+  std::multimap<int64_t, int64_t> reloads_due_;     // first slot -> request
+  std::multimap<int64_t, Transfer> refreshes_due_;  // first slot -> KV refresh
+  std::vector<double> arrivals_;                    // Poisson arrival times
   int64_t created_ = 0;
   int64_t scheduled_ = 0;  // closed loop: arrivals pushed so far
   int64_t finished_ = 0;
@@ -290,6 +302,7 @@ class Simulation {
   int64_t lock_step_rounds_ = 0;
   int64_t memory_deferred_ = 0;
   double startup_bytes_ = 0, reload_bytes_ = 0;
+  double refresh_bytes_ = 0, refresh_wait_s_ = 0;
   int64_t shared_joins_ = 0, shared_resident_ = 0;
   int64_t tentative_ = 0;  // own bookings given up for a join (not admissions)
   bool barrier_dirty_ = false;
@@ -405,8 +418,11 @@ absl::Status Simulation::Setup() {
         slow.push_back(add_link(absl::StrCat("slow", d), c_.slow_link_bytes_per_second));
       }
     }
+    std::vector<int> drafter_ids;
+    drafter_ids.reserve(static_cast<size_t>(c_.drafters));
     for (int d = 0; d < c_.drafters; ++d) {
-      add_gpu(vericache() ? Role::kDrafter : Role::kFull, absl::StrCat("drafter", d), slow[d]);
+      drafter_ids.push_back(
+          add_gpu(vericache() ? Role::kDrafter : Role::kFull, absl::StrCat("drafter", d), slow[d]));
     }
     for (int v = 0; v < c_.verifiers; ++v) {
       const int id = add_gpu(vericache() ? Role::kVerifier : Role::kFull,
@@ -436,6 +452,21 @@ absl::Status Simulation::Setup() {
           sched_link_to_sim_.push_back(fast[v]);
           gpus_[sched_gpu_to_sim_[v]].sched_link = v;
         }
+      }
+      // The slow links after the fast ones, one ring per simulated link, for
+      // the KV refresh (link-only transfers: no verifier, no memory).
+      for (int d = 0; d < c_.drafters; ++d) {
+        const auto same = std::find(sched_link_to_sim_.begin(), sched_link_to_sim_.end(), slow[d]);
+        if (same == sched_link_to_sim_.end()) {
+          RingLink rl;
+          rl.name = links_[slow[d]].name;
+          rl.bytes_per_second = c_.slow_link_bytes_per_second;
+          so.links.push_back(rl);
+          sched_link_to_sim_.push_back(slow[d]);
+        }
+        gpus_[drafter_ids[d]].refresh_link = static_cast<int>(
+            std::find(sched_link_to_sim_.begin(), sched_link_to_sim_.end(), slow[d]) -
+            sched_link_to_sim_.begin());
       }
     }
   }
@@ -815,6 +846,33 @@ void Simulation::IssueReloads() {
   for (int64_t id : deferred) reloads_due_.emplace(sched_->now() + 1, id);
 }
 
+absl::Status Simulation::SendRefresh(Req& r, double bytes) {
+  const Gpu& drafter = gpus_[r.gpu];
+  TransferRequest tr;
+  tr.id = next_booking_++;
+  tr.bytes = static_cast<int64_t>(std::ceil(bytes));
+  tr.link = drafter.refresh_link;
+  // Mid-slot: only the rest of the current slot can carry it.
+  tr.elapsed_seconds = std::clamp(now_ - static_cast<double>(sched_->now()) * slot_, 0.0, slot_);
+  VC_ASSIGN_OR_RETURN(Booking b, sched_->BookTransfer(tr));
+  refresh_bytes_ += bytes;
+  const Transfer t{r.id, bytes, TransferKind::kRefresh, -1, b.id};
+  if (b.first_slot() <= sched_->now()) {
+    Enqueue(drafter.link, t);
+  } else {
+    refreshes_due_.emplace(b.first_slot(), t);
+  }
+  return absl::OkStatus();
+}
+
+void Simulation::IssueRefreshes() {
+  while (!refreshes_due_.empty() && refreshes_due_.begin()->first <= sched_->now()) {
+    const Transfer t = refreshes_due_.begin()->second;
+    refreshes_due_.erase(refreshes_due_.begin());
+    Enqueue(gpus_[reqs_[t.req].gpu].link, t);
+  }
+}
+
 void Simulation::Enqueue(int link, const Transfer& t) {
   links_[link].queue.push_back(t);
   if (!links_[link].busy) StartLink(link);
@@ -872,19 +930,25 @@ absl::Status Simulation::OnLinkDone(int link) {
       break;
     }
     case TransferKind::kRefresh:
+      // Sent, so it keeps its booked link time (RingScheduler::Release).
+      VC_RETURN_IF_ERROR(sched_->Release(t.booking));
+      if (r.phase == Phase::kRefresh) {
+        refresh_wait_s_ += now_ - r.result_t;
+        Commit(r, r.pending_accepted);
+      }
       break;
   }
   StartLink(link);
   return absl::OkStatus();
 }
 
-void Simulation::OnMessage(int64_t id, Message m) {
+absl::Status Simulation::OnMessage(int64_t id, Message m) {
   Req& r = reqs_[id];
   if (m == Message::kDraftsArrived) {
     r.drafts_at_verifier = true;
-    return;
+    return absl::OkStatus();
   }
-  ApplyResult(r, r.pending_accepted);
+  return ApplyResult(r, r.pending_accepted);
 }
 
 double Simulation::ResidentOn(size_t gi) const {
@@ -933,6 +997,7 @@ void Simulation::StartIterations() {
             if (r.cont_drafts < cont_max) g.batch_draft.push_back(id);
             break;
           case Phase::kResult:
+          case Phase::kRefresh:
             if (r.cont_drafts < cont_max) g.batch_draft.push_back(id);
             break;
           default:
@@ -997,7 +1062,8 @@ absl::Status Simulation::OnGpuDone(int gi) {
                static_cast<int>(Message::kDraftsArrived));
         }
       }
-    } else if (r.phase == Phase::kAwaitVerify || r.phase == Phase::kResult) {
+    } else if (r.phase == Phase::kAwaitVerify || r.phase == Phase::kResult ||
+               r.phase == Phase::kRefresh) {
       ++drafted_;
       ++r.cont_drafts;
     }
@@ -1022,35 +1088,49 @@ absl::Status Simulation::OnGpuDone(int gi) {
       Push(now_ + c_.rtt_s / 2, EventType::kMessage, r.id,
            static_cast<int>(Message::kResultArrived));
     } else {
-      ApplyResult(r, accepted);
+      VC_RETURN_IF_ERROR(ApplyResult(r, accepted));
     }
   }
   return absl::OkStatus();
 }
 
-void Simulation::ApplyResult(Req& r, int accepted) {
+absl::Status Simulation::ApplyResult(Req& r, int accepted) {
   accepted_sum_ += accepted;
   tokens_sum_ += accepted + 1;
   wasted_ += r.round_drafts - accepted;
   const int64_t tokens = accepted + 1;
   r.generated = std::min(r.target, r.generated + tokens);
   if (r.first_token_t < 0) r.first_token_t = now_;
-  int carried = 0;
-  if (r.cont_drafts > 0) {
-    if (accepted == r.round_drafts && Uniform01(rng_) < c_.acceptance.BonusMatch()) {
-      carried = r.cont_drafts;
-      kept_ += carried;
-    } else {
-      wasted_ += r.cont_drafts;
-    }
-  }
-  if (remote() && c_.kv_refresh) {
-    Enqueue(gpus_[r.gpu].link, {r.id, Kv(static_cast<double>(tokens)), TransferKind::kRefresh});
-  }
+  const double refresh = remote() && c_.kv_refresh ? Kv(static_cast<double>(tokens)) : 0.0;
+  if (refresh > 0) VC_RETURN_IF_ERROR(SendRefresh(r, refresh));
   if (r.generated >= r.target) {
+    SettleContinuation(r, accepted);
     Finish(r);
-    return;
+    return absl::OkStatus();
   }
+  if (refresh > 0) {
+    // The drafter commits once the rows have landed (OnLinkDone).
+    r.phase = Phase::kRefresh;
+    r.pending_accepted = accepted;
+    r.result_t = now_;
+    return absl::OkStatus();
+  }
+  Commit(r, accepted);
+  return absl::OkStatus();
+}
+
+int Simulation::SettleContinuation(Req& r, int accepted) {
+  if (r.cont_drafts == 0) return 0;
+  if (accepted == r.round_drafts && Uniform01(rng_) < c_.acceptance.BonusMatch()) {
+    kept_ += r.cont_drafts;
+    return r.cont_drafts;
+  }
+  wasted_ += r.cont_drafts;
+  return 0;
+}
+
+void Simulation::Commit(Req& r, int accepted) {
+  const int carried = SettleContinuation(r, accepted);
   if (lock_step()) {
     r.phase = Phase::kBarrier;
     r.cont_drafts = carried;  // kept for the next round
@@ -1132,7 +1212,9 @@ void Simulation::Sample() {
 }
 
 bool Simulation::Idle() const {
-  if (!waiting_.empty() || !to_book_.empty() || !reloads_due_.empty()) return false;
+  if (!waiting_.empty() || !to_book_.empty() || !reloads_due_.empty() || !refreshes_due_.empty()) {
+    return false;
+  }
   for (const Gpu& g : gpus_) {
     if (g.busy || !g.members.empty() || !g.pending.empty()) return false;
   }
@@ -1161,6 +1243,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
         if (sched_ != nullptr) policy_->ExpireShared(sched_->now());
         if (sched_ != nullptr) {
           IssueReloads();
+          IssueRefreshes();
           VC_RETURN_IF_ERROR(RetryBookings());
         }
         Sample();
@@ -1184,7 +1267,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
         break;
       case EventType::kMessage:
         idle_ticks_ = 0;
-        OnMessage(e.a, static_cast<Message>(e.b));
+        VC_RETURN_IF_ERROR(OnMessage(e.a, static_cast<Message>(e.b)));
         break;
       case EventType::kGpuDone:
         idle_ticks_ = 0;
@@ -1239,6 +1322,8 @@ absl::StatusOr<SimResult> Simulation::Run() {
   res.memory_deferred = memory_deferred_;
   res.startup_bytes = startup_bytes_;
   res.reload_bytes = reload_bytes_;
+  res.refresh_bytes = refresh_bytes_;
+  res.refresh_wait_s = refresh_wait_s_;
   res.shared_joins = shared_joins_;
   res.shared_resident = shared_resident_;
   res.link_seconds_per_round = lock_step_rounds_ > 0 ? reload_link_s_ / lock_step_rounds_ : 0;

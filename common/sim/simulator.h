@@ -40,6 +40,14 @@
 // joiner moves only its own generated rows, unbooked, and the copy stays until
 // the last joiner's verify). A resident copy lowers the memory the GPU's ring
 // may book, and admission counts it once.
+// KV refresh (remote-prefix, kv_refresh): each round's accepted rows cross
+// the drafter's slow link back, booked on that link's ring as the
+// coordinator books them (RingScheduler::BookTransfer at their exact size,
+// sent at the booking's first slot, released when they land, a started
+// transfer keeping its booked time). The drafter commits, and so starts the
+// next round, when they land; continuation drafting goes on meanwhile. A
+// round that ends its request still sends its rows (as a peer round does)
+// but the request does not wait for them.
 // Not modelled: prefill (the prompt KV is precomputed, as in the paper's
 // pipelines), failures; attention still reads a shared prefix once per
 // request (no shared-prefix kernel).
@@ -250,6 +258,10 @@ struct SimResult {
   // verifies (a joined round moves only its own rows).
   double startup_bytes = 0;
   double reload_bytes = 0;
+  // KV refresh: bytes sent back to the drafters, and request-seconds from a
+  // round's result to its rows landing (the booked slot's wait included).
+  double refresh_bytes = 0;
+  double refresh_wait_s = 0;
   // Prefix sharing: rounds that joined another's booking, and admissions that
   // found their prefix already resident on their GPU.
   int64_t shared_joins = 0;

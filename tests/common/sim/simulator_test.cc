@@ -1,14 +1,16 @@
 // The simulator on hand-computed timelines (one request, long-context and
 // remote-prefix, with and without continuation; full-KV baseline), the
 // lock-step link arithmetic, the staggered schedule never booking past a
-// slot, agreement with the closed-form model, the acceptance model and its
-// CSV, and config parsing errors.
+// slot, the KV refresh booked on the slow links' rings, agreement with the
+// closed-form model, the acceptance model and its CSV, and config parsing
+// errors.
 #include "common/sim/simulator.h"
 
 #include <unistd.h>
 
 #include <cmath>
 #include <fstream>
+#include <string>
 #include <utility>
 
 #include "common/costmodel/cost_model.h"
@@ -131,6 +133,124 @@ TEST(SimulatorTest, RemotePrefixSingleRequestTimeline) {
   EXPECT_EQ(r.gpus[1].role, "verifier");
   EXPECT_EQ(r.gpus[1].iterations, 1);
   EXPECT_NEAR(r.gpus[1].peak_transient_bytes, 1e9, 1);
+}
+
+TEST(SimulatorTest, RemotePrefixRefreshLandsBeforeTheNextRound) {
+  // No startup load: 4 drafts (6 s), drafts at the verifier at 6.1 s, verify
+  // -> 8.1 s, result at the drafter at 8.2 s. The 5 accepted rows (5 MB)
+  // cross the 10 MB/s slow link in 0.5 s, booked from the current slot
+  // (slot 5 = [7.5, 9) s, 0.8 s of it left): they land at 8.7 s and the
+  // drafter starts round 2 then: 6 s of drafts, 0.1 + 2 + 0.1 s -> 16.9 s.
+  // Without the refresh round 2 starts at the result: 16.4 s.
+  SimConfig c = OneRequest();
+  c.topology = SimConfig::Topology::kRemotePrefix;
+  c.drafters = 1;
+  c.verifiers = 1;
+  c.slow_link_bytes_per_second = 10e6;
+  c.fast_link_bytes_per_second = 0;
+  c.rtt_s = 0.2;
+  c.kv_refresh = true;
+  const SimResult r = MustRun(c);
+  EXPECT_EQ(r.output_tokens, 10);
+  EXPECT_EQ(r.verifies, 2);
+  EXPECT_NEAR(r.ttft_s.p50, 8.2, 1e-9);
+  EXPECT_NEAR(r.makespan_s, 16.9, 1e-9);
+  EXPECT_NEAR(r.refresh_wait_s, 0.5, 1e-9);
+  // Both rounds' rows are booked and sent (the last one's after its tokens).
+  EXPECT_DOUBLE_EQ(r.refresh_bytes, 10e6);
+  ASSERT_EQ(r.links.size(), 2u);
+  EXPECT_EQ(r.links[1].name, "slow0");
+  EXPECT_NEAR(r.links[1].booked_peak_slot_s, 0.5, 1e-9);
+  c.kv_refresh = false;
+  const SimResult off = MustRun(c);
+  EXPECT_NEAR(off.makespan_s, 16.4, 1e-9);
+  EXPECT_DOUBLE_EQ(off.refresh_bytes, 0);
+  EXPECT_DOUBLE_EQ(off.links[1].booked_peak_slot_s, 0);
+}
+
+// Many requests on two drafters whose slow links the refresh rows saturate:
+// about 4.6 MB per round at 50 MB/s, rounds of well under a second for 16
+// requests per drafter. Full KV moves on an unlimited fast link and nothing
+// is loaded at startup, so the slow links carry only the refresh.
+SimConfig RefreshBound() {
+  SimConfig c = OneRequest();
+  c.topology = SimConfig::Topology::kRemotePrefix;
+  c.drafters = 2;
+  c.verifiers = 1;
+  c.requests = 64;
+  c.concurrency = 32;
+  c.output_tokens = Distribution::Fixed(40);
+  c.grow_kv = true;
+  c.hbm_bytes_per_second = 100e9;
+  c.fast_link_bytes_per_second = 0;
+  c.slow_link_bytes_per_second = 50e6;
+  c.rtt_s = 0.01;
+  c.acceptance.per_token = 0.9;
+  c.slot_seconds = 0.05;
+  c.window_slots = 256;
+  c.kv_refresh = true;
+  return c;
+}
+
+TEST(SimulatorTest, RefreshIsBookedOnTheSlowRingsAndNeverOverbooksThem) {
+  for (SimConfig::Schedule schedule :
+       {SimConfig::Schedule::kStaggered, SimConfig::Schedule::kLockStep}) {
+    SimConfig c = RefreshBound();
+    c.schedule = schedule;
+    const SimResult r = MustRun(c);
+    SCOPED_TRACE(schedule == SimConfig::Schedule::kStaggered ? "staggered" : "lock-step");
+    EXPECT_EQ(r.requests, 64);
+    // Every round's rows, booked at their exact size.
+    EXPECT_NEAR(r.refresh_bytes, r.tokens_per_round * r.verifies * c.kv_bytes_per_token, 1);
+    ASSERT_EQ(r.links.size(), 3u);
+    ASSERT_EQ(r.scheduler_links.size(), 3u);
+    double slow_bytes = 0;
+    for (int l : {1, 2}) {
+      const LinkReport& slow = r.links[l];
+      EXPECT_EQ(slow.name, "slow" + std::to_string(l - 1));
+      EXPECT_EQ(r.scheduler_links[l], slow.name);
+      // Booked, up to a full slot under this load, never past it.
+      EXPECT_GT(slow.booked_peak_slot_s, 0.9 * c.slot_seconds) << slow.name;
+      EXPECT_LE(slow.booked_peak_slot_s, c.slot_seconds * (1 + 1e-9)) << slow.name;
+      EXPECT_DOUBLE_EQ(slow.overrun_s, 0) << slow.name;
+      EXPECT_GT(slow.utilisation, 0.5) << slow.name;
+      slow_bytes += slow.bytes;
+    }
+    // Moved: all but the rows still in flight when the last request ends.
+    EXPECT_LE(slow_bytes, r.refresh_bytes);
+    EXPECT_GT(slow_bytes, 0.95 * r.refresh_bytes);
+    for (const TimeSample& s : r.timeseries) {
+      for (double v : s.link_booked) EXPECT_LE(v, 1 + 1e-9);
+    }
+    // A round waits at least for its rows to cross; queued behind the other
+    // requests' rows, much longer.
+    const double per_round = r.refresh_bytes / r.verifies / c.slow_link_bytes_per_second;
+    EXPECT_GT(r.refresh_wait_s, 2 * per_round * r.verifies);
+  }
+}
+
+TEST(SimulatorTest, NoRefreshBooksNothingOnTheSlowRings) {
+  SimConfig c = RefreshBound();
+  const SimResult on = MustRun(c);
+  c.kv_refresh = false;
+  const SimResult off = MustRun(c);
+  EXPECT_EQ(off.output_tokens, on.output_tokens);
+  EXPECT_DOUBLE_EQ(off.refresh_bytes, 0);
+  EXPECT_DOUBLE_EQ(off.refresh_wait_s, 0);
+  ASSERT_EQ(off.links.size(), 3u);
+  for (int l : {1, 2}) {
+    EXPECT_DOUBLE_EQ(off.links[l].booked_peak_slot_s, 0);
+    EXPECT_EQ(off.links[l].transfers, 0);
+  }
+  // The refresh-bound run is slower for waiting on its rows.
+  EXPECT_GT(off.tokens_per_s, 1.5 * on.tokens_per_s);
+  // An unlimited slow link books no time: the rows land at once.
+  c.kv_refresh = true;
+  c.slow_link_bytes_per_second = 0;
+  const SimResult free = MustRun(c);
+  EXPECT_GT(free.refresh_bytes, 0);
+  EXPECT_DOUBLE_EQ(free.refresh_wait_s, 0);
+  for (int l : {1, 2}) EXPECT_DOUBLE_EQ(free.links[l].booked_peak_slot_s, 0);
 }
 
 // B requests, one round each, 1 GB full KV over a 1 GB/s link (1 s per
