@@ -269,9 +269,11 @@ int main(int argc, char** argv) {
   // One scenario on a fresh cluster; false (after saying why) if the
   // cluster does not start or a prefix cannot be registered.
   bool peer_rounds = true;  // the coordinator's --peer-rounds for the next run
+  bool leases = true;       // and its --leases
   auto run_scenario = [&](const Scenario& sc, bool insecure, Row* row) -> bool {
     vc::local::LocalClusterOptions o;
     o.peer_rounds = peer_rounds;
+    o.leases = leases;
     o.model = model;
     // Insecure is the whole old setup: plaintext, no API keys, no seals.
     o.insecure = insecure;
@@ -362,32 +364,40 @@ int main(int argc, char** argv) {
   };
   if (control_overhead) {
     // One request in flight, then --concurrency; at each, the rounds relayed
-    // through the coordinator (--peer-rounds=false, the baseline) and peer
-    // rounds, alternating which goes first (a drift of the machine falls on
-    // both alike).
+    // through the coordinator (--peer-rounds=false, the first baseline), peer
+    // rounds with one Round call each (--leases=false, the second) and
+    // leased rounds (the default), rotating which goes first (a drift of the
+    // machine falls on all alike).
+    enum Protocol { kRelayed, kRound, kLease };
+    constexpr const char* kProtocolNames[] = {"relayed", "round", "lease"};
     struct Measured {
       int in_flight;
-      bool peer;
+      Protocol protocol;
       Row row;
     };
     std::vector<Measured> all;
     const int most_in_flight = concurrency;
     std::printf("\ncontrol overhead (unpaced links, calibrated slot), ms per round:\n");
+    int turn = 0;
     for (int in_flight : {1, most_in_flight}) {
       concurrency = in_flight;
-      for (int k = 0; k < 2; ++k) {
-        peer_rounds = (in_flight == 1) == (k == 1);
+      for (int k = 0; k < 3; ++k) {
+        const auto protocol = static_cast<Protocol>((k + turn) % 3);
+        peer_rounds = protocol != kRelayed;
+        leases = protocol == kLease;
         Scenario sc = scenarios.front();
-        sc.name = absl::StrCat("vericache, ", in_flight, " in flight, ",
-                               peer_rounds ? "peer" : "relayed");
-        Measured m{in_flight, peer_rounds, Row{}};
+        sc.name = absl::StrCat("vericache, ", in_flight, " in flight, ", kProtocolNames[protocol]);
+        Measured m{in_flight, protocol, Row{}};
         if (!run_scenario(sc, false, &m.row)) return 1;
         all.push_back(m);
       }
+      ++turn;
     }
     peer_rounds = true;
-    // "slots": of the overhead, the coordinator's waits for its scheduler;
-    // "rpc p50": per round, the overhead without them (RPCs, hand-offs).
+    leases = true;
+    // "slots": of the overhead, the coordinator's waits for its scheduler
+    // (leased: only where the verifier waited for the grant); "rpc p50": per
+    // round, the overhead without them (RPCs, hand-offs).
     std::printf("\n  %-9s %-8s %7s %8s %8s %8s %9s %8s %9s %8s %8s %8s %8s %9s\n", "in flight",
                 "rounds", "n", "wall", "draft", "verify", "transfer", "commit", "overhead", "p50",
                 "p90", "slots", "rpc p50", "tok/s");
@@ -396,32 +406,34 @@ int main(int argc, char** argv) {
       const double n = t.rounds > 0 ? static_cast<double>(t.rounds) : 1.0;
       std::printf(
           "  %-9d %-8s %7lld %8.2f %8.2f %8.2f %9.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %9.1f\n",
-          m.in_flight, m.peer ? "peer" : "relayed", static_cast<long long>(t.rounds),
+          m.in_flight, kProtocolNames[m.protocol], static_cast<long long>(t.rounds),
           1e3 * t.wall_seconds / n, 1e3 * t.draft_seconds / n, 1e3 * t.verify_seconds / n,
           1e3 * t.transfer_seconds / n, 1e3 * t.commit_seconds / n, 1e3 * t.control_seconds() / n,
           t.p50_overhead_ms, t.p90_overhead_ms, 1e3 * t.slot_wait_seconds / n,
           t.p50_rpc_overhead_ms, m.row.sum.tokens_per_s);
     }
-    // Peer over relayed, measured in this run.
+    // Leased rounds over each baseline, measured in this run.
     for (int in_flight : {1, most_in_flight}) {
-      const Row* relayed = nullptr;
-      const Row* peer = nullptr;
+      const Row* by[3] = {nullptr, nullptr, nullptr};
       for (const Measured& m : all) {
-        if (m.in_flight != in_flight) continue;
-        (m.peer ? peer : relayed) = &m.row;
+        if (m.in_flight == in_flight) by[m.protocol] = &m.row;
       }
-      if (relayed == nullptr || peer == nullptr) continue;
       auto per_round = [](const Row& r) {
         const auto& t = r.sum.round_times;
         return t.rounds > 0 ? t.wall_seconds / static_cast<double>(t.rounds) : 0.0;
       };
       auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-      std::printf(
-          "  %d in flight, peer / relayed: wall per round %.3f, overhead p50 %.3f, "
-          "tokens/s %.3f\n",
-          in_flight, ratio(per_round(*peer), per_round(*relayed)),
-          ratio(peer->sum.round_times.p50_overhead_ms, relayed->sum.round_times.p50_overhead_ms),
-          ratio(peer->sum.tokens_per_s, relayed->sum.tokens_per_s));
+      for (Protocol base : {kRelayed, kRound}) {
+        if (by[base] == nullptr || by[kLease] == nullptr) continue;
+        const Row& lease = *by[kLease];
+        const Row& other = *by[base];
+        std::printf(
+            "  %d in flight, lease / %s: wall per round %.3f, overhead p50 %.3f, "
+            "tokens/s %.3f\n",
+            in_flight, kProtocolNames[base], ratio(per_round(lease), per_round(other)),
+            ratio(lease.sum.round_times.p50_overhead_ms, other.sum.round_times.p50_overhead_ms),
+            ratio(lease.sum.tokens_per_s, other.sum.tokens_per_s));
+      }
     }
     std::vector<Row> rows;
     rows.reserve(all.size());

@@ -349,6 +349,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   rc.options = RunnerOptions{.max_draft_len = options.max_draft_len,
                              .kv_refresh = options.kv_refresh && !service->draft_model_id_,
                              .peer_rounds = options.peer_rounds,
+                             .leases = options.leases,
                              .baseline_chunk = options.baseline_chunk,
                              .rpc_timeout = options.rpc_timeout};
   rc.clock = service->clock_.get();

@@ -71,6 +71,11 @@ struct CoordinatorOptions {
   // refresh rows never pass through the coordinator. false: it relays them
   // (Draft, Verify, Commit), as before peer rounds.
   bool peer_rounds = true;
+  // With peer_rounds: each request's rounds granted on one Verifier.Lease
+  // stream, the next grant sent while the round before runs, so the
+  // verifier starts it as soon as that one has committed (no coordinator
+  // call between rounds). false: one Verifier.Round call per round.
+  bool leases = true;
   // The drafter pool's separate draft model (--draft-model-id): "auto" takes
   // the first worker's (Info draft_model_id), "none" requires drafters of
   // the target, 64 hex digits require that draft model. Every worker must

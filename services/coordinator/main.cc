@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
                 "takes the drafts and commits to the drafter, whose refresh rows cross the slow "
                 "link from the verifier's peer data plane); --peer-rounds=false relays drafts "
                 "and rows through the coordinator");
+  flags.AddBool("--leases", &o.leases,
+                "with --peer-rounds, grant each request's rounds on one stream to its verifier, "
+                "the next round granted while the one before runs (no coordinator call between "
+                "rounds); --leases=false sends one Round call per round");
   flags.Add("--draft-model-id", &o.draft_model_id, "auto|none|HEX",
             "the drafter pool's separate draft model: auto takes the first worker's, none "
             "requires drafters of the target, 64 hex digits that draft model (workers print "

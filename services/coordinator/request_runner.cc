@@ -344,6 +344,366 @@ bool Emit(const RunnerContext& ctx, Plan& plan, Request& r, const std::vector<in
   return !done;
 }
 
+// A round's verify as booked on the rings (SlotClock): the reload's first
+// slot (and the offset into it of a packed reload), the verify's slot, and
+// the booking the round releases once its verify is over: its own, or the
+// one it joined (SlotClock::JoinShared keeps that one's memory booked until
+// then); none without a stored prefix.
+struct VerifyBooking {
+  int64_t first_slot = 0;
+  double issue_offset = 0;
+  int64_t verify_slot = 0;
+  std::optional<int64_t> held;
+};
+
+// Books the verify of plan's next round, `target_offset` slots ahead: the
+// prefix's reload on the fast link and the verifier's memory, or a join of
+// a booking of the same prefix on the same verifier (PrefixPolicy's rule,
+// the simulator's too). Waits, within r's deadline, while the rings are
+// full; that wait is added to *slot_wait_seconds.
+absl::StatusOr<VerifyBooking> BookVerify(const RunnerContext& ctx, const Plan& plan,
+                                         const Request& r, int64_t prefix_bytes, int target_offset,
+                                         double* slot_wait_seconds) {
+  const Worker& v = *plan.verifier;
+  VerifyBooking b;
+  b.first_slot = ctx.clock->now();
+  b.verify_slot = b.first_slot;
+  if (prefix_bytes <= 0) return b;
+  // A new id every round: a booking this request's last round left to
+  // rounds that joined it may outlive that round.
+  const int64_t booking_id = ctx.clock->NewBookingId();
+  while (true) {
+    const int64_t target = ctx.clock->now() + target_offset;
+    SlotClock::Shared shared;
+    const bool can_join = !ctx.clock->lock_step() &&
+                          ctx.clock->FindShared(plan.prefix_key, v.index,
+                                                std::numeric_limits<int64_t>::max(), &shared);
+    auto join = [&] {
+      b.first_slot = std::max(shared.first_slot, ctx.clock->now());
+      b.verify_slot = shared.verify_slot;
+      if (ctx.clock->JoinShared(shared.booking_id)) b.held = shared.booking_id;
+    };
+    // Join a booking of the prefix on this verifier whose verify is still
+    // ahead when it is no later than this round wants, or when a booking of
+    // its own would verify no earlier or has to wait.
+    if (can_join && PrefixPolicy::JoinsAtOnce(shared, target)) {
+      join();
+      return b;
+    }
+    AdmitRequest ar;
+    ar.id = booking_id;
+    ar.full_kv_bytes = prefix_bytes;
+    ar.target_offset = target_offset;
+    ar.min_offset = 1;
+    ar.link = kFastLink;
+    ar.gpu = v.index;
+    VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
+    if (can_join && PrefixPolicy::JoinsInsteadOf(shared, adm)) {
+      if (!adm.queued) VC_RETURN_IF_ERROR(ctx.clock->Release(booking_id));
+      join();
+      return b;
+    }
+    if (!adm.queued) {
+      b.first_slot = adm.booking.first_slot();
+      b.issue_offset = adm.booking.issue_offset_seconds;
+      b.verify_slot = adm.booking.verify_slot;
+      b.held = booking_id;
+      ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
+      return b;
+    }
+    Inc(ctx.metrics.scheduler_queued);
+    const auto t = Clock::now();
+    const bool ok = ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline);
+    *slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
+    if (!ok)
+      return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
+  }
+}
+
+// How a peer round (or a lease's) left the request.
+enum class PeerRoundOutcome {
+  kContinue,        // more rounds with the drafter
+  kComplete,        // EOS or max_new_tokens: the request is done
+  kDrafterDropped,  // the drafter failed (reported): decode on the verifier
+  kCollapsed,       // acceptance collapsed: decode on the verifier
+};
+
+// The coordinator's view of a peer round's time: its wall time, the part of
+// it spent waiting for the scheduler, and the Round's (or the lease
+// progress's) own latency as the verify time streamed with its tokens.
+struct PeerRoundTimes {
+  double wall_seconds = 0;
+  double slot_wait_seconds = 0;
+  double verify_ms = 0;
+};
+
+// Applies a peer round's answer (RoundResponse, the same from a Round and a
+// lease): its tokens are streamed, its counts and times noted, x adapted,
+// the fallback rule fed. A drafter failure the verifier reported is the
+// drafter's: it is marked and kDrafterDropped returned (after streaming the
+// verified tokens of a round whose Commit failed); a failure of the
+// request's own kind (not retryable) is returned.
+absl::StatusOr<PeerRoundOutcome> ApplyPeerRound(const RunnerContext& ctx, Plan& plan, Request& r,
+                                                Sink* writer, const pb::RoundResponse& rresp,
+                                                int take, const PeerRoundTimes& times) {
+  Worker& v = *plan.verifier;
+  Worker& d = *plan.drafter;
+  auto drop_drafter = [&](const absl::Status& st) -> absl::StatusOr<PeerRoundOutcome> {
+    if (!Retryable(st)) return st;
+    WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
+    return PeerRoundOutcome::kDrafterDropped;
+  };
+  absl::Status drafter_status =
+      rresp.drafter_error_code() == 0
+          ? absl::OkStatus()
+          : absl::Status(static_cast<absl::StatusCode>(rresp.drafter_error_code()),
+                         absl::StrCat("drafter ", d.address, " ", rresp.drafter_error(),
+                                      " (from verifier ", v.address, ")"));
+  if (!rresp.has_verify()) {
+    // Nothing was verified: the drafter failed before (or answered nothing
+    // the verifier could judge).
+    return drop_drafter(drafter_status.ok()
+                            ? absl::InternalError(absl::StrCat("verifier ", v.address,
+                                                               " answered a round with no verify"))
+                            : drafter_status);
+  }
+  if (ctx.calibrate && rresp.draft_step_seconds() > 0) ctx.calibrate(rresp.draft_step_seconds());
+  const pb::VerifyResponse& vresp = rresp.verify();
+  plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + rresp.refresh_bytes());
+  std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
+  const pb::RoundStats round =
+      NoteVerifiedRound(ctx, rresp.drafted(), vresp, times.verify_ms, plan);
+  if (!Emit(ctx, plan, r, tokens, round, writer)) return PeerRoundOutcome::kComplete;
+  // The commit failed after a verify whose tokens stand (streamed).
+  if (!drafter_status.ok()) return drop_drafter(drafter_status);
+  plan.drafts_ready = rresp.commit().surviving_drafts();
+  const bool keep = NoteCommittedRound(ctx, take, times.wall_seconds, rresp.draft_seconds(),
+                                       times.slot_wait_seconds, vresp, rresp.commit(), plan);
+  return keep ? PeerRoundOutcome::kContinue : PeerRoundOutcome::kCollapsed;
+}
+
+// One round of a lease, from its booking to its progress.
+struct LeaseRound {
+  uint64_t round = 0;
+  int take = 0;
+  int64_t pending = 1;  // rows the verifier holds unverified before its pass
+  VerifyBooking booking;
+  std::optional<int64_t> refresh_booking;  // the most its rows can be, slow link
+  std::chrono::microseconds refresh_delay{0};
+  Clock::time_point booked;  // when its booking began
+  Clock::time_point sent;    // when its grant was sent
+};
+
+// vericache rounds on a lease (worker.proto LeaseGrant): one stream to the
+// verifier for the request, each round booked as a Round is and granted at
+// its reload's slot, the next one booked and granted while the round before
+// still runs, so the verifier starts it as soon as that one has committed:
+// no call of the coordinator's between rounds. The runner never blocks on
+// the next grant's slot while a round's progress may arrive: it waits for
+// whichever comes first. Each progress is applied as a Round's answer
+// (ApplyPeerRound). When the fallback is decided the lease is half-closed
+// and drained: a round already running completes on the verifier, and its
+// verified tokens are streamed before the fallback decodes on the same
+// session. kContinue: the lease is over with tokens left (the budget left
+// no room for a draft, or the verifier has no leases): the caller goes on
+// with single rounds.
+absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, Request& r,
+                                          Sink* writer, int64_t prefix_bytes, int64_t* unverified) {
+  Worker& v = *plan.verifier;
+  Worker& d = *plan.drafter;
+  WorkerCallOptions lo;
+  lo.deadline =
+      r.deadline == Clock::time_point::max() ? Clock::now() + std::chrono::hours(24) : r.deadline;
+  lo.parent = r.server_ctx;
+  absl::StatusOr<std::unique_ptr<LeaseStream>> opened = v.verifier->OpenLease(lo);
+  if (absl::IsUnimplemented(opened.status())) return PeerRoundOutcome::kContinue;
+  if (!opened.ok()) {
+    return WithCallName(opened.status(), absl::StrCat("verifier ", v.address, " Lease"));
+  }
+  LeaseStream& lease = **opened;
+  std::deque<LeaseRound> rounds;   // granted, oldest first
+  std::optional<LeaseRound> next;  // booked, its grant not sent yet
+  auto release = [&](const LeaseRound& lr) {
+    if (lr.booking.held) (void)ctx.clock->Release(*lr.booking.held);
+    if (lr.refresh_booking) (void)ctx.clock->Release(*lr.refresh_booking);
+  };
+  // Declared after the stream: runs first, before the stream is cancelled.
+  absl::Cleanup release_all = [&] {
+    for (const LeaseRound& lr : rounds) release(lr);
+    if (next) release(*next);
+    UpdateGauges(ctx);
+  };
+  bool first = true;
+  // Books the next round (into `next`) when the budget leaves room for a
+  // draft (each round granted adds at least one token).
+  auto book = [&]() -> absl::Status {
+    const int64_t left = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size()) -
+                         static_cast<int64_t>(rounds.size());
+    const int take = static_cast<int>(std::min<int64_t>(plan.x, left - 1));
+    if (take < 1) return absl::OkStatus();
+    LeaseRound lr;
+    lr.take = take;
+    lr.pending = rounds.empty() ? *unverified : 1;
+    lr.booked = Clock::now();
+    // As a Round's: booked for the drafts the drafter did not hold ready
+    // after the last commit. A round granted ahead runs after the one before
+    // it, whose verify and commit the drafter drafts through: the same
+    // estimate. (Its verify comes no earlier than booked; the booking is
+    // held until its progress arrives.)
+    const int target_offset = std::max(1, take - plan.drafts_ready);
+    double queued_seconds = 0;
+    VC_ASSIGN_OR_RETURN(lr.booking,
+                        BookVerify(ctx, plan, r, prefix_bytes, target_offset, &queued_seconds));
+    next = lr;
+    return absl::OkStatus();
+  };
+  // Whether `next`'s reload slot has come (no stored prefix: at once).
+  auto due = [&] {
+    return prefix_bytes <= 0 ||
+           ctx.clock->SlotBegun(next->booking.first_slot, next->booking.issue_offset);
+  };
+  // Sends `next`'s grant (its slot has come) with its refresh booked.
+  auto send = [&]() -> absl::Status {
+    LeaseRound& lr = rounds.emplace_back(*next);
+    next.reset();
+    pb::LeaseGrant g;
+    pb::RoundRequest& rreq = *g.mutable_round();
+    if (ctx.options.kv_refresh) {
+      const int64_t id = ctx.clock->NewBookingId();
+      VC_ASSIGN_OR_RETURN(
+          Booking booking,
+          ctx.clock->BookTransfer(id, MostRefreshBytes(ctx, lr.pending + lr.take), kSlowLink));
+      lr.refresh_booking = id;
+      if (booking.transfer_seconds > 0) UpdateGauges(ctx);
+      lr.refresh_delay = std::chrono::duration_cast<std::chrono::microseconds>(
+          ctx.clock->TimeUntilSlot(booking.first_slot()));
+      rreq.set_refresh_delay_us(lr.refresh_delay.count());
+    }
+    rreq.set_session_id(plan.session);
+    rreq.set_drafter(d.address);
+    rreq.set_epoch(plan.drafter_epoch);
+    rreq.set_round(++plan.round_id);
+    rreq.set_take(lr.take);
+    rreq.set_lookahead(plan.x);
+    rreq.set_skip_refresh(!ctx.options.kv_refresh);
+    rreq.set_load(prefix_bytes > 0);
+    // The verifier keeps its rounds within the request's tokens (a round
+    // granted ahead does not know how many the one before adds).
+    if (first) {
+      g.set_budget(plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size()));
+    }
+    g.set_round_timeout_ms(ctx.options.rpc_timeout.count());
+    first = false;
+    lr.round = rreq.round();
+    lr.sent = Clock::now();
+    // A stream that has ended takes no grant; Next says how it ended.
+    (void)lease.Send(g);
+    return absl::OkStatus();
+  };
+  // Sends `next` once its slot has come, blocking: nothing else can arrive.
+  auto send_when_due = [&]() -> absl::Status {
+    if (prefix_bytes > 0 &&
+        !ctx.clock->WaitForSlot(next->booking.first_slot, next->booking.issue_offset, r.deadline)) {
+      return absl::DeadlineExceededError("request deadline passed");
+    }
+    return send();
+  };
+  VC_RETURN_IF_ERROR(book());
+  if (!next) return PeerRoundOutcome::kContinue;
+  VC_RETURN_IF_ERROR(send_when_due());
+  bool closing = false;  // half-closed: no more grants, drain what runs
+  std::optional<PeerRoundOutcome> decided;
+  bool answered = false;
+  Clock::time_point last_arrival = rounds.front().booked;
+  while (true) {
+    if (r.gone()) return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    // One grant ahead: it is on the verifier before the round before ends.
+    if (!closing && !next && rounds.size() < 2) VC_RETURN_IF_ERROR(book());
+    if (next && due()) {
+      VC_RETURN_IF_ERROR(send());
+      continue;
+    }
+    if (rounds.empty()) {
+      if (!next) return decided.value_or(PeerRoundOutcome::kContinue);
+      VC_RETURN_IF_ERROR(send_when_due());
+      continue;
+    }
+    const LeaseRound& front = rounds.front();
+    // The verifier ends its peer calls before this (its margin), so a silent
+    // drafter is reported as the drafter's, not timed out here.
+    const Clock::time_point answer_by =
+        std::min(r.deadline, std::max(front.sent, last_arrival) + ctx.options.rpc_timeout +
+                                 front.refresh_delay + std::chrono::seconds(2));
+    Clock::time_point wake = answer_by;
+    if (next) {
+      const auto issue = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(next->booking.issue_offset));
+      wake = std::min(wake, Clock::now() + ctx.clock->TimeUntilSlot(next->booking.first_slot) +
+                                issue + std::chrono::microseconds(50));
+    }
+    pb::LeaseProgress progress;
+    Clock::time_point arrived;
+    absl::StatusOr<bool> got = lease.Next(wake, &progress, &arrived);
+    if (absl::IsDeadlineExceeded(got.status()) && Clock::now() < answer_by) continue;
+    if (!got.ok()) {
+      // A verifier without leases: single rounds instead.
+      if (absl::IsUnimplemented(got.status()) && !answered) return PeerRoundOutcome::kContinue;
+      return WithCallName(got.status(), absl::StrCat("verifier ", v.address, " Lease"));
+    }
+    // Ended: after the drafter's failure or the half-close (grants not
+    // started are not run; their bookings go with `release_all`).
+    if (!*got) return decided.value_or(PeerRoundOutcome::kContinue);
+    if (progress.round() != front.round) {
+      return absl::InternalError(absl::StrCat("verifier ", v.address, " answered lease round ",
+                                              progress.round(), ", expected ", front.round));
+    }
+    const LeaseRound lr = rounds.front();
+    rounds.pop_front();
+    answered = true;
+    if (lr.booking.held) (void)ctx.clock->Release(*lr.booking.held);
+    if (lr.refresh_booking) {
+      // As a Round's: the rows keep the link time they took, the rest of
+      // the bound is free (a skipped grant sent none).
+      (void)ctx.clock->ShrinkTransfer(*lr.refresh_booking, progress.result().refresh_bytes());
+      (void)ctx.clock->Release(*lr.refresh_booking);
+    }
+    UpdateGauges(ctx);
+    // The round's time on the critical path: from the round before's answer
+    // (or, first, from its booking) to its own; the part of it the verifier
+    // waited for this grant is slot waiting.
+    const Clock::time_point start = std::max(last_arrival, lr.booked);
+    last_arrival = arrived;
+    if (progress.skipped()) {
+      // The budget left no room for a draft: the rest is single rounds.
+      closing = true;
+      lease.Close();
+      continue;
+    }
+    PeerRoundTimes times;
+    times.wall_seconds = std::chrono::duration<double>(arrived - start).count();
+    times.slot_wait_seconds = std::max(0.0, std::chrono::duration<double>(lr.sent - start).count());
+    times.verify_ms =
+        std::chrono::duration<double, std::milli>(arrived - std::max(lr.sent, start)).count();
+    // The verifier's take, as it clamped it to the budget.
+    const int64_t left = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+    const int take = static_cast<int>(std::min<int64_t>(lr.take, left - 1));
+    *unverified = 1;
+    VC_ASSIGN_OR_RETURN(const PeerRoundOutcome out,
+                        ApplyPeerRound(ctx, plan, r, writer, progress.result(), take, times));
+    if (out == PeerRoundOutcome::kComplete) return out;
+    if (out != PeerRoundOutcome::kContinue && !decided) {
+      decided = out;
+      closing = true;
+      lease.Close();
+    }
+    if (closing && next) {
+      release(*next);
+      next.reset();
+    }
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------- vericache
@@ -403,6 +763,15 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     drafter_ok = false;
     return absl::OkStatus();
   };
+  // Leases: the rounds on one stream, the verifier running each as soon as
+  // the one before has committed; what is left after the lease (the last
+  // token, without drafts; a verifier without leases) runs below.
+  if (drafter_ok && ctx.options.peer_rounds && ctx.options.leases) {
+    VC_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
+                        RunLease(ctx, plan, r, writer, prefix_bytes, &unverified));
+    if (outcome == PeerRoundOutcome::kComplete) return absl::OkStatus();
+    drafter_ok = outcome == PeerRoundOutcome::kContinue;
+  }
   while (drafter_ok) {
     if (r.gone()) return absl::CancelledError("request cancelled");
     if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
@@ -419,70 +788,18 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
       return ok;
     };
-    // Book the verify: the reload on the fast link and the verifier's memory.
-    int64_t first_slot = ctx.clock->now();
-    double issue_offset = 0;  // seconds into first_slot (a packed reload)
-    int64_t verify_slot = first_slot;
-    // A new id every round: a booking this request's last round left to
-    // rounds that joined it may outlive that round.
-    const int64_t booking_id = ctx.clock->NewBookingId();
-    // The booking this round releases once its verify is over: its own, or
-    // the one it joined (SlotClock::JoinShared keeps that one's memory booked
-    // until then).
-    std::optional<int64_t> held;
     // The verify's slot: when the drafts should be ready, x draft steps
     // ahead (a slot is a draft step when calibrated). With peer rounds the
     // drafter's drafts that survived the last commit are known ready
     // (CommitResponse.surviving_drafts), so only the rest are waited for.
     const int target_offset =
         std::max(1, ctx.options.peer_rounds ? take - plan.drafts_ready : take);
-    if (prefix_bytes > 0) {
-      // PrefixPolicy's join rule (the simulator's too): join a booking of
-      // the prefix on this verifier whose verify is still ahead when it is
-      // no later than this round wants, or when a booking of its own would
-      // verify no earlier or has to wait.
-      while (true) {
-        const int64_t target = ctx.clock->now() + target_offset;
-        SlotClock::Shared shared;
-        const bool can_join = !ctx.clock->lock_step() &&
-                              ctx.clock->FindShared(plan.prefix_key, v.index,
-                                                    std::numeric_limits<int64_t>::max(), &shared);
-        auto join = [&] {
-          first_slot = std::max(shared.first_slot, ctx.clock->now());
-          verify_slot = shared.verify_slot;
-          if (ctx.clock->JoinShared(shared.booking_id)) held = shared.booking_id;
-        };
-        if (can_join && PrefixPolicy::JoinsAtOnce(shared, target)) {
-          join();
-          break;
-        }
-        AdmitRequest ar;
-        ar.id = booking_id;
-        ar.full_kv_bytes = prefix_bytes;
-        ar.target_offset = target_offset;
-        ar.min_offset = 1;
-        ar.link = kFastLink;
-        ar.gpu = v.index;
-        VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
-        if (can_join && PrefixPolicy::JoinsInsteadOf(shared, adm)) {
-          if (!adm.queued) VC_RETURN_IF_ERROR(ctx.clock->Release(booking_id));
-          join();
-          break;
-        }
-        if (!adm.queued) {
-          first_slot = adm.booking.first_slot();
-          issue_offset = adm.booking.issue_offset_seconds;
-          verify_slot = adm.booking.verify_slot;
-          held = booking_id;
-          ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
-          break;
-        }
-        Inc(ctx.metrics.scheduler_queued);
-        if (!timed_wait([&] { return ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline); })) {
-          return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
-        }
-      }
-    }
+    VC_ASSIGN_OR_RETURN(VerifyBooking booking,
+                        BookVerify(ctx, plan, r, prefix_bytes, target_offset, &slot_wait_seconds));
+    const int64_t first_slot = booking.first_slot;
+    const double issue_offset = booking.issue_offset;
+    const int64_t verify_slot = booking.verify_slot;
+    const std::optional<int64_t> held = booking.held;
     // Peer rounds: the Round, sent at the reload's slot, starts the reload
     // itself (RoundRequest.load) and the verify follows the drafts and the
     // load on the verifier: no Load call, no wait here for the verify's
@@ -564,41 +881,15 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         UpdateGauges(ctx);
       }
       if (!rs.ok()) return WithCallName(rs, absl::StrCat("verifier ", v.address, " Round"));
-      absl::Status drafter_status =
-          rresp.drafter_error_code() == 0
-              ? absl::OkStatus()
-              : absl::Status(static_cast<absl::StatusCode>(rresp.drafter_error_code()),
-                             absl::StrCat("drafter ", d.address, " ", rresp.drafter_error(),
-                                          " (from verifier ", v.address, ")"));
-      if (!rresp.has_verify()) {
-        // Nothing was verified: the drafter failed before (or answered
-        // nothing the verifier could judge).
-        absl::Status st = drafter_status.ok()
-                              ? absl::InternalError(absl::StrCat("verifier ", v.address,
-                                                                 " Round answered no verify"))
-                              : drafter_status;
-        VC_RETURN_IF_ERROR(drop_drafter(st));
-        break;
-      }
-      if (ctx.calibrate && rresp.draft_step_seconds() > 0)
-        ctx.calibrate(rresp.draft_step_seconds());
-      const pb::VerifyResponse& vresp = rresp.verify();
-      plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + rresp.refresh_bytes());
+      PeerRoundTimes times;
+      times.wall_seconds = std::chrono::duration<double>(Clock::now() - round_start).count();
+      times.slot_wait_seconds = slot_wait_seconds;
+      times.verify_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      VC_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
+                          ApplyPeerRound(ctx, plan, r, writer, rresp, take, times));
       unverified = 1;
-      std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
-      const pb::RoundStats round = NoteVerifiedRound(
-          ctx, rresp.drafted(), vresp,
-          std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), plan);
-      if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
-      if (!drafter_status.ok()) {
-        // The commit failed after a verify whose tokens stand (streamed).
-        VC_RETURN_IF_ERROR(drop_drafter(drafter_status));
-        break;
-      }
-      plan.drafts_ready = rresp.commit().surviving_drafts();
-      drafter_ok = NoteCommittedRound(
-          ctx, take, std::chrono::duration<double>(Clock::now() - round_start).count(),
-          rresp.draft_seconds(), slot_wait_seconds, vresp, rresp.commit(), plan);
+      if (outcome == PeerRoundOutcome::kComplete) return absl::OkStatus();
+      drafter_ok = outcome == PeerRoundOutcome::kContinue;
       continue;
     }
     // Take the drafts (they have been drafting since the last commit).

@@ -160,6 +160,10 @@ struct RunnerOptions {
   bool kv_refresh = true;
   // vericache rounds worker to worker (Verifier.Round), or relayed here.
   bool peer_rounds = false;
+  // With peer_rounds: the rounds granted on one Verifier.Lease stream per
+  // request, the next granted while the one before runs (no call of the
+  // coordinator's between rounds), instead of one Round call each.
+  bool leases = false;
   int baseline_chunk = 16;  // tokens per Draft call in the remote baselines
   std::chrono::milliseconds rpc_timeout{10000};
 };

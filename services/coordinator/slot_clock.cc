@@ -126,6 +126,17 @@ bool SlotClock::WaitForSlot(int64_t slot, double offset_seconds,
   return issue_at <= deadline || scheduler_.now() > slot;
 }
 
+bool SlotClock::SlotBegun(int64_t slot, double offset_seconds) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = scheduler_.now();
+  if (now > slot) return true;
+  if (now < slot) return false;
+  if (!(offset_seconds > 0)) return true;
+  return std::chrono::steady_clock::now() >=
+         slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(offset_seconds));
+}
+
 std::chrono::steady_clock::duration SlotClock::TimeUntilSlot(int64_t slot) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t ahead = slot - scheduler_.now();

@@ -79,6 +79,11 @@ class SlotClock {
   bool WaitForSlot(int64_t slot, double offset_seconds,
                    std::chrono::steady_clock::time_point deadline);
 
+  // Whether WaitForSlot(slot, offset_seconds, ...) would return at once:
+  // the slot has begun and the offset into it has passed (or a later slot
+  // has begun).
+  bool SlotBegun(int64_t slot, double offset_seconds) const;
+
   int64_t now() const;
   // How long until `slot` begins (zero if it has begun): a wait another
   // process can do (a verifier holding a round's refresh for its slot).

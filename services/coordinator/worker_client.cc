@@ -1,5 +1,10 @@
 #include "services/coordinator/worker_client.h"
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "vericache/v1/worker.grpc.pb.h"
 
@@ -69,6 +74,124 @@ class GrpcWorker : public Client {
   std::unique_ptr<typename Service::Stub> stub_;
 };
 
+// The gRPC Lease stream on the callback API: the runner's thread sends and
+// waits on a condition variable; gRPC's threads run the reactions.
+class GrpcLeaseStream final : public LeaseStream,
+                              public grpc::ClientBidiReactor<pb::LeaseGrant, pb::LeaseProgress> {
+ public:
+  GrpcLeaseStream(pb::Verifier::Stub& stub, const WorkerCallOptions& o) : ctx_(ContextFor(o)) {
+    stub.async()->Lease(ctx_.get(), this);
+    // Held until Close or the destructor: Send starts writes from the
+    // runner's thread, outside any reaction, so OnDone must wait for it.
+    AddHold();
+    StartRead(&incoming_);
+    StartCall();
+  }
+
+  ~GrpcLeaseStream() override {
+    ctx_->TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!hold_removed_) {
+      hold_removed_ = true;
+      lock.unlock();
+      RemoveHold();
+      lock.lock();
+    }
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+  bool Send(const pb::LeaseGrant& grant) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_ || closing_ || ended_) return false;
+    sending_.push_back(grant);
+    if (sending_.size() == 1) StartWrite(&sending_.front());
+    return true;
+  }
+
+  absl::StatusOr<bool> Next(std::chrono::steady_clock::time_point deadline, pb::LeaseProgress* out,
+                            std::chrono::steady_clock::time_point* received) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return !received_.empty() || done_; })) {
+      return absl::DeadlineExceededError("no answer to a lease grant in time");
+    }
+    if (!received_.empty()) {
+      *out = std::move(received_.front().first);
+      if (received != nullptr) *received = received_.front().second;
+      received_.pop_front();
+      return true;
+    }
+    if (status_.ok()) return false;
+    return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(status_.error_code())),
+                        status_.error_message());
+  }
+
+  void Close() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closing_) return;
+    closing_ = true;
+    if (sending_.empty() && !ended_) StartWritesDone();
+    if (hold_removed_) return;
+    hold_removed_ = true;
+    lock.unlock();
+    RemoveHold();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    sending_.pop_front();
+    if (!ok) {
+      sending_.clear();  // the stream is over; Next reports how
+      return;
+    }
+    if (!sending_.empty()) {
+      StartWrite(&sending_.front());
+    } else if (closing_ && !ended_) {
+      StartWritesDone();
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ok) {
+      // The stream is over (the verifier finished it, or it was cancelled):
+      // no more grants can matter, and OnDone, which brings the status,
+      // waits for the hold.
+      ended_ = true;
+      if (hold_removed_) return;
+      hold_removed_ = true;
+      lock.unlock();
+      RemoveHold();
+      return;
+    }
+    received_.emplace_back(std::move(incoming_), std::chrono::steady_clock::now());
+    incoming_.Clear();
+    StartRead(&incoming_);
+    cv_.notify_all();
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    status_ = s;
+    cv_.notify_all();
+    done_cv_.notify_all();
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::mutex mu_;
+  std::condition_variable cv_;       // Next: a message or the end
+  std::condition_variable done_cv_;  // the destructor: OnDone
+  pb::LeaseProgress incoming_;
+  std::deque<pb::LeaseGrant> sending_;  // the front is being written
+  std::deque<std::pair<pb::LeaseProgress, std::chrono::steady_clock::time_point>> received_;
+  bool closing_ = false;  // Close: half-closed
+  bool ended_ = false;    // the read side ended: the stream is over
+  bool hold_removed_ = false;
+  bool done_ = false;
+  grpc::Status status_;
+};
+
 class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier> {
  public:
   using GrpcWorker::GrpcWorker;
@@ -91,6 +214,9 @@ class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier>
   absl::Status Ingest(const WorkerCallOptions& o, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
     return Call(WorkerStub(), &pb::Verifier::Stub::Ingest, o, req, resp);
+  }
+  absl::StatusOr<std::unique_ptr<LeaseStream>> OpenLease(const WorkerCallOptions& o) override {
+    return std::make_unique<GrpcLeaseStream>(WorkerStub(), o);
   }
 };
 

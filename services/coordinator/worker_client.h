@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/rpc/rpc.h"
 #include "vericache/v1/worker.pb.h"
 
@@ -51,6 +52,27 @@ class WorkerClient {
                                vericache::v1::ReleaseResponse* resp) = 0;
 };
 
+// One Verifier.Lease stream (worker.proto LeaseGrant): the runner sends
+// grants and reads one progress message per grant. Destroying it cancels
+// the stream if it is still open and waits until gRPC is done with it.
+class LeaseStream {
+ public:
+  virtual ~LeaseStream() = default;
+  // Queues a grant; false if the stream has ended (Next says how).
+  virtual bool Send(const vericache::v1::LeaseGrant& grant) = 0;
+  // The next progress message, waiting until `deadline`: true with `out`
+  // filled (and `*received`, when not null, set to when it arrived), false
+  // when the verifier ended the stream OK, or the stream's error;
+  // DeadlineExceeded when `deadline` passed first (the stream goes on: the
+  // caller may wait again, or destroy it to cancel it).
+  virtual absl::StatusOr<bool> Next(std::chrono::steady_clock::time_point deadline,
+                                    vericache::v1::LeaseProgress* out,
+                                    std::chrono::steady_clock::time_point* received) = 0;
+  // No more grants (half-close): the verifier finishes the running round
+  // and ends the stream.
+  virtual void Close() = 0;
+};
+
 class VerifierClient : public WorkerClient {
  public:
   virtual absl::Status Open(const WorkerCallOptions& o,
@@ -64,6 +86,13 @@ class VerifierClient : public WorkerClient {
                              vericache::v1::RoundResponse* resp) = 0;
   virtual absl::Status Ingest(const WorkerCallOptions& o, const vericache::v1::IngestRequest& req,
                               vericache::v1::IngestResponse* resp) = 0;
+  // Opens a Lease stream whose deadline is `o.deadline` (the request's).
+  // Unimplemented here: a client without leases (the unit tests' fakes)
+  // runs one Round per round instead.
+  virtual absl::StatusOr<std::unique_ptr<LeaseStream>> OpenLease(const WorkerCallOptions& o) {
+    (void)o;
+    return absl::UnimplementedError("this verifier client has no leases");
+  }
 };
 
 class DrafterClient : public WorkerClient {

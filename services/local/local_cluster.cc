@@ -404,7 +404,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--draft-len=", o.draft_len),
       absl::StrCat("--lossless-check-fraction=", o.lossless_check_fraction),
       absl::StrCat("--max-active-requests=", o.max_active_requests),
-      absl::StrCat("--peer-rounds=", o.peer_rounds ? "true" : "false")};
+      absl::StrCat("--peer-rounds=", o.peer_rounds ? "true" : "false"),
+      absl::StrCat("--leases=", o.leases ? "true" : "false")};
   if (o.lock_step) coord_args.push_back("--lock-step");
   coord_args = with_tls(coord_args);
   if (cluster->creds_) {

@@ -55,6 +55,9 @@ struct LocalClusterOptions {
   // The coordinator's --peer-rounds: verifiers and drafters run each round
   // between themselves (false: the coordinator relays drafts and rows).
   bool peer_rounds = true;
+  // The coordinator's --leases: with peer rounds, each request's rounds on
+  // one stream to its verifier (false: one Round call per round).
+  bool leases = true;
   int continuation_tokens = 8;
   // Every worker's --warmup-tokens: the tokens of the engine's throwaway
   // pass at start (1, the workers' default; 0: none). The workers bound it

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,9 @@ struct VerifierService::Session {
   bool pinned = false;
   Clock::time_point last_used;
   bool busy = false;  // in a verify pass
+  // Lease grants that pinned the prefix ahead of their round: the pin
+  // outlives the verify before them (the next round shares the copy).
+  int lease_holds = 0;
 };
 
 struct VerifierService::Job {
@@ -53,6 +57,9 @@ struct VerifierService::Job {
   std::vector<int32_t> drafts;
   std::vector<std::vector<double>> draft_probs;  // rejection sampling: q of each draft
   bool skip_refresh = false;
+  // A lease round's verify: its grant's hold on the prefix passes to this
+  // job (the pin now goes after this verify, unless a later grant holds it).
+  bool drops_lease_hold = false;
   pb::VerifyResponse* verify_resp = nullptr;
   const pb::IngestRequest* ingest_req = nullptr;
   pb::IngestResponse* ingest_resp = nullptr;
@@ -73,9 +80,11 @@ struct VerifierService::Job {
 // One Round between its arrival and its answer.
 struct VerifierService::RoundCall {
   grpc::CallbackServerContext* ctx = nullptr;
-  grpc::ServerUnaryReactor* reactor = nullptr;
+  // Answers the round: the Round's reactor, or the lease it belongs to.
+  std::function<void(const absl::Status&)> finish;
   pb::RoundRequest req;
-  pb::RoundResponse* resp = nullptr;
+  pb::RoundResponse* resp = nullptr;  // the Round's, or `owned`
+  pb::RoundResponse owned;
   Clock::time_point arrived;
   std::chrono::system_clock::time_point deadline;  // of the peer calls
   std::shared_ptr<pb::Drafter::Stub> drafter;
@@ -89,6 +98,8 @@ struct VerifierService::RoundCall {
   Clock::time_point commit_start;
   std::string rows_key;  // in the outbox while the commit runs
   grpc::Alarm alarm;     // the refresh's slot
+  // A lease grant's hold on the prefix not yet passed to the verify job.
+  bool lease_hold = false;
 };
 
 VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_id,
@@ -275,7 +286,8 @@ absl::Status VerifierService::EnqueueVerify(Job job, grpc::ServerUnaryReactor** 
     s.last_used = Clock::now();
     // A verify without an earlier Load starts the load now.
     if (!s.pinned) PinPrefix(s);
-    if (job.reactor == nullptr) job.reactor = job.ctx->DefaultReactor();
+    if (job.drops_lease_hold && s.lease_holds > 0) --s.lease_holds;
+    if (job.reactor == nullptr && !job.done) job.reactor = job.ctx->DefaultReactor();
     *reactor = job.reactor;
     jobs_.push_back(std::move(job));
   }
@@ -285,74 +297,107 @@ absl::Status VerifierService::EnqueueVerify(Job job, grpc::ServerUnaryReactor** 
 
 // ------------------------------------------------------------ peer rounds
 
-grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ctx,
-                                                 const pb::RoundRequest* req,
-                                                 pb::RoundResponse* resp) {
+absl::Status VerifierService::CheckRound(const pb::RoundRequest& req) const {
   if (options_.peer_rows == nullptr) {
-    return Finish(ctx, absl::FailedPreconditionError(
-                           "this verifier takes no peer rounds (it has no peer data plane)"));
+    return absl::FailedPreconditionError(
+        "this verifier takes no peer rounds (it has no peer data plane)");
   }
-  if (req->drafter().empty() || req->drafter().size() > 256) {
-    return Finish(ctx, absl::InvalidArgumentError("Round: drafter must be HOST:PORT"));
+  if (req.drafter().empty() || req.drafter().size() > 256) {
+    return absl::InvalidArgumentError("Round: drafter must be HOST:PORT");
   }
-  if (req->round() == 0) return Finish(ctx, absl::InvalidArgumentError("Round: round must be > 0"));
-  if (req->take() < 1 || req->take() > config_.max_seq_len) {
-    return Finish(ctx, absl::InvalidArgumentError(
-                           absl::StrCat("Round: take must be in [1, ", config_.max_seq_len, "]")));
+  if (req.round() == 0) return absl::InvalidArgumentError("Round: round must be > 0");
+  if (req.take() < 1 || req.take() > config_.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Round: take must be in [1, ", config_.max_seq_len, "]"));
   }
-  if (req->lookahead() < 0 || req->lookahead() > config_.max_seq_len) {
-    return Finish(ctx, absl::InvalidArgumentError("Round: lookahead out of range"));
+  if (req.lookahead() < 0 || req.lookahead() > config_.max_seq_len) {
+    return absl::InvalidArgumentError("Round: lookahead out of range");
   }
-  if (req->refresh_delay_us() < 0 || req->refresh_delay_us() > int64_t{600} * 1000 * 1000) {
-    return Finish(ctx, absl::InvalidArgumentError("Round: refresh_delay_us must be in [0, 600 s]"));
+  if (req.refresh_delay_us() < 0 || req.refresh_delay_us() > int64_t{600} * 1000 * 1000) {
+    return absl::InvalidArgumentError("Round: refresh_delay_us must be in [0, 600 s]");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return Finish(ctx, absl::UnavailableError("verifier is shutting down"));
-    auto it = sessions_.find(req->session_id());
-    if (it == sessions_.end()) {
-      return Finish(ctx, absl::NotFoundError(absl::StrCat("no session ", req->session_id())));
-    }
-    it->second->last_used = Clock::now();
-    if (req->load()) PinPrefix(*it->second);
+  return absl::OkStatus();
+}
+
+absl::Status VerifierService::TouchRoundSession(const pb::RoundRequest& req, bool hold) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("verifier is shutting down");
+  auto it = sessions_.find(req.session_id());
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", req.session_id()));
   }
-  auto call = std::make_shared<RoundCall>();
-  call->ctx = ctx;
-  call->req = *req;
-  call->resp = resp;
+  Session& s = *it->second;
+  s.last_used = Clock::now();
+  if (req.load()) {
+    PinPrefix(s);
+    if (hold) ++s.lease_holds;
+  }
+  return absl::OkStatus();
+}
+
+void VerifierService::DropLeaseHold(uint64_t session_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  Session& s = *it->second;
+  if (s.lease_holds > 0) --s.lease_holds;
+  // Nothing else keeps the pin: no verify running or queued will drop it.
+  if (s.lease_holds == 0 && !s.busy && !s.resident) {
+    const bool queued = std::any_of(jobs_.begin(), jobs_.end(),
+                                    [&](const Job& j) { return j.session_id == session_id; });
+    if (!queued) UnpinPrefix(s);
+  }
+}
+
+absl::Status VerifierService::StartRound(const std::shared_ptr<RoundCall>& call,
+                                         std::chrono::system_clock::time_point deadline) {
   call->arrived = Clock::now();
-  // The peer calls end a margin before the Round's own deadline, so that a
+  // The peer calls end a margin before the caller's deadline, so that a
   // drafter that stops answering is reported as the drafter's failure
   // (drafter_error), not seen by the coordinator as this verifier's
   // timeout; the wait for the refresh's slot is part of the budget.
   const auto now = std::chrono::system_clock::now();
-  const auto round_deadline = ctx->deadline();
   const auto margin = std::clamp<std::chrono::system_clock::duration>(
-      (round_deadline - now) / 4, std::chrono::milliseconds(10), std::chrono::seconds(2));
+      (deadline - now) / 4, std::chrono::milliseconds(10), std::chrono::seconds(2));
   call->deadline =
-      std::min(round_deadline - margin,
-               now + options_.peer_timeout + std::chrono::microseconds(req->refresh_delay_us()));
-  call->drafter = PeerStub(req->drafter());
+      std::min(deadline - margin, now + options_.peer_timeout +
+                                      std::chrono::microseconds(call->req.refresh_delay_us()));
+  call->drafter = PeerStub(call->req.drafter());
   {
     std::lock_guard<std::mutex> lock(rounds_mu_);
     if (static_cast<int>(rounds_.size()) >= options_.max_queued_jobs) {
-      return Finish(ctx, absl::ResourceExhaustedError("verifier: too many rounds in flight"));
+      return absl::ResourceExhaustedError("verifier: too many rounds in flight");
     }
     rounds_.insert(call);
   }
-  call->reactor = ctx->DefaultReactor();
   pb::DraftRequest& d = call->draft_req;
-  d.set_session_id(req->session_id());
-  d.set_max_tokens(req->take());
-  d.set_min_tokens(req->take());
-  d.set_lookahead(req->lookahead());
-  d.set_epoch(req->epoch());
-  d.set_round(req->round());
+  d.set_session_id(call->req.session_id());
+  d.set_max_tokens(call->req.take());
+  d.set_min_tokens(call->req.take());
+  d.set_lookahead(call->req.lookahead());
+  d.set_epoch(call->req.epoch());
+  d.set_round(call->req.round());
   call->draft_ctx.set_deadline(call->deadline);
   call->draft_start = Clock::now();
-  grpc::ServerUnaryReactor* reactor = call->reactor;
   call->drafter->async()->Draft(&call->draft_ctx, &call->draft_req, &call->draft_resp,
                                 [this, call](const grpc::Status& st) { OnPeerDraft(call, st); });
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* VerifierService::Round(grpc::CallbackServerContext* ctx,
+                                                 const pb::RoundRequest* req,
+                                                 pb::RoundResponse* resp) {
+  if (absl::Status st = CheckRound(*req); !st.ok()) return Finish(ctx, st);
+  if (absl::Status st = TouchRoundSession(*req, /*hold=*/false); !st.ok()) return Finish(ctx, st);
+  auto call = std::make_shared<RoundCall>();
+  call->ctx = ctx;
+  call->req = *req;
+  call->resp = resp;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  call->finish = [reactor](const absl::Status& st) { reactor->Finish(rpc::ToGrpcStatus(st)); };
+  if (absl::Status st = StartRound(call, ctx->deadline()); !st.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(st));
+  }
   return reactor;
 }
 
@@ -396,7 +441,6 @@ void VerifierService::OnPeerDraft(const std::shared_ptr<RoundCall>& call,
   Job job;
   job.kind = Job::Kind::kVerify;
   job.ctx = call->ctx;
-  job.reactor = call->reactor;
   job.session_id = call->req.session_id();
   // The drafter's answer is checked like a coordinator's Verify request:
   // bounded drafts, and a distribution per draft under rejection sampling.
@@ -419,8 +463,15 @@ void VerifierService::OnPeerDraft(const std::shared_ptr<RoundCall>& call,
   job.skip_refresh = call->req.skip_refresh();
   job.verify_resp = call->resp->mutable_verify();
   job.done = [this, call](const absl::Status& st) { OnRoundVerified(call, st); };
+  // The hold passes to the job as it is queued (before: the job may be done
+  // before EnqueueVerify returns); a job not queued leaves it to the lease.
+  job.drops_lease_hold = std::exchange(call->lease_hold, false);
+  const bool held = job.drops_lease_hold;
   grpc::ServerUnaryReactor* unused = nullptr;
-  if (absl::Status st = EnqueueVerify(std::move(job), &unused); !st.ok()) FinishRound(call, st);
+  if (absl::Status st = EnqueueVerify(std::move(job), &unused); !st.ok()) {
+    call->lease_hold = held;
+    FinishRound(call, st);
+  }
 }
 
 void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
@@ -502,10 +553,270 @@ void VerifierService::OnPeerCommit(const std::shared_ptr<RoundCall>& call,
 void VerifierService::FinishRound(const std::shared_ptr<RoundCall>& call,
                                   const absl::Status& status) {
   if (status.ok()) peer_rounds_->Inc();
-  call->reactor->Finish(rpc::ToGrpcStatus(status));
+  call->finish(status);
   std::lock_guard<std::mutex> lock(rounds_mu_);
   rounds_.erase(call);
   rounds_cv_.notify_all();
+}
+
+// ------------------------------------------------------------------ leases
+
+namespace {
+
+// Grants a lease may hold that have not started (the coordinator keeps one
+// ahead); one more is refused, ending the lease.
+constexpr int kMaxLeaseGrantsAhead = 4;
+
+}  // namespace
+
+// One Lease stream: reads grants, runs their rounds one at a time (each as
+// a RoundCall whose finish comes back here), writes one progress message per
+// grant in order. Deleted by gRPC's OnDone, which follows Finish; Finish is
+// called only when no round runs and no write is pending, so a round never
+// outlives its lease.
+class VerifierService::LeaseReactor final
+    : public grpc::ServerBidiReactor<pb::LeaseGrant, pb::LeaseProgress> {
+ public:
+  LeaseReactor(VerifierService* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx) {
+    if (service_->options_.peer_rows == nullptr) {
+      ending_ = true;
+      finished_ = true;
+      Finish(rpc::ToGrpcStatus(absl::FailedPreconditionError(
+          "this verifier takes no peer rounds (it has no peer data plane)")));
+      return;
+    }
+    reading_ = true;
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    reading_ = false;
+    if (!ok) {
+      // Half-closed (or cancelled): no more grants; the running round ends
+      // the lease, the grants not started are not run.
+      ending_ = true;
+      return MaybeFinish(lock);
+    }
+    if (ending_) return MaybeFinish(lock);
+    absl::Status st = Accept(incoming_);
+    if (st.ok()) {
+      Pending p{incoming_.round(), Clock::now(), incoming_.round().load(),
+                std::chrono::milliseconds(incoming_.round_timeout_ms())};
+      lock.unlock();
+      st = service_->TouchRoundSession(p.req, /*hold=*/true);
+      lock.lock();
+      if (st.ok()) {
+        granted_.push_back(std::move(p));
+        if (!ending_) {
+          reading_ = true;
+          StartRead(&incoming_);
+        }
+        if (running_ == nullptr) return StartNext(lock);
+        return;
+      }
+    }
+    End(st);
+    MaybeFinish(lock);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    writes_.pop_front();
+    if (!ok) {
+      End(absl::CancelledError("the lease's coordinator is gone"));
+      writes_.clear();
+    }
+    if (!writes_.empty()) {
+      StartWrite(&writes_.front());
+      return;
+    }
+    MaybeFinish(lock);
+  }
+
+  void OnCancel() override {
+    std::shared_ptr<RoundCall> running;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      End(absl::CancelledError("lease cancelled"));
+      running = running_;
+    }
+    // The running round ends promptly (its peer calls and its slot's alarm
+    // are cancelled; a verify in the batch sees the cancelled context).
+    if (running != nullptr) {
+      running->draft_ctx.TryCancel();
+      running->commit_ctx.TryCancel();
+      running->alarm.Cancel();
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Pending {
+    pb::RoundRequest req;
+    Clock::time_point arrived;
+    bool hold = false;                           // it pinned the prefix (load)
+    std::chrono::milliseconds round_timeout{0};  // 0: the peer timeout
+  };
+
+  // mu_ held. A grant's fields against the lease's.
+  absl::Status Accept(const pb::LeaseGrant& g) {
+    VC_RETURN_IF_ERROR(service_->CheckRound(g.round()));
+    const pb::RoundRequest& r = g.round();
+    if (last_round_ == 0) {
+      if (g.budget() < 1 || g.budget() > service_->config_.max_seq_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Lease: the first grant's budget must be in [1, ", service_->config_.max_seq_len, "]"));
+      }
+      session_ = r.session_id();
+      drafter_ = r.drafter();
+      epoch_ = r.epoch();
+      budget_left_ = g.budget();
+    } else if (r.session_id() != session_ || r.drafter() != drafter_ || r.epoch() != epoch_) {
+      return absl::InvalidArgumentError(
+          "Lease: a grant's session, drafter and epoch must be the first grant's");
+    } else if (r.round() != last_round_ + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Lease: grant of round ", r.round(), " after round ", last_round_));
+    }
+    if (g.round_timeout_ms() < 0 || g.round_timeout_ms() > int64_t{600} * 1000) {
+      return absl::InvalidArgumentError("Lease: round_timeout_ms must be in [0, 600 s]");
+    }
+    if (static_cast<int>(granted_.size()) >= kMaxLeaseGrantsAhead) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Lease: more than ", kMaxLeaseGrantsAhead, " grants ahead"));
+    }
+    last_round_ = r.round();
+    return absl::OkStatus();
+  }
+
+  // mu_ held. Ends the lease with `st` (the first reason stands).
+  void End(const absl::Status& st) {
+    if (!ending_) final_ = st;
+    ending_ = true;
+  }
+
+  // mu_ held, no round running: starts the next granted round, or answers
+  // the grants the budget leaves no room for.
+  void StartNext(std::unique_lock<std::mutex>& lock) {
+    while (!granted_.empty() && !ending_) {
+      Pending p = std::move(granted_.front());
+      granted_.pop_front();
+      const int64_t take = std::min<int64_t>(p.req.take(), budget_left_ - 1);
+      if (take < 1) {
+        pb::LeaseProgress& out = writes_.emplace_back();
+        out.set_round(p.req.round());
+        out.set_skipped(true);
+        if (p.hold) {
+          lock.unlock();
+          service_->DropLeaseHold(session_);
+          lock.lock();
+        }
+        if (writes_.size() == 1) StartWrite(&writes_.front());
+        continue;
+      }
+      auto call = std::make_shared<RoundCall>();
+      call->ctx = ctx_;
+      call->req = std::move(p.req);
+      call->req.set_take(static_cast<int32_t>(take));
+      call->resp = &call->owned;
+      call->lease_hold = p.hold;
+      start_delay_ = Clock::now() - p.arrived;
+      call->finish = [this, weak = std::weak_ptr<RoundCall>(call)](const absl::Status& st) {
+        OnRoundDone(weak.lock(), st);
+      };
+      running_ = call;
+      // The round's budget as a Round's call deadline would give it, from
+      // now (it may have waited behind the round before).
+      auto deadline = ctx_->deadline();
+      if (p.round_timeout.count() > 0) {
+        deadline = std::min(deadline, std::chrono::system_clock::now() + p.round_timeout +
+                                          std::chrono::microseconds(call->req.refresh_delay_us()));
+      }
+      lock.unlock();
+      const absl::Status st = service_->StartRound(call, deadline);
+      lock.lock();
+      if (!st.ok()) {
+        running_ = nullptr;
+        if (call->lease_hold) {
+          lock.unlock();
+          service_->DropLeaseHold(session_);
+          lock.lock();
+        }
+        End(st);
+      }
+      return MaybeFinish(lock);
+    }
+    MaybeFinish(lock);
+  }
+
+  // A round of this lease is over (FinishRound's call; the round is still
+  // tracked by the service until it returns).
+  void OnRoundDone(const std::shared_ptr<RoundCall>& call, const absl::Status& st) {
+    if (call != nullptr && call->lease_hold) service_->DropLeaseHold(session_);
+    std::unique_lock<std::mutex> lock(mu_);
+    running_ = nullptr;
+    if (call == nullptr) {
+      End(absl::InternalError("lease round lost"));
+      return MaybeFinish(lock);
+    }
+    if (!st.ok()) {
+      End(st);
+      return MaybeFinish(lock);
+    }
+    pb::LeaseProgress& out = writes_.emplace_back();
+    out.set_round(call->req.round());
+    out.set_start_delay_us(
+        std::chrono::duration_cast<std::chrono::microseconds>(start_delay_).count());
+    *out.mutable_result() = std::move(call->owned);
+    budget_left_ -= out.result().verify().tokens_size();
+    if (writes_.size() == 1) StartWrite(&writes_.front());
+    // A round whose drafter failed (or that verified nothing) ends the
+    // lease; the coordinator decides what follows.
+    if (out.result().drafter_error_code() != 0 || !out.result().has_verify()) End(absl::OkStatus());
+    StartNext(lock);
+  }
+
+  // mu_ held. Finishes once nothing runs, nothing is being written and no
+  // more grants will run.
+  void MaybeFinish(std::unique_lock<std::mutex>& lock) {
+    if (finished_ || running_ != nullptr || !writes_.empty() || !ending_) return;
+    finished_ = true;
+    // Grants never run give back their holds on the prefix.
+    std::deque<Pending> left;
+    left.swap(granted_);
+    const absl::Status final_status = final_;
+    lock.unlock();
+    for (const Pending& p : left) {
+      if (p.hold) service_->DropLeaseHold(session_);
+    }
+    Finish(rpc::ToGrpcStatus(final_status));
+  }
+
+  VerifierService* service_;
+  grpc::CallbackServerContext* ctx_;
+  std::mutex mu_;
+  pb::LeaseGrant incoming_;  // the read in flight
+  bool reading_ = false;
+  bool ending_ = false;
+  bool finished_ = false;
+  absl::Status final_;
+  uint64_t session_ = 0;
+  std::string drafter_;
+  uint64_t epoch_ = 0;
+  uint64_t last_round_ = 0;
+  int64_t budget_left_ = 0;
+  std::deque<Pending> granted_;  // not started, in grant order
+  std::shared_ptr<RoundCall> running_;
+  Clock::duration start_delay_{};
+  std::deque<pb::LeaseProgress> writes_;  // the front is being written
+};
+
+grpc::ServerBidiReactor<pb::LeaseGrant, pb::LeaseProgress>* VerifierService::Lease(
+    grpc::CallbackServerContext* ctx) {
+  return new LeaseReactor(this, ctx);
 }
 
 grpc::ServerUnaryReactor* VerifierService::Release(grpc::CallbackServerContext* ctx,
@@ -705,6 +1016,9 @@ void VerifierService::BatchLoop() {
     // the rest wait for their load, which wakes this thread.
     std::vector<Job> batch;
     std::deque<Job> keep;
+    // Answered once mu_ is released (a Round's or a lease's continuation
+    // may take it).
+    std::vector<std::pair<Job, absl::Status>> refused;
     bool any_waiting = false;
     while (!jobs_.empty()) {
       Job j = std::move(jobs_.front());
@@ -716,11 +1030,13 @@ void VerifierService::BatchLoop() {
       }
       auto it = sessions_.find(j.session_id);
       if (it == sessions_.end()) {
-        j.Finish(absl::NotFoundError(absl::StrCat("session ", j.session_id, " was released")));
+        const uint64_t id = j.session_id;
+        refused.emplace_back(std::move(j),
+                             absl::NotFoundError(absl::StrCat("session ", id, " was released")));
         continue;
       }
       if (j.ctx->IsCancelled()) {
-        j.Finish(absl::CancelledError("verify cancelled"));
+        refused.emplace_back(std::move(j), absl::CancelledError("verify cancelled"));
         continue;
       }
       Session& s = *it->second;
@@ -743,6 +1059,11 @@ void VerifierService::BatchLoop() {
       batch.push_back(std::move(j));
     }
     jobs_ = std::move(keep);
+    if (!refused.empty()) {
+      lock.unlock();
+      for (auto& [job, status] : refused) job.Finish(status);
+      lock.lock();
+    }
     if (batch.empty()) {
       if (any_waiting) work_cv_.wait_for(lock, std::chrono::milliseconds(50));
       continue;
@@ -798,7 +1119,7 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
   metrics_.forward_seconds->Observe(forward);
   batch_requests_->Observe(static_cast<double>(run.size()));
 
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   for (size_t r = 0; r < run.size(); ++r) {
     const size_t i = run_index[r];
     Session& s = *sessions[i];
@@ -842,11 +1163,14 @@ void VerifierService::RunVerifies(std::vector<Job>& jobs) {
     s.busy = false;
     s.last_used = Clock::now();
     // The transient prefix goes after its verify unless the session decodes
-    // with it resident.
-    if (!s.resident) UnpinPrefix(s);
-    jobs[i].Finish(errors[i]);
+    // with it resident or a lease's next round has asked for it already.
+    if (!s.resident && s.lease_holds == 0) UnpinPrefix(s);
   }
   UpdateGauges();
+  // Answered without mu_: a Round's or a lease's continuation may take it
+  // (a lease gives back its holds on the prefix).
+  lock.unlock();
+  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].Finish(errors[i]);
 }
 
 void VerifierService::RunIngest(Job& job) {

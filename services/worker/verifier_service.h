@@ -21,6 +21,10 @@
 // commits to the drafter (Drafter.Commit naming them), at the slow-link
 // slot the coordinator booked; only then does the Round answer. No thread
 // waits on a peer: the calls are asynchronous and the slot is an alarm.
+//
+// Leases (Lease): the same rounds granted on one stream per session; each
+// starts as soon as the one before has committed and its grant is here, so
+// the coordinator makes no call between rounds (worker.proto LeaseGrant).
 #pragma once
 
 #include <chrono>
@@ -113,6 +117,8 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   grpc::ServerUnaryReactor* Round(grpc::CallbackServerContext* ctx,
                                   const vericache::v1::RoundRequest* req,
                                   vericache::v1::RoundResponse* resp) override;
+  grpc::ServerBidiReactor<vericache::v1::LeaseGrant, vericache::v1::LeaseProgress>* Lease(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
                                     const vericache::v1::ReleaseRequest* req,
                                     vericache::v1::ReleaseResponse* resp) override;
@@ -125,8 +131,20 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   struct Session;
   struct Job;
   struct RoundCall;
+  class LeaseReactor;
 
   void BatchLoop();
+  // A Round's (or lease grant's) fields, checked before anything runs.
+  absl::Status CheckRound(const vericache::v1::RoundRequest& req) const;
+  // Marks the round's session used and, with req.load, pins its prefix;
+  // `hold` keeps that pin past the session's current verify (a lease grant
+  // that arrived ahead of its round: DropLeaseHold gives it back).
+  absl::Status TouchRoundSession(const vericache::v1::RoundRequest& req, bool hold);
+  void DropLeaseHold(uint64_t session_id);
+  // Starts `call` (req, ctx, resp and finish set): tracks it and sends its
+  // Draft to the drafter; `deadline` is the end of the caller's budget.
+  absl::Status StartRound(const std::shared_ptr<RoundCall>& call,
+                          std::chrono::system_clock::time_point deadline);
   // The steps of a Round, each run when the one before completes.
   void OnPeerDraft(const std::shared_ptr<RoundCall>& call, const grpc::Status& status);
   void OnRoundVerified(const std::shared_ptr<RoundCall>& call, const absl::Status& status);

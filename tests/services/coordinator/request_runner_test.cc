@@ -4,16 +4,20 @@
 // name, EOS and cancellation, and the slow link's ring: each round's KV
 // refresh booked before its Commit (none with KV refresh off), and the
 // prefix a drafter's Open fetches booked before the Open (none when it
-// fetches nothing). The fake model's output is 10, 11, 12, ... (the token at
+// fetches nothing); leases: one stream, the next grant ahead, drained
+// before a fallback, a verifier without leases served by Round calls. The
+// fake model's output is 10, 11, 12, ... (the token at
 // output position k is 10 + k); the fake drafter drafts it, wrong on demand,
 // and the fake verifier accepts the drafts that match it.
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -82,6 +86,13 @@ class FakeVerifier final : public FakeVerifierBase {
   // Peer rounds: the drafter this verifier calls itself (defined below).
   absl::Status Round(const WorkerCallOptions& o, const pb::RoundRequest& req,
                      pb::RoundResponse* resp) override;
+  // A Round's work, for Round and for a lease's rounds.
+  absl::Status RunRound(const WorkerCallOptions& o, const pb::RoundRequest& req,
+                        pb::RoundResponse* resp);
+  // Leases: OpenLease answers a FakeLease (below) instead of Unimplemented.
+  absl::StatusOr<std::unique_ptr<LeaseStream>> OpenLease(const WorkerCallOptions& o) override;
+  bool leases = false;
+  std::vector<pb::LeaseGrant> grants;  // as received
   std::optional<absl::Status> verify_error;
   std::optional<absl::Status> round_error;
   int refresh_bytes_per_token = 100;  // the refresh rows' size
@@ -148,6 +159,11 @@ class FakeDrafter final : public FakeDrafterBase {
 absl::Status FakeVerifier::Round(const WorkerCallOptions& o, const pb::RoundRequest& req,
                                  pb::RoundResponse* resp) {
   calls_->Add("v.Round");
+  return RunRound(o, req, resp);
+}
+
+absl::Status FakeVerifier::RunRound(const WorkerCallOptions& o, const pb::RoundRequest& req,
+                                    pb::RoundResponse* resp) {
   rounds.push_back(req);
   if (round_error.has_value()) return *round_error;
   peer->in_peer_call = true;
@@ -186,6 +202,74 @@ absl::Status FakeVerifier::Round(const WorkerCallOptions& o, const pb::RoundRequ
   if (absl::Status s = peer->Commit(o, creq, &cresp); !s.ok()) return drafter_failed("Commit", s);
   *resp->mutable_commit() = cresp;
   return absl::OkStatus();
+}
+
+// What a verifier's Lease does, over the fakes, each round run as a Round
+// when its grant is sent (so a grant sent ahead has run by the time the
+// runner half-closes: its progress arrives in the drain): the budget of the
+// first grant kept (a grant without room for a draft is answered skipped),
+// the stream ended after a round whose drafter failed, a grant after that
+// or after Close not run.
+class FakeLease final : public LeaseStream {
+ public:
+  FakeLease(FakeVerifier* v, Calls* calls, const WorkerCallOptions& o)
+      : v_(v), calls_(calls), o_(o) {}
+  bool Send(const pb::LeaseGrant& g) override {
+    if (ended_ || closed_) return false;
+    v_->grants.push_back(g);
+    if (v_->grants.size() == 1) budget_ = g.budget();
+    pb::LeaseProgress p;
+    p.set_round(g.round().round());
+    pb::RoundRequest req = g.round();
+    const int64_t take = std::min<int64_t>(req.take(), budget_ - 1);
+    if (take < 1) {
+      p.set_skipped(true);
+      progress_.push_back(p);
+      return true;
+    }
+    req.set_take(static_cast<int32_t>(take));
+    calls_->Add("v.LeaseRound");
+    const absl::Status s = v_->RunRound(o_, req, p.mutable_result());
+    if (!s.ok()) {
+      ended_ = true;
+      status_ = s;
+      return true;
+    }
+    budget_ -= p.result().verify().tokens_size();
+    if (p.result().drafter_error_code() != 0) ended_ = true;
+    progress_.push_back(std::move(p));
+    return true;
+  }
+  absl::StatusOr<bool> Next(Clock::time_point deadline, pb::LeaseProgress* out,
+                            Clock::time_point* received) override {
+    if (!progress_.empty()) {
+      *out = std::move(progress_.front());
+      progress_.erase(progress_.begin());
+      if (received != nullptr) *received = Clock::now();
+      return true;
+    }
+    if (!status_.ok()) return status_;
+    if (ended_ || closed_) return false;
+    std::this_thread::sleep_until(deadline);
+    return absl::DeadlineExceededError("fake lease: no grant to answer");
+  }
+  void Close() override { closed_ = true; }
+
+ private:
+  FakeVerifier* v_;
+  Calls* calls_;
+  WorkerCallOptions o_;
+  int64_t budget_ = 0;
+  bool ended_ = false;
+  bool closed_ = false;
+  absl::Status status_;
+  std::vector<pb::LeaseProgress> progress_;
+};
+
+absl::StatusOr<std::unique_ptr<LeaseStream>> FakeVerifier::OpenLease(const WorkerCallOptions& o) {
+  if (!leases) return absl::UnimplementedError("no leases");
+  calls_->Add("v.Lease");
+  return std::make_unique<FakeLease>(this, calls_, o);
 }
 
 struct CollectSink final : Sink {
@@ -238,6 +322,13 @@ class RunnerTest : public ::testing::Test {
     ro.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1 << 20}};
     clock_ = std::move(SlotClock::Create(ro)).value();
     ctx_.clock = clock_.get();
+  }
+
+  // Peer rounds on a lease, which the fake verifier serves.
+  void UseLeases() {
+    ctx_.options.peer_rounds = true;
+    ctx_.options.leases = true;
+    fake_v_->leases = true;
   }
 
   std::vector<int32_t> Expected(int n) {
@@ -588,6 +679,82 @@ TEST_F(RunnerTest, PeerRoundsStreamExactlyWithNoDraftOrRowThroughTheCoordinator)
     EXPECT_EQ(fake_v_->rounds[i].take(), 4);
     EXPECT_FALSE(fake_v_->rounds[i].skip_refresh());
   }
+}
+
+TEST_F(RunnerTest, LeasedRoundsStreamExactlyOnOneStreamWithTheNextGrantAhead) {
+  UseLeases();
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(plan_.totals.verify_rounds(), 4);
+  EXPECT_EQ(plan_.totals.accepted_drafts(), 16);
+  // One stream, no Round call; every draft and commit worker to worker.
+  EXPECT_EQ(calls_.Count("v.Lease"), 1);
+  EXPECT_EQ(calls_.Count("v.Round"), 0);
+  EXPECT_EQ(calls_.Count("v.LeaseRound"), 4);
+  EXPECT_EQ(calls_.Count("peer d.Draft"), 4);
+  EXPECT_EQ(calls_.Count("peer d.Commit"), 4);
+  EXPECT_EQ(calls_.Count("d.Draft") + calls_.Count("d.Commit"), 0);
+  EXPECT_EQ(plan_.totals.refresh_bytes(), 4 * 5 * 100);
+  // The grants: ids 1.. of the drafter session's epoch, the budget on the
+  // first, one granted ahead of the last round (answered skipped: the
+  // budget left it no room).
+  ASSERT_EQ(fake_v_->grants.size(), 5u);
+  EXPECT_EQ(fake_v_->grants[0].budget(), 20);
+  for (size_t i = 0; i < fake_v_->grants.size(); ++i) {
+    const pb::RoundRequest& g = fake_v_->grants[i].round();
+    EXPECT_EQ(g.round(), i + 1);
+    EXPECT_EQ(g.epoch(), fake_d_->opened_with.epoch());
+    EXPECT_EQ(g.drafter(), "fake-drafter:1");
+    if (i > 0) {
+      EXPECT_EQ(fake_v_->grants[i].budget(), 0) << "the budget is the first grant's";
+    }
+  }
+  // Each round's times but the last's (it ends the request), as for Rounds.
+  EXPECT_EQ(plan_.totals.round_times().rounds(), 3);
+}
+
+TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
+  UseLeases();
+  fake_d_->always_wrong = true;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  // The window (two rounds) collapsed after round 2; round 3, granted ahead,
+  // had run on the verifier: its verified token is streamed before the
+  // fallback decodes the rest on the same session.
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(plan_.totals.verify_rounds(), 3);
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  EXPECT_EQ(calls_.Count("v.LoadResident"), 1);
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(RunnerTest, ALeasedDrafterThatDiesIsReportedAndFallsBackExactly) {
+  UseLeases();
+  fake_d_->draft_error = absl::UnavailableError("connection refused");
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  ASSERT_EQ(failures_.size(), 1u);
+  EXPECT_EQ(failures_[0],
+            "drafter: drafter fake-drafter:1 Draft: connection refused (from verifier "
+            "fake-verifier:1)");
+  EXPECT_EQ(calls_.Count("v.LeaseRound"), 1) << "the lease ends with the drafter's failure";
+}
+
+TEST_F(RunnerTest, AFailedLeaseFailsTheRequestWithTheVerifiersName) {
+  UseLeases();
+  fake_v_->verify_error = absl::UnavailableError("socket closed");
+  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "verifier fake-verifier:1 Lease: socket closed");
+}
+
+TEST_F(RunnerTest, AVerifierWithoutLeasesGetsOneRoundCallPerRound) {
+  ctx_.options.peer_rounds = true;
+  ctx_.options.leases = true;
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(calls_.Count("v.Round"), 4);
+  EXPECT_EQ(calls_.Count("v.LeaseRound"), 0);
 }
 
 TEST_F(RunnerTest, EachDrafterOpenGetsANewEpoch) {

@@ -12,10 +12,16 @@
 //    decodes exactly.
 //  * A drafter that is gone is reported in the Round's answer (its code and
 //    message, no verify), not as the verifier's failure; a verifier without
-//    a peer data plane refuses Round.
+//    a peer data plane refuses Round and Lease.
+//  * Leases: rounds granted ahead on one stream decode exactly, answered in
+//    grant order; the first grant's budget bounds the tokens (a grant with
+//    no room is answered skipped); a bad grant ends the lease naming its
+//    field after the running round; a drafter's failure ends it after that
+//    round's progress.
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -146,10 +152,9 @@ class PeerRoundTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
-  // A Round; `load` asks it to fetch the prefix too (RoundRequest.load).
-  grpc::Status CallRound(uint64_t session, uint64_t epoch, uint64_t round, int take,
-                         pb::RoundResponse* resp, const std::string& drafter = "",
-                         bool load = false, int64_t refresh_delay_us = 0) {
+  // A round of `session` (`take` drafts) on the test's drafter, or `drafter`.
+  pb::RoundRequest RoundOf(uint64_t session, uint64_t epoch, uint64_t round, int take,
+                           const std::string& drafter = "") {
     pb::RoundRequest req;
     req.set_session_id(session);
     req.set_drafter(drafter.empty() ? drafter_address_ : drafter);
@@ -157,9 +162,26 @@ class PeerRoundTest : public ::testing::Test {
     req.set_round(round);
     req.set_take(take);
     req.set_lookahead(take);
+    return req;
+  }
+
+  // A Round; `load` asks it to fetch the prefix too (RoundRequest.load).
+  grpc::Status CallRound(uint64_t session, uint64_t epoch, uint64_t round, int take,
+                         pb::RoundResponse* resp, const std::string& drafter = "",
+                         bool load = false, int64_t refresh_delay_us = 0) {
+    pb::RoundRequest req = RoundOf(session, epoch, round, take, drafter);
     req.set_load(load);
     req.set_refresh_delay_us(refresh_delay_us);
     return verifier_stub_->Round(Within(120).get(), req, resp);
+  }
+
+  // A lease grant of `round` (the first carries `budget`).
+  pb::LeaseGrant Grant(uint64_t session, uint64_t epoch, uint64_t round, int take,
+                       int64_t budget = 0, const std::string& drafter = "") {
+    pb::LeaseGrant g;
+    *g.mutable_round() = RoundOf(session, epoch, round, take, drafter);
+    g.set_budget(budget);
+    return g;
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int n) {
@@ -427,7 +449,7 @@ TEST_F(PeerRoundTest, BadRoundsAreRefusedWithTheirField) {
   EXPECT_NE(s.error_message().find("refresh_delay_us"), std::string::npos) << s.error_message();
 }
 
-TEST_F(PeerRoundTest, AVerifierWithoutAPeerDataPlaneRefusesRound) {
+TEST_F(PeerRoundTest, AVerifierWithoutAPeerDataPlaneRefusesRoundAndLease) {
   VerifierOptions vo;  // no peer_rows
   metrics::Registry registry;
   VerifierService plain(verify_engine_.get(), kvstore::ComputeModelId(*model_), store_.get(),
@@ -444,8 +466,161 @@ TEST_F(PeerRoundTest, AVerifierWithoutAPeerDataPlaneRefusesRound) {
   pb::RoundResponse resp;
   const grpc::Status s = stub->Round(Within(30).get(), req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  auto ctx = Within(30);
+  auto stream = stub->Lease(ctx.get());
+  (void)stream->Write(Grant(1, 1, 1, 1, 10));
+  pb::LeaseProgress p;
+  EXPECT_FALSE(stream->Read(&p));
+  const grpc::Status ls = stream->Finish();
+  EXPECT_EQ(ls.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << ls.error_message();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   plain.Shutdown();
+}
+
+// Leases: the rounds of a session on one stream, granted ahead.
+TEST_F(PeerRoundTest, LeasedRoundsDecodeExactlyWithTheNextGrantAhead) {
+  OpenBoth(21, prompt_, 6);
+  auto ctx = Within(120);
+  auto stream = verifier_stub_->Lease(ctx.get());
+  constexpr uint64_t kRounds = 10;
+  // Two grants out at a time: the verifier starts each as soon as the one
+  // before has committed.
+  ASSERT_TRUE(stream->Write(Grant(21, 6, 1, 4, /*budget=*/500)));
+  ASSERT_TRUE(stream->Write(Grant(21, 6, 2, 4)));
+  uint64_t granted = 2;
+  std::vector<int32_t> out;
+  int accepted = 0, drafted = 0;
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    pb::LeaseProgress p;
+    ASSERT_TRUE(stream->Read(&p)) << "round " << round;
+    EXPECT_EQ(p.round(), round) << "progress in grant order";
+    EXPECT_FALSE(p.skipped());
+    const pb::RoundResponse& r = p.result();
+    ASSERT_EQ(r.drafter_error_code(), 0) << r.drafter_error();
+    ASSERT_TRUE(r.has_verify());
+    EXPECT_FALSE(r.verify().has_refresh()) << "the rows must not come back to the caller";
+    EXPECT_GT(r.refresh_bytes(), 0);
+    accepted += r.verify().accepted();
+    drafted += r.drafted();
+    out.insert(out.end(), r.verify().tokens().begin(), r.verify().tokens().end());
+    if (granted < kRounds) {
+      ASSERT_TRUE(stream->Write(Grant(21, 6, ++granted, 4)));
+    }
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  pb::LeaseProgress extra;
+  EXPECT_FALSE(stream->Read(&extra)) << "no progress beyond the grants";
+  const grpc::Status s = stream->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+  EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_rounds_total"), kRounds);
+  EXPECT_EQ(outbox_->entries(), 0);
+  // The session goes on after the lease: a Round continues it exactly.
+  pb::RoundResponse more;
+  ASSERT_TRUE(CallRound(21, 6, kRounds + 1, 4, &more).ok());
+  ASSERT_EQ(more.drafter_error_code(), 0) << more.drafter_error();
+  out.insert(out.end(), more.verify().tokens().begin(), more.verify().tokens().end());
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+}
+
+// The first grant's budget bounds the lease's tokens: a round takes at most
+// budget_left - 1 drafts, and a grant with no room left is answered skipped.
+TEST_F(PeerRoundTest, ALeaseKeepsItsTokensWithinItsBudget) {
+  OpenBoth(23, prompt_, 2);
+  auto ctx = Within(120);
+  auto stream = verifier_stub_->Lease(ctx.get());
+  constexpr int64_t kBudget = 7;
+  for (uint64_t round = 1; round <= 4; ++round) {
+    ASSERT_TRUE(stream->Write(Grant(23, 2, round, 4, round == 1 ? kBudget : 0)));
+  }
+  std::vector<int32_t> out;
+  int skipped = 0;
+  pb::LeaseProgress p;
+  // One answer per grant; the half-close comes after them (it ends the
+  // lease after the running round: grants not started would not run).
+  for (int answers = 0; answers < 4; ++answers) {
+    ASSERT_TRUE(stream->Read(&p)) << "answer " << answers;
+    EXPECT_EQ(p.round(), static_cast<uint64_t>(answers + 1));
+    if (p.skipped()) {
+      ++skipped;
+      continue;
+    }
+    EXPECT_EQ(skipped, 0) << "a skipped grant is the last to run";
+    ASSERT_EQ(p.result().drafter_error_code(), 0) << p.result().drafter_error();
+    EXPECT_LE(p.result().drafted(), kBudget - 1 - static_cast<int64_t>(out.size()));
+    out.insert(out.end(), p.result().verify().tokens().begin(), p.result().verify().tokens().end());
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_FALSE(stream->Read(&p));
+  const grpc::Status s = stream->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LE(static_cast<int64_t>(out.size()), kBudget);
+  EXPECT_GE(static_cast<int64_t>(out.size()), kBudget - 1) << "the budget is used up";
+  EXPECT_GE(skipped, 1);
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+}
+
+TEST_F(PeerRoundTest, BadGrantsEndTheLeaseWithTheirField) {
+  OpenBoth(25, prompt_, 4);
+  {
+    auto ctx = Within(60);
+    auto stream = verifier_stub_->Lease(ctx.get());
+    ASSERT_TRUE(stream->Write(Grant(25, 4, 1, 4, /*budget=*/0)));
+    pb::LeaseProgress p;
+    EXPECT_FALSE(stream->Read(&p));
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("budget"), std::string::npos) << s.error_message();
+  }
+  // A good first grant, then a bad one: the first's round runs and
+  // answers, then the lease ends naming the field. (Round ids go on across
+  // the leases of the session: the drafter refuses a round it committed.)
+  uint64_t round = 1;
+  struct Case {
+    std::function<pb::LeaseGrant(uint64_t next)> second;
+    std::string needle;
+  };
+  for (const Case& c : {
+           Case{[&](uint64_t next) { return Grant(25, 4, next + 1, 4); }, "after round"},
+           Case{[&](uint64_t next) { return Grant(25, 9, next, 4); },
+                "session, drafter and epoch must be the first grant's"},
+           Case{[&](uint64_t next) { return Grant(25, 4, next, 0); }, "take"},
+       }) {
+    auto ctx = Within(60);
+    auto stream = verifier_stub_->Lease(ctx.get());
+    ASSERT_TRUE(stream->Write(Grant(25, 4, round, 2, 100)));
+    ASSERT_TRUE(stream->Write(c.second(round + 1)));
+    pb::LeaseProgress p;
+    int progress = 0;
+    while (stream->Read(&p)) {
+      ++progress;
+      EXPECT_EQ(p.round(), round);
+    }
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find(c.needle), std::string::npos) << s.error_message();
+    EXPECT_EQ(progress, 1) << "the first grant's round still ran and answered";
+    ++round;
+  }
+}
+
+TEST_F(PeerRoundTest, ALeaseWhoseDrafterIsGoneEndsAfterThatRound) {
+  OpenBoth(27, prompt_, 1);
+  auto ctx = Within(60);
+  auto stream = verifier_stub_->Lease(ctx.get());
+  ASSERT_TRUE(stream->Write(Grant(27, 1, 1, 4, 100, "127.0.0.1:1")));
+  ASSERT_TRUE(stream->Write(Grant(27, 1, 2, 4, 0, "127.0.0.1:1")));
+  pb::LeaseProgress p;
+  ASSERT_TRUE(stream->Read(&p));
+  EXPECT_EQ(p.round(), 1u);
+  EXPECT_EQ(p.result().drafter_error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE))
+      << p.result().drafter_error();
+  EXPECT_FALSE(p.result().has_verify());
+  EXPECT_FALSE(stream->Read(&p)) << "the grant after the drafter's failure is not run";
+  const grpc::Status s = stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 // The outbox and fetcher alone: bounds, one-shot keys, sizes checked.
