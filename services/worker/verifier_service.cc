@@ -586,13 +586,11 @@ class VerifierService::LeaseReactor final
           "this verifier takes no peer rounds (it has no peer data plane)")));
       return;
     }
-    reading_ = true;
     StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
     std::unique_lock<std::mutex> lock(mu_);
-    reading_ = false;
     if (!ok) {
       // Half-closed (or cancelled): no more grants; the running round ends
       // the lease, the grants not started are not run.
@@ -607,12 +605,15 @@ class VerifierService::LeaseReactor final
       lock.unlock();
       st = service_->TouchRoundSession(p.req, /*hold=*/true);
       lock.lock();
+      if (st.ok() && finished_) {
+        // The lease ended meanwhile: this grant never runs.
+        lock.unlock();
+        if (p.hold) service_->DropLeaseHold(session_);
+        return;
+      }
       if (st.ok()) {
         granted_.push_back(std::move(p));
-        if (!ending_) {
-          reading_ = true;
-          StartRead(&incoming_);
-        }
+        if (!ending_) StartRead(&incoming_);
         if (running_ == nullptr) return StartNext(lock);
         return;
       }
@@ -709,12 +710,14 @@ class VerifierService::LeaseReactor final
         pb::LeaseProgress& out = writes_.emplace_back();
         out.set_round(p.req.round());
         out.set_skipped(true);
+        // Started before mu_ is let go: a write finishing meanwhile would
+        // start this one itself (one write at a time).
+        if (writes_.size() == 1) StartWrite(&writes_.front());
         if (p.hold) {
           lock.unlock();
           service_->DropLeaseHold(session_);
           lock.lock();
         }
-        if (writes_.size() == 1) StartWrite(&writes_.front());
         continue;
       }
       auto call = std::make_shared<RoundCall>();
@@ -799,7 +802,6 @@ class VerifierService::LeaseReactor final
   grpc::CallbackServerContext* ctx_;
   std::mutex mu_;
   pb::LeaseGrant incoming_;  // the read in flight
-  bool reading_ = false;
   bool ending_ = false;
   bool finished_ = false;
   absl::Status final_;

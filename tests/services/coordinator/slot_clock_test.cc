@@ -3,7 +3,7 @@
 // on Stop; bookings pass through to the policy; prefix joins expire with
 // their verify slot, a joined booking lives until its last user is done, and
 // many threads' link-only transfers (KV refresh) never overbook a paced
-// link in any slot.
+// link in any slot; SlotBegun agrees with the wait.
 // Margins are generous: the suite runs on a loaded 2-core machine, so only
 // orderings are asserted, never durations.
 #include "services/coordinator/slot_clock.h"
@@ -49,6 +49,21 @@ TEST(SlotClockTest, OffsetWaitEndsInsideTheSlotOrFailsAtTheDeadline) {
   EXPECT_FALSE(clock->WaitForSlot(now, 9.9, deadline));
   EXPECT_GE(Clock::now(), deadline);
   EXPECT_EQ(clock->now(), now) << "returned at the deadline, not at the offset";
+}
+
+// SlotBegun says, without waiting, what WaitForSlot would wait for (the
+// lease's runner polls it while it waits for a round's progress).
+TEST(SlotClockTest, SlotBegunAgreesWithTheWait) {
+  auto clock = std::move(SlotClock::Create(Options(10.0))).value();
+  const int64_t now = clock->now();
+  EXPECT_TRUE(clock->SlotBegun(now, 0));
+  EXPECT_TRUE(clock->SlotBegun(now - 1, 5.0)) << "a later slot has begun";
+  EXPECT_FALSE(clock->SlotBegun(now + 1, 0));
+  EXPECT_FALSE(clock->SlotBegun(now, 9.9)) << "the offset is seconds away";
+  ASSERT_TRUE(clock->WaitForSlot(now, 0.01, Clock::now() + std::chrono::seconds(30)));
+  if (clock->now() == now) {
+    EXPECT_TRUE(clock->SlotBegun(now, 0.01)) << "the wait for it has returned";
+  }
 }
 
 TEST(SlotClockTest, StopEndsEveryWait) {
