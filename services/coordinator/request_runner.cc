@@ -443,9 +443,22 @@ struct PeerRoundTimes {
 // drafter's: it is marked and kDrafterDropped returned (after streaming the
 // verified tokens of a round whose Commit failed); a failure of the
 // request's own kind (not retryable) is returned.
+// Streams a peer round's verified tokens (and notes the round); false when
+// they complete the request.
+bool EmitVerifiedRound(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer,
+                       const pb::RoundResponse& rresp, double verify_ms) {
+  const pb::VerifyResponse& vresp = rresp.verify();
+  std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
+  const pb::RoundStats round = NoteVerifiedRound(ctx, rresp.drafted(), vresp, verify_ms, plan);
+  return Emit(ctx, plan, r, tokens, round, writer);
+}
+
+// `emitted`: the round's tokens were streamed already (a lease's verified
+// progress, EmitVerifiedRound).
 absl::StatusOr<PeerRoundOutcome> ApplyPeerRound(const RunnerContext& ctx, Plan& plan, Request& r,
                                                 Sink* writer, const pb::RoundResponse& rresp,
-                                                int take, const PeerRoundTimes& times) {
+                                                int take, const PeerRoundTimes& times,
+                                                bool emitted = false) {
   Worker& v = *plan.verifier;
   Worker& d = *plan.drafter;
   auto drop_drafter = [&](const absl::Status& st) -> absl::StatusOr<PeerRoundOutcome> {
@@ -470,10 +483,9 @@ absl::StatusOr<PeerRoundOutcome> ApplyPeerRound(const RunnerContext& ctx, Plan& 
   if (ctx.calibrate && rresp.draft_step_seconds() > 0) ctx.calibrate(rresp.draft_step_seconds());
   const pb::VerifyResponse& vresp = rresp.verify();
   plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + rresp.refresh_bytes());
-  std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
-  const pb::RoundStats round =
-      NoteVerifiedRound(ctx, rresp.drafted(), vresp, times.verify_ms, plan);
-  if (!Emit(ctx, plan, r, tokens, round, writer)) return PeerRoundOutcome::kComplete;
+  if (!emitted && !EmitVerifiedRound(ctx, plan, r, writer, rresp, times.verify_ms)) {
+    return PeerRoundOutcome::kComplete;
+  }
   // The commit failed after a verify whose tokens stand (streamed).
   if (!drafter_status.ok()) return drop_drafter(drafter_status);
   plan.drafts_ready = rresp.commit().surviving_drafts();
@@ -492,6 +504,7 @@ struct LeaseRound {
   std::chrono::microseconds refresh_delay{0};
   Clock::time_point booked;  // when its booking began
   Clock::time_point sent;    // when its grant was sent
+  bool emitted = false;      // its verified tokens were streamed
 };
 
 // vericache rounds on a lease (worker.proto LeaseGrant): one stream to the
@@ -537,8 +550,11 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
   // Books the next round (into `next`) when the budget leaves room for a
   // draft (each round granted adds at least one token).
   auto book = [&]() -> absl::Status {
+    // Rounds whose tokens are not in the output yet.
+    const auto unstreamed = std::count_if(rounds.begin(), rounds.end(),
+                                          [](const LeaseRound& lr) { return !lr.emitted; });
     const int64_t left = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size()) -
-                         static_cast<int64_t>(rounds.size());
+                         static_cast<int64_t>(unstreamed);
     const int take = static_cast<int>(std::min<int64_t>(plan.x, left - 1));
     if (take < 1) return absl::OkStatus();
     LeaseRound lr;
@@ -618,6 +634,11 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
   while (true) {
     if (r.gone()) return absl::CancelledError("request cancelled");
     if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    if (closing && next) {
+      // Half-closed: a booked grant is not sent; its booking goes back.
+      release(*next);
+      next.reset();
+    }
     // One grant ahead: it is on the verifier before the round before ends.
     if (!closing && !next && rounds.size() < 2) VC_RETURN_IF_ERROR(book());
     if (next && due()) {
@@ -658,6 +679,22 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
       return absl::InternalError(absl::StrCat("verifier ", v.address, " answered lease round ",
                                               progress.round(), ", expected ", front.round));
     }
+    if (progress.verified_only()) {
+      // The round's tokens, before its commit: streamed now; its progress
+      // after the commit follows.
+      if (front.emitted || !progress.result().has_verify()) {
+        return absl::InternalError(absl::StrCat(
+            "verifier ", v.address, " sent a bad verified progress of round ", progress.round()));
+      }
+      rounds.front().emitted = true;
+      const double verify_ms =
+          std::chrono::duration<double, std::milli>(arrived - std::max(front.sent, last_arrival))
+              .count();
+      if (!EmitVerifiedRound(ctx, plan, r, writer, progress.result(), verify_ms)) {
+        return PeerRoundOutcome::kComplete;
+      }
+      continue;
+    }
     const LeaseRound lr = rounds.front();
     rounds.pop_front();
     answered = true;
@@ -685,21 +722,20 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
     times.slot_wait_seconds = std::max(0.0, std::chrono::duration<double>(lr.sent - start).count());
     times.verify_ms =
         std::chrono::duration<double, std::milli>(arrived - std::max(lr.sent, start)).count();
-    // The verifier's take, as it clamped it to the budget.
-    const int64_t left = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+    // The verifier's take, as it clamped it to the budget (before this
+    // round's tokens, which may have been streamed already).
+    const int64_t left = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size()) +
+                         (lr.emitted ? progress.result().verify().tokens_size() : 0);
     const int take = static_cast<int>(std::min<int64_t>(lr.take, left - 1));
     *unverified = 1;
-    VC_ASSIGN_OR_RETURN(const PeerRoundOutcome out,
-                        ApplyPeerRound(ctx, plan, r, writer, progress.result(), take, times));
+    VC_ASSIGN_OR_RETURN(
+        const PeerRoundOutcome out,
+        ApplyPeerRound(ctx, plan, r, writer, progress.result(), take, times, lr.emitted));
     if (out == PeerRoundOutcome::kComplete) return out;
     if (out != PeerRoundOutcome::kContinue && !decided) {
       decided = out;
       closing = true;
       lease.Close();
-    }
-    if (closing && next) {
-      release(*next);
-      next.reset();
     }
   }
 }

@@ -100,6 +100,9 @@ struct VerifierService::RoundCall {
   grpc::Alarm alarm;     // the refresh's slot
   // A lease grant's hold on the prefix not yet passed to the verify job.
   bool lease_hold = false;
+  // Called once the round is verified, before its commit (a lease sends the
+  // verified tokens on at once); unset for a Round.
+  std::function<void()> on_verified;
 };
 
 VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_id,
@@ -505,6 +508,7 @@ void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
     }
   }
   v->clear_refresh();
+  if (call->on_verified) call->on_verified();
   const auto slot = call->arrived + std::chrono::microseconds(call->req.refresh_delay_us());
   if (!call->rows_key.empty() && slot > Clock::now()) {
     // Offer the rows at their booked slot on the slow link; the alarm's
@@ -730,6 +734,7 @@ class VerifierService::LeaseReactor final
       call->finish = [this, weak = std::weak_ptr<RoundCall>(call)](const absl::Status& st) {
         OnRoundDone(weak.lock(), st);
       };
+      call->on_verified = [this, raw = call.get()] { OnVerified(*raw); };
       running_ = call;
       // The round's budget as a Round's call deadline would give it, from
       // now (it may have waited behind the round before).
@@ -753,6 +758,23 @@ class VerifierService::LeaseReactor final
       return MaybeFinish(lock);
     }
     MaybeFinish(lock);
+  }
+
+  // The running round is verified (its commit is next): its tokens go to
+  // the coordinator now, in a progress of their own.
+  void OnVerified(const RoundCall& call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ending_) return;
+    pb::LeaseProgress& out = writes_.emplace_back();
+    out.set_round(call.req.round());
+    out.set_verified_only(true);
+    pb::RoundResponse& r = *out.mutable_result();
+    *r.mutable_verify() = call.owned.verify();
+    r.set_drafted(call.owned.drafted());
+    r.set_draft_step_seconds(call.owned.draft_step_seconds());
+    r.set_draft_seconds(call.owned.draft_seconds());
+    r.set_peer_draft_seconds(call.owned.peer_draft_seconds());
+    if (writes_.size() == 1) StartWrite(&writes_.front());
   }
 
   // A round of this lease is over (FinishRound's call; the round is still

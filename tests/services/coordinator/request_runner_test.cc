@@ -237,6 +237,15 @@ class FakeLease final : public LeaseStream {
     }
     budget_ -= p.result().verify().tokens_size();
     if (p.result().drafter_error_code() != 0) ended_ = true;
+    if (p.result().has_verify()) {
+      // As the verifier does: the verified tokens first, before the commit.
+      pb::LeaseProgress verified;
+      verified.set_round(p.round());
+      verified.set_verified_only(true);
+      *verified.mutable_result()->mutable_verify() = p.result().verify();
+      verified.mutable_result()->set_drafted(p.result().drafted());
+      progress_.push_back(std::move(verified));
+    }
     progress_.push_back(std::move(p));
     return true;
   }
@@ -694,7 +703,9 @@ TEST_F(RunnerTest, LeasedRoundsStreamExactlyOnOneStreamWithTheNextGrantAhead) {
   EXPECT_EQ(calls_.Count("peer d.Draft"), 4);
   EXPECT_EQ(calls_.Count("peer d.Commit"), 4);
   EXPECT_EQ(calls_.Count("d.Draft") + calls_.Count("d.Commit"), 0);
-  EXPECT_EQ(plan_.totals.refresh_bytes(), 4 * 5 * 100);
+  // The last round's verified tokens complete the request: its commit (and
+  // its rows' count) is not waited for.
+  EXPECT_EQ(plan_.totals.refresh_bytes(), 3 * 5 * 100);
   // The grants: ids 1.. of the drafter session's epoch, the budget on the
   // first, one granted ahead of the last round (answered skipped: the
   // budget left it no room).
@@ -738,6 +749,18 @@ TEST_F(RunnerTest, ALeasedDrafterThatDiesIsReportedAndFallsBackExactly) {
             "drafter: drafter fake-drafter:1 Draft: connection refused (from verifier "
             "fake-verifier:1)");
   EXPECT_EQ(calls_.Count("v.LeaseRound"), 1) << "the lease ends with the drafter's failure";
+}
+
+TEST_F(RunnerTest, ALeasedCommitThatFailsStreamsItsVerifiedTokensOnceAndFallsBack) {
+  UseLeases();
+  fake_d_->commit_error = absl::UnavailableError("connection reset");
+  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  // Round 1's tokens went out with its verified progress, before the
+  // failed commit; its full progress did not send them again.
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(plan_.totals.verify_rounds(), 1);
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  ASSERT_EQ(failures_.size(), 1u);
 }
 
 TEST_F(RunnerTest, AFailedLeaseFailsTheRequestWithTheVerifiersName) {

@@ -14,8 +14,8 @@
 //    message, no verify), not as the verifier's failure; a verifier without
 //    a peer data plane refuses Round and Lease.
 //  * Leases: rounds granted ahead on one stream decode exactly, answered in
-//    grant order; the first grant's budget bounds the tokens (a grant with
-//    no room is answered skipped); a bad grant ends the lease naming its
+//    grant order (each round's tokens first, before its commit); the first grant's budget bounds
+//    the tokens (a grant with no room is answered skipped); a bad grant ends the lease naming its
 //    field after the running round; a drafter's failure ends it after that
 //    round's progress.
 #include <chrono>
@@ -182,6 +182,30 @@ class PeerRoundTest : public ::testing::Test {
     *g.mutable_round() = RoundOf(session, epoch, round, take, drafter);
     g.set_budget(budget);
     return g;
+  }
+
+  // The next progress of a lease that is not a verified-only one; a
+  // verified-only progress must come just before its round's full one with
+  // the same tokens (checked here). False when the stream has ended.
+  static bool ReadProgress(grpc::ClientReaderWriter<pb::LeaseGrant, pb::LeaseProgress>& stream,
+                           pb::LeaseProgress* p, int* verified_seen = nullptr) {
+    if (!stream.Read(p)) return false;
+    if (!p->verified_only()) return true;
+    if (verified_seen != nullptr) ++*verified_seen;
+    const pb::LeaseProgress verified = *p;
+    EXPECT_TRUE(verified.result().has_verify());
+    EXPECT_FALSE(verified.result().has_commit()) << "sent before the commit";
+    if (!stream.Read(p)) {
+      ADD_FAILURE() << "a verified progress without its round's full progress";
+      return false;
+    }
+    EXPECT_FALSE(p->verified_only());
+    EXPECT_EQ(p->round(), verified.round());
+    EXPECT_EQ(std::vector<int32_t>(p->result().verify().tokens().begin(),
+                                   p->result().verify().tokens().end()),
+              std::vector<int32_t>(verified.result().verify().tokens().begin(),
+                                   verified.result().verify().tokens().end()));
+    return true;
   }
 
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int n) {
@@ -488,11 +512,12 @@ TEST_F(PeerRoundTest, LeasedRoundsDecodeExactlyWithTheNextGrantAhead) {
   ASSERT_TRUE(stream->Write(Grant(21, 6, 1, 4, /*budget=*/500)));
   ASSERT_TRUE(stream->Write(Grant(21, 6, 2, 4)));
   uint64_t granted = 2;
+  int verified_seen = 0;  // verified-only progress, ahead of each commit
   std::vector<int32_t> out;
   int accepted = 0, drafted = 0;
   for (uint64_t round = 1; round <= kRounds; ++round) {
     pb::LeaseProgress p;
-    ASSERT_TRUE(stream->Read(&p)) << "round " << round;
+    ASSERT_TRUE(ReadProgress(*stream, &p, &verified_seen)) << "round " << round;
     EXPECT_EQ(p.round(), round) << "progress in grant order";
     EXPECT_FALSE(p.skipped());
     const pb::RoundResponse& r = p.result();
@@ -509,7 +534,8 @@ TEST_F(PeerRoundTest, LeasedRoundsDecodeExactlyWithTheNextGrantAhead) {
   }
   ASSERT_TRUE(stream->WritesDone());
   pb::LeaseProgress extra;
-  EXPECT_FALSE(stream->Read(&extra)) << "no progress beyond the grants";
+  EXPECT_FALSE(ReadProgress(*stream, &extra)) << "no progress beyond the grants";
+  EXPECT_EQ(verified_seen, static_cast<int>(kRounds)) << "each round's tokens before its commit";
   const grpc::Status s = stream->Finish();
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
@@ -541,7 +567,7 @@ TEST_F(PeerRoundTest, ALeaseKeepsItsTokensWithinItsBudget) {
   // One answer per grant; the half-close comes after them (it ends the
   // lease after the running round: grants not started would not run).
   for (int answers = 0; answers < 4; ++answers) {
-    ASSERT_TRUE(stream->Read(&p)) << "answer " << answers;
+    ASSERT_TRUE(ReadProgress(*stream, &p)) << "answer " << answers;
     EXPECT_EQ(p.round(), static_cast<uint64_t>(answers + 1));
     if (p.skipped()) {
       ++skipped;
@@ -553,7 +579,7 @@ TEST_F(PeerRoundTest, ALeaseKeepsItsTokensWithinItsBudget) {
     out.insert(out.end(), p.result().verify().tokens().begin(), p.result().verify().tokens().end());
   }
   ASSERT_TRUE(stream->WritesDone());
-  EXPECT_FALSE(stream->Read(&p));
+  EXPECT_FALSE(ReadProgress(*stream, &p));
   const grpc::Status s = stream->Finish();
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_LE(static_cast<int64_t>(out.size()), kBudget);
@@ -569,7 +595,7 @@ TEST_F(PeerRoundTest, BadGrantsEndTheLeaseWithTheirField) {
     auto stream = verifier_stub_->Lease(ctx.get());
     ASSERT_TRUE(stream->Write(Grant(25, 4, 1, 4, /*budget=*/0)));
     pb::LeaseProgress p;
-    EXPECT_FALSE(stream->Read(&p));
+    EXPECT_FALSE(ReadProgress(*stream, &p));
     const grpc::Status s = stream->Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_NE(s.error_message().find("budget"), std::string::npos) << s.error_message();
@@ -594,7 +620,7 @@ TEST_F(PeerRoundTest, BadGrantsEndTheLeaseWithTheirField) {
     ASSERT_TRUE(stream->Write(c.second(round + 1)));
     pb::LeaseProgress p;
     int progress = 0;
-    while (stream->Read(&p)) {
+    while (ReadProgress(*stream, &p)) {
       ++progress;
       EXPECT_EQ(p.round(), round);
     }
@@ -613,12 +639,12 @@ TEST_F(PeerRoundTest, ALeaseWhoseDrafterIsGoneEndsAfterThatRound) {
   ASSERT_TRUE(stream->Write(Grant(27, 1, 1, 4, 100, "127.0.0.1:1")));
   ASSERT_TRUE(stream->Write(Grant(27, 1, 2, 4, 0, "127.0.0.1:1")));
   pb::LeaseProgress p;
-  ASSERT_TRUE(stream->Read(&p));
+  ASSERT_TRUE(ReadProgress(*stream, &p));
   EXPECT_EQ(p.round(), 1u);
   EXPECT_EQ(p.result().drafter_error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE))
       << p.result().drafter_error();
   EXPECT_FALSE(p.result().has_verify());
-  EXPECT_FALSE(stream->Read(&p)) << "the grant after the drafter's failure is not run";
+  EXPECT_FALSE(ReadProgress(*stream, &p)) << "the grant after the drafter's failure is not run";
   const grpc::Status s = stream->Finish();
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
