@@ -830,12 +830,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     // (CommitResponse.surviving_drafts), so only the rest are waited for.
     const int target_offset =
         std::max(1, ctx.options.peer_rounds ? take - plan.drafts_ready : take);
-    VC_ASSIGN_OR_RETURN(VerifyBooking booking,
+    VC_ASSIGN_OR_RETURN(const VerifyBooking verify,
                         BookVerify(ctx, plan, r, prefix_bytes, target_offset, &slot_wait_seconds));
-    const int64_t first_slot = booking.first_slot;
-    const double issue_offset = booking.issue_offset;
-    const int64_t verify_slot = booking.verify_slot;
-    const std::optional<int64_t> held = booking.held;
     // Peer rounds: the Round, sent at the reload's slot, starts the reload
     // itself (RoundRequest.load) and the verify follows the drafts and the
     // load on the verifier: no Load call, no wait here for the verify's
@@ -847,8 +843,9 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     absl::Status round_status = [&]() -> absl::Status {
       // The reload starts at its slot (just in time within it when packed).
       if (prefix_bytes > 0) {
-        if (!timed_wait(
-                [&] { return ctx.clock->WaitForSlot(first_slot, issue_offset, r.deadline); })) {
+        if (!timed_wait([&] {
+              return ctx.clock->WaitForSlot(verify.first_slot, verify.issue_offset, r.deadline);
+            })) {
           return absl::DeadlineExceededError("request deadline passed");
         }
         if (peer_round) return absl::OkStatus();
@@ -857,14 +854,14 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         pb::LoadResponse resp;
         const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
         if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
-        if (!timed_wait([&] { return ctx.clock->WaitForSlot(verify_slot, r.deadline); })) {
+        if (!timed_wait([&] { return ctx.clock->WaitForSlot(verify.verify_slot, r.deadline); })) {
           return absl::DeadlineExceededError("request deadline passed");
         }
       }
       return absl::OkStatus();
     }();
     if (!round_status.ok()) {
-      if (held) (void)ctx.clock->Release(*held);
+      if (verify.held) (void)ctx.clock->Release(*verify.held);
       return round_status;
     }
     if (peer_round) {
@@ -906,7 +903,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       round_call.deadline = std::min(
           r.deadline, round_call.deadline + std::chrono::microseconds(rreq.refresh_delay_us()));
       const absl::Status rs = v.verifier->Round(round_call, rreq, &rresp);
-      if (held) (void)ctx.clock->Release(*held);
+      if (verify.held) (void)ctx.clock->Release(*verify.held);
       if (refresh_booking && rs.ok()) {
         // Now that their size is known (0: none were sent), the rows keep
         // only their own link time; the rest of the upper bound, where still
@@ -941,7 +938,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
-        if (held) (void)ctx.clock->Release(*held);
+        if (verify.held) (void)ctx.clock->Release(*verify.held);
         VC_RETURN_IF_ERROR(drop_drafter(st));
         break;
       }
@@ -958,7 +955,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     pb::VerifyResponse vresp;
     const auto t0 = Clock::now();
     const absl::Status vs = v.verifier->Verify(ctx.CallOptions(r), vreq, &vresp);
-    if (held) (void)ctx.clock->Release(*held);
+    if (verify.held) (void)ctx.clock->Release(*verify.held);
     if (!vs.ok()) {
       // Without the verifier nothing can be verified: fail cleanly (every
       // token streamed so far was verified).

@@ -91,13 +91,9 @@ class GrpcLeaseStream final : public LeaseStream,
   ~GrpcLeaseStream() override {
     ctx_->TryCancel();
     std::unique_lock<std::mutex> lock(mu_);
-    if (!hold_removed_) {
-      hold_removed_ = true;
-      lock.unlock();
-      RemoveHold();
-      lock.lock();
-    }
-    done_cv_.wait(lock, [&] { return done_; });
+    DropHold(lock);
+    lock.lock();
+    cv_.wait(lock, [&] { return done_; });
   }
 
   bool Send(const pb::LeaseGrant& grant) override {
@@ -130,10 +126,7 @@ class GrpcLeaseStream final : public LeaseStream,
     if (closing_) return;
     closing_ = true;
     if (sending_.empty() && !ended_) StartWritesDone();
-    if (hold_removed_) return;
-    hold_removed_ = true;
-    lock.unlock();
-    RemoveHold();
+    DropHold(lock);
   }
 
   void OnWriteDone(bool ok) override {
@@ -157,10 +150,7 @@ class GrpcLeaseStream final : public LeaseStream,
       // no more grants can matter, and OnDone, which brings the status,
       // waits for the hold.
       ended_ = true;
-      if (hold_removed_) return;
-      hold_removed_ = true;
-      lock.unlock();
-      RemoveHold();
+      DropHold(lock);
       return;
     }
     received_.emplace_back(std::move(incoming_), std::chrono::steady_clock::now());
@@ -174,14 +164,21 @@ class GrpcLeaseStream final : public LeaseStream,
     done_ = true;
     status_ = s;
     cv_.notify_all();
-    done_cv_.notify_all();
   }
 
  private:
+  // Removes the hold taken at the start, once; `lock` (held) is released,
+  // since OnDone may follow at once.
+  void DropHold(std::unique_lock<std::mutex>& lock) {
+    const bool held = !hold_removed_;
+    hold_removed_ = true;
+    lock.unlock();
+    if (held) RemoveHold();
+  }
+
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::mutex mu_;
-  std::condition_variable cv_;       // Next: a message or the end
-  std::condition_variable done_cv_;  // the destructor: OnDone
+  std::condition_variable cv_;  // a message or OnDone (Next, the destructor)
   pb::LeaseProgress incoming_;
   std::deque<pb::LeaseGrant> sending_;  // the front is being written
   std::deque<std::pair<pb::LeaseProgress, std::chrono::steady_clock::time_point>> received_;

@@ -768,12 +768,9 @@ class VerifierService::LeaseReactor final
     pb::LeaseProgress& out = writes_.emplace_back();
     out.set_round(call.req.round());
     out.set_verified_only(true);
-    pb::RoundResponse& r = *out.mutable_result();
-    *r.mutable_verify() = call.owned.verify();
-    r.set_drafted(call.owned.drafted());
-    r.set_draft_step_seconds(call.owned.draft_step_seconds());
-    r.set_draft_seconds(call.owned.draft_seconds());
-    r.set_peer_draft_seconds(call.owned.peer_draft_seconds());
+    // The round's answer so far: the draft's fields and the verify (its rows
+    // already moved to the outbox); the commit's come with the full progress.
+    *out.mutable_result() = call.owned;
     if (writes_.size() == 1) StartWrite(&writes_.front());
   }
 
