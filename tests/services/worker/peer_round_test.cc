@@ -637,7 +637,9 @@ TEST_F(PeerRoundTest, ALeaseWhoseDrafterIsGoneEndsAfterThatRound) {
   auto ctx = Within(60);
   auto stream = verifier_stub_->Lease(ctx.get());
   ASSERT_TRUE(stream->Write(Grant(27, 1, 1, 4, 100, "127.0.0.1:1")));
-  ASSERT_TRUE(stream->Write(Grant(27, 1, 2, 4, 0, "127.0.0.1:1")));
+  // The drafter's refusal may end the lease before this grant is written
+  // (the write then fails): either way it is not run.
+  (void)stream->Write(Grant(27, 1, 2, 4, 0, "127.0.0.1:1"));
   pb::LeaseProgress p;
   ASSERT_TRUE(ReadProgress(*stream, &p));
   EXPECT_EQ(p.round(), 1u);
