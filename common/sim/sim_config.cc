@@ -458,6 +458,7 @@ std::string ResultToJson(const SimConfig& c, const SimResult& r) {
   j["reload_bytes"] = r.reload_bytes;
   j["refresh_bytes"] = r.refresh_bytes;
   j["refresh_wait_s"] = r.refresh_wait_s;
+  j["startup_wait_s"] = r.startup_wait_s;
   j["prefix_sharing"] = {{"shared_prefixes", c.shared_prefixes},
                          {"sharing", c.shared_prefixes > 0 && c.prefix_sharing},
                          {"joins", r.shared_joins},
@@ -471,7 +472,8 @@ std::string ResultToJson(const SimConfig& c, const SimResult& r) {
                           {"utilisation", l.utilisation},
                           {"transfers", l.transfers},
                           {"booked_peak_slot_s", l.booked_peak_slot_s},
-                          {"overrun_s", l.overrun_s}});
+                          {"overrun_s", l.overrun_s},
+                          {"unbooked_s", l.unbooked_s}});
   }
   j["gpus"] = json::array();
   double peak = 0;

@@ -89,7 +89,8 @@ struct Req {
   double own_transient = 0;   // its part of that copy (all of it unless the prefix is shared)
   bool rows_pending = false;  // a joined round's own rows still on the link
   int pending_accepted = 0;
-  double result_t = -1;  // its round's result reached the drafter (kRefresh)
+  double result_t = -1;       // its round's result reached the drafter (kRefresh)
+  double startup_since = -1;  // its startup fetch was booked (kStartup, slow link)
   double first_token_t = -1;
   double finish_t = -1;
 };
@@ -98,8 +99,10 @@ struct Transfer {
   int64_t req = -1;
   double bytes = 0;
   TransferKind kind = TransferKind::kStartup;
-  int64_t copy = -1;     // kReload: the booking whose copy lands
-  int64_t booking = -1;  // kRefresh: its slow-link booking, released when it lands
+  int64_t copy = -1;  // kReload: the booking whose copy lands
+  // kRefresh, and kStartup over a slow link: its slow-link booking, released
+  // when it lands (-1: not booked).
+  int64_t booking = -1;
 };
 
 // A full-KV copy on a verifier (or long-context GPU) for one booking, used by
@@ -128,10 +131,12 @@ enum class Role { kLongContext, kDrafter, kVerifier, kFull };
 struct Gpu {
   Role role = Role::kLongContext;
   std::string name;
-  int link = -1;          // simulated link that feeds it (startup loads; long-context reloads)
-  int sched_gpu = -1;     // index in the scheduler's GPUs (long-context, verifier)
-  int sched_link = -1;    // scheduler link of its reloads (long-context, per-verifier)
-  int refresh_link = -1;  // drafter: scheduler link of its slow link (KV refresh)
+  int link = -1;        // simulated link that feeds it (startup loads; long-context reloads)
+  int sched_gpu = -1;   // index in the scheduler's GPUs (long-context, verifier)
+  int sched_link = -1;  // scheduler link of its reloads (long-context, per-verifier)
+  // A GPU behind a slow link (a drafter; in full mode too): the scheduler
+  // link of that link (startup fetches, KV refresh); -1 for the others.
+  int slow_ring = -1;
   bool busy = false;
   double iter_start = 0;
   std::vector<int64_t> members;  // requests it drafts / decodes
@@ -232,15 +237,18 @@ class Simulation {
   double EstimateIteration() const;
   double AutoSlot() const;
   absl::Status NewRequest(double t);
-  void TryAdmit();
+  absl::Status TryAdmit();
   int PickGpu(const Req& r) const;
   void StartDecoding(Req& r);
   void StartRound(Req& r, int carried);
   absl::Status TryBook(Req& r);
   absl::Status RetryBookings();
   void IssueReloads();
+  // Books `t` on the slow-link ring of r's GPU and sends it at the booking's
+  // first slot (at once if that is the current one).
+  absl::Status BookSlowTransfer(const Req& r, Transfer t);
   absl::Status SendRefresh(Req& r, double bytes);
-  void IssueRefreshes();
+  void IssueSlowTransfers();
   void Enqueue(int link, const Transfer& t);
   void StartLink(int link);
   absl::Status OnLinkDone(int link);
@@ -253,7 +261,7 @@ class Simulation {
   void Commit(Req& r, int accepted);
   // Continuation drafts the next round carries (the rest are wasted).
   int SettleContinuation(Req& r, int accepted);
-  void Finish(Req& r);
+  absl::Status Finish(Req& r);
   void Join(Req& r, int gi, const SharedBooking& shared);
   void Landed(Req& r);
   absl::Status DropCopyUser(int64_t copy, Gpu& v);
@@ -287,9 +295,11 @@ class Simulation {
   std::vector<Req> reqs_;
   std::deque<int64_t> waiting_;
   std::deque<int64_t> to_book_;
-  std::multimap<int64_t, int64_t> reloads_due_;     // first slot -> request
-  std::multimap<int64_t, Transfer> refreshes_due_;  // first slot -> KV refresh
-  std::vector<double> arrivals_;                    // Poisson arrival times
+  std::multimap<int64_t, int64_t> reloads_due_;  // first slot -> request
+  // First slot -> booked slow-link transfer (startup fetch, KV refresh); in
+  // booking order within a slot.
+  std::multimap<int64_t, Transfer> slow_due_;
+  std::vector<double> arrivals_;  // Poisson arrival times
   int64_t created_ = 0;
   int64_t scheduled_ = 0;  // closed loop: arrivals pushed so far
   int64_t finished_ = 0;
@@ -302,7 +312,7 @@ class Simulation {
   int64_t lock_step_rounds_ = 0;
   int64_t memory_deferred_ = 0;
   double startup_bytes_ = 0, reload_bytes_ = 0;
-  double refresh_bytes_ = 0, refresh_wait_s_ = 0;
+  double refresh_bytes_ = 0, refresh_wait_s_ = 0, startup_wait_s_ = 0;
   int64_t shared_joins_ = 0, shared_resident_ = 0;
   int64_t tentative_ = 0;  // own bookings given up for a join (not admissions)
   bool barrier_dirty_ = false;
@@ -453,21 +463,24 @@ absl::Status Simulation::Setup() {
           gpus_[sched_gpu_to_sim_[v]].sched_link = v;
         }
       }
-      // The slow links after the fast ones, one ring per simulated link, for
-      // the KV refresh (link-only transfers: no verifier, no memory).
-      for (int d = 0; d < c_.drafters; ++d) {
-        const auto same = std::find(sched_link_to_sim_.begin(), sched_link_to_sim_.end(), slow[d]);
-        if (same == sched_link_to_sim_.end()) {
-          RingLink rl;
-          rl.name = links_[slow[d]].name;
-          rl.bytes_per_second = c_.slow_link_bytes_per_second;
-          so.links.push_back(rl);
-          sched_link_to_sim_.push_back(slow[d]);
-        }
-        gpus_[drafter_ids[d]].refresh_link = static_cast<int>(
-            std::find(sched_link_to_sim_.begin(), sched_link_to_sim_.end(), slow[d]) -
-            sched_link_to_sim_.begin());
+    }
+    // The slow links after the fast ones (alone in full mode), one ring per
+    // simulated link, for link-only transfers (no verifier, no memory): the
+    // startup fetches of the GPUs behind them and the KV refresh. Full mode
+    // books them too: its GPUs behind a slow link fetch the full KV as
+    // full_remote's drafters do, whose Open the coordinator books (RunRemote).
+    for (int d = 0; d < c_.drafters; ++d) {
+      const auto same = std::find(sched_link_to_sim_.begin(), sched_link_to_sim_.end(), slow[d]);
+      if (same == sched_link_to_sim_.end()) {
+        RingLink rl;
+        rl.name = links_[slow[d]].name;
+        rl.bytes_per_second = c_.slow_link_bytes_per_second;
+        so.links.push_back(rl);
+        sched_link_to_sim_.push_back(slow[d]);
       }
+      gpus_[drafter_ids[d]].slow_ring = static_cast<int>(
+          std::find(sched_link_to_sim_.begin(), sched_link_to_sim_.end(), slow[d]) -
+          sched_link_to_sim_.begin());
     }
   }
   policy_ = std::make_unique<PrefixPolicy>(
@@ -483,7 +496,10 @@ absl::Status Simulation::Setup() {
   }
   slot_ = c_.slot_seconds > 0 ? c_.slot_seconds : AutoSlot();
   for (Gpu& g : gpus_) g.ewma_iter = EstimateIteration();
-  if (vericache()) {
+  if (!so.links.empty()) {
+    // Full mode books only link-only transfers, which hold no GPU memory;
+    // the scheduler still wants a GPU (this one is never booked or reported).
+    if (so.gpus.empty()) so.gpus.push_back(RingGpu{"unbooked", 1});
     so.slot_seconds = slot_;
     VC_ASSIGN_OR_RETURN(RingScheduler s, RingScheduler::Create(so));
     sched_ = std::make_unique<RingScheduler>(std::move(s));
@@ -582,7 +598,7 @@ int Simulation::PickGpu(const Req& r) const {
   return best;
 }
 
-void Simulation::TryAdmit() {
+absl::Status Simulation::TryAdmit() {
   std::vector<int64_t> admitted;
   while (!waiting_.empty()) {
     Req& r = reqs_[waiting_.front()];
@@ -619,11 +635,21 @@ void Simulation::TryAdmit() {
       }
       if (r.loads_prefix) loading_[{PrefixName(r), r.gpu}];
       startup_bytes_ += Resident(r);
-      Enqueue(gpus_[r.gpu].link, {r.id, Resident(r), TransferKind::kStartup});
+      const Transfer t{r.id, Resident(r), TransferKind::kStartup};
+      if (gpus_[r.gpu].slow_ring >= 0) {
+        // Over a slow link: booked on its ring, as the coordinator books the
+        // drafter's Open (BookedDrafterOpen), so a burst of new requests
+        // queues there with the refreshes.
+        r.startup_since = now_;
+        VC_RETURN_IF_ERROR(BookSlowTransfer(r, t));
+      } else {
+        Enqueue(gpus_[r.gpu].link, t);
+      }
     } else {
       StartDecoding(r);
     }
   }
+  return absl::OkStatus();
 }
 
 void Simulation::UpdateCapacity(int gpu) {
@@ -846,30 +872,36 @@ void Simulation::IssueReloads() {
   for (int64_t id : deferred) reloads_due_.emplace(sched_->now() + 1, id);
 }
 
-absl::Status Simulation::SendRefresh(Req& r, double bytes) {
-  const Gpu& drafter = gpus_[r.gpu];
+absl::Status Simulation::BookSlowTransfer(const Req& r, Transfer t) {
+  const Gpu& g = gpus_[r.gpu];
   TransferRequest tr;
   tr.id = next_booking_++;
-  tr.bytes = static_cast<int64_t>(std::ceil(bytes));
-  tr.link = drafter.refresh_link;
+  tr.bytes = static_cast<int64_t>(std::ceil(t.bytes));
+  tr.link = g.slow_ring;
   // Mid-slot: only the rest of the current slot can carry it.
   tr.elapsed_seconds = std::clamp(now_ - static_cast<double>(sched_->now()) * slot_, 0.0, slot_);
   VC_ASSIGN_OR_RETURN(Booking b, sched_->BookTransfer(tr));
-  refresh_bytes_ += bytes;
-  const Transfer t{r.id, bytes, TransferKind::kRefresh, -1, b.id};
+  t.booking = b.id;
   if (b.first_slot() <= sched_->now()) {
-    Enqueue(drafter.link, t);
+    Enqueue(g.link, t);
   } else {
-    refreshes_due_.emplace(b.first_slot(), t);
+    slow_due_.emplace(b.first_slot(), t);
   }
   return absl::OkStatus();
 }
 
-void Simulation::IssueRefreshes() {
-  while (!refreshes_due_.empty() && refreshes_due_.begin()->first <= sched_->now()) {
-    const Transfer t = refreshes_due_.begin()->second;
-    refreshes_due_.erase(refreshes_due_.begin());
-    Enqueue(gpus_[reqs_[t.req].gpu].link, t);
+absl::Status Simulation::SendRefresh(Req& r, double bytes) {
+  refresh_bytes_ += bytes;
+  return BookSlowTransfer(r, {r.id, bytes, TransferKind::kRefresh});
+}
+
+void Simulation::IssueSlowTransfers() {
+  while (!slow_due_.empty() && slow_due_.begin()->first <= sched_->now()) {
+    const Transfer t = slow_due_.begin()->second;
+    slow_due_.erase(slow_due_.begin());
+    const Req& r = reqs_[t.req];
+    if (t.kind == TransferKind::kStartup) startup_wait_s_ += now_ - r.startup_since;
+    Enqueue(gpus_[r.gpu].link, t);
   }
 }
 
@@ -896,10 +928,16 @@ absl::Status Simulation::OnLinkDone(int link) {
   l.report.busy_s += seconds;
   l.report.bytes += t.bytes;
   ++l.report.transfers;
+  // Booked: a reload, and whatever carries a slow-link booking. Not: a joined
+  // round's rows, a startup load over a host or fast link.
+  if (t.kind != TransferKind::kReload && t.booking < 0) l.report.unbooked_s += seconds;
   l.busy = false;
   Req& r = reqs_[t.req];
   switch (t.kind) {
     case TransferKind::kStartup:
+      // Landed, so the drafter's Open would return: the booking goes (a
+      // started transfer keeps its booked time, RingScheduler::Release).
+      if (t.booking >= 0) VC_RETURN_IF_ERROR(sched_->Release(t.booking));
       StartDecoding(r);
       if (r.loads_prefix) {
         // The GPU's copy of the prefix is there: whoever waited for it decodes.
@@ -1051,7 +1089,7 @@ absl::Status Simulation::OnGpuDone(int gi) {
     if (r.phase == Phase::kDecoding) {
       ++r.generated;
       if (r.first_token_t < 0) r.first_token_t = now_;
-      if (r.generated >= r.target) Finish(r);
+      if (r.generated >= r.target) VC_RETURN_IF_ERROR(Finish(r));
     } else if (r.phase == Phase::kDrafting) {
       ++drafted_;
       if (++r.drafts_done >= r.round_drafts) {
@@ -1105,8 +1143,7 @@ absl::Status Simulation::ApplyResult(Req& r, int accepted) {
   if (refresh > 0) VC_RETURN_IF_ERROR(SendRefresh(r, refresh));
   if (r.generated >= r.target) {
     SettleContinuation(r, accepted);
-    Finish(r);
-    return absl::OkStatus();
+    return Finish(r);
   }
   if (refresh > 0) {
     // The drafter commits once the rows have landed (OnLinkDone).
@@ -1140,7 +1177,7 @@ void Simulation::Commit(Req& r, int accepted) {
   StartRound(r, carried);
 }
 
-void Simulation::Finish(Req& r) {
+absl::Status Simulation::Finish(Req& r) {
   r.phase = Phase::kDone;
   r.finish_t = now_;
   Gpu& g = gpus_[r.gpu];
@@ -1154,8 +1191,8 @@ void Simulation::Finish(Req& r) {
   if (c_.arrival == SimConfig::Arrival::kClosed && scheduled_ < c_.requests) {
     Push(now_, EventType::kArrival, scheduled_++);
   }
-  TryAdmit();
   barrier_dirty_ = true;
+  return TryAdmit();
 }
 
 void Simulation::CheckBarrier() {
@@ -1212,7 +1249,7 @@ void Simulation::Sample() {
 }
 
 bool Simulation::Idle() const {
-  if (!waiting_.empty() || !to_book_.empty() || !reloads_due_.empty() || !refreshes_due_.empty()) {
+  if (!waiting_.empty() || !to_book_.empty() || !reloads_due_.empty() || !slow_due_.empty()) {
     return false;
   }
   for (const Gpu& g : gpus_) {
@@ -1243,7 +1280,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
         if (sched_ != nullptr) policy_->ExpireShared(sched_->now());
         if (sched_ != nullptr) {
           IssueReloads();
-          IssueRefreshes();
+          IssueSlowTransfers();
           VC_RETURN_IF_ERROR(RetryBookings());
         }
         Sample();
@@ -1276,7 +1313,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
       case EventType::kArrival:
         idle_ticks_ = 0;
         VC_RETURN_IF_ERROR(NewRequest(now_));
-        TryAdmit();
+        VC_RETURN_IF_ERROR(TryAdmit());
         break;
     }
     // Events at the same instant are simultaneous: requests that arrive
@@ -1324,6 +1361,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   res.reload_bytes = reload_bytes_;
   res.refresh_bytes = refresh_bytes_;
   res.refresh_wait_s = refresh_wait_s_;
+  res.startup_wait_s = startup_wait_s_;
   res.shared_joins = shared_joins_;
   res.shared_resident = shared_resident_;
   res.link_seconds_per_round = lock_step_rounds_ > 0 ? reload_link_s_ / lock_step_rounds_ : 0;

@@ -48,6 +48,18 @@
 // next round, when they land; continuation drafting goes on meanwhile. A
 // round that ends its request still sends its rows (as a peer round does)
 // but the request does not wait for them.
+// Startup fetch (remote-prefix, startup_transfer): what a request on a GPU
+// behind a slow link fetches when it starts (a vericache drafter's compressed
+// KV; in full mode a drafter's full KV, as full_remote's Open fetches it) is
+// booked on the same slow-link ring as the coordinator books the drafter's
+// Open (BookedDrafterOpen: BookTransfer at its size, the fetch started at the
+// booking's first slot, released when it has landed), so new requests queue
+// behind one another and behind the refreshes instead of oversubscribing the
+// link. A load over a fast link (a full-mode verifier's, as full_local's
+// verifier Open) and a long-context GPU's over its host link are not booked,
+// as the coordinator books neither. A prefix already resident on the drafter
+// fetches nothing and books nothing (the coordinator, which does not track
+// the drafters' caches, books it anyway).
 // Not modelled: prefill (the prompt KV is precomputed, as in the paper's
 // pipelines), failures; attention still reads a shared prefix once per
 // request (no shared-prefix kernel).
@@ -200,6 +212,7 @@ struct LinkReport {
   int64_t transfers = 0;
   double booked_peak_slot_s = 0;  // scheduler: peak seconds booked in one slot (0 if not booked)
   double overrun_s = 0;           // scheduler: seconds booked beyond the slot duration
+  double unbooked_s = 0;          // busy seconds of transfers no scheduler ring booked
 };
 
 struct GpuReport {
@@ -262,6 +275,9 @@ struct SimResult {
   // round's result to its rows landing (the booked slot's wait included).
   double refresh_bytes = 0;
   double refresh_wait_s = 0;
+  // Startup fetches booked on a slow-link ring: request-seconds from
+  // admission to the booking's first slot, when the fetch is sent.
+  double startup_wait_s = 0;
   // Prefix sharing: rounds that joined another's booking, and admissions that
   // found their prefix already resident on their GPU.
   int64_t shared_joins = 0;

@@ -225,6 +225,12 @@ void PrintSummary(const sim::SimConfig& c, const sim::SimResult& r) {
                   static_cast<long long>(r.lock_step_rounds), r.link_seconds_per_round);
     }
   }
+  if (c.topology == sim::SimConfig::Topology::kRemotePrefix) {
+    // Request-seconds waiting for the slow-link ring: startup fetches from
+    // admission to their booked slot, refreshes from the result to landing.
+    std::printf("%-28s startup wait %.4g s; refresh %.4g GB, wait %.4g s\n", "slow link booking",
+                r.startup_wait_s, r.refresh_bytes / kGB, r.refresh_wait_s);
+  }
   if (c.shared_prefixes > 0) {
     std::printf(
         "%-28s %d prefixes, sharing %s: %lld joined rounds, %lld admissions found "
@@ -235,9 +241,9 @@ void PrintSummary(const sim::SimConfig& c, const sim::SimResult& r) {
   for (const sim::LinkReport& l : r.links) {
     std::printf(
         "link %-23s %.1f%% busy, %.4g GB in %lld transfers, peak booked %.4g s/slot, overrun %.4g "
-        "s\n",
+        "s, unbooked %.4g s\n",
         l.name.c_str(), 100 * l.utilisation, l.bytes / kGB, static_cast<long long>(l.transfers),
-        l.booked_peak_slot_s, l.overrun_s);
+        l.booked_peak_slot_s, l.overrun_s, l.unbooked_s);
   }
   for (const sim::GpuReport& g : r.gpus) {
     std::printf(

@@ -1,9 +1,9 @@
 // The simulator on hand-computed timelines (one request, long-context and
 // remote-prefix, with and without continuation; full-KV baseline), the
 // lock-step link arithmetic, the staggered schedule never booking past a
-// slot, the KV refresh booked on the slow links' rings, agreement with the
-// closed-form model, the acceptance model and its CSV, and config parsing
-// errors.
+// slot, the KV refresh and the startup fetches booked on the slow links'
+// rings, agreement with the closed-form model, the acceptance model and its
+// CSV, and config parsing errors.
 #include "common/sim/simulator.h"
 
 #include <unistd.h>
@@ -251,6 +251,174 @@ TEST(SimulatorTest, NoRefreshBooksNothingOnTheSlowRings) {
   EXPECT_GT(free.refresh_bytes, 0);
   EXPECT_DOUBLE_EQ(free.refresh_wait_s, 0);
   for (int l : {1, 2}) EXPECT_DOUBLE_EQ(free.links[l].booked_peak_slot_s, 0);
+}
+
+// Two requests, each on its own drafter behind one shared 1 GB/s slow link,
+// arrive together; slots of 0.5 s. The startup fetches (0.5 GB compressed,
+// 0.5 s each) are booked on the slow ring as the coordinator books a
+// drafter's Open: the first fills slot 0 and goes at once, the second gets
+// slot 1 and is sent when it begins, as the first's booking ends (0.5 s).
+// A: lands at 0.5 s, 4 drafts -> 6.5 s, at the verifier 6.6 s, verify ->
+// 8.6 s, result 8.7 s. B: lands at 1.0 s, drafts -> 7.0 s, at the verifier
+// 7.1 s, verified after A (8.6 -> 10.6 s), result 10.7 s.
+TEST(SimulatorTest, StartupFetchesAreBookedOnTheSlowRing) {
+  SimConfig c = OneRequest();
+  c.topology = SimConfig::Topology::kRemotePrefix;
+  c.drafters = 2;
+  c.verifiers = 1;
+  c.slow_link_shared = true;
+  c.requests = 2;
+  c.concurrency = 2;
+  c.startup_transfer = true;
+  c.slow_link_bytes_per_second = 1e9;
+  c.fast_link_bytes_per_second = 0;
+  c.rtt_s = 0.2;
+  c.output_tokens = Distribution::Fixed(5);
+  c.slot_seconds = 0.5;
+  const SimResult r = MustRun(c);
+  EXPECT_EQ(r.output_tokens, 10);
+  EXPECT_NEAR(r.ttft_s.p50, 8.7, 1e-9);
+  EXPECT_NEAR(r.ttft_s.max, 10.7, 1e-9);
+  EXPECT_NEAR(r.makespan_s, 10.7, 1e-9);
+  EXPECT_DOUBLE_EQ(r.startup_bytes, 1e9);
+  EXPECT_NEAR(r.startup_wait_s, 0.5, 1e-9) << "B waited for slot 1";
+  ASSERT_EQ(r.links.size(), 2u);
+  const LinkReport& slow = r.links[1];
+  EXPECT_EQ(slow.name, "slow");
+  EXPECT_EQ(slow.transfers, 2);
+  EXPECT_NEAR(slow.busy_s, 1.0, 1e-9);
+  EXPECT_NEAR(slow.booked_peak_slot_s, 0.5, 1e-9) << "a whole slot, never more";
+  EXPECT_DOUBLE_EQ(slow.overrun_s, 0);
+  EXPECT_DOUBLE_EQ(slow.unbooked_s, 0);
+  // The sample at 0.5 s (slot 1 begins) sees slot 1 fully booked by B.
+  ASSERT_EQ(r.scheduler_links.size(), 2u);
+  ASSERT_EQ(r.scheduler_links[1], "slow");
+  bool seen = false;
+  for (const TimeSample& s : r.timeseries) {
+    if (std::abs(s.t - 0.5) > 1e-9) continue;
+    seen = true;
+    EXPECT_NEAR(s.link_booked[1], 1.0, 1e-9);
+  }
+  EXPECT_TRUE(seen);
+}
+
+// Full mode, remote-prefix: a GPU behind the slow link fetches the full KV
+// (1 GB, 1 s at 1 GB/s) as full_remote's drafter does, booked like its Open;
+// the verifier's load over the fast link is not booked (nor is full_local's
+// verifier Open). One request per GPU (max_batch 1), 3 tokens of 2 s each,
+// slots of 8 s. A (drafter) and B (verifier) load at 0 -> 1 s and finish at
+// 7 s; C, waiting, then goes to the drafter. Slot 0 holds A's booked second
+// and 7 s of it have run: nothing is left of it, so C's fetch is booked in
+// slot 1 and starts at 8 s, though the link is idle from 1 s (unbooked, it
+// would start at 7 s): it lands at 9 s, C's tokens at 11, 13 and 15 s.
+TEST(SimulatorTest, FullModeDrafterFetchStartsAtItsBookedSlot) {
+  SimConfig c = OneRequest();
+  c.mode = SimConfig::Mode::kFull;
+  c.topology = SimConfig::Topology::kRemotePrefix;
+  c.drafters = 1;
+  c.verifiers = 1;
+  c.max_batch = 1;
+  c.requests = 3;
+  c.concurrency = 3;
+  c.startup_transfer = true;
+  c.slow_link_bytes_per_second = 1e9;
+  c.fast_link_bytes_per_second = 1e9;
+  c.output_tokens = Distribution::Fixed(3);
+  c.slot_seconds = 8;
+  const SimResult r = MustRun(c);
+  EXPECT_EQ(r.output_tokens, 9);
+  EXPECT_NEAR(r.makespan_s, 15.0, 1e-9);
+  EXPECT_NEAR(r.ttft_s.max, 11.0, 1e-9);
+  EXPECT_NEAR(r.startup_wait_s, 1.0, 1e-9);
+  ASSERT_EQ(r.links.size(), 2u);
+  const LinkReport& fast = r.links[0];
+  const LinkReport& slow = r.links[1];
+  ASSERT_EQ(slow.name, "slow0");
+  EXPECT_EQ(slow.transfers, 2);
+  EXPECT_NEAR(slow.booked_peak_slot_s, 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(slow.unbooked_s, 0);
+  EXPECT_EQ(fast.transfers, 1);
+  EXPECT_DOUBLE_EQ(fast.booked_peak_slot_s, 0);
+  EXPECT_NEAR(fast.unbooked_s, 1.0, 1e-9);
+}
+
+// Many requests starting over the paced slow links of RefreshBound: each
+// drafter's startup fetch (100 prompt tokens at c = 0.1: 10 MB, 0.2 s at
+// 50 MB/s) is booked on its slow ring with the rounds' refreshes.
+SimConfig StartupAndRefreshBound() {
+  SimConfig c = RefreshBound();
+  c.prompt_tokens = Distribution::Fixed(100);
+  c.ratio = 0.1;
+  c.startup_transfer = true;
+  c.timeseries_max_points = 1 << 20;
+  return c;
+}
+
+TEST(SimulatorTest, StartupFetchesAndRefreshesNeverOverbookTheSlowRings) {
+  for (SimConfig::Schedule schedule :
+       {SimConfig::Schedule::kStaggered, SimConfig::Schedule::kLockStep}) {
+    SimConfig c = StartupAndRefreshBound();
+    c.schedule = schedule;
+    const SimResult r = MustRun(c);
+    SCOPED_TRACE(schedule == SimConfig::Schedule::kStaggered ? "staggered" : "lock-step");
+    EXPECT_EQ(r.requests, 64);
+    EXPECT_NEAR(r.startup_bytes, 64 * 10e6, 1);
+    ASSERT_EQ(r.links.size(), 3u);
+    ASSERT_EQ(r.scheduler_links.size(), 3u);
+    double slow_bytes = 0, slow_busy = 0;
+    for (int l : {1, 2}) {
+      const LinkReport& slow = r.links[l];
+      EXPECT_EQ(r.scheduler_links[l], slow.name);
+      EXPECT_GT(slow.booked_peak_slot_s, 0.9 * c.slot_seconds) << slow.name;
+      EXPECT_LE(slow.booked_peak_slot_s, c.slot_seconds * (1 + 1e-9)) << slow.name;
+      EXPECT_DOUBLE_EQ(slow.overrun_s, 0) << slow.name;
+      // Nothing crossed it unbooked: the ring saw all of its time.
+      EXPECT_DOUBLE_EQ(slow.unbooked_s, 0) << slow.name;
+      slow_bytes += slow.bytes;
+      slow_busy += slow.busy_s;
+    }
+    // Every startup fetch and all the rows but those in flight at the end.
+    EXPECT_LE(slow_bytes, r.startup_bytes + r.refresh_bytes + 1);
+    EXPECT_GT(slow_bytes, r.startup_bytes + 0.95 * r.refresh_bytes);
+    EXPECT_GT(slow_busy, 0);
+    for (const TimeSample& s : r.timeseries) {
+      for (double v : s.link_booked) EXPECT_LE(v, 1 + 1e-9);
+    }
+    // The first 32 arrive together, 16 per drafter: the i-th fetch on a ring
+    // waits at least for the i before it (0.2 s each), 2 * 0.2 * (0 + ... +
+    // 15) = 48 request-seconds in all; later ones queue with the refreshes.
+    EXPECT_GT(r.startup_wait_s, 48 * (1 - 1e-6));
+  }
+}
+
+TEST(SimulatorTest, StartupFetchesBookNothingWhereTheCoordinatorDoesNot) {
+  // An unpaced slow link books no time: the fetches start at once.
+  SimConfig c = StartupAndRefreshBound();
+  c.slow_link_bytes_per_second = 0;
+  const SimResult free = MustRun(c);
+  EXPECT_GT(free.startup_bytes, 0);
+  EXPECT_DOUBLE_EQ(free.startup_wait_s, 0);
+  for (int l : {1, 2}) EXPECT_DOUBLE_EQ(free.links[l].booked_peak_slot_s, 0);
+  // No startup fetch, no refresh: the slow rings stay empty.
+  c = StartupAndRefreshBound();
+  c.startup_transfer = false;
+  c.kv_refresh = false;
+  const SimResult none = MustRun(c);
+  EXPECT_DOUBLE_EQ(none.startup_bytes, 0);
+  EXPECT_DOUBLE_EQ(none.startup_wait_s, 0);
+  for (int l : {1, 2}) {
+    EXPECT_DOUBLE_EQ(none.links[l].booked_peak_slot_s, 0);
+    EXPECT_EQ(none.links[l].transfers, 0);
+  }
+  // Long-context: the compressed KV crosses the GPU's own host link
+  // unbooked (no coordinator books it); only the reloads are booked.
+  SimConfig lc = OneRequest();
+  lc.startup_transfer = true;
+  lc.host_link_bytes_per_second = 2e9;
+  const SimResult local = MustRun(lc);
+  EXPECT_DOUBLE_EQ(local.startup_wait_s, 0);
+  ASSERT_EQ(local.links.size(), 1u);
+  EXPECT_NEAR(local.links[0].unbooked_s, 0.25, 1e-9);
 }
 
 // B requests, one round each, 1 GB full KV over a 1 GB/s link (1 s per
