@@ -26,6 +26,21 @@
   if (!tmp.ok()) return std::move(tmp).status();  \
   lhs = std::move(tmp).value()
 
+// The same two inside a coroutine (common/base/task.h), which co_returns.
+#define VC_CO_RETURN_IF_ERROR(expr)             \
+  do {                                          \
+    ::absl::Status vc_status_ = (expr);         \
+    if (!vc_status_.ok()) co_return vc_status_; \
+  } while (false)
+
+#define VC_CO_ASSIGN_OR_RETURN(lhs, expr) \
+  VC_CO_ASSIGN_OR_RETURN_IMPL_(VC_STATUS_CONCAT_(vc_statusor_, __LINE__), lhs, expr)
+
+#define VC_CO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                                 \
+  if (!tmp.ok()) co_return std::move(tmp).status();  \
+  lhs = std::move(tmp).value()
+
 // Aborts with a message when an internal invariant is broken. Never used for
 // input validation: bad input gets a Status.
 #define VC_CHECK(cond, msg)                                                   \
