@@ -166,16 +166,18 @@ stage "tests (all but label long)"
 stage "build (build-fuzz/, clang ASan+UBSan: unit tests and fuzz targets)"
 bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
 
-# ThreadSanitizer for the concurrency-heavy units: the thread pool, the copy
-# engine and the long-context runtime that drives it, the data plane (TCP and
-# UCX servers and clients, fetches and stages, the link pacer) and the
-# coordinator's slot clock, its worker health tracker (probe thread) and its
-# release-retry queue (retry thread). Their build runs in the background
+# ThreadSanitizer for the concurrency-heavy units: the thread pool, the
+# executor and coroutines (task_test), the copy engine and the long-context
+# runtime that drives it, the data plane (TCP and UCX servers and clients,
+# fetches and stages, the link pacer) and the coordinator's slot clock (its
+# notifications), its request runners (coroutines resumed on the executor by
+# the clock's and the lease's callbacks, over fake workers), its worker
+# health tracker (probe thread) and its release-retry queue (retry thread). Their build runs in the background
 # while the ASan+UBSan tests keep the cores busy: it gets the CPU of the
 # stage's tail, where the last long tests run one at a time.
-TSAN_TESTS=(thread_pool_test copy_engine_test long_context_runtime_test
+TSAN_TESTS=(thread_pool_test task_test copy_engine_test long_context_runtime_test
             link_pacer_test data_plane_test data_plane_stage_test slot_clock_test
-            worker_health_test release_retry_test)
+            request_runner_test worker_health_test release_retry_test)
 build_tsan() {
   cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
     -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++-14}" -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \

@@ -15,10 +15,9 @@ void AdmissionController::SetGauges() {
   if (metrics_.active != nullptr) metrics_.active->Set(active_);
 }
 
-absl::Status AdmissionController::Admit(const std::string& tenant_name,
-                                        const std::function<bool()>& gone,
-                                        Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+absl::StatusOr<AdmissionController::Entry> AdmissionController::Enter(
+    const std::string& tenant_name) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("coordinator is shutting down");
   Tenant& tenant = tenants_[tenant_name];
   if (tenant.requests >= options_.max_requests_per_tenant) {
@@ -28,37 +27,65 @@ absl::Status AdmissionController::Admit(const std::string& tenant_name,
         absl::StrCat("this tenant already has ", options_.max_requests_per_tenant,
                      " requests running or queued (--max-requests-per-tenant)"));
   }
+  if (active_ < options_.max_active) {
+    ++tenant.requests;
+    ++active_;
+    SetGauges();
+    return Entry::kAdmitted;
+  }
+  if (queued_ >= options_.max_queued) {
+    if (metrics_.rejections != nullptr) metrics_.rejections->Inc();
+    ForgetIfIdle(tenant_name);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("coordinator is full: ", active_, " requests running and ", queued_,
+                     " queued (--max-active-requests ", options_.max_active,
+                     ", --max-queued-requests ", options_.max_queued, ")"));
+  }
   ++tenant.requests;
-  // Every refusal below gives the tenant's place back.
+  ++queued_;
+  SetGauges();
+  return Entry::kQueued;
+}
+
+absl::StatusOr<AdmissionController::Entry> AdmissionController::TryStart(
+    const std::string& tenant_name, bool gone, Clock::time_point deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TryStartLocked(tenant_name, gone, deadline);
+}
+
+absl::StatusOr<AdmissionController::Entry> AdmissionController::TryStartLocked(
+    const std::string& tenant_name, bool gone, Clock::time_point deadline) {
+  // A refusal gives the queue's and the tenant's places back.
   auto refuse = [&](absl::Status s) {
+    --queued_;
     --tenants_[tenant_name].requests;
     ForgetIfIdle(tenant_name);
+    SetGauges();
     return s;
   };
-  if (active_ >= options_.max_active) {
-    if (queued_ >= options_.max_queued) {
-      if (metrics_.rejections != nullptr) metrics_.rejections->Inc();
-      return refuse(absl::ResourceExhaustedError(
-          absl::StrCat("coordinator is full: ", active_, " requests running and ", queued_,
-                       " queued (--max-active-requests ", options_.max_active,
-                       ", --max-queued-requests ", options_.max_queued, ")")));
-    }
-    ++queued_;
-    SetGauges();
-    // Polled as well as woken: `gone` may turn true without a Wake.
-    while (!stopping_ && active_ >= options_.max_active && !gone() && Clock::now() < deadline) {
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
-    }
-    --queued_;
-    SetGauges();
-    if (stopping_) return refuse(absl::UnavailableError("coordinator is shutting down"));
-    if (gone()) return refuse(absl::CancelledError("request cancelled while queued"));
-    if (Clock::now() >= deadline)
-      return refuse(absl::DeadlineExceededError("deadline passed while queued"));
+  if (stopping_) return refuse(absl::UnavailableError("coordinator is shutting down"));
+  if (gone) return refuse(absl::CancelledError("request cancelled while queued"));
+  if (Clock::now() >= deadline) {
+    return refuse(absl::DeadlineExceededError("deadline passed while queued"));
   }
+  if (active_ >= options_.max_active) return Entry::kQueued;
+  --queued_;
   ++active_;
   SetGauges();
-  return absl::OkStatus();
+  return Entry::kAdmitted;
+}
+
+absl::Status AdmissionController::Admit(const std::string& tenant_name,
+                                        const std::function<bool()>& gone,
+                                        Clock::time_point deadline) {
+  absl::StatusOr<Entry> entry = Enter(tenant_name);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (entry.ok() && *entry == Entry::kQueued) {
+    // Polled as well as woken: `gone` may turn true without a Wake.
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    entry = TryStartLocked(tenant_name, gone(), deadline);
+  }
+  return entry.status();
 }
 
 void AdmissionController::Leave(const std::string& tenant, bool completed) {

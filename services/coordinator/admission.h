@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/metrics/metrics.h"
 
 namespace vc::coordinator {
@@ -47,6 +48,15 @@ class AdmissionController {
   // runs and must Leave(); otherwise it holds nothing.
   [[nodiscard]] absl::Status Admit(const std::string& tenant, const std::function<bool()>& gone,
                                    Clock::time_point deadline);
+  // Admit in steps, for a caller that waits without a thread (a coroutine):
+  // Enter takes the tenant's place and a running place (kAdmitted) or a
+  // queue place (kQueued), or refuses as Admit does; a queued caller calls
+  // TryStart every so often until it is kAdmitted or refused (which gives
+  // its places back). kAdmitted: it runs and must Leave().
+  enum class Entry { kAdmitted, kQueued };
+  [[nodiscard]] absl::StatusOr<Entry> Enter(const std::string& tenant);
+  [[nodiscard]] absl::StatusOr<Entry> TryStart(const std::string& tenant, bool gone,
+                                               Clock::time_point deadline);
   // Gives an admitted request's place back; `completed` counts it among the
   // completed requests (a Generate, not a prefix registration).
   void Leave(const std::string& tenant, bool completed);
@@ -79,8 +89,10 @@ class AdmissionController {
     std::set<std::string> pins;  // prefix ids pinned through ManagePrefix
     int64_t stored_bytes = 0;    // what its ingests added (estimate on delete)
   };
-  void ForgetIfIdle(const std::string& tenant);  // mu_ held
-  void SetGauges();                              // mu_ held
+  absl::StatusOr<Entry> TryStartLocked(const std::string& tenant, bool gone,
+                                       Clock::time_point deadline);  // mu_ held
+  void ForgetIfIdle(const std::string& tenant);                      // mu_ held
+  void SetGauges();                                                  // mu_ held
 
   const AdmissionOptions options_;
   const AdmissionMetrics metrics_;

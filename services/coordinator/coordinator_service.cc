@@ -37,7 +37,7 @@ std::string RequestKey(const std::string& tenant, const std::string& id) {
 
 // A call's gRPC deadline on the steady clock the coordinator's requests
 // keep; none (max) when the caller set none.
-Clock::time_point ServerCallDeadline(const grpc::ServerContext& ctx) {
+Clock::time_point ServerCallDeadline(const grpc::ServerContextBase& ctx) {
   const auto grpc_deadline = ctx.deadline();
   if (grpc_deadline == std::chrono::system_clock::time_point::max()) {
     return Clock::time_point::max();
@@ -50,17 +50,17 @@ Clock::time_point ServerCallDeadline(const grpc::ServerContext& ctx) {
 
 // ------------------------------------------------------------- internals
 
-// Ends Generate streams whose reader stopped reading: every blocking write
+// Ends Generate streams whose reader stopped reading: every write in flight
 // is registered, and one thread cancels the call of a write that has been
-// blocked longer than the timeout (the write then fails and the request
-// ends as cancelled). gRPC's sync writer has no write deadline of its own.
+// pending longer than the timeout (the request then ends as cancelled).
+// gRPC's writes have no deadline of their own.
 struct CoordinatorService::StreamWatch {
   std::chrono::milliseconds timeout;
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
   uint64_t next = 1;
-  std::map<uint64_t, std::pair<grpc::ServerContext*, Clock::time_point>> writes;
+  std::map<uint64_t, std::pair<grpc::ServerContextBase*, Clock::time_point>> writes;
   std::thread thread;
 
   explicit StreamWatch(std::chrono::milliseconds t) : timeout(t) {
@@ -74,7 +74,7 @@ struct CoordinatorService::StreamWatch {
     cv.notify_all();
     thread.join();
   }
-  uint64_t Begin(grpc::ServerContext* ctx) {
+  uint64_t Begin(grpc::ServerContextBase* ctx) {
     std::lock_guard<std::mutex> lock(mu);
     const uint64_t id = next++;
     writes[id] = {ctx, Clock::now()};
@@ -353,6 +353,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
                              .baseline_chunk = options.baseline_chunk,
                              .rpc_timeout = options.rpc_timeout};
   rc.clock = service->clock_.get();
+  // Requests block a thread only in their worker calls, so a thread per
+  // admitted request (and a few for those planning) is never short.
+  service->executor_ =
+      std::make_unique<Executor>(ExecutorOptions{.max_threads = options.max_active_requests + 8});
+  rc.executor = service->executor_.get();
   rc.eos_ids = service->eos_ids_;
   rc.kv_bytes_per_token = service->kv_bytes_per_token_;
   if (service->draft_model_id_) rc.draft_model = kvstore::ShortModelId(*service->draft_model_id_);
@@ -459,17 +464,33 @@ absl::Status CoordinatorService::Connect() {
 void CoordinatorService::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, r] : requests_) r->cancelled = true;
+    for (auto& [id, r] : requests_) {
+      r->cancelled = true;
+      // A running call's context lives until it is finished, which its
+      // coroutine does only after leaving this state (under mu_). Cancelled,
+      // a request held up by its reader (a full write queue) ends too.
+      if (r->is_generate && r->server_ctx != nullptr &&
+          (r->state == "running" || r->state == "queued")) {
+        r->server_ctx->TryCancel();
+      }
+    }
   }
   if (admission_) admission_->Stop();
   if (health_) health_->Stop();
   if (release_retry_) release_retry_->Stop();
-  // Shadow checks run on their own threads; wait for them (bounded by their
-  // requests' deadlines) before the service goes away.
+  // A stopped clock ends every wait at once (a request waiting for a slot
+  // or for its lease's next message continues, finds itself cancelled and
+  // returns): then every Generate coroutine, and the shadow checks on their
+  // own threads, are waited for before the service (and the executor they
+  // continue on) goes away.
+  if (clock_) clock_->Stop();
+  {
+    std::unique_lock<std::mutex> lock(calls_mu_);
+    calls_cv_.wait(lock, [&] { return calls_running_ == 0; });
+  }
   while (shadow_checks_running_.load() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (clock_) clock_->Stop();
 }
 
 Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
@@ -478,19 +499,27 @@ Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
 
 // ------------------------------------------------------------- admission
 
-absl::Status CoordinatorService::Admit(Request& r) {
-  VC_RETURN_IF_ERROR(admission_->Admit(
-      r.tenant, [&r] { return r.gone(); }, r.deadline));
+Task<absl::Status> CoordinatorService::Admit(Request& r) {
+  VC_CO_ASSIGN_OR_RETURN(AdmissionController::Entry entry, admission_->Enter(r.tenant));
+  while (entry == AdmissionController::Entry::kQueued) {
+    // Queued: polled (a Leave frees a place without telling the queue),
+    // suspended in between. A stopped clock answers at once; TryStart then
+    // finds the controller stopped too.
+    co_await Suspend(executor_.get(), [&](auto resume) {
+      clock_->NotifyAt(Clock::now() + std::chrono::milliseconds(20), [resume](bool) { resume(); });
+    });
+    VC_CO_ASSIGN_OR_RETURN(entry, admission_->TryStart(r.tenant, r.gone(), r.deadline));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   r.state = "running";
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 void CoordinatorService::Leave(Request& r) { admission_->Leave(r.tenant, r.is_generate); }
 
 // ------------------------------------------------------------ identity
 
-absl::StatusOr<Identity> CoordinatorService::Caller(grpc::ServerContext* ctx,
+absl::StatusOr<Identity> CoordinatorService::Caller(grpc::ServerContextBase* ctx,
                                                     const std::string& request_salt) {
   if (!auth_->enabled()) {
     if (request_salt.size() > kMaxTenantSaltBytes) {
@@ -564,57 +593,142 @@ absl::Status CoordinatorService::CheckBounds(const pb::GenerateRequest& req) con
 
 // ---------------------------------------------------------------- Generate
 
-grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                                          grpc::ServerWriter<pb::GenerateResponse>* writer) {
+// One Generate call on gRPC's callback API and the Sink its request writes
+// to: messages are queued and written one at a time; the call finishes once
+// its coroutine has returned and the queue has drained. A reader that falls
+// kMaxQueued messages behind holds the request up: Write waits (on the
+// runner's executor thread) for room, so a client that stops reading stops
+// its request's rounds, and the stream watch ends it after
+// --stream-write-timeout-ms. A write that fails, or a cancelled call, makes
+// every later Write answer false, and the request ends as cancelled.
+class CoordinatorService::GenerateCall final
+    : public grpc::ServerWriteReactor<pb::GenerateResponse>,
+      public Sink {
+ public:
+  GenerateCall(grpc::CallbackServerContext* ctx, StreamWatch* watch) : ctx_(ctx), watch_(watch) {}
+
+  static constexpr size_t kMaxQueued = 16;
+
+  bool Write(const pb::GenerateResponse& msg) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    room_.wait(lock, [&] { return broken_ || queue_.size() < kMaxQueued; });
+    if (broken_) return false;
+    queue_.push_back(msg);
+    if (queue_.size() == 1) StartNextWrite();
+    return true;
+  }
+
+  // Finishes the call with `status` once the queued messages are written
+  // (at once when a write has failed). The call may be gone on return.
+  void FinishWhenWritten(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) {
+      Finish(status);
+    } else {
+      finish_ = status;
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_->End(write_id_);
+    queue_.pop_front();
+    if (!ok) {
+      broken_ = true;
+      queue_.clear();
+    }
+    room_.notify_all();
+    if (!queue_.empty()) {
+      StartNextWrite();
+    } else if (finish_) {
+      Finish(*finish_);
+      finish_.reset();
+    }
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    room_.notify_all();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void StartNextWrite() {  // mu_ held, queue_ not empty
+    write_id_ = watch_->Begin(ctx_);
+    StartWrite(&queue_.front());
+  }
+
+  grpc::CallbackServerContext* const ctx_;
+  StreamWatch* const watch_;
+  std::mutex mu_;
+  std::condition_variable room_;            // the queue shrank, or the call broke
+  std::deque<pb::GenerateResponse> queue_;  // the front is being written
+  uint64_t write_id_ = 0;
+  bool broken_ = false;
+  std::optional<grpc::Status> finish_;
+};
+
+grpc::ServerWriteReactor<pb::GenerateResponse>* CoordinatorService::Generate(
+    grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
+  auto* call = new GenerateCall(ctx, watch_.get());
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
-  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
+  if (!who.ok()) {
+    call->FinishWhenWritten(rpc::ToGrpcStatus(who.status()));
+    return call;
+  }
   // Checked before the request is recorded: a refused request keeps nothing.
-  if (absl::Status s = CheckBounds(*req); !s.ok()) return rpc::ToGrpcStatus(s);
+  if (absl::Status s = CheckBounds(*req); !s.ok()) {
+    call->FinishWhenWritten(rpc::ToGrpcStatus(s));
+    return call;
+  }
   // With authentication on, every key the request makes uses the derived
   // salt (the request's own was refused above).
-  pb::GenerateRequest scoped;
-  if (auth_->enabled()) {
-    scoped = *req;
-    scoped.set_tenant_salt(who->salt);
-    req = &scoped;
-  }
+  pb::GenerateRequest request = *req;
+  if (auth_->enabled()) request.set_tenant_salt(who->salt);
   auto r = std::make_shared<Request>();
-  r->id = req->request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
-                                    : req->request_id();
+  r->id = request.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
+                                       : request.request_id();
   r->tenant = who->tenant;
   r->server_ctx = ctx;
-  r->mode = req->mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : req->mode();
+  r->mode = request.mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : request.mode();
   r->start = Clock::now();
   r->client_gone = [ctx] { return ctx->IsCancelled(); };
   r->deadline = ServerCallDeadline(*ctx);
-  const char* mode = ModeName(r->mode);
   const std::string key = RequestKey(r->tenant, r->id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = requests_.find(key);
     if (it != requests_.end() &&
         (it->second->state == "running" || it->second->state == "queued")) {
-      return rpc::ToGrpcStatus(
-          absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running")));
+      call->FinishWhenWritten(rpc::ToGrpcStatus(
+          absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"))));
+      return call;
     }
     requests_[key] = r;
   }
-  struct WriterSink final : Sink {
-    grpc::ServerWriter<pb::GenerateResponse>* writer;
-    grpc::ServerContext* ctx;
-    StreamWatch* watch;
-    bool Write(const pb::GenerateResponse& msg) override {
-      const uint64_t id = watch->Begin(ctx);
-      const bool ok = writer->Write(msg);
-      watch->End(id);
-      return ok;
-    }
-  } sink;
-  sink.writer = writer;
-  sink.ctx = ctx;
-  sink.watch = watch_.get();
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    ++calls_running_;
+  }
+  // Planning and ingest call workers: not on gRPC's thread.
+  executor_->Post([this, call, r, request = std::move(request)]() mutable {
+    Spawn(ServeCall(call, std::move(r), std::move(request)), [this](const absl::Status&) {
+      std::lock_guard<std::mutex> lock(calls_mu_);
+      --calls_running_;
+      calls_cv_.notify_all();
+    });
+  });
+  return call;
+}
+
+Task<absl::Status> CoordinatorService::ServeCall(GenerateCall* call, std::shared_ptr<Request> r,
+                                                 pb::GenerateRequest req) {
+  const char* mode = ModeName(r->mode);
+  const std::string key = RequestKey(r->tenant, r->id);
   std::vector<int32_t> output;
-  const absl::Status s = Serve(*req, *r, &sink, &output);
+  const absl::Status s = co_await Serve(req, *r, call, &output);
   const char* outcome = s.ok()                                             ? "ok"
                         : s.code() == absl::StatusCode::kCancelled         ? "cancelled"
                         : s.code() == absl::StatusCode::kResourceExhausted ? "rejected"
@@ -638,29 +752,30 @@ grpc::Status CoordinatorService::Generate(grpc::ServerContext* ctx, const pb::Ge
   // Rejection sampling is distribution-identical, not token-identical, to
   // full-KV decoding: there is nothing to compare token by token.
   if (s.ok() && r->mode == pb::MODE_VERICACHE && options_.lossless_check_fraction > 0 &&
-      req->sampling().mode() != pb::SamplingConfig::REJECTION) {
-    ShadowCheck(*req, output);
+      req.sampling().mode() != pb::SamplingConfig::REJECTION) {
+    ShadowCheck(req, output);
   }
-  return rpc::ToGrpcStatus(s);
+  call->FinishWhenWritten(rpc::ToGrpcStatus(s));
+  co_return s;
 }
 
-absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& r, Sink* sink,
-                                       std::vector<int32_t>* output) {
-  VC_RETURN_IF_ERROR(CheckBounds(req));
+Task<absl::Status> CoordinatorService::Serve(const pb::GenerateRequest& req, Request& r, Sink* sink,
+                                             std::vector<int32_t>* output) {
+  VC_CO_RETURN_IF_ERROR(CheckBounds(req));
   if (req.deadline_ms() > 0) {
     r.deadline = std::min(r.deadline, Clock::now() + std::chrono::milliseconds(req.deadline_ms()));
   }
-  VC_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r.deadline));
-  VC_RETURN_IF_ERROR(Admit(r));
+  VC_CO_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r.deadline));
+  VC_CO_RETURN_IF_ERROR(co_await Admit(r));
   absl::Status status = catalogue_->EnsureStored(plan, r);
-  if (status.ok()) status = Run(plan, r, sink);
+  if (status.ok()) status = co_await Run(plan, r, sink);
   if (!status.ok() && PrepareHeal(plan, r, status)) {
     status = catalogue_->EnsureStored(plan, r);
-    if (status.ok()) status = Run(plan, r, sink);
+    if (status.ok()) status = co_await Run(plan, r, sink);
   }
   ReleaseSessions(plan);
   Leave(r);
-  VC_RETURN_IF_ERROR(status);
+  VC_CO_RETURN_IF_ERROR(status);
   pb::GenerateResponse last;
   last.set_request_id(r.id);
   last.set_final(true);
@@ -680,7 +795,7 @@ absl::Status CoordinatorService::Serve(const pb::GenerateRequest& req, Request& 
   }
   sink->Write(last);
   *output = plan.output;
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& req,
@@ -859,11 +974,11 @@ bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w,
   return true;
 }
 
-absl::Status CoordinatorService::Run(Plan& plan, Request& r, Sink* writer) {
+Task<absl::Status> CoordinatorService::Run(Plan& plan, Request& r, Sink* writer) {
   for (int attempt = 0;; ++attempt) {
-    VC_RETURN_IF_ERROR(Place(plan, r.mode));
-    absl::Status s = RunOnce(plan, r, writer);
-    if (s.ok() || r.gone() || !IsWorkerLost(s)) return s;
+    VC_CO_RETURN_IF_ERROR(Place(plan, r.mode));
+    absl::Status s = co_await RunOnce(plan, r, writer);
+    if (s.ok() || r.gone() || !IsWorkerLost(s)) co_return s;
     // Which of its workers died? (Probed now: the next round is too late
     // for the requests placed meanwhile.)
     std::vector<std::string> died;
@@ -879,10 +994,10 @@ absl::Status CoordinatorService::Run(Plan& plan, Request& r, Sink* writer) {
     // something behind it (the store) failed; a retry is bounded either way.
     if (died.empty()) died.push_back("its workers answer again");
     if (attempt >= options_.max_worker_retries) {
-      return absl::UnavailableError(absl::StrCat(s.message(), " (", absl::StrJoin(died, ", "),
-                                                 "; gave up after ", attempt, " retries)"));
+      co_return absl::UnavailableError(absl::StrCat(s.message(), " (", absl::StrJoin(died, ", "),
+                                                    "; gave up after ", attempt, " retries)"));
     }
-    if (Clock::now() >= r.deadline) return s;
+    if (Clock::now() >= r.deadline) co_return s;
     ReleaseSessions(plan);
     metrics_->retries->Labels({pool}).Inc();
     // Re-establish the request from its exact state: the prompt plus every
@@ -898,21 +1013,21 @@ absl::Status CoordinatorService::Run(Plan& plan, Request& r, Sink* writer) {
   }
 }
 
-absl::Status CoordinatorService::RunOnce(Plan& plan, Request& r, Sink* writer) {
+Task<absl::Status> CoordinatorService::RunOnce(Plan& plan, Request& r, Sink* writer) {
   switch (r.mode) {
     case pb::MODE_FULL_LOCAL:
-      return RunFullLocal(runner_, plan, r, writer, false);
+      co_return RunFullLocal(runner_, plan, r, writer, false);
     case pb::MODE_FULL_REMOTE:
     case pb::MODE_LOSSY_REMOTE:
-      return RunRemote(runner_, plan, r, writer);
+      co_return co_await RunRemote(runner_, plan, r, writer);
     default:
       if (plan.drafter == nullptr) {
         // No live drafter: the verifier decodes alone (a fallback).
         plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
         metrics_->fallbacks->Inc();
-        return RunFullLocal(runner_, plan, r, writer, false);
+        co_return RunFullLocal(runner_, plan, r, writer, false);
       }
-      return RunVeriCache(runner_, plan, r, writer);
+      co_return co_await RunVeriCache(runner_, plan, r, writer);
   }
 }
 
@@ -1004,7 +1119,9 @@ void CoordinatorService::ShadowCheck(const pb::GenerateRequest& req,
     r.start = Clock::now();
     r.deadline = Clock::now() + options_.rpc_timeout * 6;
     std::vector<int32_t> full;
-    const absl::Status s = Serve(copy, r, &sink, &full);
+    // Its own thread blocks on it (it continues on the executor between
+    // its worker calls, like any request).
+    const absl::Status s = BlockOn(Serve(copy, r, &sink, &full));
     if (s.ok()) {
       metrics_->lossless_check->Labels({full == tokens ? "match" : "mismatch"}).Inc();
       if (full != tokens) {

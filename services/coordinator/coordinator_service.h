@@ -130,7 +130,11 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr size_t kMaxCompressorNameBytes = 64;
 inline constexpr size_t kMaxTenantSaltBytes = 64;
 
-class CoordinatorService final : public vericache::v1::Coordinator::Service {
+// Generate is on gRPC's callback API: each call is a coroutine (Serve, on
+// the executor) that holds no thread while it waits for a slot or a lease
+// message. The other methods are short and synchronous.
+class CoordinatorService final : public vericache::v1::Coordinator::WithCallbackMethod_Generate<
+                                     vericache::v1::Coordinator::Service> {
  public:
   // Connects to the store and every worker (waiting for them up to
   // startup_timeout) and checks they all run the same model.
@@ -141,8 +145,8 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   // Refuses new requests, cancels running ones, stops the clock.
   void Shutdown();
 
-  grpc::Status Generate(grpc::ServerContext* ctx, const vericache::v1::GenerateRequest* req,
-                        grpc::ServerWriter<vericache::v1::GenerateResponse>* writer) override;
+  grpc::ServerWriteReactor<vericache::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const vericache::v1::GenerateRequest* req) override;
   grpc::Status Cancel(grpc::ServerContext* ctx, const vericache::v1::CancelRequest* req,
                       vericache::v1::CancelResponse* resp) override;
   grpc::Status GetRequest(grpc::ServerContext* ctx, const vericache::v1::GetRequestRequest* req,
@@ -159,22 +163,28 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
  private:
   struct Metrics;
   struct StreamWatch;
+  class GenerateCall;
 
   CoordinatorService(const CoordinatorOptions& options, metrics::Registry* registry);
   absl::Status Connect();
 
+  // One Generate call from its request to its status: Serve, the request's
+  // record and metrics, the shadow check; then the call is finished.
+  Task<absl::Status> ServeCall(GenerateCall* call, std::shared_ptr<Request> r,
+                               vericache::v1::GenerateRequest req);
   // Plans, admits, runs and releases one request; the final message (with
   // totals) is the last thing written to `sink`.
-  absl::Status Serve(const vericache::v1::GenerateRequest& req, Request& r, Sink* sink,
-                     std::vector<int32_t>* output);
-  // Admission (admission.h): waits for a place among the active requests.
-  absl::Status Admit(Request& r);
+  Task<absl::Status> Serve(const vericache::v1::GenerateRequest& req, Request& r, Sink* sink,
+                           std::vector<int32_t>* output);
+  // Admission (admission.h): waits (suspended, polling) for a place among
+  // the active requests.
+  Task<absl::Status> Admit(Request& r);
   void Leave(Request& r);
 
   // The caller's identity (UNAUTHENTICATED without a valid key) with the
   // salt its KV keys use: derived when authentication is on (a request salt
   // is then refused), the request's own salt when it is off.
-  [[nodiscard]] absl::StatusOr<Identity> Caller(grpc::ServerContext* ctx,
+  [[nodiscard]] absl::StatusOr<Identity> Caller(grpc::ServerContextBase* ctx,
                                                 const std::string& request_salt);
   // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
   [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
@@ -189,8 +199,8 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   bool PrepareHeal(Plan& plan, Request& r, const absl::Status& failed);
   // Places the request on live workers and runs it; re-establishes it on
   // live workers (bounded) when a worker it runs on dies.
-  absl::Status Run(Plan& plan, Request& r, Sink* writer);
-  absl::Status RunOnce(Plan& plan, Request& r, Sink* writer);
+  Task<absl::Status> Run(Plan& plan, Request& r, Sink* writer);
+  Task<absl::Status> RunOnce(Plan& plan, Request& r, Sink* writer);
   // Placement among the live workers (placement.h): the verifier by the
   // prefix (or the session), the drafter least loaded. UNAVAILABLE when the
   // pool has no live worker.
@@ -219,6 +229,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
 
   CoordinatorOptions options_;
   metrics::Registry* registry_;
+  // Where requests run and continue after their waits; declared first so
+  // that it goes last (Shutdown has waited for every request before).
+  std::unique_ptr<Executor> executor_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<daemon::StoreClient> store_;
   std::unique_ptr<SlotClock> clock_;
@@ -256,6 +269,10 @@ class CoordinatorService final : public vericache::v1::Coordinator::Service {
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int64_t> next_request_{1};
   std::atomic<int> shadow_checks_running_{0};
+  // Generate calls whose coroutine has not returned yet (Shutdown waits).
+  std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  int calls_running_ = 0;
   std::mutex calib_mu_;
   double step_ewma_ = 0;
   int calib_samples_ = 0;

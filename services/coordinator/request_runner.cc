@@ -1,8 +1,12 @@
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "absl/cleanup/cleanup.h"
@@ -145,22 +149,65 @@ int64_t DrafterFetchBytes(const RunnerContext& ctx, const Plan& plan,
   return EstimateVariantBytes(full_bytes, plan.variant.compressor);
 }
 
+// SlotClock::WaitForSlot(slot, offset_seconds, deadline) without holding a
+// thread: the runner is suspended until the clock's answer and continues on
+// ctx.executor (with no executor, this thread waits).
+Task<bool> AwaitSlot(const RunnerContext& ctx, int64_t slot, double offset_seconds,
+                     Clock::time_point deadline) {
+  if (ctx.clock->SlotBegun(slot, offset_seconds)) co_return true;
+  if (ctx.executor == nullptr) co_return ctx.clock->WaitForSlot(slot, offset_seconds, deadline);
+  bool begun = false;
+  co_await Suspend(ctx.executor, [&](auto resume) {
+    ctx.clock->NotifyAtSlot(slot, offset_seconds, deadline, [&begun, resume](bool answer) {
+      begun = answer;  // read once resumed: the executor's queue orders it
+      resume();
+    });
+  });
+  co_return begun;
+}
+
+// Suspends the runner until `lease` has a message to read (or has ended),
+// or until `wake`, whichever comes first.
+Task<bool> AwaitLease(const RunnerContext& ctx, LeaseStream& lease, Clock::time_point wake) {
+  if (ctx.executor == nullptr) co_return true;  // Next waits itself
+  // The first of the two callbacks resumes; the other finds `fired` set
+  // (and the timer is cancelled once resumed: Suspend resumes only after
+  // the lambda has returned, so `timer` is set by then).
+  struct Race {
+    std::atomic<bool> fired{false};
+    std::function<void()> resume;
+  };
+  auto race = std::make_shared<Race>();
+  SlotClock::NotifyId timer = 0;
+  co_await Suspend(ctx.executor, [&](auto resume) {
+    race->resume = resume;
+    auto fire = [race] {
+      if (!race->fired.exchange(true)) race->resume();
+    };
+    lease.OnReady(fire);
+    timer = ctx.clock->NotifyAt(wake, [fire](bool) { fire(); });
+  });
+  ctx.clock->CancelNotify(timer);
+  co_return true;
+}
+
 // Books `bytes` on the slow link's ring and waits for the booking's first
 // slot within r's deadline (DeadlineExceeded naming `what` otherwise). The
 // id is in *booking_id as soon as it is booked: the caller releases it,
 // whether the wait succeeded or not. The slow link's occupancy gauge is
 // updated when there was something to book (nothing on an unpaced link).
-absl::Status AwaitSlowLinkSlot(const RunnerContext& ctx, const Request& r, int64_t bytes,
-                               const char* what, std::optional<int64_t>* booking_id) {
+Task<absl::Status> AwaitSlowLinkSlot(const RunnerContext& ctx, const Request& r, int64_t bytes,
+                                     const char* what, std::optional<int64_t>* booking_id) {
   const int64_t id = ctx.clock->NewBookingId();
-  VC_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, bytes, kSlowLink));
+  VC_CO_ASSIGN_OR_RETURN(Booking booking, ctx.clock->BookTransfer(id, bytes, kSlowLink));
   *booking_id = id;
-  if (!ctx.clock->WaitForSlot(booking.first_slot(), r.deadline)) {
-    return absl::DeadlineExceededError(
+  const bool begun = co_await AwaitSlot(ctx, booking.first_slot(), 0, r.deadline);
+  if (!begun) {
+    co_return absl::DeadlineExceededError(
         absl::StrCat("request deadline passed waiting for the slow link (", what, ")"));
   }
   if (booking.transfer_seconds > 0) UpdateGauges(ctx);
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 // The drafter's Open of `req`: the prefix it fetches crosses the slow link
@@ -174,9 +221,9 @@ absl::Status AwaitSlowLinkSlot(const RunnerContext& ctx, const Request& r, int64
 // books nothing and the Open goes at once; nothing fetched, nothing booked.
 // `*sent` says whether the Open was sent: if not, the error is the
 // booking's or the wait's, not the drafter's.
-absl::Status BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const Request& r,
-                               const pb::DrafterOpenRequest& req, pb::DrafterOpenResponse* resp,
-                               bool* sent) {
+Task<absl::Status> BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const Request& r,
+                                     const pb::DrafterOpenRequest& req,
+                                     pb::DrafterOpenResponse* resp, bool* sent) {
   Worker& d = *plan.drafter;
   *sent = false;
   const int64_t bytes = DrafterFetchBytes(ctx, plan, req);
@@ -184,15 +231,17 @@ absl::Status BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan, const
   absl::Cleanup release = [&] {
     if (booking_id) (void)ctx.clock->Release(*booking_id);
   };
-  if (bytes > 0) VC_RETURN_IF_ERROR(AwaitSlowLinkSlot(ctx, r, bytes, "drafter Open", &booking_id));
+  if (bytes > 0) {
+    VC_CO_RETURN_IF_ERROR(co_await AwaitSlowLinkSlot(ctx, r, bytes, "drafter Open", &booking_id));
+  }
   *sent = true;
   absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, resp);
-  if (!s.ok()) return s;
+  if (!s.ok()) co_return s;
   // A fetched variant's exact size, for the next Open of it.
   if (!req.full_prefix() && resp->prefix_bytes() > 0 && ctx.variant_sizes != nullptr) {
     ctx.variant_sizes->Note(req.variant_key(), resp->prefix_bytes());
   }
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 // The most bytes a verify pass over `rows` input tokens can send back as
@@ -354,69 +403,86 @@ struct VerifyBooking {
   double issue_offset = 0;
   int64_t verify_slot = 0;
   std::optional<int64_t> held;
+  // TryBookVerify only: the rings were full and nothing is booked; try
+  // again once the next slot has begun.
+  bool queued = false;
 };
 
-// Books the verify of plan's next round, `target_offset` slots ahead: the
-// prefix's reload on the fast link and the verifier's memory, or a join of
-// a booking of the same prefix on the same verifier (PrefixPolicy's rule,
-// the simulator's too). Waits, within r's deadline, while the rings are
-// full; that wait is added to *slot_wait_seconds.
-absl::StatusOr<VerifyBooking> BookVerify(const RunnerContext& ctx, const Plan& plan,
-                                         const Request& r, int64_t prefix_bytes, int target_offset,
-                                         double* slot_wait_seconds) {
+// One try at booking the verify of plan's next round, `target_offset` slots
+// ahead, as `booking_id`: the prefix's reload on the fast link and the
+// verifier's memory, or a join of a booking of the same prefix on the same
+// verifier (PrefixPolicy's rule, the simulator's too). With the rings full,
+// a `queued` booking (nothing booked).
+absl::StatusOr<VerifyBooking> TryBookVerify(const RunnerContext& ctx, const Plan& plan,
+                                            int64_t prefix_bytes, int target_offset,
+                                            int64_t booking_id) {
   const Worker& v = *plan.verifier;
   VerifyBooking b;
   b.first_slot = ctx.clock->now();
   b.verify_slot = b.first_slot;
   if (prefix_bytes <= 0) return b;
+  const int64_t target = ctx.clock->now() + target_offset;
+  SlotClock::Shared shared;
+  const bool can_join =
+      !ctx.clock->lock_step() &&
+      ctx.clock->FindShared(plan.prefix_key, v.index, std::numeric_limits<int64_t>::max(), &shared);
+  auto join = [&] {
+    b.first_slot = std::max(shared.first_slot, ctx.clock->now());
+    b.verify_slot = shared.verify_slot;
+    if (ctx.clock->JoinShared(shared.booking_id)) b.held = shared.booking_id;
+  };
+  // Join a booking of the prefix on this verifier whose verify is still
+  // ahead when it is no later than this round wants, or when a booking of
+  // its own would verify no earlier or has to wait.
+  if (can_join && PrefixPolicy::JoinsAtOnce(shared, target)) {
+    join();
+    return b;
+  }
+  AdmitRequest ar;
+  ar.id = booking_id;
+  ar.full_kv_bytes = prefix_bytes;
+  ar.target_offset = target_offset;
+  ar.min_offset = 1;
+  ar.link = kFastLink;
+  ar.gpu = v.index;
+  VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
+  if (can_join && PrefixPolicy::JoinsInsteadOf(shared, adm)) {
+    if (!adm.queued) VC_RETURN_IF_ERROR(ctx.clock->Release(booking_id));
+    join();
+    return b;
+  }
+  if (!adm.queued) {
+    b.first_slot = adm.booking.first_slot();
+    b.issue_offset = adm.booking.issue_offset_seconds;
+    b.verify_slot = adm.booking.verify_slot;
+    b.held = booking_id;
+    ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
+    return b;
+  }
+  Inc(ctx.metrics.scheduler_queued);
+  b.queued = true;
+  return b;
+}
+
+// TryBookVerify until it books, waiting (suspended) for the next slot
+// while the rings are full, within r's deadline; that wait is added to
+// *slot_wait_seconds.
+Task<absl::StatusOr<VerifyBooking>> BookVerify(const RunnerContext& ctx, const Plan& plan,
+                                               const Request& r, int64_t prefix_bytes,
+                                               int target_offset, double* slot_wait_seconds) {
   // A new id every round: a booking this request's last round left to
   // rounds that joined it may outlive that round.
   const int64_t booking_id = ctx.clock->NewBookingId();
   while (true) {
-    const int64_t target = ctx.clock->now() + target_offset;
-    SlotClock::Shared shared;
-    const bool can_join = !ctx.clock->lock_step() &&
-                          ctx.clock->FindShared(plan.prefix_key, v.index,
-                                                std::numeric_limits<int64_t>::max(), &shared);
-    auto join = [&] {
-      b.first_slot = std::max(shared.first_slot, ctx.clock->now());
-      b.verify_slot = shared.verify_slot;
-      if (ctx.clock->JoinShared(shared.booking_id)) b.held = shared.booking_id;
-    };
-    // Join a booking of the prefix on this verifier whose verify is still
-    // ahead when it is no later than this round wants, or when a booking of
-    // its own would verify no earlier or has to wait.
-    if (can_join && PrefixPolicy::JoinsAtOnce(shared, target)) {
-      join();
-      return b;
-    }
-    AdmitRequest ar;
-    ar.id = booking_id;
-    ar.full_kv_bytes = prefix_bytes;
-    ar.target_offset = target_offset;
-    ar.min_offset = 1;
-    ar.link = kFastLink;
-    ar.gpu = v.index;
-    VC_ASSIGN_OR_RETURN(Admission adm, ctx.clock->Admit(ar));
-    if (can_join && PrefixPolicy::JoinsInsteadOf(shared, adm)) {
-      if (!adm.queued) VC_RETURN_IF_ERROR(ctx.clock->Release(booking_id));
-      join();
-      return b;
-    }
-    if (!adm.queued) {
-      b.first_slot = adm.booking.first_slot();
-      b.issue_offset = adm.booking.issue_offset_seconds;
-      b.verify_slot = adm.booking.verify_slot;
-      b.held = booking_id;
-      ctx.clock->NoteShared(plan.prefix_key, v.index, adm.booking);
-      return b;
-    }
-    Inc(ctx.metrics.scheduler_queued);
+    VC_CO_ASSIGN_OR_RETURN(VerifyBooking b,
+                           TryBookVerify(ctx, plan, prefix_bytes, target_offset, booking_id));
+    if (!b.queued) co_return b;
     const auto t = Clock::now();
-    const bool ok = ctx.clock->WaitForSlot(ctx.clock->now() + 1, r.deadline);
+    const bool begun = co_await AwaitSlot(ctx, ctx.clock->now() + 1, 0, r.deadline);
     *slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
-    if (!ok)
-      return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
+    if (!begun) {
+      co_return absl::DeadlineExceededError("request deadline passed waiting for a verify slot");
+    }
   }
 }
 
@@ -520,8 +586,9 @@ struct LeaseRound {
 // session. kContinue: the lease is over with tokens left (the budget left
 // no room for a draft, or the verifier has no leases): the caller goes on
 // with single rounds.
-absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, Request& r,
-                                          Sink* writer, int64_t prefix_bytes, int64_t* unverified) {
+Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& plan, Request& r,
+                                                Sink* writer, int64_t prefix_bytes,
+                                                int64_t* unverified) {
   Worker& v = *plan.verifier;
   Worker& d = *plan.drafter;
   WorkerCallOptions lo;
@@ -529,9 +596,9 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
       r.deadline == Clock::time_point::max() ? Clock::now() + std::chrono::hours(24) : r.deadline;
   lo.parent = r.server_ctx;
   absl::StatusOr<std::unique_ptr<LeaseStream>> opened = v.verifier->OpenLease(lo);
-  if (absl::IsUnimplemented(opened.status())) return PeerRoundOutcome::kContinue;
+  if (absl::IsUnimplemented(opened.status())) co_return PeerRoundOutcome::kContinue;
   if (!opened.ok()) {
-    return WithCallName(opened.status(), absl::StrCat("verifier ", v.address, " Lease"));
+    co_return WithCallName(opened.status(), absl::StrCat("verifier ", v.address, " Lease"));
   }
   LeaseStream& lease = **opened;
   std::deque<LeaseRound> rounds;   // granted, oldest first
@@ -547,8 +614,14 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
     UpdateGauges(ctx);
   };
   bool first = true;
+  // While the rings are full: when the next round's booking was first tried
+  // (its slot wait counts from then), and the slot to try it again at.
+  std::optional<Clock::time_point> booking_since;
+  std::optional<int64_t> rebook_slot;
   // Books the next round (into `next`) when the budget leaves room for a
-  // draft (each round granted adds at least one token).
+  // draft (each round granted adds at least one token). It never waits for
+  // full rings (a round's progress may arrive meanwhile): a queued booking
+  // sets `rebook_slot`, and the loop below waits for that slot.
   auto book = [&]() -> absl::Status {
     // Rounds whose tokens are not in the output yet.
     const auto unstreamed = std::count_if(rounds.begin(), rounds.end(),
@@ -560,16 +633,22 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
     LeaseRound lr;
     lr.take = take;
     lr.pending = rounds.empty() ? *unverified : 1;
-    lr.booked = Clock::now();
+    lr.booked = booking_since.value_or(Clock::now());
     // As a Round's: booked for the drafts the drafter did not hold ready
     // after the last commit. A round granted ahead runs after the one before
     // it, whose verify and commit the drafter drafts through: the same
     // estimate. (Its verify comes no earlier than booked; the booking is
     // held until its progress arrives.)
     const int target_offset = std::max(1, take - plan.drafts_ready);
-    double queued_seconds = 0;
-    VC_ASSIGN_OR_RETURN(lr.booking,
-                        BookVerify(ctx, plan, r, prefix_bytes, target_offset, &queued_seconds));
+    VC_ASSIGN_OR_RETURN(lr.booking, TryBookVerify(ctx, plan, prefix_bytes, target_offset,
+                                                  ctx.clock->NewBookingId()));
+    if (lr.booking.queued) {
+      booking_since = lr.booked;
+      rebook_slot = ctx.clock->now() + 1;
+      return absl::OkStatus();
+    }
+    booking_since.reset();
+    rebook_slot.reset();
     next = lr;
     return absl::OkStatus();
   };
@@ -616,39 +695,44 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
     (void)lease.Send(g);
     return absl::OkStatus();
   };
-  // Sends `next` once its slot has come, blocking: nothing else can arrive.
-  auto send_when_due = [&]() -> absl::Status {
-    if (prefix_bytes > 0 &&
-        !ctx.clock->WaitForSlot(next->booking.first_slot, next->booking.issue_offset, r.deadline)) {
-      return absl::DeadlineExceededError("request deadline passed");
-    }
-    return send();
-  };
-  VC_RETURN_IF_ERROR(book());
-  if (!next) return PeerRoundOutcome::kContinue;
-  VC_RETURN_IF_ERROR(send_when_due());
   bool closing = false;  // half-closed: no more grants, drain what runs
   std::optional<PeerRoundOutcome> decided;
   bool answered = false;
-  Clock::time_point last_arrival = rounds.front().booked;
+  // When the last progress arrived (the first round: none).
+  Clock::time_point last_arrival = Clock::time_point::min();
   while (true) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    if (r.gone()) co_return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) {
+      co_return absl::DeadlineExceededError("request deadline passed");
+    }
     if (closing && next) {
       // Half-closed: a booked grant is not sent; its booking goes back.
       release(*next);
       next.reset();
     }
-    // One grant ahead: it is on the verifier before the round before ends.
-    if (!closing && !next && rounds.size() < 2) VC_RETURN_IF_ERROR(book());
+    if (closing) rebook_slot.reset();
+    // One grant ahead: it is on the verifier before the round before ends
+    // (with full rings: tried again once the slot it waits for has begun).
+    if (!closing && !next && rounds.size() < 2 &&
+        (!rebook_slot || ctx.clock->now() >= *rebook_slot)) {
+      VC_CO_RETURN_IF_ERROR(book());
+    }
     if (next && due()) {
-      VC_RETURN_IF_ERROR(send());
+      VC_CO_RETURN_IF_ERROR(send());
       continue;
     }
     if (rounds.empty()) {
-      if (!next) return decided.value_or(PeerRoundOutcome::kContinue);
-      VC_RETURN_IF_ERROR(send_when_due());
-      continue;
+      // Nothing runs, so nothing can arrive: wait for the slot of the grant
+      // to send, or for the one to book it again at.
+      if (next || rebook_slot) {
+        const int64_t slot = next ? next->booking.first_slot : *rebook_slot;
+        const double offset = next ? next->booking.issue_offset : 0.0;
+        const bool begun = co_await AwaitSlot(ctx, slot, offset, r.deadline);
+        if (!begun) co_return absl::DeadlineExceededError("request deadline passed");
+        if (next) VC_CO_RETURN_IF_ERROR(send());
+        continue;
+      }
+      co_return decided.value_or(PeerRoundOutcome::kContinue);
     }
     const LeaseRound& front = rounds.front();
     // The verifier ends its peer calls before this (its margin), so a silent
@@ -662,28 +746,34 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
           std::chrono::duration<double>(next->booking.issue_offset));
       wake = std::min(wake, Clock::now() + ctx.clock->TimeUntilSlot(next->booking.first_slot) +
                                 issue + std::chrono::microseconds(50));
+    } else if (rebook_slot) {
+      wake = std::min(wake, Clock::now() + ctx.clock->TimeUntilSlot(*rebook_slot) +
+                                std::chrono::microseconds(50));
     }
+    // Suspended (no thread held) until a message can be read or `wake`.
+    co_await AwaitLease(ctx, lease, wake);
     pb::LeaseProgress progress;
     Clock::time_point arrived;
-    absl::StatusOr<bool> got = lease.Next(wake, &progress, &arrived);
+    absl::StatusOr<bool> got =
+        lease.Next(ctx.executor != nullptr ? Clock::now() : wake, &progress, &arrived);
     if (absl::IsDeadlineExceeded(got.status()) && Clock::now() < answer_by) continue;
     if (!got.ok()) {
       // A verifier without leases: single rounds instead.
-      if (absl::IsUnimplemented(got.status()) && !answered) return PeerRoundOutcome::kContinue;
-      return WithCallName(got.status(), absl::StrCat("verifier ", v.address, " Lease"));
+      if (absl::IsUnimplemented(got.status()) && !answered) co_return PeerRoundOutcome::kContinue;
+      co_return WithCallName(got.status(), absl::StrCat("verifier ", v.address, " Lease"));
     }
     // Ended: after the drafter's failure or the half-close (grants not
     // started are not run; their bookings go with `release_all`).
-    if (!*got) return decided.value_or(PeerRoundOutcome::kContinue);
+    if (!*got) co_return decided.value_or(PeerRoundOutcome::kContinue);
     if (progress.round() != front.round) {
-      return absl::InternalError(absl::StrCat("verifier ", v.address, " answered lease round ",
-                                              progress.round(), ", expected ", front.round));
+      co_return absl::InternalError(absl::StrCat("verifier ", v.address, " answered lease round ",
+                                                 progress.round(), ", expected ", front.round));
     }
     if (progress.verified_only()) {
       // The round's tokens, before its commit: streamed now; its progress
       // after the commit follows.
       if (front.emitted || !progress.result().has_verify()) {
-        return absl::InternalError(absl::StrCat(
+        co_return absl::InternalError(absl::StrCat(
             "verifier ", v.address, " sent a bad verified progress of round ", progress.round()));
       }
       rounds.front().emitted = true;
@@ -691,7 +781,7 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
           std::chrono::duration<double, std::milli>(arrived - std::max(front.sent, last_arrival))
               .count();
       if (!EmitVerifiedRound(ctx, plan, r, writer, progress.result(), verify_ms)) {
-        return PeerRoundOutcome::kComplete;
+        co_return PeerRoundOutcome::kComplete;
       }
       continue;
     }
@@ -728,10 +818,10 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
                          (lr.emitted ? progress.result().verify().tokens_size() : 0);
     const int take = static_cast<int>(std::min<int64_t>(lr.take, left - 1));
     *unverified = 1;
-    VC_ASSIGN_OR_RETURN(
+    VC_CO_ASSIGN_OR_RETURN(
         const PeerRoundOutcome out,
         ApplyPeerRound(ctx, plan, r, writer, progress.result(), take, times, lr.emitted));
-    if (out == PeerRoundOutcome::kComplete) return out;
+    if (out == PeerRoundOutcome::kComplete) co_return out;
     if (out != PeerRoundOutcome::kContinue && !decided) {
       decided = out;
       closing = true;
@@ -744,13 +834,13 @@ absl::StatusOr<PeerRoundOutcome> RunLease(const RunnerContext& ctx, Plan& plan, 
 
 // ------------------------------------------------------------- vericache
 
-absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer) {
+Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer) {
   Worker& v = *plan.verifier;
   Worker& d = *plan.drafter;
   const int32_t n = static_cast<int32_t>(plan.prompt.size());
   // Open both sessions; the drafter starts drafting as soon as its
   // compressed prefix has arrived over the slow link.
-  VC_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/false));
+  VC_CO_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/false));
   bool drafter_ok = true;
   {
     pb::DrafterOpenRequest req;
@@ -770,12 +860,12 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     req.set_epoch(plan.drafter_epoch);
     pb::DrafterOpenResponse resp;
     bool sent = false;
-    absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
-    if (!sent) return s;  // the request's deadline passed waiting for the link
+    absl::Status s = co_await BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
+    if (!sent) co_return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
       absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
-      if (!Retryable(st)) return st;
+      if (!Retryable(st)) co_return st;
       WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
       drafter_ok = false;  // fall back to full-KV decoding on the verifier
     } else {
@@ -803,14 +893,15 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
   // the one before has committed; what is left after the lease (the last
   // token, without drafts; a verifier without leases) runs below.
   if (drafter_ok && ctx.options.peer_rounds && ctx.options.leases) {
-    VC_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
-                        RunLease(ctx, plan, r, writer, prefix_bytes, &unverified));
-    if (outcome == PeerRoundOutcome::kComplete) return absl::OkStatus();
+    VC_CO_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
+                           co_await RunLease(ctx, plan, r, writer, prefix_bytes, &unverified));
+    if (outcome == PeerRoundOutcome::kComplete) co_return absl::OkStatus();
     drafter_ok = outcome == PeerRoundOutcome::kContinue;
   }
   while (drafter_ok) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    if (r.gone()) co_return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline)
+      co_return absl::DeadlineExceededError("request deadline passed");
     const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
     const int take = static_cast<int>(std::min<int64_t>(plan.x, remaining - 1));
     const auto round_start = Clock::now();
@@ -818,20 +909,15 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     // Time this round spent waiting for the scheduler (a queued booking,
     // the reload's and the verify's slots; relayed: the refresh's slot).
     double slot_wait_seconds = 0;
-    auto timed_wait = [&](auto&& wait) {
-      const auto t = Clock::now();
-      const bool ok = wait();
-      slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
-      return ok;
-    };
     // The verify's slot: when the drafts should be ready, x draft steps
     // ahead (a slot is a draft step when calibrated). With peer rounds the
     // drafter's drafts that survived the last commit are known ready
     // (CommitResponse.surviving_drafts), so only the rest are waited for.
     const int target_offset =
         std::max(1, ctx.options.peer_rounds ? take - plan.drafts_ready : take);
-    VC_ASSIGN_OR_RETURN(const VerifyBooking verify,
-                        BookVerify(ctx, plan, r, prefix_bytes, target_offset, &slot_wait_seconds));
+    VC_CO_ASSIGN_OR_RETURN(
+        const VerifyBooking verify,
+        co_await BookVerify(ctx, plan, r, prefix_bytes, target_offset, &slot_wait_seconds));
     // Peer rounds: the Round, sent at the reload's slot, starts the reload
     // itself (RoundRequest.load) and the verify follows the drafts and the
     // load on the verifier: no Load call, no wait here for the verify's
@@ -840,29 +926,32 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     // exposed to a pause of this process: its deadline expires under it.
     // So the wait stays here: docs/results.md.)
     const bool peer_round = ctx.options.peer_rounds && take > 0;
-    absl::Status round_status = [&]() -> absl::Status {
+    absl::Status round_status = absl::OkStatus();
+    if (prefix_bytes > 0) {
       // The reload starts at its slot (just in time within it when packed).
-      if (prefix_bytes > 0) {
-        if (!timed_wait([&] {
-              return ctx.clock->WaitForSlot(verify.first_slot, verify.issue_offset, r.deadline);
-            })) {
-          return absl::DeadlineExceededError("request deadline passed");
-        }
-        if (peer_round) return absl::OkStatus();
+      auto t = Clock::now();
+      bool begun = co_await AwaitSlot(ctx, verify.first_slot, verify.issue_offset, r.deadline);
+      slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
+      if (!begun) {
+        round_status = absl::DeadlineExceededError("request deadline passed");
+      } else if (!peer_round) {
         pb::LoadRequest req;
         req.set_session_id(plan.session);
         pb::LoadResponse resp;
         const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
-        if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
-        if (!timed_wait([&] { return ctx.clock->WaitForSlot(verify.verify_slot, r.deadline); })) {
-          return absl::DeadlineExceededError("request deadline passed");
+        if (!s.ok()) {
+          round_status = WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
+        } else {
+          t = Clock::now();
+          begun = co_await AwaitSlot(ctx, verify.verify_slot, 0, r.deadline);
+          slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
+          if (!begun) round_status = absl::DeadlineExceededError("request deadline passed");
         }
       }
-      return absl::OkStatus();
-    }();
+    }
     if (!round_status.ok()) {
       if (verify.held) (void)ctx.clock->Release(*verify.held);
-      return round_status;
+      co_return round_status;
     }
     if (peer_round) {
       // The whole round worker to worker: the verifier takes the drafts,
@@ -887,7 +976,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         // slow link is never oversubscribed; the verifier offers them no
         // earlier than the booked slot.
         const int64_t id = ctx.clock->NewBookingId();
-        VC_ASSIGN_OR_RETURN(
+        VC_CO_ASSIGN_OR_RETURN(
             Booking booking,
             ctx.clock->BookTransfer(id, MostRefreshBytes(ctx, unverified + take), kSlowLink));
         refresh_booking = id;
@@ -913,15 +1002,15 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         (void)ctx.clock->ShrinkTransfer(*refresh_booking, rresp.refresh_bytes());
         UpdateGauges(ctx);
       }
-      if (!rs.ok()) return WithCallName(rs, absl::StrCat("verifier ", v.address, " Round"));
+      if (!rs.ok()) co_return WithCallName(rs, absl::StrCat("verifier ", v.address, " Round"));
       PeerRoundTimes times;
       times.wall_seconds = std::chrono::duration<double>(Clock::now() - round_start).count();
       times.slot_wait_seconds = slot_wait_seconds;
       times.verify_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      VC_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
-                          ApplyPeerRound(ctx, plan, r, writer, rresp, take, times));
+      VC_CO_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
+                             ApplyPeerRound(ctx, plan, r, writer, rresp, take, times));
       unverified = 1;
-      if (outcome == PeerRoundOutcome::kComplete) return absl::OkStatus();
+      if (outcome == PeerRoundOutcome::kComplete) co_return absl::OkStatus();
       drafter_ok = outcome == PeerRoundOutcome::kContinue;
       continue;
     }
@@ -939,7 +1028,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
         if (verify.held) (void)ctx.clock->Release(*verify.held);
-        VC_RETURN_IF_ERROR(drop_drafter(st));
+        VC_CO_RETURN_IF_ERROR(drop_drafter(st));
         break;
       }
       drafts.assign(resp.drafts().begin(), resp.drafts().end());
@@ -959,13 +1048,13 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     if (!vs.ok()) {
       // Without the verifier nothing can be verified: fail cleanly (every
       // token streamed so far was verified).
-      return WithCallName(vs, absl::StrCat("verifier ", v.address, " Verify"));
+      co_return WithCallName(vs, absl::StrCat("verifier ", v.address, " Verify"));
     }
     std::vector<int32_t> tokens(vresp.tokens().begin(), vresp.tokens().end());
     const pb::RoundStats round = NoteVerifiedRound(
         ctx, static_cast<int32_t>(drafts.size()), vresp,
         std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), plan);
-    if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+    if (!Emit(ctx, plan, r, tokens, round, writer)) co_return absl::OkStatus();
     // Tell the drafter: its confirmed drafts survive, the rest roll back,
     // and the exact K/V of the verified tokens replaces its own.
     {
@@ -988,8 +1077,8 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
         // many requests' refreshes never oversubscribe a paced link. An
         // unpaced link books nothing and starts now: no wait.
         const auto t = Clock::now();
-        VC_RETURN_IF_ERROR(
-            AwaitSlowLinkSlot(ctx, r, refresh_bytes, "KV refresh", &refresh_booking));
+        VC_CO_RETURN_IF_ERROR(
+            co_await AwaitSlowLinkSlot(ctx, r, refresh_bytes, "KV refresh", &refresh_booking));
         slot_wait_seconds += std::chrono::duration<double>(Clock::now() - t).count();
         plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + refresh_bytes);
       }
@@ -997,7 +1086,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
       const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
-        VC_RETURN_IF_ERROR(drop_drafter(st));
+        VC_CO_RETURN_IF_ERROR(drop_drafter(st));
         break;
       }
       drafter_ok = NoteCommittedRound(
@@ -1013,7 +1102,7 @@ absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink
     plan.drafter_open = false;
     --d.active;
   }
-  return RunFullLocal(ctx, plan, r, writer, true);
+  co_return RunFullLocal(ctx, plan, r, writer, true);
 }
 
 // ------------------------------------------------------------ full_local
@@ -1060,7 +1149,7 @@ absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink
 
 // ----------------------------------------------- full_remote, lossy_remote
 
-absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer) {
+Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer) {
   Worker& d = *plan.drafter;
   const bool full = r.mode == pb::MODE_FULL_REMOTE;
   {
@@ -1087,11 +1176,11 @@ absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* w
         static_cast<int32_t>(plan.prompt.size() + plan.req.max_new_tokens() - plan.resumed));
     pb::DrafterOpenResponse resp;
     bool sent = false;
-    absl::Status s = BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
-    if (!sent) return s;  // the request's deadline passed waiting for the link
+    absl::Status s = co_await BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
+    if (!sent) co_return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
       ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
-      return WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
+      co_return WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
     }
     plan.drafter_open = true;
     ++d.active;
@@ -1099,8 +1188,9 @@ absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* w
     plan.totals.set_compressor(full ? "full" : resp.compressor());
   }
   while (true) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    if (r.gone()) co_return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline)
+      co_return absl::DeadlineExceededError("request deadline passed");
     const int64_t remaining = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
     pb::DraftRequest req;
     req.set_session_id(plan.session);
@@ -1110,7 +1200,7 @@ absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* w
     pb::DraftResponse resp;
     {
       const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
-      if (!s.ok()) return WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
+      if (!s.ok()) co_return WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
     }
     // These tokens are final: the drafter's own choices are the output.
     std::vector<int32_t> tokens(resp.drafts().begin(), resp.drafts().end());
@@ -1120,11 +1210,11 @@ absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* w
     pb::CommitResponse cresp;
     {
       const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), creq, &cresp);
-      if (!s.ok()) return WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
+      if (!s.ok()) co_return WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
     }
     NoteDrafterCommit(cresp, &plan.totals);
     pb::RoundStats round;
-    if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+    if (!Emit(ctx, plan, r, tokens, round, writer)) co_return absl::OkStatus();
   }
 }
 

@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/executor.h"
+#include "common/base/task.h"
 #include "common/compress/compressor.h"
 #include "common/ingest/prefix_ingest.h"
 #include "common/metrics/metrics.h"
@@ -181,6 +183,8 @@ struct RunnerMetrics {
 struct RunnerContext {
   RunnerOptions options;
   SlotClock* clock = nullptr;
+  // Where a runner continues after a wait (null: it waits on its thread).
+  Executor* executor = nullptr;
   // The ids that end generation (the workers').
   std::vector<int32_t> eos_ids = {2};
   int64_t kv_bytes_per_token = 0;
@@ -206,13 +210,20 @@ struct RunnerContext {
   WorkerCallOptions CallOptions(const Request& r) const;
 };
 
+// The runners are coroutines (common/base/task.h): a request waiting for a
+// slot, or for its lease's next message, is suspended and holds no thread;
+// it continues on ctx.executor. Their calls to workers are synchronous
+// (bounded by rpc_timeout) and hold the executor's thread while they run.
+// `ctx`, `plan`, `r` and `sink` must outlive the task.
+//
 // vericache mode; falls back to RunFullLocal on the same verifier session.
-absl::Status RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
+Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
 // full_local mode, and the fallback (`already_open`: the verifier session of
-// a vericache run, now loaded resident).
+// a vericache run, now loaded resident). No waits but its worker calls:
+// an ordinary function.
 absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink,
                           bool already_open);
 // full_remote and lossy_remote modes.
-absl::Status RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
+Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
 
 }  // namespace vc::coordinator

@@ -1,7 +1,10 @@
 #include "services/coordinator/slot_clock.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace vc::coordinator {
 
@@ -28,7 +31,11 @@ void SlotClock::Stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  run_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Notifications added after the thread's last look.
+  std::unique_lock<std::mutex> lock(mu_);
+  MakeDueNotifications(lock);
 }
 
 void SlotClock::Run() {
@@ -43,7 +50,9 @@ void SlotClock::Run() {
   while (!stopping_) {
     const auto slot = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(slot_seconds_));
-    cv_.wait_until(lock, boundary + slot, [&] { return stopping_; });
+    notifies_changed_ = false;
+    run_cv_.wait_until(lock, std::min(boundary + slot, NextNotifyTime()),
+                       [&] { return stopping_ || notifies_changed_; });
     if (stopping_) break;
     const int64_t due = (std::chrono::steady_clock::now() - boundary) / slot;
     if (due > 0) {
@@ -53,8 +62,87 @@ void SlotClock::Run() {
       prefixes_.ExpireShared(scheduler_.now());
       cv_.notify_all();
     }
+    MakeDueNotifications(lock);
   }
   cv_.notify_all();
+  MakeDueNotifications(lock);
+}
+
+std::optional<bool> SlotClock::NotifyDue(const Notify& n,
+                                         std::chrono::steady_clock::time_point now) const {
+  if (stopping_) return false;
+  const int64_t current = scheduler_.now();
+  if (current > n.slot) return true;
+  if (current == n.slot) {
+    const auto issue_at =
+        slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(std::max(0.0, n.offset_seconds)));
+    if (now >= issue_at && issue_at <= n.deadline) return true;
+  }
+  if (now >= n.deadline) return false;
+  return std::nullopt;
+}
+
+std::chrono::steady_clock::time_point SlotClock::NextNotifyTime() const {
+  auto next = std::chrono::steady_clock::time_point::max();
+  const int64_t current = scheduler_.now();
+  for (const auto& [id, n] : notifies_) {
+    next = std::min(next, n.deadline);
+    if (current == n.slot) {
+      next = std::min(
+          next, slot_start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(std::max(0.0, n.offset_seconds))));
+    }
+  }
+  return next;
+}
+
+void SlotClock::MakeDueNotifications(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::pair<std::function<void(bool)>, bool>> due;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = notifies_.begin(); it != notifies_.end();) {
+    if (std::optional<bool> answer = NotifyDue(it->second, now)) {
+      due.emplace_back(std::move(it->second.ready), *answer);
+      it = notifies_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (due.empty()) return;
+  lock.unlock();
+  for (auto& [ready, answer] : due) ready(answer);
+  lock.lock();
+}
+
+SlotClock::NotifyId SlotClock::NotifyAtSlot(int64_t slot, double offset_seconds,
+                                            std::chrono::steady_clock::time_point deadline,
+                                            std::function<void(bool)> ready) {
+  Notify n{.slot = slot,
+           .offset_seconds = offset_seconds,
+           .deadline = deadline,
+           .ready = std::move(ready)};
+  std::unique_lock<std::mutex> lock(mu_);
+  const NotifyId id = next_notify_++;
+  if (std::optional<bool> answer = NotifyDue(n, std::chrono::steady_clock::now())) {
+    lock.unlock();
+    n.ready(*answer);
+    return id;
+  }
+  notifies_.emplace(id, std::move(n));
+  notifies_changed_ = true;
+  lock.unlock();
+  run_cv_.notify_all();
+  return id;
+}
+
+SlotClock::NotifyId SlotClock::NotifyAt(std::chrono::steady_clock::time_point when,
+                                        std::function<void(bool)> ready) {
+  return NotifyAtSlot(std::numeric_limits<int64_t>::max(), 0, when, std::move(ready));
+}
+
+bool SlotClock::CancelNotify(NotifyId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return notifies_.erase(id) > 0;
 }
 
 absl::StatusOr<Admission> SlotClock::Admit(const AdmitRequest& r) {

@@ -13,7 +13,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +82,21 @@ class SlotClock {
   bool WaitForSlot(int64_t slot, double offset_seconds,
                    std::chrono::steady_clock::time_point deadline);
 
+  // WaitForSlot without a thread: calls `ready(true)` once the wait would
+  // return true, `ready(false)` once `deadline` has passed first or the
+  // clock stops. `ready` runs on the clock's thread (or on the caller's, at
+  // once, when the slot has begun already): it must be quick and must not
+  // call this clock. Returns an id for CancelNotify.
+  using NotifyId = uint64_t;
+  NotifyId NotifyAtSlot(int64_t slot, double offset_seconds,
+                        std::chrono::steady_clock::time_point deadline,
+                        std::function<void(bool)> ready);
+  // Calls `ready(false)` at `when` (or at Stop), as NotifyAtSlot does.
+  NotifyId NotifyAt(std::chrono::steady_clock::time_point when, std::function<void(bool)> ready);
+  // Forgets a notification not made yet; false when it has been (or is
+  // being) made.
+  bool CancelNotify(NotifyId id);
+
   // Whether WaitForSlot(slot, offset_seconds, ...) would return at once:
   // the slot has begun and the offset into it has passed (or a later slot
   // has begun).
@@ -118,8 +136,25 @@ class SlotClock {
   void Stop();
 
  private:
+  // A NotifyAtSlot / NotifyAt not made yet.
+  struct Notify {
+    int64_t slot = 0;
+    double offset_seconds = 0;
+    std::chrono::steady_clock::time_point deadline;
+    std::function<void(bool)> ready;
+  };
+
   explicit SlotClock(RingScheduler scheduler);
   void Run();
+  // Under mu_: the notification's answer if it is due now (true: its slot
+  // has begun; false: its deadline passed), or nothing.
+  std::optional<bool> NotifyDue(const Notify& n, std::chrono::steady_clock::time_point now) const;
+  // Under mu_: when the earliest notification may become due within the
+  // current slot (the slot's end wakes the clock anyway).
+  std::chrono::steady_clock::time_point NextNotifyTime() const;
+  // Makes the due notifications (stopping: all, with false), releasing
+  // `lock` while they run.
+  void MakeDueNotifications(std::unique_lock<std::mutex>& lock);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -129,6 +164,10 @@ class SlotClock {
   const bool lock_step_;
   bool stopping_ = false;
   PrefixPolicy prefixes_;
+  std::map<NotifyId, Notify> notifies_;
+  NotifyId next_notify_ = 1;
+  bool notifies_changed_ = false;   // the clock's thread recomputes its wake-up
+  std::condition_variable run_cv_;  // wakes the clock's thread
   std::atomic<int64_t> next_booking_id_{0};
   std::thread thread_;
 };

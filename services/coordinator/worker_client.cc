@@ -129,6 +129,17 @@ class GrpcLeaseStream final : public LeaseStream,
     DropHold(lock);
   }
 
+  void OnReady(std::function<void()> ready) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (received_.empty() && !done_) {
+      ready_ = std::move(ready);
+      return;
+    }
+    ready_ = nullptr;
+    lock.unlock();
+    ready();
+  }
+
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
     sending_.pop_front();
@@ -157,13 +168,15 @@ class GrpcLeaseStream final : public LeaseStream,
     incoming_.Clear();
     StartRead(&incoming_);
     cv_.notify_all();
+    TakeReady(lock)();
   }
 
   void OnDone(const grpc::Status& s) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     done_ = true;
     status_ = s;
     cv_.notify_all();
+    TakeReady(lock)();
   }
 
  private:
@@ -176,9 +189,20 @@ class GrpcLeaseStream final : public LeaseStream,
     if (held) RemoveHold();
   }
 
+  // The OnReady callback to make now (a no-op if none is waiting), taken
+  // under `lock`, which is released: it runs outside the lock.
+  std::function<void()> TakeReady(std::unique_lock<std::mutex>& lock) {
+    std::function<void()> ready = std::move(ready_);
+    ready_ = nullptr;
+    lock.unlock();
+    if (!ready) return [] {};
+    return ready;
+  }
+
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::mutex mu_;
-  std::condition_variable cv_;  // a message or OnDone (Next, the destructor)
+  std::condition_variable cv_;   // a message or OnDone (Next, the destructor)
+  std::function<void()> ready_;  // OnReady's, while nothing is ready
   pb::LeaseProgress incoming_;
   std::deque<pb::LeaseGrant> sending_;  // the front is being written
   std::deque<std::pair<pb::LeaseProgress, std::chrono::steady_clock::time_point>> received_;

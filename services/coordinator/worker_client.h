@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -71,6 +72,12 @@ class LeaseStream {
   // No more grants (half-close): the verifier finishes the running round
   // and ends the stream.
   virtual void Close() = 0;
+  // Calls `ready()` once Next would return without waiting (a message has
+  // come, or the stream is over): at once, on this thread, if it would
+  // already; otherwise on the thread that sees it arrive. A later OnReady
+  // replaces an earlier `ready` not called yet. `ready` must be quick (the
+  // runner's posts its continuation) and may outlive the wait it was for.
+  virtual void OnReady(std::function<void()> ready) = 0;
 };
 
 class VerifierClient : public WorkerClient {

@@ -12,6 +12,7 @@
 #include "services/coordinator/request_runner.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -92,7 +93,8 @@ class FakeVerifier final : public FakeVerifierBase {
   // Leases: OpenLease answers a FakeLease (below) instead of Unimplemented.
   absl::StatusOr<std::unique_ptr<LeaseStream>> OpenLease(const WorkerCallOptions& o) override;
   bool leases = false;
-  std::vector<pb::LeaseGrant> grants;  // as received
+  std::vector<pb::LeaseGrant> grants;                   // as received
+  std::function<void(const pb::LeaseGrant&)> on_grant;  // called as each is received
   std::optional<absl::Status> verify_error;
   std::optional<absl::Status> round_error;
   int refresh_bytes_per_token = 100;  // the refresh rows' size
@@ -217,11 +219,13 @@ class FakeLease final : public LeaseStream {
   bool Send(const pb::LeaseGrant& g) override {
     if (ended_ || closed_) return false;
     v_->grants.push_back(g);
+    if (v_->on_grant) v_->on_grant(g);
     if (v_->grants.size() == 1) budget_ = g.budget();
     pb::LeaseProgress p;
     p.set_round(g.round().round());
     pb::RoundRequest req = g.round();
     const int64_t take = std::min<int64_t>(req.take(), budget_ - 1);
+    absl::Cleanup ready = [this] { Ready(); };
     if (take < 1) {
       p.set_skipped(true);
       progress_.push_back(p);
@@ -262,9 +266,23 @@ class FakeLease final : public LeaseStream {
     std::this_thread::sleep_until(deadline);
     return absl::DeadlineExceededError("fake lease: no grant to answer");
   }
-  void Close() override { closed_ = true; }
+  void Close() override {
+    closed_ = true;
+    Ready();
+  }
+  void OnReady(std::function<void()> ready) override {
+    ready_ = std::move(ready);
+    if (!progress_.empty() || !status_.ok() || ended_ || closed_) Ready();
+  }
 
  private:
+  // Next would answer at once now: the waiting OnReady's callback, once.
+  void Ready() {
+    std::function<void()> ready = std::move(ready_);
+    ready_ = nullptr;
+    if (ready) ready();
+  }
+
   FakeVerifier* v_;
   Calls* calls_;
   WorkerCallOptions o_;
@@ -273,6 +291,7 @@ class FakeLease final : public LeaseStream {
   bool closed_ = false;
   absl::Status status_;
   std::vector<pb::LeaseProgress> progress_;
+  std::function<void()> ready_;
 };
 
 absl::StatusOr<std::unique_ptr<LeaseStream>> FakeVerifier::OpenLease(const WorkerCallOptions& o) {
@@ -284,9 +303,11 @@ absl::StatusOr<std::unique_ptr<LeaseStream>> FakeVerifier::OpenLease(const Worke
 struct CollectSink final : Sink {
   std::vector<int32_t> tokens;
   int messages = 0;
+  std::function<void()> on_write;  // called after each message
   bool Write(const pb::GenerateResponse& msg) override {
     ++messages;
     tokens.insert(tokens.end(), msg.tokens().begin(), msg.tokens().end());
+    if (on_write) on_write();
     return true;
   }
 };
@@ -305,6 +326,7 @@ class RunnerTest : public ::testing::Test {
     drafter_.address = d->address();
     drafter_.drafter = std::move(d);
     ctx_.eos_ids = {2};
+    ctx_.executor = &executor_;
     ctx_.worker_failed = [this](WorkerPool pool, Worker&, const absl::Status& s) {
       failures_.push_back(absl::StrCat(WorkerPoolName(pool), ": ", s.message()));
       return true;
@@ -347,6 +369,7 @@ class RunnerTest : public ::testing::Test {
   }
 
   Calls calls_;
+  Executor executor_;  // the runners continue on it after their waits
   std::unique_ptr<SlotClock> clock_;
   FakeVerifier* fake_v_;
   FakeDrafter* fake_d_;
@@ -361,7 +384,7 @@ class RunnerTest : public ::testing::Test {
 TEST_F(RunnerTest, VeriCacheRoundsStreamExactlyTheVerifiedTokens) {
   metrics::Counter rounds;
   ctx_.metrics.rounds = &rounds;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(sink_.tokens, Expected(20));
   // x = 4 drafts and one bonus token per round: 20 tokens in 4 rounds.
@@ -380,7 +403,7 @@ TEST_F(RunnerTest, ADrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
   fake_d_->draft_error = absl::UnavailableError("connection refused");
   metrics::Counter fallbacks;
   ctx_.metrics.fallbacks = &fallbacks;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
   EXPECT_EQ(fallbacks.Value(), 1);
@@ -393,7 +416,7 @@ TEST_F(RunnerTest, ADrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
 
 TEST_F(RunnerTest, ACollapsedAcceptanceFallsBackAfterTheWindow) {
   fake_d_->always_wrong = true;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20)) << "rejected drafts never reach the output";
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
   EXPECT_EQ(plan_.totals.verify_rounds(), 2) << "the window is two rounds";
@@ -402,7 +425,7 @@ TEST_F(RunnerTest, ACollapsedAcceptanceFallsBackAfterTheWindow) {
 
 TEST_F(RunnerTest, ADrafterRefusingTheRequestFailsItWithTheWorkersName) {
   fake_d_->draft_error = absl::InvalidArgumentError("bad lookahead");
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "drafter fake-drafter:1 Draft: bad lookahead");
   EXPECT_TRUE(plan_.output.empty());
@@ -428,7 +451,7 @@ TEST_F(RunnerTest, RemoteDecodesOnTheDrafterAloneWithSeededSampling) {
   r_.mode = pb::MODE_FULL_REMOTE;
   plan_.req.mutable_sampling()->set_mode(pb::SamplingConfig::REJECTION);
   ctx_.options.baseline_chunk = 8;
-  ASSERT_TRUE(RunRemote(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunRemote(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(fake_d_->opened_with.sampling().mode(), pb::SamplingConfig::SEEDED)
       << "nothing is judged: rejection sampling is plain seeded sampling";
@@ -440,15 +463,15 @@ TEST_F(RunnerTest, RemoteDecodesOnTheDrafterAloneWithSeededSampling) {
 
 TEST_F(RunnerTest, ACancelledRequestEndsAtTheNextRound) {
   r_.cancelled = true;
-  EXPECT_EQ(RunVeriCache(ctx_, plan_, r_, &sink_).code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(RunRemote(ctx_, plan_, r_, &sink_).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(BlockOn(RunRemote(ctx_, plan_, r_, &sink_)).code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(sink_.tokens.empty());
 }
 
 TEST_F(RunnerTest, OnAnUnpacedSlowLinkEachRefreshIsBookedForNothing) {
   // The default clock's slow link is unpaced: the refreshes are booked
   // (for no time) and sent at once.
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(clock_->stats().transfers, 3) << "one per Commit";
   EXPECT_EQ(clock_->stats().released, 3);
   EXPECT_EQ(fake_d_->refresh_bytes, 3 * 5 * 100) << "5 tokens of 100 bytes per round";
@@ -462,7 +485,7 @@ TEST_F(RunnerTest, EachRefreshIsBookedOnThePacedSlowLinkBeforeItsCommit) {
   UseClock(0.005, 50e3);
   std::vector<double> occupancy;
   fake_d_->on_commit = [&] { occupancy.push_back(clock_->LinkOccupancy()[kSlowLink]); };
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(clock_->stats().transfers, 3);
   EXPECT_EQ(clock_->stats().released, 3) << "released once each Commit was answered";
@@ -477,7 +500,7 @@ TEST_F(RunnerTest, EachRefreshIsBookedOnThePacedSlowLinkBeforeItsCommit) {
 TEST_F(RunnerTest, WithoutKvRefreshNothingIsBookedOnTheSlowLink) {
   UseClock(0.005, 50e3);
   ctx_.options.kv_refresh = false;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(clock_->stats().transfers, 0);
   EXPECT_EQ(fake_d_->refresh_bytes, 0) << "the verifier was told to skip them";
@@ -490,7 +513,7 @@ TEST_F(RunnerTest, ARequestWhoseDeadlinePassesWaitingForTheSlowLinkFailsWithoutC
   UseClock(1.0, 100);
   ASSERT_TRUE(clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 100, kSlowLink).ok());
   r_.deadline = Clock::now() + std::chrono::seconds(1);
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(s.message(), "request deadline passed waiting for the slow link (KV refresh)");
   EXPECT_EQ(calls_.Count("d.Commit"), 0);
@@ -531,7 +554,7 @@ class OpenBookingTest : public RunnerTest {
   absl::Status RunLossyRemote() {
     r_.mode = pb::MODE_LOSSY_REMOTE;
     plan_.output.clear();
-    return RunRemote(ctx_, plan_, r_, &sink_);
+    return BlockOn(RunRemote(ctx_, plan_, r_, &sink_));
   }
 };
 
@@ -600,7 +623,7 @@ TEST_F(OpenBookingTest, FullRemoteBooksTheFullChunks) {
   // 6,400 bytes at 100 B/s: 64 slots.
   r_.mode = pb::MODE_FULL_REMOTE;
   const int64_t slots =
-      SlotsBookedBeforeTheOpen([&] { return RunRemote(ctx_, plan_, r_, &sink_); });
+      SlotsBookedBeforeTheOpen([&] { return BlockOn(RunRemote(ctx_, plan_, r_, &sink_)); });
   EXPECT_GE(slots, 62);
   EXPECT_LE(slots, 65);
   EXPECT_FALSE(ctx_.variant_sizes->Get(plan_.variant_key).has_value())
@@ -610,7 +633,7 @@ TEST_F(OpenBookingTest, FullRemoteBooksTheFullChunks) {
 TEST_F(OpenBookingTest, VeriCacheBooksTheOpenAndEachRefresh) {
   // The default clock (1 ms slots, unpaced slow link): the Open and the
   // three refreshes are booked for no time and go at once.
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(calls_.Count("d.Open"), 1);
   EXPECT_EQ(clock_->stats().transfers, 1 + 3) << "the Open and three refreshes";
@@ -624,7 +647,7 @@ TEST_F(OpenBookingTest, AnOpenThatFetchesNothingBooksNothing) {
   UseClock(0.005, 50e3);
   plan_.prefix_tokens = 0;
   ctx_.options.kv_refresh = false;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(calls_.Count("d.Open"), 1);
   EXPECT_EQ(clock_->stats().transfers, 0);
   EXPECT_EQ(clock_->stats().peak_slot_seconds[kSlowLink], 0.0);
@@ -636,7 +659,7 @@ TEST_F(OpenBookingTest, ADeadlinePassedWaitingForTheSlowLinkFailsWithoutOpening)
   UseClock(1.0, 100);
   ASSERT_TRUE(clock_->BookTransfer(clock_->NewBookingId(), int64_t{100} * 100, kSlowLink).ok());
   r_.deadline = Clock::now() + std::chrono::seconds(1);
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(s.message(), "request deadline passed waiting for the slow link (drafter Open)");
   EXPECT_EQ(calls_.Count("d.Open"), 0);
@@ -663,7 +686,7 @@ namespace {
 
 TEST_F(RunnerTest, PeerRoundsStreamExactlyWithNoDraftOrRowThroughTheCoordinator) {
   ctx_.options.peer_rounds = true;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   EXPECT_EQ(plan_.totals.verify_rounds(), 4);
   EXPECT_EQ(plan_.totals.accepted_drafts(), 16);
@@ -692,7 +715,7 @@ TEST_F(RunnerTest, PeerRoundsStreamExactlyWithNoDraftOrRowThroughTheCoordinator)
 
 TEST_F(RunnerTest, LeasedRoundsStreamExactlyOnOneStreamWithTheNextGrantAhead) {
   UseLeases();
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   EXPECT_EQ(plan_.totals.verify_rounds(), 4);
   EXPECT_EQ(plan_.totals.accepted_drafts(), 16);
@@ -724,10 +747,108 @@ TEST_F(RunnerTest, LeasedRoundsStreamExactlyOnOneStreamWithTheNextGrantAhead) {
   EXPECT_EQ(plan_.totals.round_times().rounds(), 3);
 }
 
+TEST_F(RunnerTest, ALeaseReadsTheRunningRoundsProgressWhileItsNextBookingWaitsForFullRings) {
+  UseLeases();
+  plan_.prompt.assign(20, 5);
+  plan_.prefix_tokens = 16;
+  plan_.prefix_key = "p";
+  ctx_.kv_bytes_per_token = 100;
+  // After round 1 is booked and granted, the verifier's memory is taken (a
+  // resident prefix of another request's as large as the ring), so round 2
+  // cannot be booked; it is given back only when round 1's tokens reach the
+  // client. Waiting for the rings instead of reading round 1's progress
+  // would hold the request until its deadline.
+  bool held = false;
+  fake_v_->on_grant = [&](const pb::LeaseGrant& g) {
+    if (g.round().round() != 1) return;
+    clock_->HoldResident("other", 0, int64_t{1} << 20);
+    held = true;
+    // Round 1's verify slot passes, so round 2 cannot join its booking.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  sink_.on_write = [&] {
+    if (!held) return;
+    clock_->ReleaseResident("other", 0);
+    held = false;
+  };
+  r_.deadline = Clock::now() + std::chrono::seconds(20);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(sink_.tokens, Expected(20));
+  EXPECT_EQ(plan_.totals.fallbacks(), 0);
+  EXPECT_EQ(calls_.Count("v.Lease"), 1);
+  EXPECT_GE(fake_v_->grants.size(), 4u);
+}
+
+// The runners wait without a thread: with one executor thread, a request
+// whose verify cannot be booked (the verifier's memory is held) is
+// suspended between its tries, and another request runs to its end on that
+// thread meanwhile. A runner that blocked its thread while it waited would
+// keep the second from starting until the memory came back.
+TEST_F(RunnerTest, ARequestWaitingForFullRingsHoldsNoThread) {
+  Executor one(ExecutorOptions{.max_threads = 1});
+  ctx_.executor = &one;
+  plan_.prompt.assign(20, 5);
+  plan_.prefix_tokens = 16;
+  plan_.prefix_key = "p";
+  ctx_.kv_bytes_per_token = 100;
+  clock_->HoldResident("other", 0, int64_t{1} << 20);
+  // The second request: workers of its own, no stored prefix (no booking).
+  Calls calls_b;
+  auto vb = std::make_unique<FakeVerifier>(&calls_b);
+  auto db = std::make_unique<FakeDrafter>(&calls_b);
+  vb->peer = db.get();
+  Worker verifier_b, drafter_b;
+  verifier_b.address = vb->address();
+  verifier_b.verifier = std::move(vb);
+  drafter_b.address = db->address();
+  drafter_b.drafter = std::move(db);
+  Plan plan_b = plan_;
+  plan_b.prefix_tokens = 0;
+  plan_b.prefix_key.clear();
+  plan_b.verifier = &verifier_b;
+  plan_b.drafter = &drafter_b;
+  Request r_b;
+  r_b.deadline = r_.deadline;
+  CollectSink sink_b;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<absl::Status> done_a, done_b;
+  auto record = [&](std::optional<absl::Status>* done) {
+    return [&, done](const absl::Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      *done = s;
+      cv.notify_all();
+    };
+  };
+  one.Post([&] { Spawn(RunVeriCache(ctx_, plan_, r_, &sink_), record(&done_a)); });
+  one.Post([&] { Spawn(RunVeriCache(ctx_, plan_b, r_b, &sink_b), record(&done_b)); });
+  bool a_was_done = false;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return done_b.has_value(); });
+    a_was_done = done_a.has_value();
+  }
+  clock_->ReleaseResident("other", 0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(60),
+                [&] { return done_a.has_value() && done_b.has_value(); });
+  }
+  ASSERT_TRUE(done_b.has_value());
+  ASSERT_TRUE(done_a.has_value());
+  EXPECT_FALSE(a_was_done) << "the second request waited for the first one's rings";
+  EXPECT_TRUE(done_b->ok()) << *done_b;
+  EXPECT_TRUE(done_a->ok()) << *done_a;
+  EXPECT_EQ(sink_b.tokens, Expected(20));
+  EXPECT_EQ(sink_.tokens, Expected(20));
+}
+
 TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
   UseLeases();
   fake_d_->always_wrong = true;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   // The window (two rounds) collapsed after round 2; round 3, granted ahead,
   // had run on the verifier: its verified token is streamed before the
   // fallback decodes the rest on the same session.
@@ -741,7 +862,7 @@ TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
 TEST_F(RunnerTest, ALeasedDrafterThatDiesIsReportedAndFallsBackExactly) {
   UseLeases();
   fake_d_->draft_error = absl::UnavailableError("connection refused");
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(plan_.output, Expected(20));
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
   ASSERT_EQ(failures_.size(), 1u);
@@ -754,7 +875,7 @@ TEST_F(RunnerTest, ALeasedDrafterThatDiesIsReportedAndFallsBackExactly) {
 TEST_F(RunnerTest, ALeasedCommitThatFailsStreamsItsVerifiedTokensOnceAndFallsBack) {
   UseLeases();
   fake_d_->commit_error = absl::UnavailableError("connection reset");
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   // Round 1's tokens went out with its verified progress, before the
   // failed commit; its full progress did not send them again.
   EXPECT_EQ(sink_.tokens, Expected(20));
@@ -766,7 +887,7 @@ TEST_F(RunnerTest, ALeasedCommitThatFailsStreamsItsVerifiedTokensOnceAndFallsBac
 TEST_F(RunnerTest, AFailedLeaseFailsTheRequestWithTheVerifiersName) {
   UseLeases();
   fake_v_->verify_error = absl::UnavailableError("socket closed");
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(s.message(), "verifier fake-verifier:1 Lease: socket closed");
 }
@@ -774,7 +895,7 @@ TEST_F(RunnerTest, AFailedLeaseFailsTheRequestWithTheVerifiersName) {
 TEST_F(RunnerTest, AVerifierWithoutLeasesGetsOneRoundCallPerRound) {
   ctx_.options.peer_rounds = true;
   ctx_.options.leases = true;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   EXPECT_EQ(calls_.Count("v.Round"), 4);
   EXPECT_EQ(calls_.Count("v.LeaseRound"), 0);
@@ -782,13 +903,13 @@ TEST_F(RunnerTest, AVerifierWithoutLeasesGetsOneRoundCallPerRound) {
 
 TEST_F(RunnerTest, EachDrafterOpenGetsANewEpoch) {
   ctx_.options.peer_rounds = true;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   const uint64_t first = fake_d_->opened_with.epoch();
   Plan again = plan_;
   again.output.clear();
   again.round_id = 0;
   CollectSink sink;
-  ASSERT_TRUE(RunVeriCache(ctx_, again, r_, &sink).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, again, r_, &sink)).ok());
   EXPECT_NE(fake_d_->opened_with.epoch(), first);
   EXPECT_EQ(fake_v_->rounds.back().epoch(), fake_d_->opened_with.epoch());
 }
@@ -799,7 +920,7 @@ TEST_F(RunnerTest, PeerRoundsBookTheMostTheRowsCanBeBeforeTheRound) {
   UseClock(0.005, 1e6);
   ctx_.options.peer_rounds = true;
   ctx_.kv_bytes_per_token = 100;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   EXPECT_EQ(clock_->stats().transfers, 4) << "one booking per round";
   EXPECT_EQ(clock_->stats().released, 4);
@@ -818,7 +939,7 @@ TEST_F(RunnerTest, PeerRoundsGiveBackTheBookedLinkTimeTheirRowsDidNotUse) {
   ctx_.options.peer_rounds = true;
   ctx_.kv_bytes_per_token = 100;
   fake_v_->refresh_bytes_per_token = 20;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   ASSERT_EQ(fake_v_->rounds.size(), 4u);
   EXPECT_EQ(plan_.totals.refresh_bytes(), 4 * 5 * 20);
@@ -835,7 +956,7 @@ TEST_F(RunnerTest, PeerRoundsWithoutKvRefreshBookNothingAndAskForNoRows) {
   UseClock(0.005, 50e3);
   ctx_.options.peer_rounds = true;
   ctx_.options.kv_refresh = false;
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   EXPECT_EQ(clock_->stats().transfers, 0);
   EXPECT_EQ(plan_.totals.refresh_bytes(), 0);
@@ -845,7 +966,7 @@ TEST_F(RunnerTest, PeerRoundsWithoutKvRefreshBookNothingAndAskForNoRows) {
 TEST_F(RunnerTest, APeerDrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
   ctx_.options.peer_rounds = true;
   fake_d_->draft_error = absl::UnavailableError("connection refused");
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20));
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
   ASSERT_EQ(failures_.size(), 1u);
@@ -858,7 +979,7 @@ TEST_F(RunnerTest, APeerDrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
 TEST_F(RunnerTest, APeerCommitThatFailsKeepsTheVerifiedTokensAndFallsBack) {
   ctx_.options.peer_rounds = true;
   fake_d_->commit_error = absl::UnavailableError("socket closed");
-  ASSERT_TRUE(RunVeriCache(ctx_, plan_, r_, &sink_).ok());
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
   EXPECT_EQ(sink_.tokens, Expected(20)) << "the first round's 5 tokens stand, then full KV";
   EXPECT_EQ(plan_.totals.verify_rounds(), 1);
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
@@ -869,7 +990,7 @@ TEST_F(RunnerTest, APeerCommitThatFailsKeepsTheVerifiedTokensAndFallsBack) {
 TEST_F(RunnerTest, APeerDrafterRefusingTheRequestFailsIt) {
   ctx_.options.peer_rounds = true;
   fake_d_->draft_error = absl::InvalidArgumentError("bad lookahead");
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "drafter fake-drafter:1 Draft: bad lookahead (from verifier fake-verifier:1)");
@@ -878,7 +999,7 @@ TEST_F(RunnerTest, APeerDrafterRefusingTheRequestFailsIt) {
 TEST_F(RunnerTest, AFailedRoundFailsTheRequestWithTheVerifiersName) {
   ctx_.options.peer_rounds = true;
   fake_v_->round_error = absl::UnavailableError("socket closed");
-  const absl::Status s = RunVeriCache(ctx_, plan_, r_, &sink_);
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(s.message(), "verifier fake-verifier:1 Round: socket closed");
   EXPECT_TRUE(sink_.tokens.empty());

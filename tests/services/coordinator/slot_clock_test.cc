@@ -8,7 +8,12 @@
 // orderings are asserted, never durations.
 #include "services/coordinator/slot_clock.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -64,6 +69,87 @@ TEST(SlotClockTest, SlotBegunAgreesWithTheWait) {
   if (clock->now() == now) {
     EXPECT_TRUE(clock->SlotBegun(now, 0.01)) << "the wait for it has returned";
   }
+}
+
+// What a notification answered, and the slot the clock was in then.
+struct Answer {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<bool> value;
+  int64_t slot = -1;
+  Clock::time_point at;
+  std::function<void(bool)> Callback(const SlotClock* clock) {
+    return [this, clock](bool v) {
+      std::lock_guard<std::mutex> lock(mu);
+      value = v;
+      slot = clock->now();
+      at = Clock::now();
+      cv.notify_all();
+    };
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(60), [&] { return value.has_value(); });
+    return value.value_or(false);
+  }
+};
+
+TEST(SlotClockTest, NotificationsComeAtTheirSlotOrOffsetAsTheWaitsEnd) {
+  auto clock = std::move(SlotClock::Create(Options(0.005))).value();
+  const int64_t start = clock->now();
+  Answer later;
+  clock->NotifyAtSlot(start + 3, 0, Clock::now() + std::chrono::seconds(60),
+                      later.Callback(clock.get()));
+  ASSERT_TRUE(later.Wait());
+  EXPECT_GE(later.slot, start + 3);
+  // A slot that has begun: answered at once, on this thread.
+  Answer begun;
+  clock->NotifyAtSlot(start, 0.004, Clock::now() + std::chrono::seconds(60),
+                      begun.Callback(clock.get()));
+  EXPECT_EQ(begun.value, std::optional<bool>(true));
+
+  // Long slots: an offset notification comes inside its slot; one whose
+  // offset is past its deadline answers false at the deadline.
+  auto slow = std::move(SlotClock::Create(Options(10.0))).value();
+  const int64_t now = slow->now();
+  Answer offset;
+  slow->NotifyAtSlot(now, 0.01, Clock::now() + std::chrono::seconds(60),
+                     offset.Callback(slow.get()));
+  ASSERT_TRUE(offset.Wait());
+  EXPECT_EQ(offset.slot, now) << "the notification must not run into the next slot";
+  Answer missed;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(20);
+  slow->NotifyAtSlot(now, 9.9, deadline, missed.Callback(slow.get()));
+  EXPECT_FALSE(missed.Wait());
+  EXPECT_GE(missed.at, deadline);
+  EXPECT_EQ(missed.slot, now) << "answered at the deadline, not at the offset";
+  Answer timer;
+  const auto when = Clock::now() + std::chrono::milliseconds(10);
+  slow->NotifyAt(when, timer.Callback(slow.get()));
+  EXPECT_FALSE(timer.Wait());
+  EXPECT_GE(timer.at, when);
+}
+
+TEST(SlotClockTest, ACancelledNotificationIsNeverMadeAndStopAnswersTheRestFalse) {
+  auto clock = std::move(SlotClock::Create(Options(0.001))).value();
+  std::atomic<int> cancelled_calls{0};
+  const SlotClock::NotifyId id =
+      clock->NotifyAtSlot(clock->now() + 20, 0, Clock::now() + std::chrono::seconds(60),
+                          [&](bool) { ++cancelled_calls; });
+  EXPECT_TRUE(clock->CancelNotify(id));
+  EXPECT_FALSE(clock->CancelNotify(id)) << "gone already";
+  Answer pending;
+  clock->NotifyAtSlot(clock->now() + 1'000'000, 0, Clock::time_point::max(),
+                      pending.Callback(clock.get()));
+  ASSERT_TRUE(clock->WaitForSlot(clock->now() + 40, Clock::now() + std::chrono::seconds(60)));
+  EXPECT_EQ(cancelled_calls.load(), 0);
+  clock->Stop();
+  EXPECT_FALSE(pending.Wait());
+  ASSERT_TRUE(pending.value.has_value()) << "Stop answers every notification";
+  // After Stop: answered false at once.
+  Answer after;
+  clock->NotifyAtSlot(0, 0, Clock::time_point::max(), after.Callback(clock.get()));
+  EXPECT_EQ(after.value, std::optional<bool>(false));
 }
 
 TEST(SlotClockTest, StopEndsEveryWait) {
