@@ -151,11 +151,10 @@ int64_t DrafterFetchBytes(const RunnerContext& ctx, const Plan& plan,
 
 // SlotClock::WaitForSlot(slot, offset_seconds, deadline) without holding a
 // thread: the runner is suspended until the clock's answer and continues on
-// ctx.executor (with no executor, this thread waits).
+// ctx.executor.
 Task<bool> AwaitSlot(const RunnerContext& ctx, int64_t slot, double offset_seconds,
                      Clock::time_point deadline) {
   if (ctx.clock->SlotBegun(slot, offset_seconds)) co_return true;
-  if (ctx.executor == nullptr) co_return ctx.clock->WaitForSlot(slot, offset_seconds, deadline);
   bool begun = false;
   co_await Suspend(ctx.executor, [&](auto resume) {
     ctx.clock->NotifyAtSlot(slot, offset_seconds, deadline, [&begun, resume](bool answer) {
@@ -169,7 +168,6 @@ Task<bool> AwaitSlot(const RunnerContext& ctx, int64_t slot, double offset_secon
 // Suspends the runner until `lease` has a message to read (or has ended),
 // or until `wake`, whichever comes first.
 Task<bool> AwaitLease(const RunnerContext& ctx, LeaseStream& lease, Clock::time_point wake) {
-  if (ctx.executor == nullptr) co_return true;  // Next waits itself
   // The first of the two callbacks resumes; the other finds `fired` set
   // (and the timer is cancelled once resumed: Suspend resumes only after
   // the lambda has returned, so `timer` is set by then).
@@ -754,8 +752,7 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
     co_await AwaitLease(ctx, lease, wake);
     pb::LeaseProgress progress;
     Clock::time_point arrived;
-    absl::StatusOr<bool> got =
-        lease.Next(ctx.executor != nullptr ? Clock::now() : wake, &progress, &arrived);
+    absl::StatusOr<bool> got = lease.Next(Clock::now(), &progress, &arrived);
     if (absl::IsDeadlineExceeded(got.status()) && Clock::now() < answer_by) continue;
     if (!got.ok()) {
       // A verifier without leases: single rounds instead.

@@ -183,7 +183,7 @@ struct RunnerMetrics {
 struct RunnerContext {
   RunnerOptions options;
   SlotClock* clock = nullptr;
-  // Where a runner continues after a wait (null: it waits on its thread).
+  // Where a runner continues after a wait; required.
   Executor* executor = nullptr;
   // The ids that end generation (the workers').
   std::vector<int32_t> eos_ids = {2};

@@ -168,7 +168,7 @@ class GrpcLeaseStream final : public LeaseStream,
     incoming_.Clear();
     StartRead(&incoming_);
     cv_.notify_all();
-    TakeReady(lock)();
+    if (std::function<void()> ready = TakeReady(lock)) ready();
   }
 
   void OnDone(const grpc::Status& s) override {
@@ -176,7 +176,7 @@ class GrpcLeaseStream final : public LeaseStream,
     done_ = true;
     status_ = s;
     cv_.notify_all();
-    TakeReady(lock)();
+    if (std::function<void()> ready = TakeReady(lock)) ready();
   }
 
  private:
@@ -189,13 +189,12 @@ class GrpcLeaseStream final : public LeaseStream,
     if (held) RemoveHold();
   }
 
-  // The OnReady callback to make now (a no-op if none is waiting), taken
-  // under `lock`, which is released: it runs outside the lock.
+  // The OnReady callback waiting (empty if none), taken under `lock`,
+  // which is released: the caller makes it outside the lock.
   std::function<void()> TakeReady(std::unique_lock<std::mutex>& lock) {
     std::function<void()> ready = std::move(ready_);
     ready_ = nullptr;
     lock.unlock();
-    if (!ready) return [] {};
     return ready;
   }
 
