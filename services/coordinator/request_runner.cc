@@ -632,12 +632,15 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
     lr.take = take;
     lr.pending = rounds.empty() ? *unverified : 1;
     lr.booked = booking_since.value_or(Clock::now());
-    // As a Round's: booked for the drafts the drafter did not hold ready
-    // after the last commit. A round granted ahead runs after the one before
-    // it, whose verify and commit the drafter drafts through: the same
-    // estimate. (Its verify comes no earlier than booked; the booking is
-    // held until its progress arrives.)
-    const int target_offset = std::max(1, take - plan.drafts_ready);
+    // The first as a Round's: booked for the drafts the drafter did not
+    // hold ready after the last commit. A round granted ahead, while one of
+    // the lease runs, at the next slot: it cannot start before the round
+    // running commits, and its grant should be on the verifier by then, so
+    // that it keeps the prefix the running round holds (no reload) and the
+    // commit takes its drafts (CommitRequest.next). Its transfer is still
+    // never issued before its slot (the grant is sent at it), and the
+    // booking is held until its progress arrives.
+    const int target_offset = rounds.empty() ? std::max(1, take - plan.drafts_ready) : 1;
     VC_ASSIGN_OR_RETURN(lr.booking, TryBookVerify(ctx, plan, prefix_bytes, target_offset,
                                                   ctx.clock->NewBookingId()));
     if (lr.booking.queued) {
@@ -709,9 +712,11 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
       next.reset();
     }
     if (closing) rebook_slot.reset();
-    // One grant ahead: it is on the verifier before the round before ends
+    // Two grants ahead of the round running: the next one is on the
+    // verifier well before the running round commits (so the commit takes
+    // its drafts along), even when the one after is sent only at its slot
     // (with full rings: tried again once the slot it waits for has begun).
-    if (!closing && !next && rounds.size() < 2 &&
+    if (!closing && !next && rounds.size() < 3 &&
         (!rebook_slot || ctx.clock->now() >= *rebook_slot)) {
       VC_CO_RETURN_IF_ERROR(book());
     }

@@ -57,8 +57,21 @@ absl::Status CheckRound(uint64_t session_id, uint64_t s_epoch, uint64_t drafted,
   return absl::OkStatus();
 }
 
+// A Draft's (or a Commit's next drafts') bounds, checked before anything
+// is touched.
+absl::Status CheckDraftBounds(const pb::DraftRequest& req) {
+  if (req.max_tokens() < 1 || req.min_tokens() < 0 || req.min_tokens() > req.max_tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 0 <= min_tokens <= max_tokens and max_tokens >= 1, got min ",
+                     req.min_tokens(), " max ", req.max_tokens()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+// A Draft call, or a Commit that takes the next round's drafts with it
+// (CommitRequest.next), waiting for its drafts.
 struct DrafterService::Waiter {
   uint64_t session_id = 0;
   int max_tokens = 1;
@@ -66,7 +79,17 @@ struct DrafterService::Waiter {
   grpc::CallbackServerContext* ctx = nullptr;
   grpc::ServerUnaryReactor* reactor = nullptr;
   pb::DraftResponse* resp = nullptr;
+  // A Commit's: its response (`resp` is its `next`). The commit has been
+  // applied, so drafts that cannot be had still answer it OK, without `next`.
+  pb::CommitResponse* commit = nullptr;
   Clock::time_point deadline;
+
+  void Fail(const grpc::Status& status) const {
+    if (commit == nullptr) return reactor->Finish(status);
+    commit->clear_next();
+    commit->set_next_error(status.error_message());
+    reactor->Finish(grpc::Status::OK);
+  }
 };
 
 struct DrafterService::OpenJob {
@@ -119,7 +142,7 @@ void DrafterService::Shutdown() {
     opens.swap(open_queue_);
   }
   const grpc::Status gone(grpc::StatusCode::UNAVAILABLE, "drafter is shutting down");
-  for (Waiter& w : waiters) w.reactor->Finish(gone);
+  for (Waiter& w : waiters) w.Fail(gone);
   for (OpenJob& j : opens) j.reactor->Finish(gone);
   work_cv_.notify_all();
   open_cv_.notify_all();
@@ -346,54 +369,52 @@ void DrafterService::RunOpen(OpenJob& job) {
 grpc::ServerUnaryReactor* DrafterService::Draft(grpc::CallbackServerContext* ctx,
                                                 const pb::DraftRequest* req,
                                                 pb::DraftResponse* resp) {
-  if (req->max_tokens() < 1 || req->min_tokens() < 0 || req->min_tokens() > req->max_tokens()) {
-    return Finish(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "need 0 <= min_tokens <= max_tokens and max_tokens >= 1, got min ",
-                           req->min_tokens(), " max ", req->max_tokens())));
-  }
+  if (absl::Status st = CheckDraftBounds(*req); !st.ok()) return Finish(ctx, st);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Waiter w;
+  w.ctx = ctx;
+  w.reactor = reactor;
+  w.resp = resp;
+  w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  ctx->deadline() - std::chrono::system_clock::now());
+  absl::Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(req->session_id());
-    if (it == sessions_.end()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                   absl::StrCat("no session ", req->session_id())));
-      return reactor;
-    }
-    Session& s = *it->second;
-    if (absl::Status st = CheckRound(req->session_id(), s.epoch, s.drafted_round, s.committed_round,
-                                     req->epoch(), req->round(), false);
-        !st.ok()) {
-      reactor->Finish(rpc::ToGrpcStatus(st));
-      return reactor;
-    }
-    if (req->round() != 0) s.drafted_round = req->round();
-    s.last_used = Clock::now();
-    if (req->lookahead() > 0) {
-      s.window = req->lookahead();
-      s.ds->set_lookahead(req->lookahead() + options_.continuation_tokens);
-    }
-    // The session must be able to reach max_tokens before the next commit.
-    if (s.ds->lookahead() < req->max_tokens()) s.ds->set_lookahead(req->max_tokens());
-    if (static_cast<int>(waiters_.size()) >= options_.max_waiting_drafts) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                   "too many Draft calls waiting on this drafter"));
-      return reactor;
-    }
-    Waiter w;
-    w.session_id = req->session_id();
-    w.max_tokens = req->max_tokens();
-    w.min_tokens = std::max(1, req->min_tokens());
-    w.ctx = ctx;
-    w.reactor = reactor;
-    w.resp = resp;
-    w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    ctx->deadline() - std::chrono::system_clock::now());
-    waiters_.push_back(w);
-    ServeWaiters();
+    st = QueueDraftWaiter(*req, w);
   }
-  work_cv_.notify_all();
+  if (!st.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(st));
+  } else {
+    work_cv_.notify_all();
+  }
   return reactor;
+}
+
+absl::Status DrafterService::QueueDraftWaiter(const pb::DraftRequest& req, Waiter w) {
+  auto it = sessions_.find(req.session_id());
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", req.session_id()));
+  }
+  Session& s = *it->second;
+  VC_RETURN_IF_ERROR(CheckRound(req.session_id(), s.epoch, s.drafted_round, s.committed_round,
+                                req.epoch(), req.round(), false));
+  if (static_cast<int>(waiters_.size()) >= options_.max_waiting_drafts) {
+    return absl::ResourceExhaustedError("too many Draft calls waiting on this drafter");
+  }
+  if (req.round() != 0) s.drafted_round = req.round();
+  s.last_used = Clock::now();
+  if (req.lookahead() > 0) {
+    s.window = req.lookahead();
+    s.ds->set_lookahead(req.lookahead() + options_.continuation_tokens);
+  }
+  // The session must be able to reach max_tokens before the next commit.
+  if (s.ds->lookahead() < req.max_tokens()) s.ds->set_lookahead(req.max_tokens());
+  w.session_id = req.session_id();
+  w.max_tokens = req.max_tokens();
+  w.min_tokens = std::max(1, req.min_tokens());
+  waiters_.push_back(w);
+  ServeWaiters();
+  return absl::OkStatus();
 }
 
 void DrafterService::ServeWaiters() {
@@ -402,8 +423,8 @@ void DrafterService::ServeWaiters() {
   for (Waiter& w : waiters_) {
     auto it = sessions_.find(w.session_id);
     if (it == sessions_.end()) {
-      w.reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                     absl::StrCat("session ", w.session_id, " was released")));
+      w.Fail(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("session ", w.session_id, " was released")));
       continue;
     }
     Session& s = *it->second;
@@ -424,13 +445,13 @@ void DrafterService::ServeWaiters() {
       continue;
     }
     if (!can_draft_more) {
-      w.reactor->Finish(grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                                     "no draft possible: the session reached its end position"));
+      w.Fail(grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                          "no draft possible: the session reached its end position"));
       continue;
     }
     if (now >= w.deadline || w.ctx->IsCancelled()) {
-      w.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                     "drafts were not ready before the deadline"));
+      w.Fail(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "drafts were not ready before the deadline"));
       continue;
     }
     still.push_back(w);
@@ -455,6 +476,20 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
                            "this drafter drafts with draft model ",
                            kvstore::ShortModelId(options_.draft_model_id),
                            ", whose KV the target's refresh rows are not; commit without them")));
+  }
+  if (req->has_next()) {
+    // The next round's drafts, taken once this commit is applied: checked
+    // first, so a malformed request changes nothing.
+    const pb::DraftRequest& next = req->next();
+    if (absl::Status st = CheckDraftBounds(next); !st.ok()) {
+      return Finish(ctx, absl::Status(st.code(), absl::StrCat("Commit next: ", st.message())));
+    }
+    if (next.session_id() != req->session_id() || next.epoch() != req->epoch() ||
+        (req->round() != 0 && next.round() <= req->round())) {
+      return Finish(ctx, absl::InvalidArgumentError(
+                             "Commit next: the next drafts must be of the same session and epoch "
+                             "and of a later round"));
+    }
   }
   // A stale or unknown commit is refused before anything else (checked again
   // below, once the session is idle: a round may have moved it meanwhile).
@@ -512,9 +547,29 @@ grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* ct
     online_folds_->Inc();
     UpdateGauges();  // a fold changes the arena's bytes
   }
+  if (!req->has_next()) {
+    lock.unlock();
+    work_cv_.notify_all();
+    return Finish(ctx, absl::OkStatus());
+  }
+  // The next round's drafts ride this answer (one call fewer per round). Its
+  // wait is bounded by half the call's time left, so the applied commit is
+  // answered before the caller gives up on it.
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Waiter w;
+  w.ctx = ctx;
+  w.reactor = reactor;
+  w.resp = resp->mutable_next();
+  w.commit = resp;
+  const auto now = Clock::now();
+  w.deadline = now + std::chrono::duration_cast<Clock::duration>(
+                         (ctx->deadline() - std::chrono::system_clock::now()) / 2);
+  if (absl::Status st = QueueDraftWaiter(req->next(), w); !st.ok()) {
+    w.Fail(rpc::ToGrpcStatus(st));
+  }
   lock.unlock();
   work_cv_.notify_all();
-  return Finish(ctx, absl::OkStatus());
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* DrafterService::Release(grpc::CallbackServerContext* ctx,

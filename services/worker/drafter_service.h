@@ -101,6 +101,9 @@ class DrafterService final : public vericache::v1::Drafter::CallbackService {
   void RunOpen(OpenJob& job);
   // mu_ held: answers waiters that can be answered (or have expired).
   void ServeWaiters();
+  // mu_ held: takes `req`'s drafts for `w` (a Draft, or a Commit's next
+  // round): checks its round, then queues `w` and answers it if it can.
+  absl::Status QueueDraftWaiter(const vericache::v1::DraftRequest& req, Waiter w);
   void ReapIdleSessions();
   void UpdateGauges();
 

@@ -103,6 +103,14 @@ struct VerifierService::RoundCall {
   // Called once the round is verified, before its commit (a lease sends the
   // verified tokens on at once); unset for a Round.
   std::function<void()> on_verified;
+  // A lease's: fills the Draft of its next round when that grant has come
+  // (its take as the budget will leave it after this round's `tokens`);
+  // false when there is none. The commit then brings those drafts back.
+  std::function<bool(int tokens, pb::DraftRequest* next)> next_draft;
+  // The next round's drafts that came with this round's commit.
+  std::optional<pb::DraftResponse> next_drafts;
+  // This round's drafts, come with the commit of the round before.
+  std::optional<pb::DraftResponse> drafts;
 };
 
 VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_id,
@@ -137,6 +145,11 @@ VerifierService::VerifierService(Engine* engine, const kvstore::ModelId& model_i
                                              "Exact K/V row bytes this verifier offered to "
                                              "drafters on its peer data plane.")
                              ->Get();
+  peer_drafts_with_commit_ =
+      &daemon::MustCounter(registry, "vericache_peer_drafts_with_commit_total",
+                           "Lease rounds whose drafts came with the commit of the round before "
+                           "(no Draft call of their own).")
+           ->Get();
   for (int i = 0; i < std::max(1, options_.loader_threads); ++i) {
     loaders_.emplace_back([this] { LoaderLoop(); });
   }
@@ -373,6 +386,18 @@ absl::Status VerifierService::StartRound(const std::shared_ptr<RoundCall>& call,
     }
     rounds_.insert(call);
   }
+  if (call->drafts.has_value()) {
+    if (call->drafts->drafts_size() <= call->req.take()) {
+      // Taken with the commit of the round before: no Draft call, and their
+      // steps were that round's.
+      call->draft_resp = *std::move(call->drafts);
+      call->draft_resp.set_draft_seconds(0);
+      call->resp->set_drafts_with_commit(true);
+      OnPeerDraft(call, grpc::Status::OK);
+      return absl::OkStatus();
+    }
+    call->drafts.reset();  // more than the budget now allows: drafted again
+  }
   pb::DraftRequest& d = call->draft_req;
   d.set_session_id(call->req.session_id());
   d.set_max_tokens(call->req.take());
@@ -431,8 +456,10 @@ void NoteDrafterError(const std::string& what, const grpc::Status& st, pb::Round
 
 void VerifierService::OnPeerDraft(const std::shared_ptr<RoundCall>& call,
                                   const grpc::Status& status) {
-  call->resp->set_peer_draft_seconds(
-      std::chrono::duration<double>(Clock::now() - call->draft_start).count());
+  if (!call->resp->drafts_with_commit()) {
+    call->resp->set_peer_draft_seconds(
+        std::chrono::duration<double>(Clock::now() - call->draft_start).count());
+  }
   if (!status.ok()) {
     NoteDrafterError("Draft", status, call->resp);
     return FinishRound(call, absl::OkStatus());
@@ -509,6 +536,7 @@ void VerifierService::OnRoundVerified(const std::shared_ptr<RoundCall>& call,
   }
   v->clear_refresh();
   if (call->on_verified) call->on_verified();
+  if (call->next_draft && !call->next_draft(v->tokens_size(), c.mutable_next())) c.clear_next();
   const auto slot = call->arrived + std::chrono::microseconds(call->req.refresh_delay_us());
   if (!call->rows_key.empty() && slot > Clock::now()) {
     // Offer the rows at their booked slot on the slow link; the alarm's
@@ -547,7 +575,18 @@ void VerifierService::OnPeerCommit(const std::shared_ptr<RoundCall>& call,
   call->resp->set_peer_commit_seconds(
       std::chrono::duration<double>(Clock::now() - call->commit_start).count());
   if (status.ok()) {
-    *call->resp->mutable_commit() = call->commit_resp;
+    pb::CommitResponse& commit = call->commit_resp;
+    if (commit.has_next()) {
+      // The next round's drafts stay here (no draft goes to the
+      // coordinator); their steps were on this round's path.
+      call->next_drafts.emplace();
+      call->next_drafts->Swap(commit.mutable_next());
+      commit.clear_next();
+      call->resp->set_draft_seconds(call->resp->draft_seconds() +
+                                    call->next_drafts->draft_seconds());
+      peer_drafts_with_commit_->Inc();
+    }
+    *call->resp->mutable_commit() = commit;
   } else {
     NoteDrafterError("Commit", status, call->resp);
   }
@@ -735,6 +774,13 @@ class VerifierService::LeaseReactor final
         OnRoundDone(weak.lock(), st);
       };
       call->on_verified = [this, raw = call.get()] { OnVerified(*raw); };
+      call->next_draft = [this](int tokens, pb::DraftRequest* next) {
+        return NextDraft(tokens, next);
+      };
+      if (next_drafts_ && next_drafts_round_ == call->req.round()) {
+        call->drafts = std::move(next_drafts_);
+      }
+      next_drafts_.reset();
       running_ = call;
       // The round's budget as a Round's call deadline would give it, from
       // now (it may have waited behind the round before).
@@ -774,6 +820,24 @@ class VerifierService::LeaseReactor final
     if (writes_.size() == 1) StartWrite(&writes_.front());
   }
 
+  // The running round is verified with `tokens`: the Draft of the grant
+  // after it, when that has come and the budget leaves it a draft.
+  bool NextDraft(int tokens, pb::DraftRequest* next) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ending_ || granted_.empty()) return false;
+    const pb::RoundRequest& r = granted_.front().req;
+    // As StartNext will clamp it, once this round's tokens are counted.
+    const int64_t take = std::min<int64_t>(r.take(), budget_left_ - tokens - 1);
+    if (take < 1) return false;
+    next->set_session_id(r.session_id());
+    next->set_max_tokens(static_cast<int32_t>(take));
+    next->set_min_tokens(static_cast<int32_t>(take));
+    next->set_lookahead(r.lookahead());
+    next->set_epoch(r.epoch());
+    next->set_round(r.round());
+    return true;
+  }
+
   // A round of this lease is over (FinishRound's call; the round is still
   // tracked by the service until it returns).
   void OnRoundDone(const std::shared_ptr<RoundCall>& call, const absl::Status& st) {
@@ -794,6 +858,10 @@ class VerifierService::LeaseReactor final
         std::chrono::duration_cast<std::chrono::microseconds>(start_delay_).count());
     *out.mutable_result() = std::move(call->owned);
     budget_left_ -= out.result().verify().tokens_size();
+    if (call->next_drafts) {
+      next_drafts_ = std::move(call->next_drafts);
+      next_drafts_round_ = call->commit_req.next().round();
+    }
     if (writes_.size() == 1) StartWrite(&writes_.front());
     // A round whose drafter failed (or that verified nothing) ends the
     // lease; the coordinator decides what follows.
@@ -833,6 +901,9 @@ class VerifierService::LeaseReactor final
   std::shared_ptr<RoundCall> running_;
   Clock::duration start_delay_{};
   std::deque<pb::LeaseProgress> writes_;  // the front is being written
+  // Drafts of round next_drafts_round_, come with the last round's commit.
+  std::optional<pb::DraftResponse> next_drafts_;
+  uint64_t next_drafts_round_ = 0;
 };
 
 grpc::ServerBidiReactor<pb::LeaseGrant, pb::LeaseProgress>* VerifierService::Lease(

@@ -196,6 +196,7 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   metrics::Counter* ingests_cancelled_;
   metrics::Counter* peer_rounds_;
   metrics::Counter* peer_refresh_bytes_;
+  metrics::Counter* peer_drafts_with_commit_;
 };
 
 }  // namespace vc::worker

@@ -730,9 +730,9 @@ TEST_F(RunnerTest, LeasedRoundsStreamExactlyOnOneStreamWithTheNextGrantAhead) {
   // its rows' count) is not waited for.
   EXPECT_EQ(plan_.totals.refresh_bytes(), 3 * 5 * 100);
   // The grants: ids 1.. of the drafter session's epoch, the budget on the
-  // first, one granted ahead of the last round (answered skipped: the
-  // budget left it no room).
-  ASSERT_EQ(fake_v_->grants.size(), 5u);
+  // first, two granted ahead of the last round (answered skipped: the
+  // budget left them no room).
+  ASSERT_EQ(fake_v_->grants.size(), 6u);
   EXPECT_EQ(fake_v_->grants[0].budget(), 20);
   for (size_t i = 0; i < fake_v_->grants.size(); ++i) {
     const pb::RoundRequest& g = fake_v_->grants[i].round();
@@ -849,11 +849,11 @@ TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
   UseLeases();
   fake_d_->always_wrong = true;
   ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
-  // The window (two rounds) collapsed after round 2; round 3, granted ahead,
-  // had run on the verifier: its verified token is streamed before the
-  // fallback decodes the rest on the same session.
+  // The window (two rounds) collapsed after round 2; rounds 3 and 4,
+  // granted ahead, had run on the verifier: their verified tokens are
+  // streamed before the fallback decodes the rest on the same session.
   EXPECT_EQ(plan_.output, Expected(20));
-  EXPECT_EQ(plan_.totals.verify_rounds(), 3);
+  EXPECT_EQ(plan_.totals.verify_rounds(), 4);
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
   EXPECT_EQ(calls_.Count("v.LoadResident"), 1);
   EXPECT_TRUE(failures_.empty());

@@ -632,6 +632,112 @@ TEST_F(PeerRoundTest, BadGrantsEndTheLeaseWithTheirField) {
   }
 }
 
+// With the next grant on the verifier when a round commits, the commit
+// takes that grant's drafts along (CommitRequest.next): its round makes no
+// Draft call, its drafts' steps count in the round before, and the tokens
+// are still exactly full-KV decoding's.
+TEST_F(PeerRoundTest, ACommitTakesTheNextGrantsDraftsAlong) {
+  OpenBoth(29, prompt_, 3);
+  auto ctx = Within(120);
+  auto stream = verifier_stub_->Lease(ctx.get());
+  constexpr uint64_t kRounds = 4;  // the verifier keeps at most 4 ahead
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    ASSERT_TRUE(stream->Write(Grant(29, 3, round, 3, round == 1 ? 500 : 0)));
+  }
+  std::vector<int32_t> out;
+  int with_commit = 0;
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    pb::LeaseProgress p;
+    ASSERT_TRUE(ReadProgress(*stream, &p)) << "round " << round;
+    const pb::RoundResponse& r = p.result();
+    ASSERT_EQ(r.drafter_error_code(), 0) << r.drafter_error();
+    ASSERT_TRUE(r.has_verify());
+    EXPECT_FALSE(r.commit().has_next()) << "the drafts stay on the verifier";
+    if (round == 1) {
+      EXPECT_FALSE(r.drafts_with_commit()) << "no commit came before it";
+    }
+    if (r.drafts_with_commit()) {
+      ++with_commit;
+      EXPECT_EQ(r.peer_draft_seconds(), 0) << "no Draft call";
+      EXPECT_GT(r.drafted(), 0);
+    }
+    out.insert(out.end(), r.verify().tokens().begin(), r.verify().tokens().end());
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  pb::LeaseProgress extra;
+  EXPECT_FALSE(ReadProgress(*stream, &extra));
+  const grpc::Status s = stream->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  // Every grant was written before round 1 could have committed.
+  EXPECT_GE(with_commit, 1);
+  EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_drafts_with_commit_total"),
+            with_commit);
+  // The session goes on after the lease, exactly.
+  pb::RoundResponse more;
+  ASSERT_TRUE(CallRound(29, 3, kRounds + 1, 3, &more).ok());
+  ASSERT_EQ(more.drafter_error_code(), 0) << more.drafter_error();
+  out.insert(out.end(), more.verify().tokens().begin(), more.verify().tokens().end());
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+}
+
+// A commit whose `next` is not the same session's and epoch's later round,
+// or is out of bounds, is refused before anything is applied.
+TEST_F(PeerRoundTest, ACommitWithABadNextIsRefusedAndChangesNothing) {
+  OpenBoth(31, prompt_, 2);
+  std::vector<int32_t> out;
+  pb::RoundResponse first;
+  ASSERT_TRUE(CallRound(31, 2, 1, 3, &first).ok());
+  ASSERT_EQ(first.drafter_error_code(), 0) << first.drafter_error();
+  out.insert(out.end(), first.verify().tokens().begin(), first.verify().tokens().end());
+  // Round 2's drafts, then commits of round 2 with a bad `next`.
+  pb::DraftRequest draft;
+  draft.set_session_id(31);
+  draft.set_max_tokens(3);
+  draft.set_min_tokens(3);
+  draft.set_epoch(2);
+  draft.set_round(2);
+  pb::DraftResponse drafts;
+  ASSERT_TRUE(drafter_stub_->Draft(Within(30).get(), draft, &drafts).ok());
+  struct Case {
+    std::function<void(pb::DraftRequest*)> spoil;
+    std::string needle;
+  };
+  for (const Case& c : {
+           Case{[](pb::DraftRequest* n) { n->set_session_id(32); }, "same session"},
+           Case{[](pb::DraftRequest* n) { n->set_epoch(3); }, "same session and epoch"},
+           Case{[](pb::DraftRequest* n) { n->set_round(2); }, "later round"},
+           Case{[](pb::DraftRequest* n) { n->set_max_tokens(0); }, "max_tokens"},
+           Case{[](pb::DraftRequest* n) { n->set_min_tokens(5); }, "min_tokens"},
+       }) {
+    pb::CommitRequest req;
+    req.set_session_id(31);
+    req.set_epoch(2);
+    req.set_round(2);
+    req.add_tokens(drafts.drafts(0));  // never applied
+    pb::DraftRequest* next = req.mutable_next();
+    next->set_session_id(31);
+    next->set_max_tokens(3);
+    next->set_min_tokens(3);
+    next->set_epoch(2);
+    next->set_round(3);
+    c.spoil(next);
+    pb::CommitResponse resp;
+    const grpc::Status st = drafter_stub_->Commit(Within(30).get(), req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find(c.needle), std::string::npos) << st.error_message();
+  }
+  // Nothing was committed: the rounds go on exactly (round 2's drafts are
+  // taken again by its Round).
+  for (uint64_t round = 2; round <= 4; ++round) {
+    pb::RoundResponse resp;
+    ASSERT_TRUE(CallRound(31, 2, round, 3, &resp).ok());
+    ASSERT_EQ(resp.drafter_error_code(), 0) << resp.drafter_error();
+    out.insert(out.end(), resp.verify().tokens().begin(), resp.verify().tokens().end());
+  }
+  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+}
+
 TEST_F(PeerRoundTest, ALeaseWhoseDrafterIsGoneEndsAfterThatRound) {
   OpenBoth(27, prompt_, 1);
   auto ctx = Within(60);
