@@ -97,17 +97,45 @@ void AdmissionController::Leave(const std::string& tenant, bool completed) {
     if (completed) ++completed_;
     SetGauges();
   }
-  cv_.notify_all();
+  WakeAll();
 }
 
-void AdmissionController::Wake() { cv_.notify_all(); }
+void AdmissionController::Wake() { WakeAll(); }
 
 void AdmissionController::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  WakeAll();
+}
+
+void AdmissionController::WakeAll() {
+  std::map<uint64_t, std::function<void()>> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    freed.swap(freed_);
+  }
   cv_.notify_all();
+  // Outside mu_: a waiter's TryStart takes it.
+  for (auto& [id, f] : freed) f();
+}
+
+uint64_t AdmissionController::NotifyFreed(std::function<void()> freed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || active_ < options_.max_active) return 0;
+  const uint64_t id = next_freed_id_++;
+  freed_.emplace(id, std::move(freed));
+  return id;
+}
+
+void AdmissionController::CancelNotifyFreed(uint64_t id) {
+  std::function<void()> dropped;  // destroyed outside mu_
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = freed_.find(id);
+  if (it == freed_.end()) return;
+  dropped = std::move(it->second);
+  freed_.erase(it);
 }
 
 void AdmissionController::ForgetIfIdle(const std::string& tenant) {

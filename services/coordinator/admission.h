@@ -62,6 +62,14 @@ class AdmissionController {
   void Leave(const std::string& tenant, bool completed);
   // Wakes the waiters to look at their `gone` again (a Cancel).
   void Wake();
+  // For a queued caller without a thread: calls `freed` once, on the thread
+  // of the next Leave, Wake or Stop (its chance to TryStart again), unless
+  // cancelled first. Returns an id for CancelNotifyFreed, or 0 without
+  // keeping `freed` when a place is free already or the controller is
+  // stopped (the caller tries again at once: no Leave between its TryStart
+  // and this call goes unseen). At most one per queued request.
+  uint64_t NotifyFreed(std::function<void()> freed);
+  void CancelNotifyFreed(uint64_t id);
   // Refuses new requests and ends the waits (UNAVAILABLE).
   void Stop();
 
@@ -91,8 +99,10 @@ class AdmissionController {
   };
   absl::StatusOr<Entry> TryStartLocked(const std::string& tenant, bool gone,
                                        Clock::time_point deadline);  // mu_ held
-  void ForgetIfIdle(const std::string& tenant);                      // mu_ held
-  void SetGauges();                                                  // mu_ held
+  // Wakes every waiter: the condition variable's and NotifyFreed's.
+  void WakeAll();
+  void ForgetIfIdle(const std::string& tenant);  // mu_ held
+  void SetGauges();                              // mu_ held
 
   const AdmissionOptions options_;
   const AdmissionMetrics metrics_;
@@ -103,6 +113,9 @@ class AdmissionController {
   int queued_ = 0;
   int64_t completed_ = 0;
   std::map<std::string, Tenant> tenants_;
+  // NotifyFreed's, in registration order (the queue's order of waking).
+  std::map<uint64_t, std::function<void()>> freed_;
+  uint64_t next_freed_id_ = 1;
 };
 
 }  // namespace vc::coordinator

@@ -1,6 +1,7 @@
 #include "services/coordinator/coordinator_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -499,15 +500,36 @@ Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
 
 // ------------------------------------------------------------- admission
 
+namespace {
+
+// How often a queued request looks at its deadline and its caller without
+// being woken (a place freed or a Cancel wakes it at once).
+constexpr auto kQueuePoll = std::chrono::milliseconds(100);
+
+}  // namespace
+
 Task<absl::Status> CoordinatorService::Admit(Request& r) {
   VC_CO_ASSIGN_OR_RETURN(AdmissionController::Entry entry, admission_->Enter(r.tenant));
   while (entry == AdmissionController::Entry::kQueued) {
-    // Queued: polled (a Leave frees a place without telling the queue),
-    // suspended in between. A stopped clock answers at once; TryStart then
-    // finds the controller stopped too.
+    // Queued, suspended: woken by the next Leave (or Cancel, or Stop), and
+    // at least every kQueuePoll to look at its deadline and whether its
+    // caller went away. Whichever comes first resumes it (once); the other
+    // is cancelled. A stopped clock answers at once; TryStart then finds the
+    // controller stopped too.
+    uint64_t freed_id = 0;
+    SlotClock::NotifyId poll_id = 0;
     co_await Suspend(executor_.get(), [&](auto resume) {
-      clock_->NotifyAt(Clock::now() + std::chrono::milliseconds(20), [resume](bool) { resume(); });
+      auto once = std::make_shared<std::atomic<bool>>(false);
+      auto wake = [once, resume] {
+        if (!once->exchange(true)) resume();
+      };
+      freed_id = admission_->NotifyFreed(wake);
+      if (freed_id == 0) return wake();
+      poll_id = clock_->NotifyAt(std::min(r.deadline, Clock::now() + kQueuePoll),
+                                 [wake](bool) { wake(); });
     });
+    if (freed_id != 0) admission_->CancelNotifyFreed(freed_id);
+    if (poll_id != 0) (void)clock_->CancelNotify(poll_id);
     VC_CO_ASSIGN_OR_RETURN(entry, admission_->TryStart(r.tenant, r.gone(), r.deadline));
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -3,6 +3,8 @@
 // queued for admission it leaves the queue at once and ingests nothing;
 // cancelled while its ingest runs it ends CANCELLED and leaves no open put
 // or staged bytes at the store and no session or extra KV on the workers.
+// A Generate queued behind a registration starts when that one leaves, and
+// one cancelled while queued leaves the queue.
 // The fast link is paced so that an ingest takes seconds: the cancels land
 // where they are meant to on a loaded machine, and nothing asserts a time.
 #include <chrono>
@@ -179,4 +181,58 @@ TEST_F(IngestCancelTest, CancelledWhileIngestingLeavesNothingOpen) {
 }
 
 }  // namespace
+// A Generate queued behind the only admission place waits suspended (no
+// thread) and starts when the place is given back, exactly; one whose
+// client goes away while queued leaves the queue.
+TEST_F(IngestCancelTest, AQueuedGenerateStartsWhenThePlaceFreesAndACancelledOneLeaves) {
+  const std::vector<int32_t> holder = Text(8 * kChunkTokens, 4);
+  const std::vector<int32_t> prompt = Text(12, 5);
+  constexpr int kNew = 6;
+  Call first;
+  StartRegister(&first, holder);
+  ASSERT_TRUE(Eventually([&] { return Status().active_requests() == 1; }));
+  pb::GenerateRequest req;
+  for (int32_t t : prompt) req.add_prompt_ids(t);
+  req.set_max_new_tokens(kNew);
+  req.set_ignore_eos(true);
+  req.set_mode(pb::MODE_FULL_LOCAL);
+  // One that goes away while queued.
+  auto gone_ctx = rpc::ContextWithTimeout(cluster_->client(), std::chrono::seconds(120));
+  auto gone = stub_->Generate(gone_ctx.get(), req);
+  ASSERT_TRUE(Eventually([&] { return Status().queued_requests() == 1; }));
+  gone_ctx->TryCancel();
+  pb::GenerateResponse msg;
+  while (gone->Read(&msg)) {
+  }
+  EXPECT_EQ(gone->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Eventually([&] { return Status().queued_requests() == 0; }));
+  // One that waits for the place.
+  std::vector<int32_t> tokens;
+  grpc::Status status;
+  std::thread waiter([&] {
+    auto ctx = rpc::ContextWithTimeout(cluster_->client(), std::chrono::seconds(120));
+    auto reader = stub_->Generate(ctx.get(), req);
+    pb::GenerateResponse m;
+    while (reader->Read(&m)) {
+      if (m.final()) tokens.assign(m.totals().tokens().begin(), m.totals().tokens().end());
+    }
+    status = reader->Finish();
+  });
+  EXPECT_TRUE(Eventually([&] { return Status().queued_requests() == 1; }));
+  first.thread.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  waiter.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  DecodeOptions o;
+  o.max_new_tokens = kNew;
+  o.ignore_eos = true;
+  auto want = DecodeFull(*engine_, prompt, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(tokens, want->tokens);
+  EXPECT_TRUE(Eventually([&] {
+    const pb::ClusterStatusResponse s = Status();
+    return s.active_requests() == 0 && s.queued_requests() == 0;
+  }));
+}
+
 }  // namespace vc

@@ -84,6 +84,43 @@ TEST(AdmissionTest, AQueuedRequestEndsWhenItsCallerGoesItsDeadlinePassesOrTheCoo
   EXPECT_EQ(a.tenants(), 0u) << "refused requests hold nothing";
 }
 
+// The queue without a waiting thread (the coordinator's coroutines): a
+// queued request is told when a place frees, and a notification is not
+// kept when a place is free already (no Leave between a TryStart and the
+// registration goes unseen) or after Stop.
+TEST(AdmissionTest, AQueuedRequestIsToldWhenAPlaceFrees) {
+  AdmissionController a({.max_active = 1, .max_queued = 4});
+  ASSERT_EQ(*a.Enter("t"), AdmissionController::Entry::kAdmitted);
+  ASSERT_EQ(*a.Enter("u"), AdmissionController::Entry::kQueued);
+  ASSERT_EQ(*a.TryStart("u", false, Clock::now() + kLong), AdmissionController::Entry::kQueued);
+  int told = 0;
+  const uint64_t id = a.NotifyFreed([&] { ++told; });
+  ASSERT_NE(id, 0u);
+  // A cancelled notification is never called.
+  int cancelled_told = 0;
+  const uint64_t cancelled = a.NotifyFreed([&] { ++cancelled_told; });
+  a.CancelNotifyFreed(cancelled);
+  a.Leave("t", true);
+  EXPECT_EQ(told, 1);
+  EXPECT_EQ(cancelled_told, 0);
+  // A place is free now: nothing to wait for, the caller tries at once.
+  EXPECT_EQ(a.NotifyFreed([&] { ++told; }), 0u);
+  EXPECT_EQ(*a.TryStart("u", false, Clock::now() + kLong), AdmissionController::Entry::kAdmitted);
+  EXPECT_EQ(*a.Enter("v"), AdmissionController::Entry::kQueued);
+  // Told once only: the notification went with the Leave that called it.
+  a.Wake();
+  EXPECT_EQ(told, 1);
+  // Stop tells the waiters, and keeps no notification after it.
+  int stop_told = 0;
+  ASSERT_NE(a.NotifyFreed([&] { ++stop_told; }), 0u);
+  a.Stop();
+  EXPECT_EQ(stop_told, 1);
+  EXPECT_EQ(a.NotifyFreed([&] { ++stop_told; }), 0u);
+  EXPECT_EQ(a.TryStart("v", false, Clock::now() + kLong).status().code(),
+            absl::StatusCode::kUnavailable);
+  a.Leave("u", true);
+}
+
 TEST(AdmissionTest, ATenantAtItsRequestLimitIsRefusedOthersAreNot) {
   metrics::Counter rejections;
   AdmissionController a({.max_active = 8, .max_queued = 8, .max_requests_per_tenant = 2},
