@@ -300,21 +300,26 @@ pb::RoundStats NoteVerifiedRound(const RunnerContext& ctx, int32_t drafted,
   return round;
 }
 
+// x adapted to a verified round's acceptance (`take` drafts asked for).
+void AdaptDraftLength(const RunnerContext& ctx, int take, int accepted, Plan& plan) {
+  if (plan.adaptive && take > 0) {
+    plan.x = NextDraftLength(take, accepted, &plan.accept_ewma, 1, ctx.options.max_draft_len);
+  }
+}
+
 // A round the drafter committed: its totals and times, x adapted to its
-// acceptance, and the fallback rule's record of it. False when acceptance
+// acceptance (unless `x_adapted`: a lease adapts it once the round is
+// verified), and the fallback rule's record of it. False when acceptance
 // has collapsed (decoding on the verifier alone is faster).
 bool NoteCommittedRound(const RunnerContext& ctx, int take, double wall_seconds,
                         double draft_seconds, double slot_wait_seconds,
                         const pb::VerifyResponse& verify, const pb::CommitResponse& commit,
-                        Plan& plan) {
+                        Plan& plan, bool x_adapted = false) {
   plan.totals.set_continuation_hits(plan.totals.continuation_hits() + commit.surviving_drafts());
   NoteDrafterCommit(commit, &plan.totals);
   NoteRoundTimes(wall_seconds, draft_seconds, slot_wait_seconds, verify, commit,
                  plan.totals.mutable_round_times());
-  if (plan.adaptive && take > 0) {
-    plan.x =
-        NextDraftLength(take, verify.accepted(), &plan.accept_ewma, 1, ctx.options.max_draft_len);
-  }
+  if (!x_adapted) AdaptDraftLength(ctx, take, verify.accepted(), plan);
   if (take < 2) return true;
   plan.fallback.RecordRound(verify.accepted());
   return !plan.fallback.ShouldFallBack();
@@ -554,7 +559,8 @@ absl::StatusOr<PeerRoundOutcome> ApplyPeerRound(const RunnerContext& ctx, Plan& 
   if (!drafter_status.ok()) return drop_drafter(drafter_status);
   plan.drafts_ready = rresp.commit().surviving_drafts();
   const bool keep = NoteCommittedRound(ctx, take, times.wall_seconds, rresp.draft_seconds(),
-                                       times.slot_wait_seconds, vresp, rresp.commit(), plan);
+                                       times.slot_wait_seconds, vresp, rresp.commit(), plan,
+                                       /*x_adapted=*/emitted);
   return keep ? PeerRoundOutcome::kContinue : PeerRoundOutcome::kCollapsed;
 }
 
@@ -712,11 +718,15 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
       next.reset();
     }
     if (closing) rebook_slot.reset();
-    // Two grants ahead of the round running: the next one is on the
-    // verifier well before the running round commits (so the commit takes
-    // its drafts along), even when the one after is sent only at its slot
-    // (with full rings: tried again once the slot it waits for has begun).
-    if (!closing && !next && rounds.size() < 3 &&
+    // One grant ahead of the round running, counted from its verified
+    // progress: the next round is booked (with x adapted to the running
+    // round's acceptance) while that round commits, so its grant is on the
+    // verifier before the round after it commits, and that commit takes its
+    // drafts along (with full rings: tried again once the slot it waits for
+    // has begun).
+    const auto unverified_rounds = std::count_if(rounds.begin(), rounds.end(),
+                                                 [](const LeaseRound& lr) { return !lr.emitted; });
+    if (!closing && !next && unverified_rounds < 2 && rounds.size() < 3 &&
         (!rebook_slot || ctx.clock->now() >= *rebook_slot)) {
       VC_CO_RETURN_IF_ERROR(book());
     }
@@ -782,6 +792,11 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
       const double verify_ms =
           std::chrono::duration<double, std::milli>(arrived - std::max(front.sent, last_arrival))
               .count();
+      // x adapts now (the take as ApplyPeerRound will compute it), so the
+      // next grant, booked below before this round commits, has it.
+      const int64_t left_now = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
+      AdaptDraftLength(ctx, static_cast<int>(std::min<int64_t>(front.take, left_now - 1)),
+                       progress.result().verify().accepted(), plan);
       if (!EmitVerifiedRound(ctx, plan, r, writer, progress.result(), verify_ms)) {
         co_return PeerRoundOutcome::kComplete;
       }
