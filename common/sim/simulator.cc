@@ -15,6 +15,7 @@
 #include <queue>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/percentile.h"
 #include "common/base/status_macros.h"
 #include "common/scheduler/prefix_policy.h"
 #include "common/scheduler/ring_scheduler.h"
@@ -170,14 +171,9 @@ Percentiles Summarise(std::vector<double> v) {
   double sum = 0;
   for (double x : v) sum += x;
   p.mean = sum / v.size();
-  // Nearest rank.
-  auto at = [&](double q) {
-    const size_t rank = static_cast<size_t>(std::ceil(q * v.size()));
-    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-  };
-  p.p50 = at(0.50);
-  p.p90 = at(0.90);
-  p.p99 = at(0.99);
+  p.p50 = NearestRank(v, 0.50);
+  p.p90 = NearestRank(v, 0.90);
+  p.p99 = NearestRank(v, 0.99);
   p.max = v.back();
   return p;
 }

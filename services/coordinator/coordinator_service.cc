@@ -502,8 +502,8 @@ Clock::time_point CoordinatorService::CallDeadline(const Request& r) const {
 
 namespace {
 
-// How often a queued request looks at its deadline and its caller without
-// being woken (a place freed or a Cancel wakes it at once).
+// How often a queued request looks at its deadline without being woken (a
+// place freed, a Cancel or its client going away wakes it at once).
 constexpr auto kQueuePoll = std::chrono::milliseconds(100);
 
 }  // namespace
@@ -511,9 +511,9 @@ constexpr auto kQueuePoll = std::chrono::milliseconds(100);
 Task<absl::Status> CoordinatorService::Admit(Request& r) {
   VC_CO_ASSIGN_OR_RETURN(AdmissionController::Entry entry, admission_->Enter(r.tenant));
   while (entry == AdmissionController::Entry::kQueued) {
-    // Queued, suspended: woken by the next Leave (or Cancel, or Stop), and
-    // at least every kQueuePoll to look at its deadline and whether its
-    // caller went away. Whichever comes first resumes it (once); the other
+    // Queued, suspended: woken by the next Leave (or Cancel, a client that
+    // went away, or Stop), and at least every kQueuePoll to look at its
+    // deadline. Whichever comes first resumes it (once); the other
     // is cancelled. A stopped clock answers at once; TryStart then finds the
     // controller stopped too.
     uint64_t freed_id = 0;
@@ -627,7 +627,11 @@ class CoordinatorService::GenerateCall final
     : public grpc::ServerWriteReactor<pb::GenerateResponse>,
       public Sink {
  public:
-  GenerateCall(grpc::CallbackServerContext* ctx, StreamWatch* watch) : ctx_(ctx), watch_(watch) {}
+  // `on_cancel`: called when the client cancels or goes away (a queued
+  // request then leaves the admission queue at once).
+  GenerateCall(grpc::CallbackServerContext* ctx, StreamWatch* watch,
+               std::function<void()> on_cancel)
+      : ctx_(ctx), watch_(watch), on_cancel_(std::move(on_cancel)) {}
 
   static constexpr size_t kMaxQueued = 16;
 
@@ -669,9 +673,12 @@ class CoordinatorService::GenerateCall final
   }
 
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_ = true;
-    room_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_ = true;
+      room_.notify_all();
+    }
+    if (on_cancel_) on_cancel_();
   }
 
   void OnDone() override { delete this; }
@@ -684,6 +691,7 @@ class CoordinatorService::GenerateCall final
 
   grpc::CallbackServerContext* const ctx_;
   StreamWatch* const watch_;
+  const std::function<void()> on_cancel_;
   std::mutex mu_;
   std::condition_variable room_;            // the queue shrank, or the call broke
   std::deque<pb::GenerateResponse> queue_;  // the front is being written
@@ -694,7 +702,7 @@ class CoordinatorService::GenerateCall final
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* CoordinatorService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
-  auto* call = new GenerateCall(ctx, watch_.get());
+  auto* call = new GenerateCall(ctx, watch_.get(), [this] { admission_->Wake(); });
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) {
     call->FinishWhenWritten(rpc::ToGrpcStatus(who.status()));

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <thread>
 
+#include "common/base/percentile.h"
 #include "common/decode/full_decode.h"
 #include "common/rpc/rpc.h"
 
@@ -88,21 +89,21 @@ WorkloadSummary RunWorkload(const rpc::ClientConfig& coordinator,
   }
   if (!rpc_overheads.empty()) {
     std::sort(rpc_overheads.begin(), rpc_overheads.end());
-    sum.round_times.p50_rpc_overhead_ms = rpc_overheads[rpc_overheads.size() / 2];
+    sum.round_times.p50_rpc_overhead_ms = NearestRank(rpc_overheads, 0.5);
   }
   if (!overheads.empty()) {
     std::sort(overheads.begin(), overheads.end());
-    sum.round_times.p50_overhead_ms = overheads[overheads.size() / 2];
-    sum.round_times.p90_overhead_ms =
-        overheads[std::min(overheads.size() - 1, overheads.size() * 9 / 10)];
+    sum.round_times.p50_overhead_ms = NearestRank(overheads, 0.5);
+    sum.round_times.p90_overhead_ms = NearestRank(overheads, 0.9);
   }
   if (!ttfts.empty()) {
     std::sort(ttfts.begin(), ttfts.end());
     double total = 0;
     for (double t : ttfts) total += t;
     sum.mean_ttft_ms = total / static_cast<double>(ttfts.size());
-    sum.p50_ttft_ms = ttfts[ttfts.size() / 2];
-    sum.p90_ttft_ms = ttfts[std::min(ttfts.size() - 1, ttfts.size() * 9 / 10)];
+    // The simulator's definition (its predicted-vs-measured table).
+    sum.p50_ttft_ms = NearestRank(ttfts, 0.5);
+    sum.p90_ttft_ms = NearestRank(ttfts, 0.9);
   }
   sum.tokens_per_s = sum.wall_seconds > 0 ? static_cast<double>(sum.tokens) / sum.wall_seconds : 0;
   sum.acceptance_rate =
