@@ -705,6 +705,14 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
   bool closing = false;  // half-closed: no more grants, drain what runs
   std::optional<PeerRoundOutcome> decided;
   bool answered = false;
+  // The verifier's take of a granted round (`granted` drafts asked for), as
+  // it clamped it to the budget before that round's tokens, `streamed` of
+  // which are in the output already.
+  auto verifier_take = [&](int granted, int streamed) {
+    const int64_t left =
+        plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size()) + streamed;
+    return static_cast<int>(std::min<int64_t>(granted, left - 1));
+  };
   // When the last progress arrived (the first round: none).
   Clock::time_point last_arrival = Clock::time_point::min();
   while (true) {
@@ -792,11 +800,10 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
       const double verify_ms =
           std::chrono::duration<double, std::milli>(arrived - std::max(front.sent, last_arrival))
               .count();
-      // x adapts now (the take as ApplyPeerRound will compute it), so the
-      // next grant, booked below before this round commits, has it.
-      const int64_t left_now = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size());
-      AdaptDraftLength(ctx, static_cast<int>(std::min<int64_t>(front.take, left_now - 1)),
-                       progress.result().verify().accepted(), plan);
+      // x adapts now, so the next grant, booked below before this round
+      // commits, has it.
+      AdaptDraftLength(ctx, verifier_take(front.take, 0), progress.result().verify().accepted(),
+                       plan);
       if (!EmitVerifiedRound(ctx, plan, r, writer, progress.result(), verify_ms)) {
         co_return PeerRoundOutcome::kComplete;
       }
@@ -829,11 +836,8 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
     times.slot_wait_seconds = std::max(0.0, std::chrono::duration<double>(lr.sent - start).count());
     times.verify_ms =
         std::chrono::duration<double, std::milli>(arrived - std::max(lr.sent, start)).count();
-    // The verifier's take, as it clamped it to the budget (before this
-    // round's tokens, which may have been streamed already).
-    const int64_t left = plan.req.max_new_tokens() - static_cast<int64_t>(plan.output.size()) +
-                         (lr.emitted ? progress.result().verify().tokens_size() : 0);
-    const int take = static_cast<int>(std::min<int64_t>(lr.take, left - 1));
+    const int take =
+        verifier_take(lr.take, lr.emitted ? progress.result().verify().tokens_size() : 0);
     *unverified = 1;
     VC_CO_ASSIGN_OR_RETURN(
         const PeerRoundOutcome out,

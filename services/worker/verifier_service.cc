@@ -610,6 +610,12 @@ namespace {
 // ahead); one more is refused, ending the lease.
 constexpr int kMaxLeaseGrantsAhead = 4;
 
+// The drafts a lease's round takes with `budget_left` tokens left to the
+// lease: its grant's take, leaving room for the round's own token.
+int64_t TakeWithinBudget(const pb::RoundRequest& r, int64_t budget_left) {
+  return std::min<int64_t>(r.take(), budget_left - 1);
+}
+
 }  // namespace
 
 // One Lease stream: reads grants, runs their rounds one at a time (each as
@@ -748,7 +754,7 @@ class VerifierService::LeaseReactor final
     while (!granted_.empty() && !ending_) {
       Pending p = std::move(granted_.front());
       granted_.pop_front();
-      const int64_t take = std::min<int64_t>(p.req.take(), budget_left_ - 1);
+      const int64_t take = TakeWithinBudget(p.req, budget_left_);
       if (take < 1) {
         pb::LeaseProgress& out = writes_.emplace_back();
         out.set_round(p.req.round());
@@ -827,7 +833,7 @@ class VerifierService::LeaseReactor final
     if (ending_ || granted_.empty()) return false;
     const pb::RoundRequest& r = granted_.front().req;
     // As StartNext will clamp it, once this round's tokens are counted.
-    const int64_t take = std::min<int64_t>(r.take(), budget_left_ - tokens - 1);
+    const int64_t take = TakeWithinBudget(r, budget_left_ - tokens);
     if (take < 1) return false;
     next->set_session_id(r.session_id());
     next->set_max_tokens(static_cast<int32_t>(take));

@@ -180,7 +180,6 @@ TEST_F(IngestCancelTest, CancelledWhileIngestingLeavesNothingOpen) {
   EXPECT_FALSE(resp.already_stored());
 }
 
-}  // namespace
 // A Generate queued behind the only admission place waits suspended (no
 // thread) and starts when the place is given back, exactly; one whose
 // client goes away while queued leaves the queue.
@@ -235,4 +234,5 @@ TEST_F(IngestCancelTest, AQueuedGenerateStartsWhenThePlaceFreesAndACancelledOneL
   }));
 }
 
+}  // namespace
 }  // namespace vc

@@ -208,6 +208,17 @@ class PeerRoundTest : public ::testing::Test {
     return true;
   }
 
+  // One more Round of `session` (after a lease): its tokens, added to
+  // `out`, are still exactly full-KV decoding's.
+  void ExpectARoundContinuesExactly(uint64_t session, uint64_t epoch, uint64_t round, int take,
+                                    std::vector<int32_t>* out) {
+    pb::RoundResponse more;
+    ASSERT_TRUE(CallRound(session, epoch, round, take, &more).ok());
+    ASSERT_EQ(more.drafter_error_code(), 0) << more.drafter_error();
+    out->insert(out->end(), more.verify().tokens().begin(), more.verify().tokens().end());
+    EXPECT_EQ(*out, Reference(prompt_, static_cast<int>(out->size())));
+  }
+
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int n) {
     DecodeOptions o;
     o.max_new_tokens = n;
@@ -544,11 +555,7 @@ TEST_F(PeerRoundTest, LeasedRoundsDecodeExactlyWithTheNextGrantAhead) {
   EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_rounds_total"), kRounds);
   EXPECT_EQ(outbox_->entries(), 0);
   // The session goes on after the lease: a Round continues it exactly.
-  pb::RoundResponse more;
-  ASSERT_TRUE(CallRound(21, 6, kRounds + 1, 4, &more).ok());
-  ASSERT_EQ(more.drafter_error_code(), 0) << more.drafter_error();
-  out.insert(out.end(), more.verify().tokens().begin(), more.verify().tokens().end());
-  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  ExpectARoundContinuesExactly(21, 6, kRounds + 1, 4, &out);
 }
 
 // The first grant's budget bounds the lease's tokens: a round takes at most
@@ -674,11 +681,7 @@ TEST_F(PeerRoundTest, ACommitTakesTheNextGrantsDraftsAlong) {
   EXPECT_EQ(CounterValue(verifier_registry_, "vericache_peer_drafts_with_commit_total"),
             with_commit);
   // The session goes on after the lease, exactly.
-  pb::RoundResponse more;
-  ASSERT_TRUE(CallRound(29, 3, kRounds + 1, 3, &more).ok());
-  ASSERT_EQ(more.drafter_error_code(), 0) << more.drafter_error();
-  out.insert(out.end(), more.verify().tokens().begin(), more.verify().tokens().end());
-  EXPECT_EQ(out, Reference(prompt_, static_cast<int>(out.size())));
+  ExpectARoundContinuesExactly(29, 3, kRounds + 1, 3, &out);
 }
 
 // A commit whose `next` is not the same session's and epoch's later round,
