@@ -83,6 +83,8 @@ struct Options {
   // configuration, as NAME=TOKENS,...; empty: the measured table of
   // docs/results.md section 3 when the configuration is the default one.
   std::string trained_rounds;
+  // Tokens per pass of the cost table's rows (1, the step, is always added).
+  std::string pass_tokens = "1,2,4,9,17,33";
 };
 
 // docs/results.md section 3, "Acceptance per drafter": tokens per verify
@@ -94,6 +96,24 @@ struct TrainedRounds {
   std::string model;
   double tokens_per_round = 0;
 };
+
+// The cost table's rows: a comma-separated list of tokens per pass, each in
+// [1, room] (room: the context left after the prompt), 1 added if missing.
+absl::StatusOr<std::vector<int>> ParsePassTokens(const std::string& text, int64_t room) {
+  std::vector<int> out;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(item, &v) || v < 1 || v > room) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pass-tokens: '", item, "' is not an integer in [1, ", room, "]"));
+    }
+    out.push_back(v);
+  }
+  if (std::find(out.begin(), out.end(), 1) == out.end()) out.push_back(1);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 absl::StatusOr<std::vector<TrainedRounds>> ParseTrainedRounds(const std::string& text) {
   std::vector<TrainedRounds> out;
@@ -545,6 +565,8 @@ absl::Status Run(const Options& o) {
       "ctx %d (%.1fM parameters); prompt %d tokens, %lld new, --threads %d\n",
       c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len,
       c.num_parameters() / 1e6, o.prompt_len, static_cast<long long>(o.max_new), o.threads);
+  VC_ASSIGN_OR_RETURN(std::vector<int> pass_tokens,
+                      ParsePassTokens(o.pass_tokens, c.max_seq_len - o.prompt_len));
   VC_ASSIGN_OR_RETURN(auto model, Model::CreateRandom(c, o.seed));
   // First, while this process's own passes cannot disturb it.
   if (!o.no_fresh) VC_RETURN_IF_ERROR(SpawnFresh(o, *model));
@@ -625,7 +647,6 @@ absl::Status Run(const Options& o) {
   VC_ASSIGN_OR_RETURN(const auto after_prefill, Steps(*engine, kv, 4, rng));
   kv.Truncate(o.prompt_len);
   PassTime step, verify_pass;  // verify_pass: draft_len + 1 tokens, a VeriCache round's
-  std::vector<int> pass_tokens = {1, 2, 4, 9, 17, 33};
   if (std::find(pass_tokens.begin(), pass_tokens.end(), o.draft_len + 1) == pass_tokens.end()) {
     pass_tokens.push_back(o.draft_len + 1);
     std::sort(pass_tokens.begin(), pass_tokens.end());
@@ -693,6 +714,9 @@ int main(int argc, char** argv) {
   flags.Add("--compressor", &o.compressor, "NAME", "KV compressor of the drafter");
   flags.Add("--draft-weights", &o.draft_weights, "FORMAT", "f32 | int8 | int4");
   flags.Add("--reps", &o.reps, "N", "timed passes per row of the cost table");
+  flags.Add("--pass-tokens", &o.pass_tokens, "LIST",
+            "tokens per pass of the cost table's rows, comma-separated (1 is always added; "
+            "draft length + 1 too)");
   flags.Add("--runs", &o.runs, "N",
             "pairs of generation runs (full and VeriCache, alternating which goes first); the "
             "speedup is their median");

@@ -288,6 +288,10 @@ void Softmax(float* s, int64_t n) {
   SoftmaxWith(s, n, {.exp_inplace = cpu::ScalarOps().exp_inplace, .max_no_nan = nullptr});
 }
 
+void KernelBackend::SwiGlu(float* gate, const float* up, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) gate[i] = Silu(gate[i]) * up[i];
+}
+
 void KernelBackend::Softmax(float* s, int64_t n) const { kernels::Softmax(s, n); }
 
 void KernelBackend::SoftmaxRows(float* const* rows, const int64_t* n, int64_t count) const {

@@ -104,6 +104,10 @@ class KernelBackend {
   virtual void AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v,
                                      int64_t n, int64_t head_dim, float* out) const;
 
+  // gate[i] = Silu(gate[i]) * up[i] for i < n (SwiGLU's elementwise step),
+  // bit-identical to that scalar expression; backends may vectorise it.
+  virtual void SwiGlu(float* gate, const float* up, int64_t n) const;
+
   // Bit-identical to kernels::Softmax below; backends may vectorise it.
   virtual void Softmax(float* s, int64_t n) const;
   // Softmax of `count` independent rows (row i: rows[i], n[i] scores), each

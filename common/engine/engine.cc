@@ -606,7 +606,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       be.MatmulTyped(me.xb.data(), n_rows, lw.w3.Row(j0, dim), lw.w3.dtype, nullptr, dim, hid_r,
                      me.up.data());
     }
-    for (int64_t i = 0; i < n_rows * hid_r; ++i) me.gate[i] = kernels::Silu(me.gate[i]) * me.up[i];
+    be.SwiGlu(me.gate.data(), me.up.data(), n_rows * hid_r);
     if (ql != nullptr) {
       qmatmul(me.gate.data(), n_rows, ql->w2, nullptr, me.proj.data());
     } else {
