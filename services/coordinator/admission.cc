@@ -4,18 +4,23 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 
 namespace vc::coordinator {
 
 AdmissionController::AdmissionController(AdmissionOptions options, AdmissionMetrics metrics)
     : options_(options), metrics_(metrics) {}
 
+int AdmissionController::WaitingLocked() const {
+  return static_cast<int>(queue_.size() - granted_.size());
+}
+
 void AdmissionController::SetGauges() {
-  if (metrics_.queue_depth != nullptr) metrics_.queue_depth->Set(queued_);
+  if (metrics_.queue_depth != nullptr) metrics_.queue_depth->Set(WaitingLocked());
   if (metrics_.active != nullptr) metrics_.active->Set(active_);
 }
 
-absl::StatusOr<AdmissionController::Entry> AdmissionController::Enter(
+absl::StatusOr<AdmissionController::Entered> AdmissionController::Enter(
     const std::string& tenant_name) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("coordinator is shutting down");
@@ -27,115 +32,166 @@ absl::StatusOr<AdmissionController::Entry> AdmissionController::Enter(
         absl::StrCat("this tenant already has ", options_.max_requests_per_tenant,
                      " requests running or queued (--max-requests-per-tenant)"));
   }
-  if (active_ < options_.max_active) {
+  // Free places are handed to queued requests as they free (GrantLocked),
+  // so a new request finds one only when nobody waits for it.
+  if (active_ < options_.max_active && WaitingLocked() == 0) {
     ++tenant.requests;
     ++active_;
     SetGauges();
-    return Entry::kAdmitted;
+    return Entered{.entry = Entry::kAdmitted};
   }
-  if (queued_ >= options_.max_queued) {
+  if (WaitingLocked() >= options_.max_queued) {
     if (metrics_.rejections != nullptr) metrics_.rejections->Inc();
     ForgetIfIdle(tenant_name);
     return absl::ResourceExhaustedError(
-        absl::StrCat("coordinator is full: ", active_, " requests running and ", queued_,
+        absl::StrCat("coordinator is full: ", active_, " requests running and ", WaitingLocked(),
                      " queued (--max-active-requests ", options_.max_active,
                      ", --max-queued-requests ", options_.max_queued, ")"));
   }
   ++tenant.requests;
-  ++queued_;
+  const Ticket ticket = next_ticket_++;
+  queue_.emplace(ticket, Waiter{.tenant = tenant_name, .turn = nullptr});
   SetGauges();
-  return Entry::kQueued;
+  return Entered{.entry = Entry::kQueued, .ticket = ticket};
 }
 
 absl::StatusOr<AdmissionController::Entry> AdmissionController::TryStart(
-    const std::string& tenant_name, bool gone, Clock::time_point deadline) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return TryStartLocked(tenant_name, gone, deadline);
+    const std::string& tenant_name, Ticket ticket, bool gone, Clock::time_point deadline) {
+  Calls calls;
+  absl::StatusOr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entry = TryStartLocked(tenant_name, ticket, gone, deadline);
+    GrantLocked(calls);
+  }
+  Tell(calls);
+  return entry;
 }
 
 absl::StatusOr<AdmissionController::Entry> AdmissionController::TryStartLocked(
-    const std::string& tenant_name, bool gone, Clock::time_point deadline) {
-  // A refusal gives the queue's and the tenant's places back.
-  auto refuse = [&](absl::Status s) {
-    --queued_;
-    --tenants_[tenant_name].requests;
-    ForgetIfIdle(tenant_name);
-    SetGauges();
-    return s;
-  };
-  if (stopping_) return refuse(absl::UnavailableError("coordinator is shutting down"));
-  if (gone) return refuse(absl::CancelledError("request cancelled while queued"));
-  if (Clock::now() >= deadline) {
-    return refuse(absl::DeadlineExceededError("deadline passed while queued"));
+    const std::string& tenant_name, Ticket ticket, bool gone, Clock::time_point deadline) {
+  // A ticket handed a place stays in queue_ until this call.
+  auto queued = queue_.find(ticket);
+  if (queued == queue_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("admission ticket ", ticket, " is not queued (already started or refused)"));
   }
-  if (active_ >= options_.max_active) return Entry::kQueued;
-  --queued_;
-  ++active_;
+  if (queued->second.tenant != tenant_name) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("admission ticket ", ticket, " belongs to another tenant"));
+  }
+  const bool holds_place = granted_.erase(ticket) > 0;
+  absl::Status refusal;
+  if (stopping_) {
+    refusal = absl::UnavailableError("coordinator is shutting down");
+  } else if (gone) {
+    refusal = absl::CancelledError("request cancelled while queued");
+  } else if (Clock::now() >= deadline) {
+    refusal = absl::DeadlineExceededError("deadline passed while queued");
+  }
+  if (refusal.ok() && !holds_place) return Entry::kQueued;
+  queue_.erase(queued);
+  if (refusal.ok()) {
+    SetGauges();
+    return Entry::kAdmitted;
+  }
+  // A refusal gives the queue's and the tenant's places back, and a place
+  // handed to this ticket goes to the next in line (GrantLocked).
+  if (holds_place) --active_;
+  --tenants_[tenant_name].requests;
+  ForgetIfIdle(tenant_name);
   SetGauges();
-  return Entry::kAdmitted;
+  return refusal;
+}
+
+void AdmissionController::GrantLocked(Calls& calls) {
+  if (stopping_) return;
+  for (auto it = queue_.begin(); it != queue_.end() && active_ < options_.max_active; ++it) {
+    if (!granted_.insert(it->first).second) continue;  // handed a place already
+    ++active_;
+    if (it->second.turn) calls.push_back(std::move(it->second.turn));
+    it->second.turn = nullptr;
+  }
+  SetGauges();
+}
+
+void AdmissionController::TakeAllTurnsLocked(Calls& calls) {
+  for (auto& [ticket, waiter] : queue_) {
+    if (waiter.turn) calls.push_back(std::move(waiter.turn));
+    waiter.turn = nullptr;
+  }
+}
+
+void AdmissionController::Tell(Calls& calls) {
+  cv_.notify_all();
+  for (auto& f : calls) f();
 }
 
 absl::Status AdmissionController::Admit(const std::string& tenant_name,
                                         const std::function<bool()>& gone,
                                         Clock::time_point deadline) {
-  absl::StatusOr<Entry> entry = Enter(tenant_name);
-  std::unique_lock<std::mutex> lock(mu_);
+  VC_ASSIGN_OR_RETURN(const Entered entered, Enter(tenant_name));
+  absl::StatusOr<Entry> entry = entered.entry;
   while (entry.ok() && *entry == Entry::kQueued) {
-    // Polled as well as woken: `gone` may turn true without a Wake.
-    cv_.wait_for(lock, std::chrono::milliseconds(50));
-    entry = TryStartLocked(tenant_name, gone(), deadline);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Polled as well as woken: `gone` may turn true without a Wake.
+      const uint64_t woken = wakes_;
+      cv_.wait_for(lock, std::chrono::milliseconds(50), [&] {
+        return stopping_ || wakes_ != woken || granted_.count(entered.ticket) > 0;
+      });
+    }
+    entry = TryStart(tenant_name, entered.ticket, gone(), deadline);
   }
   return entry.status();
 }
 
 void AdmissionController::Leave(const std::string& tenant, bool completed) {
+  Calls calls;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --tenants_[tenant].requests;
     ForgetIfIdle(tenant);
     --active_;
     if (completed) ++completed_;
-    SetGauges();
+    GrantLocked(calls);
   }
-  WakeAll();
+  Tell(calls);
 }
 
-void AdmissionController::Wake() { WakeAll(); }
+void AdmissionController::Wake() {
+  Calls calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++wakes_;
+    TakeAllTurnsLocked(calls);
+  }
+  Tell(calls);
+}
 
 void AdmissionController::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  WakeAll();
+  Wake();
 }
 
-void AdmissionController::WakeAll() {
-  std::map<uint64_t, std::function<void()>> freed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    freed.swap(freed_);
-  }
-  cv_.notify_all();
-  // Outside mu_: a waiter's TryStart takes it.
-  for (auto& [id, f] : freed) f();
-}
-
-uint64_t AdmissionController::NotifyFreed(std::function<void()> freed) {
+bool AdmissionController::NotifyTurn(Ticket ticket, std::function<void()> turn) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_ || active_ < options_.max_active) return 0;
-  const uint64_t id = next_freed_id_++;
-  freed_.emplace(id, std::move(freed));
-  return id;
+  auto it = queue_.find(ticket);
+  if (stopping_ || it == queue_.end() || granted_.count(ticket) > 0) return false;
+  it->second.turn = std::move(turn);
+  return true;
 }
 
-void AdmissionController::CancelNotifyFreed(uint64_t id) {
+void AdmissionController::CancelNotifyTurn(Ticket ticket) {
   std::function<void()> dropped;  // destroyed outside mu_
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = freed_.find(id);
-  if (it == freed_.end()) return;
-  dropped = std::move(it->second);
-  freed_.erase(it);
+  auto it = queue_.find(ticket);
+  if (it == queue_.end()) return;
+  dropped = std::move(it->second.turn);
+  it->second.turn = nullptr;
 }
 
 void AdmissionController::ForgetIfIdle(const std::string& tenant) {
@@ -198,7 +254,7 @@ int AdmissionController::active() const {
 
 int AdmissionController::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queued_;
+  return WaitingLocked();
 }
 
 int64_t AdmissionController::completed() const {

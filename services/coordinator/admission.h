@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,26 +51,39 @@ class AdmissionController {
                                    Clock::time_point deadline);
   // Admit in steps, for a caller that waits without a thread (a coroutine):
   // Enter takes the tenant's place and a running place (kAdmitted) or a
-  // queue place (kQueued), or refuses as Admit does; a queued caller calls
-  // TryStart every so often until it is kAdmitted or refused (which gives
-  // its places back). kAdmitted: it runs and must Leave().
+  // place in the queue (kQueued, with its ticket), or refuses as Admit does;
+  // a queued caller calls TryStart with its ticket until it is kAdmitted or
+  // refused (which gives its places back). kAdmitted: it runs and must
+  // Leave(). The queue is first come, first served: a freed place is handed
+  // to the oldest queued request (and only it is told, NotifyTurn), and a new
+  // request never starts ahead of queued ones.
   enum class Entry { kAdmitted, kQueued };
-  [[nodiscard]] absl::StatusOr<Entry> Enter(const std::string& tenant);
-  [[nodiscard]] absl::StatusOr<Entry> TryStart(const std::string& tenant, bool gone,
+  using Ticket = uint64_t;
+  struct Entered {
+    Entry entry = Entry::kAdmitted;
+    Ticket ticket = 0;  // kQueued: the caller's place in line
+  };
+  [[nodiscard]] absl::StatusOr<Entered> Enter(const std::string& tenant);
+  // A ticket that was handed a place, or whose caller is gone, is past its
+  // deadline or finds the controller stopped, leaves the queue here; a
+  // ticket that holds a place but is refused gives it to the next in line.
+  [[nodiscard]] absl::StatusOr<Entry> TryStart(const std::string& tenant, Ticket ticket, bool gone,
                                                Clock::time_point deadline);
-  // Gives an admitted request's place back; `completed` counts it among the
-  // completed requests (a Generate, not a prefix registration).
+  // Gives an admitted request's place back (to the oldest queued request, if
+  // any); `completed` counts it among the completed requests (a Generate,
+  // not a prefix registration).
   void Leave(const std::string& tenant, bool completed);
-  // Wakes the waiters to look at their `gone` again (a Cancel).
+  // Wakes every waiter to look at its `gone` again (a Cancel).
   void Wake();
-  // For a queued caller without a thread: calls `freed` once, on the thread
-  // of the next Leave, Wake or Stop (its chance to TryStart again), unless
-  // cancelled first. Returns an id for CancelNotifyFreed, or 0 without
-  // keeping `freed` when a place is free already or the controller is
-  // stopped (the caller tries again at once: no Leave between its TryStart
-  // and this call goes unseen). At most one per queued request.
-  uint64_t NotifyFreed(std::function<void()> freed);
-  void CancelNotifyFreed(uint64_t id);
+  // For a queued caller without a thread: calls `turn` once, on the thread
+  // that hands the ticket a place (a Leave, or a refused ticket ahead of
+  // it), or on the next Wake or Stop (its chance to TryStart again), unless
+  // cancelled first. Returns false without keeping `turn` when the ticket
+  // holds a place already, is not queued or the controller is stopped (the
+  // caller tries again at once: nothing between its TryStart and this call
+  // goes unseen). At most one per ticket.
+  [[nodiscard]] bool NotifyTurn(Ticket ticket, std::function<void()> turn);
+  void CancelNotifyTurn(Ticket ticket);
   // Refuses new requests and ends the waits (UNAVAILABLE).
   void Stop();
 
@@ -97,10 +111,22 @@ class AdmissionController {
     std::set<std::string> pins;  // prefix ids pinned through ManagePrefix
     int64_t stored_bytes = 0;    // what its ingests added (estimate on delete)
   };
-  absl::StatusOr<Entry> TryStartLocked(const std::string& tenant, bool gone,
+  // A queued request: its tenant and what to call when its turn comes.
+  struct Waiter {
+    std::string tenant;
+    std::function<void()> turn;
+  };
+  using Calls = std::vector<std::function<void()>>;
+  absl::StatusOr<Entry> TryStartLocked(const std::string& tenant, Ticket ticket, bool gone,
                                        Clock::time_point deadline);  // mu_ held
-  // Wakes every waiter: the condition variable's and NotifyFreed's.
-  void WakeAll();
+  // Hands free places to the oldest queued tickets; their notifications
+  // are added to `calls` (made outside mu_). mu_ held.
+  void GrantLocked(Calls& calls);
+  // Every queued ticket's notification, taken (Wake, Stop). mu_ held.
+  void TakeAllTurnsLocked(Calls& calls);
+  // Makes `calls` (outside mu_) and wakes the threads waiting in Admit.
+  void Tell(Calls& calls);
+  int WaitingLocked() const;                     // queued, not handed a place; mu_ held
   void ForgetIfIdle(const std::string& tenant);  // mu_ held
   void SetGauges();                              // mu_ held
 
@@ -109,13 +135,15 @@ class AdmissionController {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  int active_ = 0;
-  int queued_ = 0;
+  int active_ = 0;  // running, and handed a place but not started yet
   int64_t completed_ = 0;
   std::map<std::string, Tenant> tenants_;
-  // NotifyFreed's, in registration order (the queue's order of waking).
-  std::map<uint64_t, std::function<void()>> freed_;
-  uint64_t next_freed_id_ = 1;
+  // The queue in arrival order (tickets increase), and the tickets handed a
+  // place that have not called TryStart since (counted in active_).
+  std::map<Ticket, Waiter> queue_;
+  std::set<Ticket> granted_;
+  Ticket next_ticket_ = 1;
+  uint64_t wakes_ = 0;  // Wake calls, for the threads waiting in Admit
 };
 
 }  // namespace vc::coordinator

@@ -509,28 +509,31 @@ constexpr auto kQueuePoll = std::chrono::milliseconds(100);
 }  // namespace
 
 Task<absl::Status> CoordinatorService::Admit(Request& r) {
-  VC_CO_ASSIGN_OR_RETURN(AdmissionController::Entry entry, admission_->Enter(r.tenant));
+  VC_CO_ASSIGN_OR_RETURN(const AdmissionController::Entered entered, admission_->Enter(r.tenant));
+  AdmissionController::Entry entry = entered.entry;
   while (entry == AdmissionController::Entry::kQueued) {
-    // Queued, suspended: woken by the next Leave (or Cancel, a client that
-    // went away, or Stop), and at least every kQueuePoll to look at its
-    // deadline. Whichever comes first resumes it (once); the other
-    // is cancelled. A stopped clock answers at once; TryStart then finds the
-    // controller stopped too.
-    uint64_t freed_id = 0;
+    // Queued, suspended: woken when a place is handed to this request (the
+    // queue is first come, first served), by a Cancel, a client that went
+    // away or Stop, and at least every kQueuePoll to look at its deadline.
+    // Whichever comes first resumes it (once); the other is cancelled. A
+    // stopped clock answers at once; TryStart then finds the controller
+    // stopped too.
+    bool told = false;
     SlotClock::NotifyId poll_id = 0;
     co_await Suspend(executor_.get(), [&](auto resume) {
       auto once = std::make_shared<std::atomic<bool>>(false);
       auto wake = [once, resume] {
         if (!once->exchange(true)) resume();
       };
-      freed_id = admission_->NotifyFreed(wake);
-      if (freed_id == 0) return wake();
+      told = admission_->NotifyTurn(entered.ticket, wake);
+      if (!told) return wake();
       poll_id = clock_->NotifyAt(std::min(r.deadline, Clock::now() + kQueuePoll),
                                  [wake](bool) { wake(); });
     });
-    if (freed_id != 0) admission_->CancelNotifyFreed(freed_id);
+    if (told) admission_->CancelNotifyTurn(entered.ticket);
     if (poll_id != 0) (void)clock_->CancelNotify(poll_id);
-    VC_CO_ASSIGN_OR_RETURN(entry, admission_->TryStart(r.tenant, r.gone(), r.deadline));
+    VC_CO_ASSIGN_OR_RETURN(entry,
+                           admission_->TryStart(r.tenant, entered.ticket, r.gone(), r.deadline));
   }
   std::lock_guard<std::mutex> lock(mu_);
   r.state = "running";

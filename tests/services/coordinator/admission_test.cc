@@ -6,7 +6,10 @@
 #include "services/coordinator/admission.h"
 
 #include <atomic>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -84,41 +87,128 @@ TEST(AdmissionTest, AQueuedRequestEndsWhenItsCallerGoesItsDeadlinePassesOrTheCoo
   EXPECT_EQ(a.tenants(), 0u) << "refused requests hold nothing";
 }
 
+using Entry = AdmissionController::Entry;
+using Ticket = AdmissionController::Ticket;
+
+// Enter for a request that must queue: its ticket.
+Ticket Queue(AdmissionController& a, const std::string& tenant) {
+  absl::StatusOr<AdmissionController::Entered> e = a.Enter(tenant);
+  EXPECT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e.ok() && e->entry == Entry::kQueued);
+  return e.ok() ? e->ticket : 0;
+}
+
 // The queue without a waiting thread (the coordinator's coroutines): a
-// queued request is told when a place frees, and a notification is not
-// kept when a place is free already (no Leave between a TryStart and the
-// registration goes unseen) or after Stop.
-TEST(AdmissionTest, AQueuedRequestIsToldWhenAPlaceFrees) {
+// queued request is told when a place is handed to it, and a notification
+// is not kept when the ticket holds a place already (nothing between a
+// TryStart and the registration goes unseen) or after Stop.
+TEST(AdmissionTest, AQueuedRequestIsToldWhenAPlaceIsHandedToIt) {
   AdmissionController a({.max_active = 1, .max_queued = 4});
-  ASSERT_EQ(*a.Enter("t"), AdmissionController::Entry::kAdmitted);
-  ASSERT_EQ(*a.Enter("u"), AdmissionController::Entry::kQueued);
-  ASSERT_EQ(*a.TryStart("u", false, Clock::now() + kLong), AdmissionController::Entry::kQueued);
+  ASSERT_EQ(a.Enter("t")->entry, Entry::kAdmitted);
+  const Ticket u = Queue(a, "u");
+  ASSERT_EQ(*a.TryStart("u", u, false, Clock::now() + kLong), Entry::kQueued);
   int told = 0;
-  const uint64_t id = a.NotifyFreed([&] { ++told; });
-  ASSERT_NE(id, 0u);
+  ASSERT_TRUE(a.NotifyTurn(u, [&] { ++told; }));
   // A cancelled notification is never called.
+  const Ticket v = Queue(a, "v");
   int cancelled_told = 0;
-  const uint64_t cancelled = a.NotifyFreed([&] { ++cancelled_told; });
-  a.CancelNotifyFreed(cancelled);
+  ASSERT_TRUE(a.NotifyTurn(v, [&] { ++cancelled_told; }));
+  a.CancelNotifyTurn(v);
   a.Leave("t", true);
   EXPECT_EQ(told, 1);
   EXPECT_EQ(cancelled_told, 0);
-  // A place is free now: nothing to wait for, the caller tries at once.
-  EXPECT_EQ(a.NotifyFreed([&] { ++told; }), 0u);
-  EXPECT_EQ(*a.TryStart("u", false, Clock::now() + kLong), AdmissionController::Entry::kAdmitted);
-  EXPECT_EQ(*a.Enter("v"), AdmissionController::Entry::kQueued);
+  EXPECT_EQ(a.active(), 1) << "the place went to u";
+  EXPECT_EQ(a.queued(), 1);
+  // u holds a place now: nothing to wait for, the caller tries at once.
+  EXPECT_FALSE(a.NotifyTurn(u, [&] { ++told; }));
+  EXPECT_EQ(*a.TryStart("u", u, false, Clock::now() + kLong), Entry::kAdmitted);
+  EXPECT_EQ(a.TryStart("u", u, false, Clock::now() + kLong).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "a started ticket is not queued any more";
   // Told once only: the notification went with the Leave that called it.
   a.Wake();
   EXPECT_EQ(told, 1);
   // Stop tells the waiters, and keeps no notification after it.
   int stop_told = 0;
-  ASSERT_NE(a.NotifyFreed([&] { ++stop_told; }), 0u);
+  ASSERT_TRUE(a.NotifyTurn(v, [&] { ++stop_told; }));
   a.Stop();
   EXPECT_EQ(stop_told, 1);
-  EXPECT_EQ(a.NotifyFreed([&] { ++stop_told; }), 0u);
-  EXPECT_EQ(a.TryStart("v", false, Clock::now() + kLong).status().code(),
+  EXPECT_FALSE(a.NotifyTurn(v, [&] { ++stop_told; }));
+  EXPECT_EQ(a.TryStart("v", v, false, Clock::now() + kLong).status().code(),
             absl::StatusCode::kUnavailable);
   a.Leave("u", true);
+  EXPECT_EQ(a.active(), 0);
+  EXPECT_EQ(a.tenants(), 0u);
+}
+
+// First come, first served: each freed place goes to the oldest queued
+// request, only that request is told, and a request arriving meanwhile
+// queues behind the others even while a place is free.
+TEST(AdmissionTest, FreedPlacesGoToQueuedRequestsInArrivalOrder) {
+  metrics::Gauge depth, active;
+  AdmissionController a({.max_active = 2, .max_queued = 8}, {nullptr, &depth, &active});
+  ASSERT_EQ(a.Enter("x")->entry, Entry::kAdmitted);
+  ASSERT_EQ(a.Enter("x")->entry, Entry::kAdmitted);
+  std::vector<Ticket> tickets;
+  std::vector<int> told(4, 0);
+  for (int i = 0; i < 4; ++i) {
+    tickets.push_back(Queue(a, "q"));
+    ASSERT_TRUE(a.NotifyTurn(tickets[i], [&told, i] { ++told[i]; }));
+  }
+  EXPECT_EQ(depth.Value(), 4);
+  a.Leave("x", true);
+  EXPECT_EQ(told, (std::vector<int>{1, 0, 0, 0}));
+  EXPECT_EQ(active.Value(), 2) << "the freed place is held for the oldest request";
+  EXPECT_EQ(depth.Value(), 3);
+  // A later request does not start ahead of the queue, nor does a younger
+  // queued one that asks first.
+  const Ticket late = Queue(a, "late");
+  EXPECT_EQ(*a.TryStart("q", tickets[2], false, Clock::now() + kLong), Entry::kQueued);
+  EXPECT_EQ(*a.TryStart("q", tickets[0], false, Clock::now() + kLong), Entry::kAdmitted);
+  // The oldest queued request gives up while holding the next freed place:
+  // the place goes on to the one behind it.
+  a.Leave("x", true);
+  EXPECT_EQ(told, (std::vector<int>{1, 1, 0, 0}));
+  EXPECT_EQ(a.TryStart("q", tickets[1], /*gone=*/true, Clock::now() + kLong).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(told, (std::vector<int>{1, 1, 1, 0}));
+  EXPECT_EQ(*a.TryStart("q", tickets[2], false, Clock::now() + kLong), Entry::kAdmitted);
+  // A queued request whose deadline passed leaves the line without a place.
+  EXPECT_EQ(a.TryStart("q", tickets[3], false, Clock::now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  a.Leave("q", true);
+  EXPECT_EQ(*a.TryStart("late", late, false, Clock::now() + kLong), Entry::kAdmitted);
+  EXPECT_EQ(a.queued(), 0);
+  EXPECT_EQ(a.active(), 2);
+  a.Leave("q", true);
+  a.Leave("late", true);
+  EXPECT_EQ(a.active(), 0);
+  EXPECT_EQ(a.tenants(), 0u);
+}
+
+// Threads waiting in Admit are served in arrival order too.
+TEST(AdmissionTest, WaitingThreadsStartInArrivalOrder) {
+  AdmissionController a({.max_active = 1, .max_queued = 8});
+  ASSERT_TRUE(a.Admit("t", Never, Clock::now() + kLong).ok());
+  std::mutex order_mu;
+  std::vector<int> order;
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.emplace_back([&, i] {
+      ASSERT_TRUE(a.Admit("t", Never, Clock::now() + kLong).ok());
+      {
+        std::lock_guard<std::mutex> lock(order_mu);
+        order.push_back(i);
+      }
+      a.Leave("t", true);
+    });
+    // The next thread enters only once this one is queued.
+    ASSERT_TRUE(Eventually([&] { return a.queued() == i + 1; }));
+  }
+  a.Leave("t", true);
+  for (auto& w : waiters) w.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(a.active(), 0);
 }
 
 TEST(AdmissionTest, ATenantAtItsRequestLimitIsRefusedOthersAreNot) {
