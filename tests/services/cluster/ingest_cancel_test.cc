@@ -4,13 +4,16 @@
 // cancelled while its ingest runs it ends CANCELLED and leaves no open put
 // or staged bytes at the store and no session or extra KV on the workers.
 // A Generate queued behind a registration starts when that one leaves, and
-// one cancelled while queued leaves the queue.
+// one cancelled while queued leaves the queue; queued Generates start in the
+// order they arrived.
 // The fast link is paced so that an ingest takes seconds: the cancels land
 // where they are meant to on a loaded machine, and nothing asserts a time.
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/decode/full_decode.h"
 #include "common/rpc/rpc.h"
@@ -232,6 +235,45 @@ TEST_F(IngestCancelTest, AQueuedGenerateStartsWhenThePlaceFreesAndACancelledOneL
     const pb::ClusterStatusResponse s = Status();
     return s.active_requests() == 0 && s.queued_requests() == 0;
   }));
+}
+
+// The admission queue is first come, first served against the real
+// coordinator: Generates queued one after another behind a registration
+// start (and, one place, finish) in the order they arrived.
+TEST_F(IngestCancelTest, QueuedGeneratesStartInArrivalOrder) {
+  const std::vector<int32_t> holder = Text(8 * kChunkTokens, 6);
+  Call first;
+  StartRegister(&first, holder);
+  ASSERT_TRUE(Eventually([&] { return Status().active_requests() == 1; }));
+  constexpr int kQueued = 3;
+  std::mutex mu;
+  std::vector<int> finished;
+  std::vector<grpc::Status> statuses(kQueued);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kQueued; ++i) {
+    waiters.emplace_back([&, i] {
+      pb::GenerateRequest req;
+      for (int32_t t : Text(10, 20 + i)) req.add_prompt_ids(t);
+      req.set_max_new_tokens(4);
+      req.set_ignore_eos(true);
+      req.set_mode(pb::MODE_FULL_LOCAL);
+      auto ctx = rpc::ContextWithTimeout(cluster_->client(), std::chrono::seconds(120));
+      auto reader = stub_->Generate(ctx.get(), req);
+      pb::GenerateResponse m;
+      while (reader->Read(&m)) {
+      }
+      statuses[i] = reader->Finish();
+      std::lock_guard<std::mutex> lock(mu);
+      finished.push_back(i);
+    });
+    // The next one is sent only once this one is queued.
+    ASSERT_TRUE(Eventually([&] { return Status().queued_requests() == i + 1; }));
+  }
+  first.thread.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  for (auto& w : waiters) w.join();
+  for (int i = 0; i < kQueued; ++i) EXPECT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+  EXPECT_EQ(finished, (std::vector<int>{0, 1, 2}));
 }
 
 }  // namespace
