@@ -164,18 +164,162 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
   }
 }
 
-void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
-  for (int64_t d = 0; d < dim; d += 8) {
-    const __m256i m = PrefixMask(dim - d >= 8 ? 8 : dim - d);
-    __m256 acc = _mm256_maskload_ps(out + d, m);
-    for (int64_t j = 0; j < n; ++j) {
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_maskload_ps(v + j * dim + d, m), acc);
+// C 8-lane chunks [d0, d0 + 8 * C) of out[q] for Q weight rows p[q] over
+// the same values (with kMasked, the last chunk's lanes masked by `last`):
+// per lane the FMAs of one row at a time (out[d] = fma(p[j], v[j * dim + d],
+// out[d]), j in order), but Q * C independent chains keep both FMA units
+// busy instead of waiting on one chain's latency, and each value chunk is
+// loaded once for the Q rows. Q * C <= 12 leaves registers for the Q weights
+// and a value chunk (AVX2 has 16). Masked loads and stores only where a
+// chunk is partial (on AMD cores a masked store is microcoded). The
+// last chunk's lane count comes as an integer, not as a mask vector: GCC
+// leaves out the vzeroupper at the return of a function with a 256-bit
+// parameter, and the SSE code that runs next (every file built without
+// -mavx) then pays for the dirty upper halves (a decoded block's value sums
+// cost 5x more).
+template <int Q, int C, bool kMasked>
+void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t dim, int64_t d0,
+                      float* const* out, int64_t last_lanes) {
+  const __m256i last = PrefixMask(last_lanes);
+  auto load = [last](const float* a, int c) {
+    return kMasked && c == C - 1 ? _mm256_maskload_ps(a, last) : _mm256_loadu_ps(a);
+  };
+  __m256 acc[Q * C];
+  for (int k = 0; k < Q * C; ++k) {
+    const int q = k / C, c = k % C;
+    acc[k] = load(out[q] + d0 + int64_t{8} * c, c);
+  }
+  const float* vj = v + d0;
+  for (int64_t j = 0; j < n; ++j, vj += dim) {
+    __m256 pj[Q];
+    for (int q = 0; q < Q; ++q) pj[q] = _mm256_broadcast_ss(p[q] + j);
+    for (int c = 0; c < C; ++c) {
+      const __m256 vv = load(vj + int64_t{8} * c, c);
+      for (int q = 0; q < Q; ++q) acc[q * C + c] = _mm256_fmadd_ps(pj[q], vv, acc[q * C + c]);
     }
-    _mm256_maskstore_ps(out + d, m, acc);
+  }
+  for (int k = 0; k < Q * C; ++k) {
+    const int q = k / C, c = k % C;
+    float* o = out[q] + d0 + int64_t{8} * c;
+    if (kMasked && c == C - 1) {
+      _mm256_maskstore_ps(o, last, acc[k]);
+    } else {
+      _mm256_storeu_ps(o, acc[k]);
+    }
   }
 }
 
+// Q rows' accumulate over a head of any dim: its 8-lane chunks in near-equal
+// groups of at most 12 / Q (dim 64: 8 chunks in one group for one row, 4 + 4
+// for two or three).
+template <int Q>
+void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
+                    float* const* out) {
+  using ChunksFn = void (*)(const float* const*, const float*, int64_t, int64_t, int64_t,
+                            float* const*, int64_t);
+  constexpr int kMax = std::min(8, 12 / Q);
+  // [masked][chunks]
+  static constexpr ChunksFn kChunks[2][9] = {
+      {nullptr, AccumulateChunks<Q, 1, false>, AccumulateChunks<Q, std::min(2, kMax), false>,
+       AccumulateChunks<Q, std::min(3, kMax), false>, AccumulateChunks<Q, std::min(4, kMax), false>,
+       AccumulateChunks<Q, std::min(5, kMax), false>, AccumulateChunks<Q, std::min(6, kMax), false>,
+       AccumulateChunks<Q, std::min(7, kMax), false>,
+       AccumulateChunks<Q, std::min(8, kMax), false>},
+      {nullptr, AccumulateChunks<Q, 1, true>, AccumulateChunks<Q, std::min(2, kMax), true>,
+       AccumulateChunks<Q, std::min(3, kMax), true>, AccumulateChunks<Q, std::min(4, kMax), true>,
+       AccumulateChunks<Q, std::min(5, kMax), true>, AccumulateChunks<Q, std::min(6, kMax), true>,
+       AccumulateChunks<Q, std::min(7, kMax), true>, AccumulateChunks<Q, std::min(8, kMax), true>}};
+  const int64_t chunks = (dim + 7) / 8;
+  const int64_t groups = (chunks + kMax - 1) / kMax;
+  for (int64_t g = 0, c0 = 0; g < groups; ++g) {
+    const int64_t c1 = chunks * (g + 1) / groups;
+    const int64_t lanes_in_last = std::min<int64_t>(8, dim - (c1 - 1) * 8);
+    kChunks[lanes_in_last < 8][c1 - c0](p, v, n, dim, c0 * 8, out, lanes_in_last);
+    c0 = c1;
+  }
+}
+
+void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
+  AccumulateRows<1>(&p, v, n, dim, &out);
+}
+
+// accumulate for nq weight rows (row t at p + t * ldp, into out + t * dim)
+// over the same values, in near-equal groups of at most 3 rows per pass over
+// the keys (a 9-token pass: 3 + 3 + 3).
+void AccumulateMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
+                     int64_t dim, float* out) {
+  static constexpr AccumulateRowsFn kRows[4] = {nullptr, AccumulateRows<1>, AccumulateRows<2>,
+                                                AccumulateRows<3>};
+  AccumulateInGroups<3>(kRows, p, ldp, nq, v, n, dim, out);
+}
+
 VC_DEFINE_SCORES(Dot)
+
+// The canonical tree of 4 outputs at once, each given as its level-1 sums
+// s[k] = lo[k] + hi[k] (k < 8): lane i of the result is output i's
+// ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])) in the
+// scalar tree's pairing, exactly Reduce(lo, hi) for each.
+inline __m128 Reduce4Level1(__m256 a, __m256 b, __m256 c, __m256 d) {
+  // Level 2 (x[k] + x[k+4]): [a' | b'] and [c' | d'], 4 lanes each.
+  const __m256 ab =
+      _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd =
+      _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  // Level 3 (x[k] + x[k+2]): per 128-bit lane [a'0+a'2, a'1+a'3, c'0+c'2,
+  // c'1+c'3 | the same for b', d'].
+  const __m256 l3 = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  // Level 4 (x[0] + x[1]): [a, c, a, c | b, d, b, d].
+  const __m256 l4 = _mm256_add_ps(_mm256_shuffle_ps(l3, l3, _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(l3, l3, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m256 abcd = _mm256_permutevar8x32_ps(l4, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+  return _mm256_castps256_ps128(abcd);
+}
+
+// scores[t * ld + r] = Dot(q_t, k_r) * scale for 4 key rows r and every
+// query t < nq, the rows' dim = 16 * C: per output the FMAs of Dot in its
+// order (lanes 0-7 and 8-15 of each 16-float chunk, chunk by chunk) and the
+// canonical tree, the 4 keys' trees together.
+template <int C>
+void ScoresTile4(const float* q, int64_t nq, const float* k, float scale, float* scores,
+                 int64_t ld) {
+  constexpr int64_t kDim = int64_t{16} * C;
+  const __m128 vscale = _mm_set1_ps(scale);
+  for (int64_t t = 0; t < nq; ++t) {
+    const float* qt = q + t * kDim;
+    __m256 lo[4], hi[4];
+    for (int r = 0; r < 4; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      const __m256 qlo = _mm256_loadu_ps(qt + int64_t{16} * c);
+      const __m256 qhi = _mm256_loadu_ps(qt + int64_t{16} * c + 8);
+      for (int r = 0; r < 4; ++r) {
+        const float* kr = k + r * kDim + int64_t{16} * c;
+        lo[r] = _mm256_fmadd_ps(qlo, _mm256_loadu_ps(kr), lo[r]);
+        hi[r] = _mm256_fmadd_ps(qhi, _mm256_loadu_ps(kr + 8), hi[r]);
+      }
+    }
+    const __m128 s = Reduce4Level1(_mm256_add_ps(lo[0], hi[0]), _mm256_add_ps(lo[1], hi[1]),
+                                   _mm256_add_ps(lo[2], hi[2]), _mm256_add_ps(lo[3], hi[3]));
+    _mm_storeu_ps(scores + t * ld, _mm_mul_ps(s, vscale));
+  }
+}
+
+// Dot(q_t, k_j) * scale for nq queries and n keys of dim 16 * C: 4 keys at a
+// time, all queries against them while they are in L1 (a remainder of keys
+// one Dot each).
+template <int C>
+void ScoresRows(const float* q, int64_t nq, const float* k, int64_t n, float scale, float* scores,
+                int64_t ld) {
+  constexpr int64_t kDim = int64_t{16} * C;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) ScoresTile4<C>(q, nq, k + j * kDim, scale, scores + j, ld);
+  for (; j < n; ++j) {
+    for (int64_t t = 0; t < nq; ++t)
+      scores[t * ld + j] = Dot(q + t * kDim, k + j * kDim, kDim) * scale;
+  }
+}
+
+VC_DEFINE_SCORES_MULTI(ScoresRows)
 
 // kernels::Exp, 8 lanes at a time, with the same IEEE operations in the same
 // order; the scalar branches become lane blends.
@@ -260,8 +404,8 @@ const SimdOps* Avx2Ops() {
                            .scores = Scores,
                            .exp_inplace = ExpInplace,
                            .max_no_nan = MaxNoNan,
-                           .accumulate_multi = nullptr,
-                           .scores_multi = nullptr};
+                           .accumulate_multi = AccumulateMulti,
+                           .scores_multi = ScoresMulti};
   return &ops;
 }
 

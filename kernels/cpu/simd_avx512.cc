@@ -301,22 +301,10 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
 // FMA chains left the FMA unit waiting on their latency.
 void AccumulateMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
                      int64_t dim, float* out) {
-  using RowsFn = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*);
-  static constexpr RowsFn kRows[kMaxRowsPerPass + 1] = {
+  static constexpr AccumulateRowsFn kRows[kMaxRowsPerPass + 1] = {
       nullptr,           AccumulateRows<1>, AccumulateRows<2>, AccumulateRows<3>,
       AccumulateRows<4>, AccumulateRows<5>, AccumulateRows<6>};
-  const int64_t groups = (nq + kMaxRowsPerPass - 1) / kMaxRowsPerPass;
-  for (int64_t g = 0, t = 0; g < groups; ++g) {
-    const int64_t t1 = nq * (g + 1) / groups;
-    const float* pr[kMaxRowsPerPass];
-    float* o[kMaxRowsPerPass];
-    for (int64_t i = t; i < t1; ++i) {
-      pr[i - t] = p + i * ldp;
-      o[i - t] = out + i * dim;
-    }
-    kRows[t1 - t](pr, v, n, dim, o);
-    t = t1;
-  }
+  AccumulateInGroups<kMaxRowsPerPass>(kRows, p, ldp, nq, v, n, dim, out);
 }
 
 // scores[t * ld + r] = Dot(q_t, k_r) * scale for 8 key rows r and every
@@ -375,19 +363,7 @@ void ScoresRows(const float* q, int64_t nq, const float* k, int64_t n, float sca
   }
 }
 
-// ScoresRows for a head whose dim is a multiple of 16 and at most 128 (every
-// real head); false for any other, whose scores the caller computes on the
-// general path.
-bool ScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim, float scale,
-                 float* scores, int64_t ld) {
-  using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t);
-  static constexpr RowsFn kRows[9] = {nullptr,       ScoresRows<1>, ScoresRows<2>,
-                                      ScoresRows<3>, ScoresRows<4>, ScoresRows<5>,
-                                      ScoresRows<6>, ScoresRows<7>, ScoresRows<8>};
-  if (dim % 16 != 0 || dim > 128 || dim == 0) return false;
-  kRows[dim / 16](q, nq, k, n, scale, scores, ld);
-  return true;
-}
+VC_DEFINE_SCORES_MULTI(ScoresRows)
 
 VC_DEFINE_SCORES(Dot)
 

@@ -50,6 +50,21 @@ inline constexpr float kExpP3 = 4.1665795894e-2f;
 inline constexpr float kExpP4 = 1.6666665459e-1f;
 inline constexpr float kExpP5 = 5.0000001201e-1f;
 
+// Defines the `scores_multi` entry of a SIMD table from that translation
+// unit's own ScoresRows<C> template (keys of dim 16 * C): heads whose dim is
+// a multiple of 16 and at most 128 (every real head); false for any other,
+// whose scores the caller computes on the general path.
+#define VC_DEFINE_SCORES_MULTI(ROWS)                                                               \
+  bool ScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim,             \
+                   float scale, float* scores, int64_t ld) {                                       \
+    using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t); \
+    static constexpr RowsFn kRows[9] = {nullptr, ROWS<1>, ROWS<2>, ROWS<3>, ROWS<4>,               \
+                                        ROWS<5>, ROWS<6>, ROWS<7>, ROWS<8>};                       \
+    if (dim % 16 != 0 || dim > 128 || dim == 0) return false;                                      \
+    kRows[dim / 16](q, nq, k, n, scale, scores, ld);                                               \
+    return true;                                                                                   \
+  }
+
 // Defines the `scores` entry of a SIMD table from that translation unit's
 // own (inlinable) Dot.
 #define VC_DEFINE_SCORES(DOT)                                                          \
@@ -77,6 +92,29 @@ static inline float ReduceLanes16(const float* l) {
   for (int k = 0; k < 4; ++k) s4[k] = s8[k] + s8[k + 4];
   for (int k = 0; k < 2; ++k) s2[k] = s4[k] + s4[k + 2];
   return s2[0] + s2[1];
+}
+
+// accumulate_multi over a level's own AccumulateRows<Q> (Q = 1..kMaxRows
+// weight rows per pass over the values, rows[Q]): nq rows in near-equal
+// groups of at most kMaxRows (9 rows, at most 6: 5 + 4). static, as above.
+using AccumulateRowsFn = void (*)(const float* const* p, const float* v, int64_t n, int64_t dim,
+                                  float* const* out);
+template <int kMaxRows>
+static inline void AccumulateInGroups(const AccumulateRowsFn (&rows)[kMaxRows + 1], const float* p,
+                                      int64_t ldp, int64_t nq, const float* v, int64_t n,
+                                      int64_t dim, float* out) {
+  const int64_t groups = (nq + kMaxRows - 1) / kMaxRows;
+  for (int64_t g = 0, t = 0; g < groups; ++g) {
+    const int64_t t1 = nq * (g + 1) / groups;
+    const float* pr[kMaxRows];
+    float* o[kMaxRows];
+    for (int64_t i = t; i < t1; ++i) {
+      pr[i - t] = p + i * ldp;
+      o[i - t] = out + i * dim;
+    }
+    rows[t1 - t](pr, v, n, dim, o);
+    t = t1;
+  }
 }
 
 }  // namespace vc::kernels::cpu
