@@ -171,13 +171,15 @@ bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
 # runtime that drives it, the data plane (TCP and UCX servers and clients,
 # fetches and stages, the link pacer) and the coordinator's slot clock (its
 # notifications), its request runners (coroutines resumed on the executor by
-# the clock's and the lease's callbacks, over fake workers), its worker
-# health tracker (probe thread) and its release-retry queue (retry thread). Their build runs in the background
+# the clock's and the lease's callbacks, over fake workers), its admission
+# queue (threads waiting in Admit, turns handed over on other threads), its
+# worker health tracker (probe thread) and its release-retry queue (retry
+# thread). Their build runs in the background
 # while the ASan+UBSan tests keep the cores busy: it gets the CPU of the
 # stage's tail, where the last long tests run one at a time.
 TSAN_TESTS=(thread_pool_test task_test copy_engine_test long_context_runtime_test
             link_pacer_test data_plane_test data_plane_stage_test slot_clock_test
-            request_runner_test worker_health_test release_retry_test)
+            request_runner_test admission_test worker_health_test release_retry_test)
 build_tsan() {
   cmake -S "$REPO_ROOT" -B "$REPO_ROOT/build-tsan" -G Ninja -DVC_WERROR=ON -DCMAKE_BUILD_TYPE=Debug "$DEBUG_G1" \
     -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++-14}" -DCMAKE_CXX_FLAGS=-O1 -DVC_SANITIZE=thread -DVC_BUILD_BENCH=OFF -DVC_CUDA=OFF \
