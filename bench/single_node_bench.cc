@@ -57,6 +57,7 @@
 #include "common/model/model.h"
 #include "common/model/quantized_weights.h"
 #include "common/speculative/draft_verify.h"
+#include "kernels/kernels.h"
 #include "kernels/quantized.h"
 
 namespace vc {
@@ -70,6 +71,7 @@ struct Options {
   int prompt_len = 3000;
   int64_t max_new = 64;
   int threads = 2;
+  std::string simd = "auto";  // kernel SIMD level: scalar | avx2 | avx512 | auto
   int draft_len = 8;
   std::string compressor = "int8";
   std::string draft_weights = "int8";
@@ -367,6 +369,7 @@ absl::Status FreshProcess(const Options& o) {
   VC_ASSIGN_OR_RETURN(auto model, Model::Load(o.fresh_process));
   EngineOptions eo;
   eo.backend.threads = o.threads;
+  eo.backend.simd = o.simd;
   eo.warmup_tokens = o.warmup_tokens;
   VC_ASSIGN_OR_RETURN(auto engine, Engine::Create(*model, eo));
   const double load = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -405,6 +408,8 @@ absl::Status SpawnFresh(const Options& o, const Model& model) {
                                    path,
                                    "--threads",
                                    std::to_string(o.threads),
+                                   "--simd",
+                                   o.simd,
                                    "--seed",
                                    std::to_string(o.seed),
                                    "--warmup-tokens",
@@ -560,11 +565,13 @@ absl::Status Run(const Options& o) {
   }
   // Checked before the long runs, not after them.
   VC_RETURN_IF_ERROR(ParseTrainedRounds(o.trained_rounds).status());
+  VC_RETURN_IF_ERROR(kernels::ParseSimdLevel(o.simd).status());
   std::printf(
       "model: random llama2.c-shaped, dim %d hidden %d layers %d heads %d/%d vocab %d "
-      "ctx %d (%.1fM parameters); prompt %d tokens, %lld new, --threads %d\n",
+      "ctx %d (%.1fM parameters); prompt %d tokens, %lld new, --threads %d, --simd %s\n",
       c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len,
-      c.num_parameters() / 1e6, o.prompt_len, static_cast<long long>(o.max_new), o.threads);
+      c.num_parameters() / 1e6, o.prompt_len, static_cast<long long>(o.max_new), o.threads,
+      o.simd.c_str());
   VC_ASSIGN_OR_RETURN(std::vector<int> pass_tokens,
                       ParsePassTokens(o.pass_tokens, c.max_seq_len - o.prompt_len));
   VC_ASSIGN_OR_RETURN(auto model, Model::CreateRandom(c, o.seed));
@@ -572,6 +579,7 @@ absl::Status Run(const Options& o) {
   if (!o.no_fresh) VC_RETURN_IF_ERROR(SpawnFresh(o, *model));
   EngineOptions eo;
   eo.backend.threads = o.threads;
+  eo.backend.simd = o.simd;
   eo.max_batch_tokens = std::max(4096, o.prompt_len);
   eo.warmup_tokens = o.warmup_tokens;
   VC_ASSIGN_OR_RETURN(auto engine, Engine::Create(*model, eo));
@@ -710,6 +718,7 @@ int main(int argc, char** argv) {
   flags.Add("--prompt-len", &o.prompt_len, "N", "prompt tokens");
   flags.Add("--max-new", &o.max_new, "N", "tokens to generate");
   flags.Add("--threads", &o.threads, "N", "engine threads");
+  flags.Add("--simd", &o.simd, "LEVEL", "kernel SIMD level: scalar | avx2 | avx512 | auto");
   flags.Add("--draft-len", &o.draft_len, "X", "VeriCache draft length");
   flags.Add("--compressor", &o.compressor, "NAME", "KV compressor of the drafter");
   flags.Add("--draft-weights", &o.draft_weights, "FORMAT", "f32 | int8 | int4");
