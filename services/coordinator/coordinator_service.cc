@@ -1182,7 +1182,11 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* ctx, const pb::Canc
       it != requests_.end() && (it->second->state == "running" || it->second->state == "queued");
   if (live) it->second->cancelled = true;
   resp->set_existed(live);
-  admission_->Wake();
+  // Only a queued request waits in admission for a wake to see `cancelled`
+  // (a running one looks at it between its rounds). Waking the queue for
+  // any other Cancel would let a caller make every queued request retry
+  // its admission with a Cancel of ids that do not exist.
+  if (live && it->second->state == "queued") admission_->Wake();
   return grpc::Status::OK;
 }
 
