@@ -229,6 +229,7 @@ void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t di
        AccumulateChunks<Q, std::min(3, kMax), true>, AccumulateChunks<Q, std::min(4, kMax), true>,
        AccumulateChunks<Q, std::min(5, kMax), true>, AccumulateChunks<Q, std::min(6, kMax), true>,
        AccumulateChunks<Q, std::min(7, kMax), true>, AccumulateChunks<Q, std::min(8, kMax), true>}};
+  if (n == 0) return;  // nothing to add, and v may be null
   const int64_t chunks = (dim + 7) / 8;
   const int64_t groups = (chunks + kMax - 1) / kMax;
   for (int64_t g = 0, c0 = 0; g < groups; ++g) {
