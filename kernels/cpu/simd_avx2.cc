@@ -3,10 +3,11 @@
 // -mavx2 -mfma; only called after DetectSimdLevel() saw both.
 #include <immintrin.h>
 
-#include <cmath>
-
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/internal/simd_ops.h"
@@ -209,26 +210,36 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
   }
 }
 
+// Chunks of 8 d's per pass for Q rows: at most 12 accumulators, and 8.
+template <int Q>
+constexpr int kChunksPerPass = std::min(8, 12 / Q);
+
+using ChunksFn = void (*)(const float* const*, const float*, int64_t, int64_t, int64_t,
+                          float* const*, int64_t);
+// AccumulateChunks<Q, c, kMasked> for c = 0..8: null for none, and for more
+// chunks than Q rows take per pass.
+template <int Q, bool kMasked, int... kC>
+constexpr std::array<ChunksFn, 9> ChunksKernels(std::integer_sequence<int, kC...>) {
+  return {nullptr, [] {
+            if constexpr (kC + 1 <= kChunksPerPass<Q>) {
+              return AccumulateChunks<Q, kC + 1, kMasked>;
+            } else {
+              return ChunksFn{nullptr};
+            }
+          }()...};
+}
+
 // Q rows' accumulate over a head of any dim: its 8-lane chunks in near-equal
-// groups of at most 12 / Q (dim 64: 8 chunks in one group for one row, 4 + 4
-// for two or three).
+// groups of at most kChunksPerPass<Q> (dim 64: 8 chunks in one group for one
+// row, 4 + 4 for two or three).
 template <int Q>
 void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
                     float* const* out) {
-  using ChunksFn = void (*)(const float* const*, const float*, int64_t, int64_t, int64_t,
-                            float* const*, int64_t);
-  constexpr int kMax = std::min(8, 12 / Q);
   // [masked][chunks]
-  static constexpr ChunksFn kChunks[2][9] = {
-      {nullptr, AccumulateChunks<Q, 1, false>, AccumulateChunks<Q, std::min(2, kMax), false>,
-       AccumulateChunks<Q, std::min(3, kMax), false>, AccumulateChunks<Q, std::min(4, kMax), false>,
-       AccumulateChunks<Q, std::min(5, kMax), false>, AccumulateChunks<Q, std::min(6, kMax), false>,
-       AccumulateChunks<Q, std::min(7, kMax), false>,
-       AccumulateChunks<Q, std::min(8, kMax), false>},
-      {nullptr, AccumulateChunks<Q, 1, true>, AccumulateChunks<Q, std::min(2, kMax), true>,
-       AccumulateChunks<Q, std::min(3, kMax), true>, AccumulateChunks<Q, std::min(4, kMax), true>,
-       AccumulateChunks<Q, std::min(5, kMax), true>, AccumulateChunks<Q, std::min(6, kMax), true>,
-       AccumulateChunks<Q, std::min(7, kMax), true>, AccumulateChunks<Q, std::min(8, kMax), true>}};
+  static constexpr std::array<ChunksFn, 9> kChunks[2] = {
+      ChunksKernels<Q, false>(std::make_integer_sequence<int, 8>()),
+      ChunksKernels<Q, true>(std::make_integer_sequence<int, 8>())};
+  constexpr int kMax = kChunksPerPass<Q>;
   if (n == 0) return;  // nothing to add, and v may be null
   const int64_t chunks = (dim + 7) / 8;
   const int64_t groups = (chunks + kMax - 1) / kMax;
