@@ -3,6 +3,9 @@
 // to NaN payloads (CUDA produces the canonical NaN, x86 its default NaN).
 // Without a GPU every parity test skips; the factory test then checks that
 // asking for "cuda" is a clean FailedPrecondition.
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "common/base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/internal/cuda_kernels.h"
 #include "kernels/kernels.h"
 
 namespace vc::kernels {
@@ -277,6 +281,68 @@ TEST_F(CudaParityTest, MatmulSeesWeightsChangedAtTheSameAddress) {
     cuda_->Matmul(x.data(), tokens, w2.data(), nullptr, in, out, got.data());
     ASSERT_TRUE(SameBits(want, got)) << "reallocated round " << round;
   }
+}
+
+// A device array for the launcher-level test below (the backend's own
+// buffers are private).
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(const std::vector<float>& host) : size_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(size_, 1) * sizeof(float)), cudaSuccess);
+    if (size_ > 0) {
+      EXPECT_EQ(cudaMemcpy(p_, host.data(), size_ * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+  ~DeviceFloats() { (void)cudaFree(p_); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  float* Ptr() const { return p_; }
+  std::vector<float> ToHost() const {
+    std::vector<float> host(size_);
+    if (size_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), p_, size_ * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    return host;
+  }
+
+ private:
+  float* p_ = nullptr;
+  size_t size_;
+};
+
+// The backend uses one tiling per token count (cuda::DefaultDotRowsTiling);
+// the bench sweeps them all. Every one must give the CPU's bits, including
+// row counts that leave a half-warp's last rows empty and token counts that
+// split into unequal tiles.
+TEST_F(CudaParityTest, EveryDotRowsTilingGivesTheCpuBits) {
+  std::mt19937_64 rng(39);
+  const MatmulShape shapes[] = {{1, 1}, {15, 17}, {33, 9}, {100, 37}, {257, 65}, {288, 300}};
+  for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 33}) {
+    for (const auto& s : shapes) {
+      const auto x = Spread(rng, tokens * s.in), w = Spread(rng, s.out * s.in),
+                 bias = Spread(rng, s.out);
+      std::vector<float> want(static_cast<size_t>(tokens * s.out));
+      cpu_->Matmul(x.data(), tokens, w.data(), bias.data(), s.in, s.out, want.data());
+      const DeviceFloats dx(x), dw(w), db(bias);
+      for (int k = 0; k < cuda::DotRowsTilingCount(); ++k) {
+        const cuda::DotRowsTiling tiling = cuda::DotRowsTilingAt(k);
+        const DeviceFloats dy(std::vector<float>(want.size(), -7.0f));
+        ASSERT_EQ(cuda::LaunchDotRowsTiled(tiling, dx.Ptr(), tokens, dw.Ptr(), db.Ptr(), s.in,
+                                           s.out, /*scaled=*/false, 1.0f, dy.Ptr(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_TRUE(SameBits(want, dy.ToHost()))
+            << "tiling " << tiling.rows << "x" << tiling.tokens << "/" << tiling.loads << ", "
+            << tokens << " tokens, " << s.in << " -> " << s.out;
+      }
+    }
+  }
+  // A tiling without a kernel is refused, not launched.
+  EXPECT_EQ(cuda::LaunchDotRowsTiled({3, 3, 16}, nullptr, 1, nullptr, nullptr, 1, 1, false, 1.0f,
+                                     nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(CudaParityTest, AttentionScores) {
