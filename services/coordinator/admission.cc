@@ -80,6 +80,7 @@ absl::StatusOr<AdmissionController::Entry> AdmissionController::TryStartLocked(
     return absl::FailedPreconditionError(
         absl::StrCat("admission ticket ", ticket, " belongs to another tenant"));
   }
+  queued->second.woken = false;  // this call is what the wake asked for
   const bool holds_place = granted_.erase(ticket) > 0;
   absl::Status refusal;
   if (stopping_) {
@@ -115,10 +116,12 @@ void AdmissionController::GrantLocked(Calls& calls) {
   SetGauges();
 }
 
-void AdmissionController::TakeAllTurnsLocked(Calls& calls) {
-  for (auto& [ticket, waiter] : queue_) {
-    if (waiter.turn) calls.push_back(std::move(waiter.turn));
+void AdmissionController::TakeTurnLocked(Waiter& waiter, Calls& calls) {
+  if (waiter.turn) {
+    calls.push_back(std::move(waiter.turn));
     waiter.turn = nullptr;
+  } else {
+    waiter.woken = true;
   }
 }
 
@@ -164,9 +167,20 @@ void AdmissionController::Wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++wakes_;
-    TakeAllTurnsLocked(calls);
+    for (auto& [ticket, waiter] : queue_) TakeTurnLocked(waiter, calls);
   }
   Tell(calls);
+}
+
+void AdmissionController::Wake(Ticket ticket) {
+  Calls calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = queue_.find(ticket);
+    if (it == queue_.end()) return;
+    TakeTurnLocked(it->second, calls);
+  }
+  for (auto& f : calls) f();
 }
 
 void AdmissionController::Stop() {
@@ -180,7 +194,9 @@ void AdmissionController::Stop() {
 bool AdmissionController::NotifyTurn(Ticket ticket, std::function<void()> turn) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = queue_.find(ticket);
-  if (stopping_ || it == queue_.end() || granted_.count(ticket) > 0) return false;
+  if (stopping_ || it == queue_.end() || granted_.count(ticket) > 0 || it->second.woken) {
+    return false;
+  }
   it->second.turn = std::move(turn);
   return true;
 }

@@ -73,15 +73,21 @@ class AdmissionController {
   // any); `completed` counts it among the completed requests (a Generate,
   // not a prefix registration).
   void Leave(const std::string& tenant, bool completed);
-  // Wakes every waiter to look at its `gone` again (a Cancel).
+  // Wakes every waiter to look at its `gone` again.
   void Wake();
+  // Wakes only `ticket`'s caller (a Cancel of that request, or its client
+  // gone): the caller without a thread is told (NotifyTurn), or, if it is
+  // between a TryStart and its NotifyTurn, that NotifyTurn returns false. A
+  // thread waiting in Admit is not woken by it (it polls `gone`). A ticket
+  // that is not queued is ignored, so made-up or stale tickets cost nothing.
+  void Wake(Ticket ticket);
   // For a queued caller without a thread: calls `turn` once, on the thread
   // that hands the ticket a place (a Leave, or a refused ticket ahead of
   // it), or on the next Wake or Stop (its chance to TryStart again), unless
   // cancelled first. Returns false without keeping `turn` when the ticket
-  // holds a place already, is not queued or the controller is stopped (the
-  // caller tries again at once: nothing between its TryStart and this call
-  // goes unseen). At most one per ticket.
+  // holds a place already, was woken since its last TryStart, is not queued
+  // or the controller is stopped (the caller tries again at once: nothing
+  // between its TryStart and this call goes unseen). At most one per ticket.
   [[nodiscard]] bool NotifyTurn(Ticket ticket, std::function<void()> turn);
   void CancelNotifyTurn(Ticket ticket);
   // Refuses new requests and ends the waits (UNAVAILABLE).
@@ -111,10 +117,13 @@ class AdmissionController {
     std::set<std::string> pins;  // prefix ids pinned through ManagePrefix
     int64_t stored_bytes = 0;    // what its ingests added (estimate on delete)
   };
-  // A queued request: its tenant and what to call when its turn comes.
+  // A queued request: its tenant, what to call when its turn comes, and
+  // whether it was woken with no `turn` registered (its next NotifyTurn
+  // then answers false; TryStart clears it).
   struct Waiter {
     std::string tenant;
     std::function<void()> turn;
+    bool woken = false;
   };
   using Calls = std::vector<std::function<void()>>;
   absl::StatusOr<Entry> TryStartLocked(const std::string& tenant, Ticket ticket, bool gone,
@@ -122,8 +131,9 @@ class AdmissionController {
   // Hands free places to the oldest queued tickets; their notifications
   // are added to `calls` (made outside mu_). mu_ held.
   void GrantLocked(Calls& calls);
-  // Every queued ticket's notification, taken (Wake, Stop). mu_ held.
-  void TakeAllTurnsLocked(Calls& calls);
+  // `waiter`'s notification, taken (or, with none registered, the waiter
+  // marked woken). mu_ held.
+  static void TakeTurnLocked(Waiter& waiter, Calls& calls);
   // Makes `calls` (outside mu_) and wakes the threads waiting in Admit.
   void Tell(Calls& calls);
   int WaitingLocked() const;                     // queued, not handed a place; mu_ held

@@ -511,6 +511,10 @@ constexpr auto kQueuePoll = std::chrono::milliseconds(100);
 Task<absl::Status> CoordinatorService::Admit(Request& r) {
   VC_CO_ASSIGN_OR_RETURN(const AdmissionController::Entered entered, admission_->Enter(r.tenant));
   AdmissionController::Entry entry = entered.entry;
+  if (entry == AdmissionController::Entry::kQueued) {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.admission_ticket = entered.ticket;
+  }
   while (entry == AdmissionController::Entry::kQueued) {
     // Queued, suspended: woken when a place is handed to this request (the
     // queue is first come, first served), by a Cancel, a client that went
@@ -537,7 +541,13 @@ Task<absl::Status> CoordinatorService::Admit(Request& r) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   r.state = "running";
+  r.admission_ticket = 0;
   co_return absl::OkStatus();
+}
+
+void CoordinatorService::WakeIfQueued(const Request& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (r.state == "queued" && r.admission_ticket != 0) admission_->Wake(r.admission_ticket);
 }
 
 void CoordinatorService::Leave(Request& r) { admission_->Leave(r.tenant, r.is_generate); }
@@ -705,7 +715,12 @@ class CoordinatorService::GenerateCall final
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* CoordinatorService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
-  auto* call = new GenerateCall(ctx, watch_.get(), [this] { admission_->Wake(); });
+  // The request record exists before the call, so that the call's cancel
+  // wakes this request alone if it is queued (not every queued request).
+  auto r = std::make_shared<Request>();
+  auto* call = new GenerateCall(ctx, watch_.get(), [this, weak = std::weak_ptr<Request>(r)] {
+    if (std::shared_ptr<Request> queued = weak.lock()) WakeIfQueued(*queued);
+  });
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
   if (!who.ok()) {
     call->FinishWhenWritten(rpc::ToGrpcStatus(who.status()));
@@ -720,7 +735,6 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* CoordinatorService::Generate(
   // salt (the request's own was refused above).
   pb::GenerateRequest request = *req;
   if (auth_->enabled()) request.set_tenant_salt(who->salt);
-  auto r = std::make_shared<Request>();
   r->id = request.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
                                        : request.request_id();
   r->tenant = who->tenant;
@@ -1183,10 +1197,10 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* ctx, const pb::Canc
   if (live) it->second->cancelled = true;
   resp->set_existed(live);
   // Only a queued request waits in admission for a wake to see `cancelled`
-  // (a running one looks at it between its rounds). Waking the queue for
-  // any other Cancel would let a caller make every queued request retry
-  // its admission with a Cancel of ids that do not exist.
-  if (live && it->second->state == "queued") admission_->Wake();
+  // (a running one looks at it between its rounds), and only it is woken:
+  // waking the whole queue would let a caller make every queued request
+  // retry its admission with Cancels.
+  if (live && it->second->state == "queued") admission_->Wake(it->second->admission_ticket);
   return grpc::Status::OK;
 }
 

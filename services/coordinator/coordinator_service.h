@@ -180,6 +180,8 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // the active requests.
   Task<absl::Status> Admit(Request& r);
   void Leave(Request& r);
+  // Wakes `r` if it is queued for admission (to see that it was cancelled).
+  void WakeIfQueued(const Request& r);
 
   // The caller's identity (UNAUTHENTICATED without a valid key) with the
   // salt its KV keys use: derived when authentication is on (a request salt

@@ -73,6 +73,10 @@ struct Request {
   vericache::v1::Mode mode = vericache::v1::MODE_VERICACHE;
   std::atomic<bool> cancelled{false};
   std::string state = "queued";
+  // While queued for admission: its ticket (AdmissionController::Ticket),
+  // so that a Cancel or the client going away wakes this request alone.
+  // Under the coordinator's mu_, like state.
+  uint64_t admission_ticket = 0;
   std::string error;
   std::atomic<int64_t> generated{0};
   Clock::time_point start;

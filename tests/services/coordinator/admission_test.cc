@@ -128,8 +128,12 @@ TEST(AdmissionTest, AQueuedRequestIsToldWhenAPlaceIsHandedToIt) {
   // Told once only: the notification went with the Leave that called it.
   a.Wake();
   EXPECT_EQ(told, 1);
-  // Stop tells the waiters, and keeps no notification after it.
+  // v had no notification registered when woken: the wake is kept, and v
+  // must TryStart again before it may wait.
   int stop_told = 0;
+  EXPECT_FALSE(a.NotifyTurn(v, [&] { ++stop_told; }));
+  EXPECT_EQ(*a.TryStart("v", v, false, Clock::now() + kLong), Entry::kQueued);
+  // Stop tells the waiters, and keeps no notification after it.
   ASSERT_TRUE(a.NotifyTurn(v, [&] { ++stop_told; }));
   a.Stop();
   EXPECT_EQ(stop_told, 1);
@@ -182,6 +186,50 @@ TEST(AdmissionTest, FreedPlacesGoToQueuedRequestsInArrivalOrder) {
   EXPECT_EQ(a.active(), 2);
   a.Leave("q", true);
   a.Leave("late", true);
+  EXPECT_EQ(a.active(), 0);
+  EXPECT_EQ(a.tenants(), 0u);
+}
+
+// A Cancel (or a client going away) wakes its own request only: the others
+// stay asleep. A wake that comes while the request has no notification
+// registered (between a TryStart and its NotifyTurn) is not lost, and a
+// ticket that is not queued wakes nobody.
+TEST(AdmissionTest, WakingOneTicketTellsOnlyThatRequest) {
+  AdmissionController a({.max_active = 1, .max_queued = 8});
+  ASSERT_EQ(a.Enter("x")->entry, Entry::kAdmitted);
+  std::vector<Ticket> tickets;
+  std::vector<int> told(3, 0);
+  for (int i = 0; i < 3; ++i) {
+    tickets.push_back(Queue(a, "q"));
+    ASSERT_TRUE(a.NotifyTurn(tickets[i], [&told, i] { ++told[i]; }));
+  }
+  a.Wake(tickets[1]);
+  EXPECT_EQ(told, (std::vector<int>{0, 1, 0}));
+  a.Wake(tickets[1]);  // no notification registered now: remembered
+  EXPECT_EQ(told, (std::vector<int>{0, 1, 0}));
+  EXPECT_FALSE(a.NotifyTurn(tickets[1], [&told] { ++told[1]; }))
+      << "woken since its last TryStart: the caller must try again at once";
+  EXPECT_EQ(a.TryStart("q", tickets[1], /*gone=*/true, Clock::now() + kLong).status().code(),
+            absl::StatusCode::kCancelled);
+  // Unknown, left and never-issued tickets are ignored.
+  a.Wake(tickets[1]);
+  a.Wake(0);
+  a.Wake(tickets[2] + 1000);
+  EXPECT_EQ(told, (std::vector<int>{0, 1, 0}));
+  // TryStart clears a wake: the next NotifyTurn is kept.
+  a.Wake(tickets[0]);
+  EXPECT_EQ(told, (std::vector<int>{1, 1, 0}));
+  a.Wake(tickets[0]);
+  EXPECT_EQ(*a.TryStart("q", tickets[0], false, Clock::now() + kLong), Entry::kQueued);
+  EXPECT_TRUE(a.NotifyTurn(tickets[0], [&told] { ++told[0]; }));
+  // The place still goes to the oldest request.
+  a.Leave("x", true);
+  EXPECT_EQ(told, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(*a.TryStart("q", tickets[0], false, Clock::now() + kLong), Entry::kAdmitted);
+  a.Leave("q", true);
+  EXPECT_EQ(told, (std::vector<int>{2, 1, 1}));
+  EXPECT_EQ(*a.TryStart("q", tickets[2], false, Clock::now() + kLong), Entry::kAdmitted);
+  a.Leave("q", true);
   EXPECT_EQ(a.active(), 0);
   EXPECT_EQ(a.tenants(), 0u);
 }
