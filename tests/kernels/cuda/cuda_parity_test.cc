@@ -318,7 +318,8 @@ class DeviceFloats {
 // split into unequal tiles.
 TEST_F(CudaParityTest, EveryDotRowsTilingGivesTheCpuBits) {
   std::mt19937_64 rng(39);
-  const MatmulShape shapes[] = {{1, 1}, {15, 17}, {33, 9}, {100, 37}, {257, 65}, {288, 300}};
+  const MatmulShape shapes[] = {{1, 1},   {4, 5},    {15, 17},  {16, 3},    {33, 9},
+                                {64, 40}, {100, 37}, {257, 65}, {288, 300}, {1024, 24}};
   for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 33}) {
     for (const auto& s : shapes) {
       const auto x = Spread(rng, tokens * s.in), w = Spread(rng, s.out * s.in),
