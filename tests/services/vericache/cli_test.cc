@@ -178,6 +178,47 @@ TEST_F(CliTest, ThreadsAndSimdNeverChangeTokens) {
   }
 }
 
+// The CUDA backend gives the CPU's tokens (docs/numerics.md, "The CUDA
+// backend"), in full and VeriCache mode, greedy and seeded, on all three
+// test models. Skips where no GPU (or no CUDA build) is there; ran on an
+// H200 (docs/results.md section 9).
+TEST_F(CliTest, CudaBackendNeverChangesTokens) {
+  RunResult probe = RunCli("generate --model " + stories_ +
+                           " --prompt-ids '1 306' --max-new-tokens 1 --backend cuda --json");
+  if (probe.exit_code == 2 && (probe.err.find("no CUDA device") != std::string::npos ||
+                               probe.err.find("unknown kernel backend") != std::string::npos)) {
+    GTEST_SKIP() << probe.err;
+  }
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  const std::string tiny = dir_ + "/tinystories656K";
+  for (const std::string& prompt :
+       {"--model " + stories_ + " --prompt-ids '1 306 461' --max-new-tokens 64",
+        "--model " + aidreams_ + " --prompt-ids '1 306 461' --max-new-tokens 48",
+        "--model " + tiny + " --prompt 'Once upon a time' --max-new-tokens 64"}) {
+    for (const std::string& mode :
+         {std::string("--mode full"), std::string("--mode vericache --compressor int8"),
+          std::string("--mode full --temperature 0.8 --seed 7"),
+          std::string("--mode vericache --compressor kivi --bits 2 --temperature 0.8 --seed 7")}) {
+      std::string base = "generate " + prompt;
+      base += " " + mode + " --ignore-eos --json";
+      RunResult cpu = RunCli(base + " --backend cpu");
+      RunResult cuda = RunCli(base + " --backend cuda");
+      ASSERT_EQ(cpu.exit_code, 0) << base << ": " << cpu.err;
+      ASSERT_EQ(cuda.exit_code, 0) << base << ": " << cuda.err;
+      const auto want = nlohmann::json::parse(cpu.out), got = nlohmann::json::parse(cuda.out);
+      EXPECT_EQ(got["tokens"], want["tokens"]) << base;
+      EXPECT_EQ(got["backend"].get<std::string>().rfind("cuda/", 0), 0u) << got["backend"];
+    }
+  }
+  // Quantised drafter weights run on the CPU backend only: one line, exit 2.
+  RunResult refused = RunCli("generate --model " + stories_ +
+                             " --prompt-ids '1 306' --max-new-tokens 4 --mode vericache"
+                             " --draft-weights int8 --backend cuda");
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_EQ(CountLines(refused.err), 1) << refused.err;
+  EXPECT_NE(refused.err.find("need the cpu backend"), std::string::npos) << refused.err;
+}
+
 // Tensor parallelism changes no token (docs/numerics.md section 6), in full
 // and VeriCache mode, on both test models.
 TEST_F(CliTest, TensorParallelNeverChangesTokens) {
