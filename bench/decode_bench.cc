@@ -45,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/ceilings.h"
+#include "bench/int_list.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
@@ -349,20 +350,9 @@ ModelConfig SyntheticConfig(bool quick) {
 }
 
 absl::StatusOr<std::vector<int>> ParseBatches(const std::string& s) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t comma = std::min(s.find(',', pos), s.size());
-    const std::string part = s.substr(pos, comma - pos);
-    char* end = nullptr;
-    const long v = std::strtol(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || v < 1 || v > 4096) {
-      return absl::InvalidArgumentError(absl::StrCat("--batches: bad batch size '", part, "'"));
-    }
-    out.push_back(static_cast<int>(v));
-    pos = comma + 1;
-  }
-  return out;
+  VC_ASSIGN_OR_RETURN(const std::vector<int64_t> items,
+                      vc::bench::ParseIntList("--batches", s, 1, 4096));
+  return std::vector<int>(items.begin(), items.end());
 }
 
 std::string Human(int64_t params) {

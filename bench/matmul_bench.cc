@@ -40,6 +40,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/int_list.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
 #include "kernels/kernels.h"
@@ -128,15 +129,7 @@ absl::StatusOr<Matrix> AllocateMatrix(int64_t n, int offset, bool huge_pages) {
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text) {
-  std::vector<int64_t> out;
-  for (const auto& part : absl::StrSplit(text, ',')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1 || v > 256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tokens: '", std::string(part), "' is not an integer in [1, 256]"));
-    }
-    out.push_back(v);
-  }
+  VC_ASSIGN_OR_RETURN(std::vector<int64_t> out, vc::bench::ParseIntList("--tokens", text, 1, 256));
   if (std::find(out.begin(), out.end(), 1) == out.end()) out.insert(out.begin(), 1);
   return out;
 }

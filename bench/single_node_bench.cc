@@ -49,6 +49,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/int_list.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
@@ -102,15 +103,9 @@ struct TrainedRounds {
 // The cost table's rows: a comma-separated list of tokens per pass, each in
 // [1, room] (room: the context left after the prompt), 1 added if missing.
 absl::StatusOr<std::vector<int>> ParsePassTokens(const std::string& text, int64_t room) {
-  std::vector<int> out;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    int v = 0;
-    if (!absl::SimpleAtoi(item, &v) || v < 1 || v > room) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--pass-tokens: '", item, "' is not an integer in [1, ", room, "]"));
-    }
-    out.push_back(v);
-  }
+  VC_ASSIGN_OR_RETURN(const std::vector<int64_t> items,
+                      vc::bench::ParseIntList("--pass-tokens", text, 1, room));
+  std::vector<int> out(items.begin(), items.end());
   if (std::find(out.begin(), out.end(), 1) == out.end()) out.push_back(1);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
