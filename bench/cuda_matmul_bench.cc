@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "bench/int_list.h"
 #include "kernels/cuda/internal/cuda_kernels.h"
 
 namespace {
@@ -128,6 +130,11 @@ struct Weights {
   DeviceArray w, bias;
 };
 
+// "4x4/64": rows x tokens / loads in flight.
+std::string Name(const DotRowsTiling& t) {
+  return std::to_string(t.rows) + "x" + std::to_string(t.tokens) + "/" + std::to_string(t.loads);
+}
+
 // Times every tiling of one (shape, tokens) product; dies if two tilings
 // differ in any bit.
 Result TimeProduct(const Shape& shape, const Weights& weights, int64_t tokens, int reps,
@@ -164,8 +171,7 @@ Result TimeProduct(const Shape& shape, const Weights& weights, int64_t tokens, i
       want = got;
     } else if (std::memcmp(want.data(), got.data(), got.size() * 4) != 0) {
       Die(std::string("tilings differ: ") + shape.name + ", " + std::to_string(tokens) +
-          " tokens, tiling " + std::to_string(tiling.rows) + "x" + std::to_string(tiling.tokens) +
-          "/" + std::to_string(tiling.loads));
+          " tokens, tiling " + Name(tiling));
     }
     result.seconds.push_back(Median(t));
     if (result.seconds.back() < result.seconds[result.best]) result.best = k;
@@ -177,8 +183,7 @@ Result TimeProduct(const Shape& shape, const Weights& weights, int64_t tokens, i
 
 int IndexOf(DotRowsTiling t) {
   for (int k = 0; k < vc::kernels::cuda::DotRowsTilingCount(); ++k) {
-    const DotRowsTiling a = vc::kernels::cuda::DotRowsTilingAt(k);
-    if (a.rows == t.rows && a.tokens == t.tokens && a.loads == t.loads) return k;
+    if (vc::kernels::cuda::DotRowsTilingAt(k) == t) return k;
   }
   Die("the default tiling has no kernel");
 }
@@ -203,9 +208,7 @@ void RunModel(const char* model, const std::vector<Shape>& shapes,
     std::printf("%6s", "tokens");
     for (int k = 0; k < n; ++k) {
       const DotRowsTiling t = vc::kernels::cuda::DotRowsTilingAt(k);
-      std::printf(" %7s", (std::to_string(t.rows) + "x" + std::to_string(t.tokens) + "/" +
-                           std::to_string(t.loads))
-                              .c_str());
+      std::printf(" %7s", Name(t).c_str());
     }
     std::printf(" | default  best(tiling)  GB/s  x copy\n");
     const Weights weights(shape, rng);
@@ -217,8 +220,8 @@ void RunModel(const char* model, const std::vector<Shape>& shapes,
       const int d = IndexOf(vc::kernels::cuda::DefaultDotRowsTiling(tokens));
       const DotRowsTiling b = vc::kernels::cuda::DotRowsTilingAt(r.best);
       const double rate = bytes / r.seconds[r.best];
-      std::printf(" | %7.1f %6.1f(%dx%d/%d) %6.0f  %.2f\n", r.seconds[d] * 1e6,
-                  r.seconds[r.best] * 1e6, b.rows, b.tokens, b.loads, rate / 1e9, rate / copy_rate);
+      std::printf(" | %7.1f %6.1f(%s) %6.0f  %.2f\n", r.seconds[d] * 1e6, r.seconds[r.best] * 1e6,
+                  Name(b).c_str(), rate / 1e9, rate / copy_rate);
       layer_default[j] += r.seconds[d] * shape.count;
       layer_best[j] += r.seconds[r.best] * shape.count;
     }
@@ -232,23 +235,6 @@ void RunModel(const char* model, const std::vector<Shape>& shapes,
                 layer_default[j] * 1e6, layer_default[j] / layer_default[0], layer_best[j] * 1e6,
                 layer_best[j] / layer_best[0]);
   }
-}
-
-std::vector<int64_t> ParseList(const std::string& s) {
-  std::vector<int64_t> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t comma = std::min(s.find(',', pos), s.size());
-    const std::string item = s.substr(pos, comma - pos);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 4096) {
-      Die("--tokens wants a list of counts in 1..4096, like 1,9,33: got '" + s + "'");
-    }
-    out.push_back(v);
-    pos = comma + 1;
-  }
-  return out;
 }
 
 }  // namespace
@@ -267,7 +253,10 @@ int main(int argc, char** argv) {
       reps = std::atoi(value().c_str());
       if (reps < 1 || reps > 10000) Die("--reps wants 1..10000");
     } else if (a == "--tokens") {
-      tokens = ParseList(value());
+      absl::StatusOr<std::vector<int64_t>> list =
+          vc::bench::ParseIntList("--tokens", value(), 1, 4096);
+      if (!list.ok()) Die(std::string(list.status().message()));
+      tokens = *std::move(list);
       if (tokens[0] != 1) tokens.insert(tokens.begin(), 1);  // the baseline
     } else if (a == "--model") {
       model = value();

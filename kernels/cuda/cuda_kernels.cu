@@ -184,10 +184,7 @@ cudaError_t LaunchDotRowsTiled(DotRowsTiling tiling, const float* x, int64_t tok
   if (in < 0) return cudaErrorInvalidValue;
   int index = -1;
   for (int k = 0; k < kNumTilings; ++k) {
-    if (kTilings[k].rows == tiling.rows && kTilings[k].tokens == tiling.tokens &&
-        kTilings[k].loads == tiling.loads) {
-      index = k;
-    }
+    if (kTilings[k] == tiling) index = k;
   }
   if (index < 0) return cudaErrorInvalidValue;
   const int64_t rows_per_block = int64_t{kRowsPerBlock} * tiling.rows;

@@ -48,6 +48,9 @@ struct DotRowsTiling {
   int tokens = 1;
   int loads = 16;
 };
+inline bool operator==(const DotRowsTiling& a, const DotRowsTiling& b) {
+  return a.rows == b.rows && a.tokens == b.tokens && a.loads == b.loads;
+}
 
 // The tilings that have kernels (rows x tokens / loads: 1x1/32, 1x1/64,
 // 2x1/64, 1x2/64, 2x2/64, 4x4/32, 4x4/64, 4x8/64, 4x4/128), for the parity
