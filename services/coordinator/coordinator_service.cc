@@ -547,7 +547,12 @@ Task<absl::Status> CoordinatorService::Admit(Request& r) {
 
 void CoordinatorService::WakeIfQueued(const Request& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (r.state == "queued" && r.admission_ticket != 0) admission_->Wake(r.admission_ticket);
+  WakeIfQueuedLocked(r);
+}
+
+void CoordinatorService::WakeIfQueuedLocked(const Request& r) {
+  // A ticket of 0 (not queued yet) or one that left the queue wakes nobody.
+  if (r.state == "queued") admission_->Wake(r.admission_ticket);
 }
 
 void CoordinatorService::Leave(Request& r) { admission_->Leave(r.tenant, r.is_generate); }
@@ -1200,7 +1205,7 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* ctx, const pb::Canc
   // (a running one looks at it between its rounds), and only it is woken:
   // waking the whole queue would let a caller make every queued request
   // retry its admission with Cancels.
-  if (live && it->second->state == "queued") admission_->Wake(it->second->admission_ticket);
+  if (live) WakeIfQueuedLocked(*it->second);
   return grpc::Status::OK;
 }
 

@@ -182,6 +182,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   void Leave(Request& r);
   // Wakes `r` if it is queued for admission (to see that it was cancelled).
   void WakeIfQueued(const Request& r);
+  void WakeIfQueuedLocked(const Request& r);  // mu_ held
 
   // The caller's identity (UNAUTHENTICATED without a valid key) with the
   // salt its KV keys use: derived when authentication is on (a request salt
