@@ -1,6 +1,7 @@
 // Makes absl::Status and absl::StatusOr<T> [[nodiscard]] types in every
 // translation unit of the build (force-included by the top CMakeLists.txt
-// before any other header).
+// before any other header, or as the first header of a shared precompiled
+// header: cmake/precompiled_headers.cmake).
 //
 // Why: Debian's Abseil (20220623) leaves the class-level ABSL_MUST_USE_RESULT
 // commented out, so a call whose Status is dropped compiles silently and an
