@@ -83,21 +83,33 @@ std::vector<std::string> RegisteredBackends() {
   return names;
 }
 
+namespace {
+
+absl::Status UnknownBackend(const std::string& name) {
+  return absl::InvalidArgumentError(absl::StrCat("unknown kernel backend '", name, "' (available: ",
+                                                 absl::StrJoin(RegisteredBackends(), ", "), ")"));
+}
+
+}  // namespace
+
+absl::Status CheckBackendName(const std::string& name) {
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.factories.count(name) != 0) return absl::OkStatus();
+  }
+  return UnknownBackend(name);  // takes the lock again (RegisteredBackends)
+}
+
 absl::StatusOr<std::unique_ptr<KernelBackend>> CreateBackend(const BackendOptions& options) {
   BackendFactory factory;
   {
     Registry& r = GetRegistry();
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.factories.find(options.name);
-    if (it == r.factories.end()) {
-      std::vector<std::string> names;
-      for (const auto& [name, f] : r.factories) names.push_back(name);
-      return absl::InvalidArgumentError(absl::StrCat("unknown kernel backend '", options.name,
-                                                     "' (available: ", absl::StrJoin(names, ", "),
-                                                     ")"));
-    }
-    factory = it->second;
+    if (it != r.factories.end()) factory = it->second;
   }
+  if (!factory) return UnknownBackend(options.name);
   return factory(options);
 }
 

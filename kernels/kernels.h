@@ -120,6 +120,9 @@ class KernelBackend {
 absl::StatusOr<std::unique_ptr<KernelBackend>> CreateBackend(const BackendOptions& options);
 // Names of the registered backends.
 std::vector<std::string> RegisteredBackends();
+// OK if `name` is registered; else InvalidArgument naming the registered
+// ones (what CreateBackend says), for flags checked before a model loads.
+absl::Status CheckBackendName(const std::string& name);
 
 // Elementwise helpers shared by every backend (cheap, scalar, exact).
 // out[i] = g[i] * (x[i] * r), r = 1 / sqrt(Dot(x, x) / n + eps).

@@ -360,7 +360,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     std::vector<std::string> args = {
         "--listen=127.0.0.1:0", "--model=" + o.model, "--kvstore=" + store->address,
         "--data-plane=" + o.data_plane, "--metrics-listen=" + metrics,
-        absl::StrCat("--threads=", o.worker_threads),
+        absl::StrCat("--threads=", o.worker_threads), "--backend=" + o.worker_backend,
         absl::StrCat("--prefix-aware=", o.prefix_aware ? "true" : "false"),
         absl::StrCat("--warmup-tokens=", o.warmup_tokens),
         // Peer rounds: the refresh rows cross the slow link from here.
@@ -381,6 +381,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--data-plane=" + o.data_plane,
                                      "--metrics-listen=" + metrics,
                                      absl::StrCat("--threads=", o.worker_threads),
+                                     "--backend=" + o.worker_backend,
                                      absl::StrCat("--continuation-tokens=", o.continuation_tokens),
                                      "--draft-weights=" + o.draft_weights,
                                      absl::StrCat("--warmup-tokens=", o.warmup_tokens)};

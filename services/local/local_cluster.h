@@ -40,6 +40,8 @@ struct LocalClusterOptions {
   std::string data_plane = "tcp";
   bool metrics = true;     // every daemon serves /metrics on a free port
   int worker_threads = 1;  // compute threads per worker
+  // Every worker's --backend (cpu, or cuda in builds with the CUDA backend).
+  std::string worker_backend = "cpu";
   // Link pacing at the store and at the verifiers' peer data planes (0 =
   // unpaced) and what the scheduler books.
   double fast_link_bytes_per_second = 0;

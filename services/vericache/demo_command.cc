@@ -17,6 +17,7 @@
 #include "common/base/flags.h"
 #include "common/decode/full_decode.h"
 #include "common/rpc/rpc.h"
+#include "kernels/kernels.h"
 #include "nlohmann/json.hpp"
 #include "services/local/local_cluster.h"
 #include "services/local/workload.h"
@@ -74,6 +75,9 @@ int RunDemo(int argc, char** argv) {
   flags.Add("--drafters", &o.drafters, "N", "drafter workers");
   flags.Add("--verifiers", &o.verifiers, "N", "verifier workers");
   flags.Add("--draft-len", &o.draft_len, "N", "draft length x");
+  flags.Add("--worker-backend", &o.worker_backend, "cpu|cuda",
+            "every worker's kernel backend (cuda: in builds with the CUDA backend); the outputs "
+            "are still checked against full-KV decoding on the cpu in this process");
   flags.Add("--slow-link-bytes-per-second", &o.slow_link_bytes_per_second, "N",
             "pace store->drafter (0: unpaced)");
   flags.Add("--fast-link-bytes-per-second", &o.fast_link_bytes_per_second, "N",
@@ -90,6 +94,9 @@ int RunDemo(int argc, char** argv) {
     return kExitOk;
   }
   if (o.model.empty()) return BadInput(cmd, "--model is required (the test model was not found)");
+  if (absl::Status s = kernels::CheckBackendName(o.worker_backend); !s.ok()) {
+    return BadInput(cmd, "--worker-backend: " + std::string(s.message()));
+  }
   if (prefixes < 1 || requests_per_mode < 1 || concurrency < 1 || max_new_tokens < 1 ||
       prefix_tokens < o.chunk_tokens) {
     return BadInput(cmd, "--prefixes, --requests, --concurrency, --max-new-tokens must be >= 1 "

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/base/flags.h"
+#include "kernels/kernels.h"
 #include "kernels/quantized.h"
 #include "services/local/local_cluster.h"
 #include "services/vericache/commands.h"
@@ -47,6 +48,9 @@ int RunLocal(int argc, char** argv) {
   flags.Add("--data-plane", &o.data_plane, "tcp|ucx", "data plane transport");
   flags.AddBool("--no-metrics", &no_metrics, "do not serve /metrics");
   flags.Add("--worker-threads", &o.worker_threads, "N", "compute threads per worker");
+  flags.Add("--worker-backend", &o.worker_backend, "cpu|cuda",
+            "every worker's kernel backend (cuda: in builds with the CUDA backend; never changes "
+            "tokens)");
   flags.Add("--fast-link-bytes-per-second", &o.fast_link_bytes_per_second, "N",
             "pace store->verifier (0: unpaced)");
   flags.Add("--slow-link-bytes-per-second", &o.slow_link_bytes_per_second, "N",
@@ -94,6 +98,9 @@ int RunLocal(int argc, char** argv) {
     return kExitOk;
   }
   o.metrics = !no_metrics;
+  if (absl::Status s = kernels::CheckBackendName(o.worker_backend); !s.ok()) {
+    return BadInput(cmd, "--worker-backend: " + std::string(s.message()));
+  }
   if (auto w = kernels::ParseWeightFormat(o.draft_weights); !w.ok()) {
     return BadInput(cmd, "--draft-weights: " + std::string(w.status().message()));
   }

@@ -15,6 +15,7 @@
 #include "common/model/quantized_weights.h"
 #include "common/rpc/rpc.h"
 #include "common/speculative/draft_verify.h"
+#include "kernels/kernels.h"
 #include "kernels/quantized.h"
 #include "services/common/daemon.h"
 #include "services/common/store_client.h"
@@ -35,6 +36,9 @@ struct Flags {
   // the same files as this daemon's gRPC --tls-cert/--tls-key/--tls-ca;
   // empty = plaintext.
   transport::DataPlaneTlsOptions data_tls;
+  // Kernel backend of the engine (kernels::CreateBackend): cpu, or cuda in
+  // builds with the CUDA backend.
+  std::string backend = "cpu";
   int threads = 0;
   int tensor_parallel = 1;
   int64_t max_batch_tokens = 4096;
@@ -85,6 +89,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   flags.Add("--data-plane", &f.data_plane, "tcp|ucx",
             "data plane transport (must match the store)");
   flags.Add("--threads", &f.threads, "N", "compute threads (0 = all cores); never changes results");
+  flags.Add("--backend", &f.backend, "cpu|cuda",
+            "kernel backend (cuda: in builds with the CUDA backend, every kernel on the GPU; a "
+            "parity backend that copies its operands per call, not yet a faster one); never "
+            "changes results");
   flags.Add("--tensor-parallel", &f.tensor_parallel, "N",
             "tensor-parallel degree (ranks as threads on the cpu; N GPUs with nccl); must divide "
             "the model's reduction block count and n_kv_heads; never changes results");
@@ -161,6 +169,9 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     return daemon::BadFlags(name, "--data-plane must be tcp or ucx");
   }
   if (f.threads < 0) return daemon::BadFlags(name, "--threads must be >= 0");
+  if (absl::Status s = kernels::CheckBackendName(f.backend); !s.ok()) {
+    return daemon::BadFlags(name, absl::StrCat("--backend: ", s.message()));
+  }
   if (f.max_batch_tokens < 1) return daemon::BadFlags(name, "--max-batch-tokens must be >= 1");
   if (f.max_requests < 1) return daemon::BadFlags(name, "--max-requests must be >= 1");
   if (f.arena_bytes < 1) return daemon::BadFlags(name, "--arena-bytes must be >= 1");
@@ -199,6 +210,12 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   if (!draft_weights.ok()) {
     return daemon::BadFlags(name,
                             absl::StrCat("--draft-weights: ", draft_weights.status().message()));
+  }
+  // The engine refuses this too, but only after the model has loaded.
+  if (*draft_weights != kernels::WeightFormat::kF32 && f.backend != "cpu") {
+    return daemon::BadFlags(name, absl::StrCat("--draft-weights ", f.draft_weights,
+                                               " needs --backend cpu (quantised drafting runs on "
+                                               "the cpu kernels)"));
   }
   if (*draft_weights != kernels::WeightFormat::kF32 && f.tensor_parallel != 1) {
     return daemon::BadFlags(name, "--draft-weights int8/int4 needs --tensor-parallel 1");
@@ -283,6 +300,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   }
   EngineOptions eo;
   eo.warmup_tokens = f.warmup_tokens;
+  eo.backend.name = f.backend;
   eo.backend.threads = f.threads;
   eo.tensor_parallel = f.tensor_parallel;
   eo.max_batch_tokens = f.max_batch_tokens;
@@ -301,6 +319,10 @@ int RunWorkerMain(Role role, int argc, char** argv) {
   }
   auto engine = Engine::Create(engine_model, eo);
   if (!engine.ok()) return daemon::Fail(name, engine.status().ToString());
+  if (f.backend != "cpu") {  // says which device, in the daemon's log
+    std::fprintf(stderr, "%s: kernel backend %s\n", name.c_str(),
+                 (*engine)->backend().name().c_str());
+  }
   // The verifier's draft engine makes ingest variants only, one at a time
   // on the batch thread, so it needs no tensor parallelism.
   std::unique_ptr<Engine> draft_engine;

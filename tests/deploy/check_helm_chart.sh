@@ -35,6 +35,14 @@ if [[ -z "$values" ]]; then
   refuse "a cert-manager Certificate needs an issuer" --set tls.source=certManager
   refuse "the schema allows only known TLS sources" --set tls.source=selfsigned
   refuse "the schema allows only f32, int8 and int4 drafter weights" --set drafter.draftWeights=int2
+  refuse "the schema allows only the cpu and cuda kernel backends" --set verifier.backend=tpu
+  refuse "the cuda backend needs a GPU" --set verifier.backend=cuda --set verifier.gpus=0
+  grep -q "backend cuda needs gpus >= 1" "$VC_TMP/refused.txt" ||
+    die "backend cuda without GPUs refused for another reason: $(cat "$VC_TMP/refused.txt")"
+  refuse "quantised drafter weights run on the cpu kernels" \
+    --set drafter.draftWeights=int8 --set drafter.backend=cuda
+  grep -q "draftWeights int8 needs backend cpu" "$VC_TMP/refused.txt" ||
+    die "int8 drafter weights on cuda refused for another reason: $(cat "$VC_TMP/refused.txt")"
   refuse "quantised drafter weights run on one tensor-parallel rank" \
     --set drafter.draftWeights=int4 --set drafter.tensorParallel=2 --set drafter.gpus=2
   refuse "the schema takes model.draftPath relative to model.mountPath" \

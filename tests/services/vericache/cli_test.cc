@@ -219,6 +219,27 @@ TEST_F(CliTest, CudaBackendNeverChangesTokens) {
   EXPECT_NE(refused.err.find("need the cpu backend"), std::string::npos) << refused.err;
 }
 
+// Workers on the CUDA backend (`vericache demo --worker-backend cuda`): the
+// local cluster's verifier and drafter run every kernel on the GPU, and every
+// output, in the vericache, full_local and full_remote modes, equals full-KV
+// decoding on the cpu in the demo's own process. Skips where no GPU (or no
+// CUDA build) is there.
+TEST_F(CliTest, CudaWorkersNeverChangeTokens) {
+  RunResult probe = RunCli("generate --model " + stories_ +
+                           " --prompt-ids '1 306' --max-new-tokens 1 --backend cuda --json");
+  if (probe.exit_code == 2 && (probe.err.find("no CUDA device") != std::string::npos ||
+                               probe.err.find("unknown kernel backend") != std::string::npos)) {
+    GTEST_SKIP() << probe.err;
+  }
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  RunResult demo = RunCli("demo --model " + stories_ +
+                          " --worker-backend cuda --requests 4 --prefixes 2 --max-new-tokens 48"
+                          " --insecure --json");
+  ASSERT_EQ(demo.exit_code, 0) << demo.err;
+  const auto report = nlohmann::json::parse(demo.out);
+  EXPECT_TRUE(report["all_identical"].get<bool>()) << demo.out;
+}
+
 // Tensor parallelism changes no token (docs/numerics.md section 6), in full
 // and VeriCache mode, on both test models.
 TEST_F(CliTest, TensorParallelNeverChangesTokens) {

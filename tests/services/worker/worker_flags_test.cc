@@ -80,6 +80,33 @@ TEST_F(WorkerFlagsTest, BadWarmupTokensExitTwoWithOneLine) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << local << "\n" << out;
 }
 
+// --backend names a registered kernel backend, checked before the model
+// loads: an unknown one stops either worker with exit 2 and one line naming
+// what this build has; quantised drafting needs the cpu backend (in a build
+// without CUDA, cuda is refused as unknown).
+TEST_F(WorkerFlagsTest, BadBackendExitsTwoWithOneLine) {
+  for (const char* daemon : {VC_VERIFIER_PATH, VC_DRAFTER_PATH}) {
+    ExpectBadFlags(daemon, "--backend tpu", "--backend: unknown kernel backend 'tpu' (available: ");
+  }
+  const std::string command = std::string(VC_DRAFTER_PATH) + " --model " +
+                              clustertest::StoriesModelPath() +
+                              " --kvstore 127.0.0.1:1 --backend cuda --draft-weights int4";
+  std::string out;
+  EXPECT_EQ(RunCommand(command, &out), 2) << command << "\n" << out;
+  EXPECT_TRUE(out.find("--draft-weights int4 needs --backend cpu") != std::string::npos ||
+              out.find("unknown kernel backend 'cuda'") != std::string::npos)
+      << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << command << "\n" << out;
+  for (const char* command : {" local --worker-backend tpu", " demo --worker-backend tpu"}) {
+    const std::string cli = std::string(VC_CLI_PATH) + command;
+    std::string said;  // RunCommand appends
+    EXPECT_EQ(RunCommand(cli, &said), 2) << cli << "\n" << said;
+    EXPECT_NE(said.find("--worker-backend: unknown kernel backend 'tpu'"), std::string::npos)
+        << said;
+    EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 1) << cli << "\n" << said;
+  }
+}
+
 // The verifier's peer data plane (peer rounds) must be reachable by
 // drafters: a wildcard address without an advertised one, or a malformed
 // address, stops it with exit 2 and one line, before the model loads.
