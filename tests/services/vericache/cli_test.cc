@@ -37,6 +37,18 @@ class CliTest : public ::testing::Test {
     aidreams_ = dir_ + "/aidreams260K.bin";
     tok_ = dir_ + "/aidreams260K.tok512.bin";
   }
+  // Why `--backend cuda` cannot run here (no GPU, or a build without CUDA),
+  // or "" when it can; any other failure of the probe fails the test.
+  std::string CudaUnavailable() {
+    RunResult probe = RunCli("generate --model " + stories_ +
+                             " --prompt-ids '1 306' --max-new-tokens 1 --backend cuda --json");
+    if (probe.exit_code == 2 && (probe.err.find("no CUDA device") != std::string::npos ||
+                                 probe.err.find("unknown kernel backend") != std::string::npos)) {
+      return probe.err;
+    }
+    EXPECT_EQ(probe.exit_code, 0) << probe.err;
+    return "";
+  }
   std::string dir_, stories_, aidreams_, tok_;
 };
 
@@ -183,13 +195,8 @@ TEST_F(CliTest, ThreadsAndSimdNeverChangeTokens) {
 // test models. Skips where no GPU (or no CUDA build) is there; ran on an
 // H200 (docs/results.md section 9).
 TEST_F(CliTest, CudaBackendNeverChangesTokens) {
-  RunResult probe = RunCli("generate --model " + stories_ +
-                           " --prompt-ids '1 306' --max-new-tokens 1 --backend cuda --json");
-  if (probe.exit_code == 2 && (probe.err.find("no CUDA device") != std::string::npos ||
-                               probe.err.find("unknown kernel backend") != std::string::npos)) {
-    GTEST_SKIP() << probe.err;
-  }
-  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  if (const std::string why = CudaUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  if (HasFailure()) return;
   const std::string tiny = dir_ + "/tinystories656K";
   for (const std::string& prompt :
        {"--model " + stories_ + " --prompt-ids '1 306 461' --max-new-tokens 64",
@@ -225,13 +232,8 @@ TEST_F(CliTest, CudaBackendNeverChangesTokens) {
 // decoding on the cpu in the demo's own process. Skips where no GPU (or no
 // CUDA build) is there.
 TEST_F(CliTest, CudaWorkersNeverChangeTokens) {
-  RunResult probe = RunCli("generate --model " + stories_ +
-                           " --prompt-ids '1 306' --max-new-tokens 1 --backend cuda --json");
-  if (probe.exit_code == 2 && (probe.err.find("no CUDA device") != std::string::npos ||
-                               probe.err.find("unknown kernel backend") != std::string::npos)) {
-    GTEST_SKIP() << probe.err;
-  }
-  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  if (const std::string why = CudaUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  if (HasFailure()) return;
   RunResult demo = RunCli("demo --model " + stories_ +
                           " --worker-backend cuda --requests 4 --prefixes 2 --max-new-tokens 48"
                           " --insecure --json");
