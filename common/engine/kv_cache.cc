@@ -102,12 +102,15 @@ absl::Status PagedKvCache::Append(int32_t count) {
   // mapped each on its own), which took one token's attention over 3000
   // tokens of the 110M synthetic model's shape from about 21 to 12 ms
   // (vc_kv_attention_bench, one thread, blocks of 16 tokens). Zeroed, so
-  // that unused rows never hold garbage.
+  // that unused rows never hold garbage, and on a cache line: glibc's large
+  // blocks start 16 bytes past a page, and then every 64-byte load of a row
+  // spans two lines.
   for (int l = 0; l < n_layers_; ++l) {
     const size_t have = blocks_[l].size();
     if (have >= blocks_needed) continue;
-    float* slab =
-        slabs_[l].emplace_back(new float[(blocks_needed - have) * 2 * block_floats_]()).get();
+    float* slab = slabs_[l]
+                      .emplace_back(static_cast<size_t>((blocks_needed - have) * 2 * block_floats_))
+                      .data();
     for (size_t b = have; b < blocks_needed; ++b) {
       blocks_[l].push_back(slab + (b - have) * 2 * block_floats_);
     }

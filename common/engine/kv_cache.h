@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/cache_line_allocator.h"
 #include "common/kv/kv_arena.h"
 #include "common/model/model.h"
 #include "kernels/kernels.h"
@@ -161,7 +162,7 @@ class PagedKvCache final : public SequenceKv {
   // layer's slabs_ (each Append allocates one slab per layer for all the
   // blocks it adds, so a prompt's blocks lie back to back).
   std::vector<std::vector<float*>> blocks_;
-  std::vector<std::vector<std::unique_ptr<float[]>>> slabs_;
+  std::vector<std::vector<CacheLineVector<float>>> slabs_;
   KvArena* arena_;
   std::vector<KvArena::Reservation> reservations_;  // one per block index
 };
