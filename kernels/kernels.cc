@@ -221,9 +221,13 @@ float RowMax(const float* s, int64_t n, const SoftmaxParts& parts) {
   return m;
 }
 
-// e_j = Exp(s_j - m), in place.
-void ShiftAndExp(float* s, int64_t n, const SoftmaxParts& parts) {
-  const float m = RowMax(s, n, parts);
+// e_j = Exp(s_j - m), in place, for j in [0, n).
+void ShiftExp(float* s, int64_t n, float m, const SoftmaxParts& parts) {
+  if (n <= 0) return;
+  if (parts.shift_exp != nullptr) {
+    parts.shift_exp(s, n, m);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) s[j] = s[j] - m;
   parts.exp_inplace(s, n);
 }
@@ -233,49 +237,69 @@ void Normalise(float* s, int64_t n, float sum) {
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
 
-// The sums of G rows, each its own sequential chain in key order; the G
-// chains side by side keep the adder busy where one chain waits on its
-// latency.
+// Continues the sums of G rows over keys [begin, end), each its own
+// sequential chain in key order; the G chains side by side keep the adder
+// busy where one chain waits on its latency.
 template <int G>
-void SumRows(float* const* s, const int64_t* n, float* sum) {
-  int64_t common = n[0];
-  for (int i = 1; i < G; ++i) common = std::min(common, n[i]);
-  float acc[G];
-  for (int i = 0; i < G; ++i) acc[i] = 0.0f;
-  for (int64_t j = 0; j < common; ++j) {
+void SumRows(float* const* s, int64_t begin, int64_t end, float* acc) {
+  float a[G];
+  for (int i = 0; i < G; ++i) a[i] = acc[i];
+  for (int64_t j = begin; j < end; ++j) {
 #pragma GCC unroll 16
-    for (int i = 0; i < G; ++i) acc[i] += s[i][j];
+    for (int i = 0; i < G; ++i) a[i] += s[i][j];
   }
-  for (int i = 0; i < G; ++i) {
-    for (int64_t j = common; j < n[i]; ++j) acc[i] += s[i][j];
-    sum[i] = acc[i];
-  }
+  for (int i = 0; i < G; ++i) acc[i] = a[i];
 }
 
 constexpr int kSumRows = 16;
-using SumRowsFn = void (*)(float* const*, const int64_t*, float*);
+using SumRowsFn = void (*)(float* const*, int64_t, int64_t, float*);
 constexpr SumRowsFn kSumRowsFns[kSumRows + 1] = {
     nullptr,     SumRows<1>,  SumRows<2>,  SumRows<3>,  SumRows<4>,  SumRows<5>,
     SumRows<6>,  SumRows<7>,  SumRows<8>,  SumRows<9>,  SumRows<10>, SumRows<11>,
     SumRows<12>, SumRows<13>, SumRows<14>, SumRows<15>, SumRows<16>};
 
+// Keys per block of a group's exp-and-sum pass: the group's rows' blocks
+// (16 rows x 2 KiB) are summed while they are still in L1, instead of every
+// row being exponentiated whole and read back from L2 for its sum.
+constexpr int64_t kExpSumBlock = 512;
+
+// The softmax of g <= kSumRows non-empty rows: each row's max, then its
+// e_j block by block with the g sums advanced over each block while it is
+// in cache (every row's e_j and its additions in key order, as alone), then
+// the division.
+void SoftmaxGroup(float* const* live, const int64_t* len, int g, const SoftmaxParts& parts) {
+  float m[kSumRows], sum[kSumRows];
+  int64_t common = len[0];
+  for (int i = 0; i < g; ++i) {
+    m[i] = RowMax(live[i], len[i], parts);
+    sum[i] = 0.0f;
+    common = std::min(common, len[i]);
+  }
+  for (int64_t b = 0; b < common; b += kExpSumBlock) {
+    const int64_t e = std::min(common, b + kExpSumBlock);
+    for (int i = 0; i < g; ++i) ShiftExp(live[i] + b, e - b, m[i], parts);
+    kSumRowsFns[g](live, b, e, sum);
+  }
+  for (int i = 0; i < g; ++i) {
+    ShiftExp(live[i] + common, len[i] - common, m[i], parts);
+    SumRows<1>(&live[i], common, len[i], &sum[i]);
+    Normalise(live[i], len[i], sum[i]);
+  }
+}
+
 }  // namespace
 
 void SoftmaxWith(float* s, int64_t n, const SoftmaxParts& parts) {
   if (n <= 0) return;
-  ShiftAndExp(s, n, parts);
-  float sum;
-  SumRows<1>(&s, &n, &sum);
-  Normalise(s, n, sum);
+  SoftmaxGroup(&s, &n, 1, parts);
 }
 
 void SoftmaxRowsWith(float* const* rows, const int64_t* n, int64_t count,
                      const SoftmaxParts& parts) {
-  // Empty rows are left alone, as by SoftmaxWith; the others' sums go in
+  // Empty rows are left alone, as by SoftmaxWith; the others go in
   // near-equal groups of at most kSumRows rows (9 rows: one group).
   float* live[kSumRows];
   int64_t len[kSumRows];
-  float sum[kSumRows];
   int64_t remaining = 0;  // non-empty rows from r on
   for (int64_t i = 0; i < count; ++i) remaining += n[i] > 0 ? 1 : 0;
   int64_t r = 0;
@@ -285,14 +309,12 @@ void SoftmaxRowsWith(float* const* rows, const int64_t* n, int64_t count,
     int g = 0;
     for (; r < count && g < want; ++r) {
       if (n[r] <= 0) continue;
-      ShiftAndExp(rows[r], n[r], parts);
       live[g] = rows[r];
       len[g] = n[r];
       ++g;
     }
     remaining -= g;
-    kSumRowsFns[g](live, len, sum);
-    for (int i = 0; i < g; ++i) Normalise(live[i], len[i], sum[i]);
+    SoftmaxGroup(live, len, g, parts);
   }
 }
 

@@ -168,7 +168,8 @@ class CpuBackend final : public KernelBackend {
  private:
   const SimdLevel level_;
   const cpu::SimdOps& ops_;
-  const SoftmaxParts softmax_{.exp_inplace = ops_.exp_inplace, .max_no_nan = ops_.max_no_nan};
+  const SoftmaxParts softmax_{
+      .exp_inplace = ops_.exp_inplace, .max_no_nan = ops_.max_no_nan, .shift_exp = ops_.shift_exp};
   ThreadPool pool_;
 };
 

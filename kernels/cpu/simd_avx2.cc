@@ -352,6 +352,10 @@ inline __m256 Exp8(__m256 x) {
   p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpP5));
   const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
                                  _mm256_set1_ps(1.0f));
+  // Lanes in [-87, 88] need none of the selects below (see the AVX-512 Exp16).
+  const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(kExpFastLo), _CMP_GE_OQ),
+                                        _mm256_cmp_ps(x, _mm256_set1_ps(kExpFastHi), _CMP_LE_OQ));
+  if (_mm256_movemask_ps(in_range) == 0xFF) return _mm256_mul_ps(y, Pow2(_mm256_cvtps_epi32(n)));
   const __m256 n_clamped = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-1000.f)),
                                          _mm256_set1_ps(1000.f));
   const __m256i e = _mm256_cvtps_epi32(n_clamped);
@@ -372,6 +376,18 @@ inline __m256 Exp8(__m256 x) {
                          _mm256_cmp_ps(x, _mm256_set1_ps(kExpHi), _CMP_GT_OQ));
   out = _mm256_blendv_ps(out, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   return out;
+}
+
+void ShiftExp(float* x, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(x + i, Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+  }
+  if (i < n) {
+    const __m256i k = PrefixMask(n - i);
+    _mm256_maskstore_ps(x + i, k, Exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), mv)));
+  }
 }
 
 void ExpInplace(float* x, int64_t n) {
@@ -417,7 +433,8 @@ const SimdOps* Avx2Ops() {
                            .exp_inplace = ExpInplace,
                            .max_no_nan = MaxNoNan,
                            .accumulate_multi = AccumulateMulti,
-                           .scores_multi = ScoresMulti};
+                           .scores_multi = ScoresMulti,
+                           .shift_exp = ShiftExp};
   return &ops;
 }
 

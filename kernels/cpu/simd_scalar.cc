@@ -59,7 +59,8 @@ const SimdOps& ScalarOps() {
                            .exp_inplace = ExpInplaceScalar,
                            .max_no_nan = nullptr,
                            .accumulate_multi = nullptr,
-                           .scores_multi = nullptr};
+                           .scores_multi = nullptr,
+                           .shift_exp = nullptr};
   return ops;
 }
 

@@ -23,6 +23,9 @@ struct SoftmaxParts {
   // *max = the max of x[0, n) and true, or false when x holds a NaN (then
   // the sequential std::max chain decides). Null: always the chain.
   bool (*max_no_nan)(const float* x, int64_t n, float* max);
+  // x[i] = kernels::Exp(x[i] - m) in one pass. Null: a shift, then
+  // exp_inplace.
+  void (*shift_exp)(float* x, int64_t n, float m) = nullptr;
 };
 
 // kernels::Softmax with a backend's parts.

@@ -35,6 +35,9 @@ struct SimdOps {
   // level has no kernel for. Null where a level has none.
   bool (*scores_multi)(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim,
                        float scale, float* scores, int64_t ld);
+  // x[i] = kernels::Exp(x[i] - m) bit for bit, in one pass; null where a
+  // level has none.
+  void (*shift_exp)(float* x, int64_t n, float m);
 };
 
 // The constants of kernels::Exp (Cephes expf), shared by every level.
@@ -49,6 +52,10 @@ inline constexpr float kExpP2 = 8.3334519073e-3f;
 inline constexpr float kExpP3 = 4.1665795894e-2f;
 inline constexpr float kExpP4 = 1.6666665459e-1f;
 inline constexpr float kExpP5 = 5.0000001201e-1f;
+// Inputs in [kExpFastLo, kExpFastHi] give n = nearbyint(x * log2(e)) in
+// [-126, 127]: Exp is y * 2^n there, with no range case to select.
+inline constexpr float kExpFastLo = -87.0f;
+inline constexpr float kExpFastHi = 88.0f;
 
 // Defines the `scores_multi` entry of a SIMD table from that translation
 // unit's own ScoresRows<C> template (keys of dim 16 * C): heads whose dim is

@@ -643,6 +643,85 @@ TEST(KernelsTest, BackendSoftmaxEqualsReferenceOnEveryLevel) {
   }
 }
 
+// The vector Exps take a short path when every lane of a vector lies in
+// [-87, 88]: around both ends, with vectors whose lanes are all inside, all
+// outside or mixed, softmax (inputs <= 0) and SwiGLU (Exp(-g), inputs of
+// both signs) must still equal the scalar definition bit for bit.
+TEST(KernelsTest, VectorExpAroundItsShortPathBoundsEqualsTheReference) {
+  std::vector<float> xs;
+  for (float x = -89.0f; x <= -85.0f; x += 0.00071f) xs.push_back(x);
+  for (float x = -87.0f; x >= -87.01f; x = std::nextafter(x, -100.0f)) xs.push_back(x);
+  for (float x = -87.0f; x <= -86.99f; x = std::nextafter(x, 0.0f)) xs.push_back(x);
+  std::vector<float> g;  // SwiGLU gates: Exp(-g) around +88 and -87
+  for (float x = -89.0f; x <= -86.0f; x += 0.00071f) g.push_back(x);
+  for (float x = 86.0f; x <= 89.0f; x += 0.00071f) g.push_back(x);
+  for (float x = -88.0f; x <= -87.99f; x = std::nextafter(x, 0.0f)) g.push_back(x);
+  for (const auto& level : Levels()) {
+    auto be = MakeBackend(level, 1);
+    ASSERT_NE(be, nullptr);
+    // Rows of 40 scores ending in 0 (the max): exps of the 39 others as given.
+    for (size_t at = 0; at + 39 <= xs.size(); at += 13) {
+      std::vector<float> s(xs.begin() + static_cast<std::ptrdiff_t>(at),
+                           xs.begin() + static_cast<std::ptrdiff_t>(at + 39));
+      s.push_back(0.0f);
+      std::vector<float> ref = s;
+      Softmax(ref.data(), static_cast<int64_t>(ref.size()));
+      be->Softmax(s.data(), static_cast<int64_t>(s.size()));
+      ASSERT_TRUE(SameBits(s, ref)) << level << " from x=" << xs[at];
+    }
+    std::vector<float> gate = g, up(g.size(), 1.5f), want(g.size());
+    for (size_t i = 0; i < g.size(); ++i) want[i] = Silu(g[i]) * up[i];
+    be->SwiGlu(gate.data(), up.data(), static_cast<int64_t>(gate.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_TRUE(SameBits(gate[i], want[i])) << level << " g=" << g[i];
+    }
+  }
+}
+
+// SoftmaxRows exponentiates and sums a group's rows block by block over
+// their common length, then each row's tail: rows of unequal lengths across
+// several blocks, in groups of every size, equal Softmax on each row alone.
+TEST(KernelsTest, SoftmaxRowsOverLongUnequalRowsEqualsSoftmaxAlone) {
+  std::mt19937_64 rng(29);
+  std::uniform_real_distribution<float> u(-30.0f, 4.0f);
+  for (const auto& level : Levels()) {
+    auto be = MakeBackend(level, 1);
+    ASSERT_NE(be, nullptr);
+    for (int64_t count : {1, 3, 9, 16, 17, 33}) {
+      std::vector<std::vector<float>> rows(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        // Causal rows (one key more each) around block edges, an empty row
+        // and a short one among them.
+        const int64_t n = i == 2 ? 0 : i == 4 ? 5 : 1021 + i * (i % 3 == 0 ? 1 : 37);
+        rows[i].resize(static_cast<size_t>(n));
+        for (float& x : rows[i]) x = u(rng);
+      }
+      std::vector<std::vector<float>> got = rows;
+      std::vector<float*> ptrs;
+      std::vector<int64_t> lens;
+      for (auto& r : got) {
+        ptrs.push_back(r.data());
+        lens.push_back(static_cast<int64_t>(r.size()));
+      }
+      be->SoftmaxRows(ptrs.data(), lens.data(), count);
+      for (int64_t i = 0; i < count; ++i) {
+        // The definition written out: max, Exp of the shifted scores, their
+        // sum in key order, then times its reciprocal.
+        std::vector<float> ref = rows[i];
+        if (!ref.empty()) {
+          float m = ref[0], sum = 0.0f;
+          for (float x : ref) m = std::max(m, x);
+          for (float& x : ref) x = Exp(x - m);
+          for (float x : ref) sum += x;
+          const float inv = 1.0f / sum;
+          for (float& x : ref) x *= inv;
+        }
+        ASSERT_TRUE(SameBits(got[i], ref)) << level << " count=" << count << " row " << i;
+      }
+    }
+  }
+}
+
 // SwiGLU's elementwise step with the levels' vectorised Exp: bit for bit the
 // scalar Silu(g) * u, across the ranges where Exp saturates, goes subnormal
 // or sees NaN and infinities, at lengths around the backend's block of 256.
