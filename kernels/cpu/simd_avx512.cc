@@ -204,11 +204,6 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
   }
 }
 
-// C 16-lane chunks of out[q][0, 16 * C) for Q weight rows p[q] over the
-// same values (the last chunk masked by `last`): per row and chunk the same
-// FMAs in the same key order as one chunk of one row at a time, but C * Q
-// independent chains keep the FMA unit busy instead of waiting on one chain's
-// latency, and each value chunk is loaded once for all Q rows.
 // Keys ahead (in the same run of rows) whose value rows a pass asks for
 // while it works on the current one: a multi-query pass's FMAs are long
 // enough that the hardware prefetchers alone left its loads waiting on
@@ -216,6 +211,12 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
 // vc_kv_attention_bench; 8 and 32 keys were no better). A prefetch past the
 // run's end reads nothing it would change.
 constexpr int64_t kValuesAhead = 16;
+
+// C 16-lane chunks of out[q][0, 16 * C) for Q weight rows p[q] over the
+// same values (the last chunk masked by `last`): per row and chunk the same
+// FMAs in the same key order as one chunk of one row at a time, but C * Q
+// independent chains keep the FMA unit busy instead of waiting on one chain's
+// latency, and each value chunk is loaded once for all Q rows.
 template <int Q, int C>
 void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t dim,
                       float* const* out, __mmask16 last) {
