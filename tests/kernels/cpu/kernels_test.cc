@@ -77,6 +77,17 @@ std::unique_ptr<KernelBackend> MakeBackend(const std::string& simd, int threads)
   return backend.ok() ? std::move(*backend) : nullptr;
 }
 
+// The backend's SoftmaxRows over every row of `rows`, in place, in one call.
+void SoftmaxRowsInPlace(const KernelBackend& backend, std::vector<std::vector<float>>* rows) {
+  std::vector<float*> ptrs;
+  std::vector<int64_t> lens;
+  for (auto& r : *rows) {
+    ptrs.push_back(r.data());
+    lens.push_back(static_cast<int64_t>(r.size()));
+  }
+  backend.SoftmaxRows(ptrs.data(), lens.data(), static_cast<int64_t>(ptrs.size()));
+}
+
 TEST(KernelsTest, ScalarLevelIsAlwaysAvailable) {
   ASSERT_FALSE(Levels().empty());
   EXPECT_EQ(Levels().front(), "scalar");
@@ -697,13 +708,7 @@ TEST(KernelsTest, SoftmaxRowsOverLongUnequalRowsEqualsSoftmaxAlone) {
         for (float& x : rows[i]) x = u(rng);
       }
       std::vector<std::vector<float>> got = rows;
-      std::vector<float*> ptrs;
-      std::vector<int64_t> lens;
-      for (auto& r : got) {
-        ptrs.push_back(r.data());
-        lens.push_back(static_cast<int64_t>(r.size()));
-      }
-      be->SoftmaxRows(ptrs.data(), lens.data(), count);
+      SoftmaxRowsInPlace(*be, &got);
       for (int64_t i = 0; i < count; ++i) {
         // The definition written out: max, Exp of the shifted scores, their
         // sum in key order, then times its reciprocal.
@@ -785,13 +790,7 @@ TEST(KernelsTest, SoftmaxWithNaNsInfinitiesAndSignedZerosEqualsTheReference) {
     auto be = MakeBackend(level, 1);
     ASSERT_NE(be, nullptr);
     std::vector<std::vector<float>> got = cases;
-    std::vector<float*> rows;
-    std::vector<int64_t> lens;
-    for (auto& c : got) {
-      rows.push_back(c.data());
-      lens.push_back(static_cast<int64_t>(c.size()));
-    }
-    be->SoftmaxRows(rows.data(), lens.data(), static_cast<int64_t>(rows.size()));
+    SoftmaxRowsInPlace(*be, &got);
     for (size_t i = 0; i < cases.size(); ++i) {
       std::vector<float> ref = cases[i], one = cases[i];
       Softmax(ref.data(), static_cast<int64_t>(ref.size()));
