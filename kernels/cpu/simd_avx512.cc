@@ -54,6 +54,30 @@ inline void Store(const __m512 (&acc)[R][T], const float* bias, int64_t o0, int6
       if (bias != nullptr) v = _mm_add_ps(v, b4);
       _mm_storeu_ps(y + t * ldy + o0, v);
     }
+  } else if constexpr (R == 2) {
+    __m256 b8 = _mm256_setzero_ps();
+    if (bias != nullptr) {
+      b8 = _mm256_setr_ps(bias[o0], bias[o0 + 1], bias[o0], bias[o0 + 1], bias[o0], bias[o0 + 1],
+                          bias[o0], bias[o0 + 1]);
+    }
+    int t = 0;
+    for (; t + 4 <= T; t += 4) {  // four tokens' 2 outputs at once
+      __m256 v = Reduce8(acc[0][t], acc[1][t], acc[0][t + 1], acc[1][t + 1], acc[0][t + 2],
+                         acc[1][t + 2], acc[0][t + 3], acc[1][t + 3]);
+      if (bias != nullptr) v = _mm256_add_ps(v, b8);
+      const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+      _mm_storel_pi(reinterpret_cast<__m64*>(y + t * ldy + o0), lo);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(y + (t + 1) * ldy + o0), lo);
+      _mm_storel_pi(reinterpret_cast<__m64*>(y + (t + 2) * ldy + o0), hi);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(y + (t + 3) * ldy + o0), hi);
+    }
+    for (; t < T; ++t) {
+      for (int r = 0; r < R; ++r) {
+        float v = Reduce(acc[r][t]);
+        if (bias != nullptr) v += bias[o0 + r];
+        y[t * ldy + o0 + r] = v;
+      }
+    }
   } else {
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < T; ++t) {
@@ -72,18 +96,25 @@ inline void PrefetchL1(const float* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
 }
 
-// How far ahead (in elements) along its own weight rows a tile asks for the
-// lines it will load: 768 bytes, 12 cache lines per row. With weights from
-// DRAM, 128..320 took about a tenth off both 1-token and 9-token products
-// against the hardware prefetchers alone, 512 less (docs/results.md section
-// 8); rows shorter than this (attention heads) are not prefetched.
+// How far ahead (in elements) along its own weight rows a 1-token tile
+// asks for the lines it will load: 768 bytes, 12 cache lines per row. With
+// weights from DRAM, 128..320 took about a tenth off both 1-token and 9-token
+// products against the hardware prefetchers alone, 512 less
+// (docs/results.md section 8); rows shorter than this (attention heads) are
+// not prefetched. A multi-token tile, whose next rows already come into L1
+// (below), looks only 256 bytes ahead: 768 left a 9- and a 33-token layer
+// about 5% slower.
 constexpr int64_t kL1Ahead = 192;
+constexpr int64_t kL1AheadMulti = 64;
 
 // R weight rows x T tokens, one accumulator per output element (token t's
 // row at x + t * ldx). It also prefetches `pf_rows` (0..R) weight rows
-// starting at pf (rows of the next row group) into L2, one cache line per row
-// per step, and its own rows kL1Ahead elements ahead into L1, so the weight
-// stream from memory overlaps the FMAs. Prefetches never change a value.
+// starting at pf (rows of the next row group), one cache line per row per
+// step, and its own rows ahead into L1, so the weight stream from memory
+// overlaps the FMAs. A 1-token tile asks for the next rows into L2; a
+// multi-token tile, whose FMAs take long enough for them to arrive, into L1:
+// on Zen 5 prefetcht1 left those tiles waiting on L2 (a 9- and a 33-token
+// layer 5-10% slower, vc_matmul_bench). Prefetches never change a value.
 template <int R, int T>
 void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_t in, int64_t o0,
           int64_t ldy, float* y, const float* pf, int pf_rows) {
@@ -91,29 +122,42 @@ void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const float* wr = w + o0 * in;
+  constexpr int64_t kAhead = T == 1 ? kL1Ahead : kL1AheadMulti;
   // Ahead of this, the L1 prefetch would leave the row (and, for the last
-  // row, the matrix); the next rows' starts are in the L2 prefetch's care.
-  const int64_t l1_end = in - kL1Ahead;
+  // row, the matrix); the next rows' starts are in the next-rows prefetch's
+  // care.
+  const int64_t l1_end = in - kAhead;
+  auto next_rows = [](const float* p) {
+    if constexpr (T == 1) {
+      PrefetchL2(p);
+    } else {
+      PrefetchL1(p);
+    }
+  };
   auto step = [&](int64_t i) {
     __m512 wv[R];
     if (i < l1_end) {
-      for (int r = 0; r < R; ++r) PrefetchL1(wr + r * in + i + kL1Ahead);
+      for (int r = 0; r < R; ++r) PrefetchL1(wr + r * in + i + kAhead);
     }
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(wr + r * in + i);
     for (int t = 0; t < T; ++t) {
-      const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
+      __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
+      // One load per token and step: without this GCC 12 folds the load
+      // into each of the R FMAs (R loads), and a 9-token layer of the 110M
+      // shape took 1.85-2.09 instead of 1.27-1.29 ms in the 2-row tiles.
+      asm("" : "+v"(xv));
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
     }
   };
   int64_t i = 0;
   if (pf_rows == R) {
     for (; i + 16 <= in; i += 16) {
-      for (int r = 0; r < R; ++r) PrefetchL2(pf + r * in + i);
+      for (int r = 0; r < R; ++r) next_rows(pf + r * in + i);
       step(i);
     }
   } else if (pf_rows > 0) {
     for (; i + 16 <= in; i += 16) {
-      for (int r = 0; r < pf_rows; ++r) PrefetchL2(pf + r * in + i);
+      for (int r = 0; r < pf_rows; ++r) next_rows(pf + r * in + i);
       step(i);
     }
   } else {
@@ -143,6 +187,20 @@ constexpr const TileFn* kTiles[kRows + 1] = {nullptr, kTilesForRows<1>, kTilesFo
 // Tokens are processed in spans of at most this many (which bounds the copy
 // of x below).
 constexpr int64_t kSpanTokens = int64_t{8} * kTokens;
+
+// Spans of at most kWideTokens tokens whose rows fit in kResidentXBytes are
+// done in 2-row tiles over every token of the span instead: x then stays in
+// L1 for the whole product and each weight row is used once, as it streams
+// in, where the 4-row tiles' token tiles evicted each other's x (and the
+// group's weights) from L1 between row groups. A 9-token 1024-wide product
+// took 12-20% less (one thread, weights from DRAM); with 2816-wide rows
+// (a 9-token x of 99 KiB) the 2-row tiles were 20% slower.
+constexpr int kWideTokens = 12;
+constexpr int64_t kResidentXBytes = int64_t{40} << 10;
+template <int R>
+constexpr TileFn kWideTiles[kWideTokens + 1] = {
+    nullptr,    Tile<R, 1>, Tile<R, 2>, Tile<R, 3>,  Tile<R, 4>,  Tile<R, 5>, Tile<R, 6>,
+    Tile<R, 7>, Tile<R, 8>, Tile<R, 9>, Tile<R, 10>, Tile<R, 11>, Tile<R, 12>};
 
 // Only the order in which output elements are visited, where x is read from
 // and the prefetches are chosen here; each element is still one Tile
@@ -183,6 +241,16 @@ void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bia
       buf += (16 - (reinterpret_cast<uintptr_t>(buf) / 4) % 16) % 16;  // 64-byte aligned
       for (int64_t t = 0; t < span; ++t) std::copy_n(xs + t * in, in, buf + t * ldx);
       xs = buf;
+    }
+    if (span <= kWideTokens &&
+        span * ldx * static_cast<int64_t>(sizeof(float)) <= kResidentXBytes) {
+      for (o = o_first; o + 2 <= o_end; o += 2) {
+        const bool next = o + 4 <= o_end;
+        kWideTiles<2>[span](xs, ldx, w, bias, in, o, ldy, y + ts * ldy,
+                            next ? w + (o + 2) * in : nullptr, next ? 2 : 0);
+      }
+      if (o < o_end) kWideTiles<1>[span](xs, ldx, w, bias, in, o, ldy, y + ts * ldy, nullptr, 0);
+      continue;
     }
     // Near-equal token tiles of at most kTokens (32 tokens: 6+6+5+5+5+5, not
     // 6*5+2). A row group's weights stay in L1 while every tile of the span
@@ -317,31 +385,49 @@ void AccumulateMulti(const float* p, int64_t ldp, int64_t nq, const float* v, in
   AccumulateInGroups<kMaxRowsPerPass>(kRows, p, ldp, nq, v, n, dim, out);
 }
 
-// scores[t * ld + r] = Dot(q_t, k_r) * scale for 8 key rows r and every
-// query t < nq, the rows' dim = 16 * C. Per output the FMAs of Dot in its
-// order (lane l: chunk 0, 1, ... of the row) and then the canonical tree;
-// the 8 keys' trees are done together (Reduce8) and stored as one vector.
+// scores[t * ld + r] = Dot(q_t, k_r) * scale for 8 key rows r and Q
+// queries t, the rows' dim = 16 * C. Per output the FMAs of Dot in its order
+// (lane l: chunk 0, 1, ... of the row) and then the canonical tree; the 8
+// keys' trees are done together (Reduce8) and stored as one vector. Each key
+// chunk is loaded once for the Q queries (one query at a time loaded every
+// key chunk once per query, 9 loads per 8 FMAs, and waited on the load ports).
+template <int C, int Q>
+inline void ScoresQueries(const float* q, const float* k, float scale, float* scores, int64_t ld) {
+  constexpr int64_t kDim = int64_t{16} * C;
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 acc[Q][8];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    __m512 qc[Q];
+#pragma GCC unroll 4
+    for (int t = 0; t < Q; ++t) qc[t] = _mm512_loadu_ps(q + t * kDim + int64_t{16} * c);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      __m512 kv = _mm512_loadu_ps(k + r * kDim + int64_t{16} * c);
+      if constexpr (Q > 1) asm("" : "+v"(kv));  // one load for the Q FMAs, not one each
+#pragma GCC unroll 4
+      for (int t = 0; t < Q; ++t) acc[t][r] = _mm512_fmadd_ps(qc[t], kv, c == 0 ? zero : acc[t][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < Q; ++t) {
+    const __m256 s = Reduce8(acc[t][0], acc[t][1], acc[t][2], acc[t][3], acc[t][4], acc[t][5],
+                             acc[t][6], acc[t][7]);
+    _mm256_storeu_ps(scores + t * ld, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+  }
+}
+
+// ScoresQueries over every query t < nq, three at a time.
 template <int C>
 void ScoresTile8(const float* q, int64_t nq, const float* k, float scale, float* scores,
                  int64_t ld) {
   constexpr int64_t kDim = int64_t{16} * C;
-  const __m512 zero = _mm512_setzero_ps();
-  for (int64_t t = 0; t < nq; ++t) {
-    const float* qt = q + t * kDim;
-    __m512 acc[8];
-    const __m512 q0 = _mm512_loadu_ps(qt);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) acc[r] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(k + r * kDim), zero);
-#pragma GCC unroll 8
-    for (int c = 1; c < C; ++c) {
-      const __m512 qc = _mm512_loadu_ps(qt + int64_t{16} * c);
-#pragma GCC unroll 8
-      for (int r = 0; r < 8; ++r) {
-        acc[r] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k + r * kDim + int64_t{16} * c), acc[r]);
-      }
-    }
-    const __m256 s = Reduce8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
-    _mm256_storeu_ps(scores + t * ld, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+  int64_t t = 0;
+  for (; t + 3 <= nq; t += 3) ScoresQueries<C, 3>(q + t * kDim, k, scale, scores + t * ld, ld);
+  if (nq - t == 2) {
+    ScoresQueries<C, 2>(q + t * kDim, k, scale, scores + t * ld, ld);
+  } else if (nq - t == 1) {
+    ScoresQueries<C, 1>(q + t * kDim, k, scale, scores + t * ld, ld);
   }
 }
 
