@@ -55,6 +55,15 @@ void KernelBackend::MatmulTyped(const float* x, int64_t tokens, const void* w, D
   }
 }
 
+void KernelBackend::MatmulBlocks(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
+                                 int64_t blocks, int64_t in, int64_t out, float* y) {
+  const auto* bytes = static_cast<const uint8_t*>(w);
+  for (int64_t b = 0; b < blocks; ++b) {
+    MatmulTyped(x + b * tokens * in, tokens, bytes + b * out * in * DtypeBytes(w_dtype), w_dtype,
+                nullptr, in, out, y + b * tokens * out);
+  }
+}
+
 void KernelBackend::AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
                                          int64_t head_dim, float scale, float* scores,
                                          int64_t ld) const {

@@ -82,6 +82,16 @@ class KernelBackend {
   virtual void MatmulTyped(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
                            const float* bias, int64_t in, int64_t out, float* y);
 
+  // `blocks` independent products without bias, as one call: for b <
+  // blocks, y + b*tokens*out = MatmulTyped(x + b*tokens*in, tokens, w_b,
+  // w_dtype, nullptr, in, out), where w_b starts b*out*in elements into w
+  // (x, w and y hold the blocks back to back). Each element equals that
+  // block's MatmulTyped; a backend may stream the blocks in one parallel
+  // pass instead of one per block (the engine's row-parallel products, whose
+  // column blocks are 128..352 wide on the 110M shape).
+  virtual void MatmulBlocks(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
+                            int64_t blocks, int64_t in, int64_t out, float* y);
+
   // scores[j] = Dot(q, k + j*head_dim, head_dim) * scale, j < n.
   virtual void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim,
                                float scale, float* scores) const = 0;

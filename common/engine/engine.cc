@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/cache_line_allocator.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/collective/collective.h"
@@ -87,12 +88,17 @@ struct Engine::Rank {
   std::unique_ptr<kernels::KernelBackend> backend;
   std::unique_ptr<collective::Communicator> comm;
   std::vector<float> x, xb, q, k, v, att, proj, gate, up, final_norm, local, gathered, kv_row;
-  std::vector<float> xblk, partials;
+  // x's column blocks for the row-parallel products, each row on a cache
+  // line when the block width is a multiple of 16 (so the kernels need not
+  // copy them to aligned rows).
+  CacheLineVector<float> xblk;
+  std::vector<float> partials;
   // This rank's blocks of o_proj and down_proj per layer, packed
   // [block][out][len/B] in the weights' dtype (raw bytes) so that each block
   // is one plain Matmul (the register-tiled kernel) rather than a strided Dot
-  // per element.
-  std::vector<std::vector<uint8_t>> wo_blocks, w2_blocks;
+  // per element. On a cache line, as the model's own weights are (see
+  // common/base/cache_line_allocator.h).
+  std::vector<CacheLineVector<uint8_t>> wo_blocks, w2_blocks;
 };
 
 struct Engine::Pass {
@@ -208,7 +214,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   auto pack = [&](const WeightMatrix& w, int64_t len, int64_t n_out, int r) {
     const int64_t blk = len / blocks, eb = DtypeBytes(w.dtype);
     const auto* src = static_cast<const uint8_t*>(w.data);
-    std::vector<uint8_t> out(static_cast<size_t>(my_blocks * n_out * blk * eb));
+    CacheLineVector<uint8_t> out(static_cast<size_t>(my_blocks * n_out * blk * eb));
     for (int b = 0; b < my_blocks; ++b) {
       const int64_t col = (int64_t{r} * my_blocks + b) * blk;
       for (int64_t o = 0; o < n_out; ++o) {
@@ -397,19 +403,20 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
   // this rank holds columns [col0, col0 + len/T) of x (as `x_local`, rows of
   // len/T). Each rank sums its aligned run of blocks; the T roots are
   // gathered and combined by the same tree, in rank order.
-  auto row_parallel = [&](const float* x_local, const std::vector<uint8_t>& packed, Dtype dtype,
+  auto row_parallel = [&](const float* x_local, const CacheLineVector<uint8_t>& packed, Dtype dtype,
                           int64_t len, int64_t n_out, float* out) -> absl::Status {
     const int64_t blk = len / blocks, local_len = len / tp, n = n_rows * n_out;
-    me.xblk.resize(n_rows * blk);
+    me.xblk.resize(my_blocks * n_rows * blk);
     me.partials.resize(my_blocks * n);
     for (int b = 0; b < my_blocks; ++b) {
       for (int64_t t = 0; t < n_rows; ++t) {
-        std::copy_n(x_local + t * local_len + b * blk, blk, &me.xblk[t * blk]);
+        std::copy_n(x_local + t * local_len + b * blk, blk, &me.xblk[(b * n_rows + t) * blk]);
       }
-      // Element (t, o) is exactly Dot(block b of x[t], block b of w[o]).
-      be.MatmulTyped(me.xblk.data(), n_rows, &packed[b * n_out * blk * DtypeBytes(dtype)], dtype,
-                     nullptr, blk, n_out, &me.partials[b * n]);
     }
+    // Element (t, o) of block b is exactly Dot(block b of x[t], block b of
+    // w[o]); the blocks go to the backend as one call.
+    be.MatmulBlocks(me.xblk.data(), n_rows, packed.data(), dtype, my_blocks, blk, n_out,
+                    me.partials.data());
     me.local.resize(n);
     for (int64_t i = 0; i < n; ++i) me.local[i] = TreeSum(&me.partials[i], my_blocks, n);
     if (tp == 1) {
