@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <utility>
-#include <vector>
 
 #include "kernels/cpu/internal/simd_ops.h"
 
@@ -118,40 +117,27 @@ constexpr int kTokens = 3;
 template <int R>
 constexpr TileFn kTilesForRows[kTokens + 1] = {nullptr, Tile<R, 1>, Tile<R, 2>, Tile<R, 3>};
 constexpr const TileFn* kTiles[kRows + 1] = {nullptr, kTilesForRows<1>, kTilesForRows<2>};
-// Tokens are processed in spans of at most this many (which bounds the copy
-// of x below).
+// Tokens are processed in spans of at most this many, each span's x rows
+// staying in L2 while every row group passes over them.
 constexpr int64_t kSpanTokens = 48;
 
-// As in simd_avx512.cc: only the visiting order of output elements, where x
-// is read from and the prefetches are chosen here; every element is still
-// one Tile accumulator pair over the whole row.
-void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
-                int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
+// As in simd_avx512.cc: only the visiting order of output elements and the
+// prefetches are chosen here; every element is still one Tile accumulator
+// pair over the whole row.
+void MatmulRows(const float* x, int64_t ldx, int64_t tokens, const float* w, const float* bias,
+                int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
   int64_t o = o_begin;
   if (tokens == 1) {
     for (; o + 4 <= o_end; o += 4) {
       const float* pf = o + 8 <= o_end ? w + (o + 4) * in : nullptr;
-      Tile<4, 1>(x, in, w, bias, in, o, ldy, y, pf);
+      Tile<4, 1>(x, ldx, w, bias, in, o, ldy, y, pf);
     }
     if (o == o_end) return;
   }
   const int64_t o_first = o;
-  // x rows with a stride that is a multiple of 2 KiB alias in L1 (see
-  // simd_avx512.cc); they are copied (exactly) into 64-byte longer rows.
-  const bool pack = in % 512 == 0;
-  thread_local std::vector<float> packed;
   for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
     const int64_t span = std::min(tokens - ts, kSpanTokens);
-    const float* xs = x + ts * in;
-    int64_t ldx = in;
-    if (pack) {
-      ldx = in + 16;
-      packed.resize(static_cast<size_t>(span * ldx + 16));
-      float* buf = packed.data();
-      buf += (16 - (reinterpret_cast<uintptr_t>(buf) / 4) % 16) % 16;  // 64-byte aligned
-      for (int64_t t = 0; t < span; ++t) std::copy_n(xs + t * in, in, buf + t * ldx);
-      xs = buf;
-    }
+    const float* xs = x + ts * ldx;
     // Near-equal token tiles of at most kTokens; the first tile of a row
     // group prefetches the next group's weights.
     const int64_t ntiles = (span + kTokens - 1) / kTokens;

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "kernels/cpu/internal/avx512_lanes.h"
 #include "kernels/cpu/internal/simd_ops.h"
@@ -184,8 +183,8 @@ constexpr TileFn kTilesForRows[kTokens + 1] = {nullptr,    Tile<R, 1>, Tile<R, 2
                                                Tile<R, 4>, Tile<R, 5>, Tile<R, 6>};
 constexpr const TileFn* kTiles[kRows + 1] = {nullptr, kTilesForRows<1>, kTilesForRows<2>,
                                              kTilesForRows<3>, kTilesForRows<4>};
-// Tokens are processed in spans of at most this many (which bounds the copy
-// of x below).
+// Tokens are processed in spans of at most this many, each span's x rows
+// staying in L2 while every row group passes over them.
 constexpr int64_t kSpanTokens = int64_t{8} * kTokens;
 
 // Spans of at most kWideTokens tokens whose rows fit in kResidentXBytes are
@@ -202,46 +201,26 @@ constexpr TileFn kWideTiles[kWideTokens + 1] = {
     nullptr,    Tile<R, 1>, Tile<R, 2>, Tile<R, 3>,  Tile<R, 4>,  Tile<R, 5>, Tile<R, 6>,
     Tile<R, 7>, Tile<R, 8>, Tile<R, 9>, Tile<R, 10>, Tile<R, 11>, Tile<R, 12>};
 
-// Only the order in which output elements are visited, where x is read from
-// and the prefetches are chosen here; each element is still one Tile
+// Only the order in which output elements are visited and the prefetches
+// are chosen here (the backend has already put x's rows where they load
+// best, kernels/cpu/cpu_backend.cc); each element is still one Tile
 // accumulator over the whole row, i.e. the canonical dot product.
-void MatmulRows(const float* x, int64_t tokens, const float* w, const float* bias, int64_t in,
-                int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
+void MatmulRows(const float* x, int64_t ldx, int64_t tokens, const float* w, const float* bias,
+                int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
   int64_t o = o_begin;
   if (tokens == 1) {
     // Matrix-vector: 8 rows per pass keep more loads in flight; the next 8
     // rows (inside this range) are prefetched meanwhile.
     for (; o + 8 <= o_end; o += 8) {
       const bool next = o + 16 <= o_end;
-      Tile<8, 1>(x, in, w, bias, in, o, ldy, y, next ? w + (o + 8) * in : nullptr, next ? 8 : 0);
+      Tile<8, 1>(x, ldx, w, bias, in, o, ldy, y, next ? w + (o + 8) * in : nullptr, next ? 8 : 0);
     }
     if (o == o_end) return;
   }
   const int64_t o_first = o;
-  // With a row stride that is a multiple of 2 KiB, the same offset of every
-  // token row falls into the same few L1 sets as the weight rows' and the
-  // tile's operands evict each other (4K aliasing); such x rows are copied
-  // (exactly) into a buffer whose rows are 64 bytes longer. x rows that do
-  // not start on a cache line (the engine's activation buffers need not)
-  // are copied too, to rows that do, when enough weight rows follow to pay
-  // for the copy: otherwise most x loads span two lines (a 9..33-token
-  // 2816 x 1024 product cost up to 15% more). Small products (the
-  // attention scores' key blocks) keep reading x in place.
-  const bool x_off_line = reinterpret_cast<uintptr_t>(x) % 64 != 0 || in % 16 != 0;
-  const bool pack = in % 512 == 0 || (x_off_line && in >= 256 && o_end - o_begin >= 64);
-  thread_local std::vector<float> packed;
   for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
     const int64_t span = std::min(tokens - ts, kSpanTokens);
-    const float* xs = x + ts * in;
-    int64_t ldx = in;
-    if (pack) {
-      ldx = (in + 15) / 16 * 16 + 16;  // rows on cache lines
-      packed.resize(static_cast<size_t>(span * ldx + 16));
-      float* buf = packed.data();
-      buf += (16 - (reinterpret_cast<uintptr_t>(buf) / 4) % 16) % 16;  // 64-byte aligned
-      for (int64_t t = 0; t < span; ++t) std::copy_n(xs + t * in, in, buf + t * ldx);
-      xs = buf;
-    }
+    const float* xs = x + ts * ldx;
     if (span <= kWideTokens &&
         span * ldx * static_cast<int64_t>(sizeof(float)) <= kResidentXBytes) {
       for (o = o_first; o + 2 <= o_end; o += 2) {

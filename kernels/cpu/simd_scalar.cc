@@ -22,13 +22,14 @@ float DotScalar(const float* a, const float* b, int64_t n) {
   return ReduceLanes16(lane);
 }
 
-void MatmulRowsScalar(const float* x, int64_t tokens, const float* w, const float* bias,
-                      int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
+void MatmulRowsScalar(const float* x, int64_t ldx, int64_t tokens, const float* w,
+                      const float* bias, int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy,
+                      float* y) {
   // Weight row outermost: each row is read from memory once and stays in
   // cache while every token uses it.
   for (int64_t o = o_begin; o < o_end; ++o) {
     for (int64_t t = 0; t < tokens; ++t) {
-      float v = DotScalar(x + t * in, w + o * in, in);
+      float v = DotScalar(x + t * ldx, w + o * in, in);
       if (bias != nullptr) v += bias[o];
       y[t * ldy + o] = v;
     }

@@ -9,10 +9,11 @@ namespace vc::kernels::cpu {
 
 struct SimdOps {
   float (*dot)(const float* a, const float* b, int64_t n);
-  // y[t*ldy + o] = (bias? bias[o] : 0) + dot(x + t*in, w + o*in, in) for t in
-  // [0, tokens), o in [o_begin, o_end).
-  void (*matmul_rows)(const float* x, int64_t tokens, const float* w, const float* bias,
-                      int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y);
+  // y[t*ldy + o] = (bias? bias[o] : 0) + dot(x + t*ldx, w + o*in, in) for t
+  // in [0, tokens), o in [o_begin, o_end); ldx >= in.
+  void (*matmul_rows)(const float* x, int64_t ldx, int64_t tokens, const float* w,
+                      const float* bias, int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy,
+                      float* y);
   // out[d] = fma(p[j], v[j*dim + d], out[d]), j in order.
   void (*accumulate)(const float* p, const float* v, int64_t n, int64_t dim, float* out);
   // scores[j] = dot(q, k + j*dim, dim) * scale, j < n (one call per head

@@ -292,7 +292,9 @@ TEST(KernelsTest, MatmulTypedEqualsMatmulOnWidenedWeights) {
 // thread count, in the CPU backend's one-pass form and the default loop.
 TEST(KernelsTest, MatmulBlocksEqualsTheCanonicalDotOfEachBlock) {
   const std::vector<MatmulShape> shapes = {
-      {1, 128, 64}, {9, 16, 33}, {5, 44, 100}, {33, 24, 17}, {2, 0, 5}, {0, 8, 8}, {9, 352, 70},
+      {1, 128, 64},  {9, 16, 33}, {5, 44, 100}, {33, 24, 17},
+      {2, 0, 5},     {0, 8, 8},   {9, 352, 70}, {50, 16, 20},  // spans of 48 tokens
+      {50, 256, 70},                                           // arranged (copied) x
   };
   for (const auto& level : Levels()) {
     for (int threads : {1, 2, 3}) {
