@@ -186,11 +186,10 @@ class CpuBackend final : public KernelBackend {
   // that do not start on a cache line make most vector loads span two lines
   // (a 9..33-token 2816 x 1024 product cost up to 15% more). Such rows are
   // copied, exactly, into this thread's buffer: rows on cache lines, 64 bytes
-  // longer than a multiple of 16 floats. The copy is made once per call,
-  // before the rows are split among the threads (made by each thread's
-  // kernel call, it cost a 9-token 1024 x 1024 product about 20% on two
-  // threads). 1-token products, small ones (under 64 outputs or 256-wide
-  // rows) and the scalar level read x in place.
+  // longer than a multiple of 16 floats. The copy is made once per call and
+  // span, before the rows are split among the threads (not once per run of
+  // rows a thread claims). 1-token products, small ones (under 64 outputs
+  // or 256-wide rows) and the scalar level read x in place.
   RowsOfX ArrangeX(const float* x, int64_t blocks, int64_t block_rows, int64_t span, int64_t in,
                    int64_t out) const {
     const bool off_line =
