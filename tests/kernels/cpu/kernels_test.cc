@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace vc::kernels {
@@ -296,46 +297,49 @@ TEST(KernelsTest, MatmulBlocksEqualsTheCanonicalDotOfEachBlock) {
       {2, 0, 5},     {0, 8, 8},   {9, 352, 70}, {50, 16, 20},  // spans of 48 tokens
       {50, 256, 70},                                           // arranged (copied) x
   };
+  std::vector<std::pair<std::string, std::unique_ptr<KernelBackend>>> backends;
   for (const auto& level : Levels()) {
     for (int threads : {1, 2, 3}) {
       for (bool use_default : {false, true}) {
         std::unique_ptr<KernelBackend> backend = MakeBackend(level, threads);
         ASSERT_NE(backend, nullptr);
         if (use_default) backend = std::make_unique<DefaultTypedBackend>(std::move(backend));
-        std::mt19937_64 rng(31);
-        for (const auto& s : shapes) {
-          for (int64_t blocks : {1, 2, 3, 8}) {
-            const auto x = Spread(rng, blocks * s.tokens * s.in);
-            const auto wf = Spread(rng, blocks * s.out * s.in);
-            for (Dtype dtype : {Dtype::kF32, Dtype::kBf16, Dtype::kF16}) {
-              std::vector<uint16_t> narrow(wf.size());
-              std::vector<float> wide = wf;
-              if (dtype != Dtype::kF32) {
-                for (size_t i = 0; i < wf.size(); ++i) {
-                  narrow[i] = NarrowBits(wf[i], dtype);
-                  wide[i] = WidenBits(narrow[i], dtype);
-                }
-              }
-              std::vector<float> want(static_cast<size_t>(blocks * s.tokens * s.out));
-              for (int64_t b = 0; b < blocks; ++b) {
-                for (int64_t t = 0; t < s.tokens; ++t) {
-                  for (int64_t o = 0; o < s.out; ++o) {
-                    want[static_cast<size_t>((b * s.tokens + t) * s.out + o)] =
-                        CanonicalDot(x.data() + (b * s.tokens + t) * s.in,
-                                     wide.data() + (b * s.out + o) * s.in, s.in);
-                  }
-                }
-              }
-              std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
-              const void* w = dtype == Dtype::kF32 ? static_cast<const void*>(wf.data())
-                                                   : static_cast<const void*>(narrow.data());
-              backend->MatmulBlocks(x.data(), s.tokens, w, dtype, blocks, s.in, s.out, got.data());
-              ASSERT_TRUE(SameBits(want, got))
-                  << level << " threads=" << threads << " default=" << use_default
-                  << " dtype=" << DtypeName(dtype) << " blocks=" << blocks << " tokens=" << s.tokens
-                  << " in=" << s.in << " out=" << s.out;
+        backends.emplace_back(absl::StrCat(level, " threads=", threads, " default=", use_default),
+                              std::move(backend));
+      }
+    }
+  }
+  std::mt19937_64 rng(31);
+  for (const auto& s : shapes) {
+    for (int64_t blocks : {1, 2, 8}) {
+      const auto x = Spread(rng, blocks * s.tokens * s.in);
+      const auto wf = Spread(rng, blocks * s.out * s.in);
+      for (Dtype dtype : {Dtype::kF32, Dtype::kBf16, Dtype::kF16}) {
+        std::vector<uint16_t> narrow(wf.size());
+        std::vector<float> wide = wf;
+        if (dtype != Dtype::kF32) {
+          for (size_t i = 0; i < wf.size(); ++i) {
+            narrow[i] = NarrowBits(wf[i], dtype);
+            wide[i] = WidenBits(narrow[i], dtype);
+          }
+        }
+        std::vector<float> want(static_cast<size_t>(blocks * s.tokens * s.out));
+        for (int64_t b = 0; b < blocks; ++b) {
+          for (int64_t t = 0; t < s.tokens; ++t) {
+            for (int64_t o = 0; o < s.out; ++o) {
+              want[static_cast<size_t>((b * s.tokens + t) * s.out + o)] = CanonicalDot(
+                  x.data() + (b * s.tokens + t) * s.in, wide.data() + (b * s.out + o) * s.in, s.in);
             }
           }
+        }
+        const void* w = dtype == Dtype::kF32 ? static_cast<const void*>(wf.data())
+                                             : static_cast<const void*>(narrow.data());
+        for (const auto& [name, backend] : backends) {
+          std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+          backend->MatmulBlocks(x.data(), s.tokens, w, dtype, blocks, s.in, s.out, got.data());
+          ASSERT_TRUE(SameBits(want, got))
+              << name << " dtype=" << DtypeName(dtype) << " blocks=" << blocks
+              << " tokens=" << s.tokens << " in=" << s.in << " out=" << s.out;
         }
       }
     }
