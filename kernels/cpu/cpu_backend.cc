@@ -54,16 +54,15 @@ class CpuBackend final : public KernelBackend {
   // the buffer round trip; the results would be the same.)
   void MatmulTyped(const float* x, int64_t tokens, const void* w, Dtype w_dtype,
                    const float* bias, int64_t in, int64_t out, float* y) override {
+    if (w_dtype == Dtype::kF32) {
+      MatmulF32(x, tokens, static_cast<const float*>(w), bias, 1, in, out, y);
+      return;
+    }
     for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
       const int64_t span = std::min(kSpanTokens, tokens - ts);
       const RowsOfX xs = ArrangeX(x + ts * in, 1, tokens, span, in, out);
       float* ys = y + ts * out;
       ForRowRuns(out, span * in, [&](int64_t o0, int64_t o1) {
-        if (w_dtype == Dtype::kF32) {
-          ops_.matmul_rows(xs.x, xs.ldx, span, static_cast<const float*>(w), bias, in, o0, o1, out,
-                           ys);
-          return;
-        }
         thread_local std::vector<float> wide;
         wide.resize(static_cast<size_t>(kBlockRows * in));
         const auto* h = static_cast<const uint16_t*>(w);
@@ -93,17 +92,7 @@ class CpuBackend final : public KernelBackend {
       KernelBackend::MatmulBlocks(x, tokens, w, w_dtype, blocks, in, out, y);
       return;
     }
-    const auto* wf = static_cast<const float*>(w);
-    for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
-      const int64_t span = std::min(kSpanTokens, tokens - ts);
-      const RowsOfX xs = ArrangeX(x + ts * in, blocks, tokens, span, in, out);
-      ForRowRuns(out, blocks * span * in, [&](int64_t o0, int64_t o1) {
-        for (int64_t b = 0; b < blocks; ++b) {
-          ops_.matmul_rows(xs.x + b * xs.block_stride, xs.ldx, span, wf + b * out * in, nullptr, in,
-                           o0, o1, out, y + (b * tokens + ts) * out);
-        }
-      });
-    }
+    MatmulF32(x, tokens, static_cast<const float*>(w), nullptr, blocks, in, out, y);
   }
 
   void AttentionScores(const float* q, const float* k, int64_t n, int64_t head_dim, float scale,
@@ -206,6 +195,24 @@ class CpuBackend final : public KernelBackend {
       }
     }
     return {arranged.data(), ldx, span * ldx};
+  }
+
+  // The f32 products of `blocks` matrices (as MatmulBlocks lays them out;
+  // `bias`, if any, added in every block): each span of kSpanTokens tokens
+  // gets its x arranged once, and its rows split over the pool once for all
+  // the blocks.
+  void MatmulF32(const float* x, int64_t tokens, const float* w, const float* bias, int64_t blocks,
+                 int64_t in, int64_t out, float* y) {
+    for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
+      const int64_t span = std::min(kSpanTokens, tokens - ts);
+      const RowsOfX xs = ArrangeX(x + ts * in, blocks, tokens, span, in, out);
+      ForRowRuns(out, blocks * span * in, [&](int64_t o0, int64_t o1) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          ops_.matmul_rows(xs.x + b * xs.block_stride, xs.ldx, span, w + b * out * in, bias, in, o0,
+                           o1, out, y + (b * tokens + ts) * out);
+        }
+      });
+    }
   }
 
   // Runs fn(o0, o1) over [0, out) in row ranges on the pool. Work is split

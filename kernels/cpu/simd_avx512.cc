@@ -28,6 +28,20 @@ float Dot(const float* a, const float* b, int64_t n) {
   return Reduce(acc);
 }
 
+// y[t * ldy + o0 + r] = Reduce(acc[r][t]) (+ bias[o0 + r]) for tokens t >=
+// t_begin, one output at a time.
+template <int R, int T>
+inline void StoreEach(const __m512 (&acc)[R][T], const float* bias, int64_t o0, int64_t ldy,
+                      float* y, int t_begin) {
+  for (int r = 0; r < R; ++r) {
+    for (int t = t_begin; t < T; ++t) {
+      float v = Reduce(acc[r][t]);
+      if (bias != nullptr) v += bias[o0 + r];
+      y[t * ldy + o0 + r] = v;
+    }
+  }
+}
+
 // y[t * ldy + o0 + r] = Reduce(acc[r][t]) (+ bias[o0 + r]). Groups of 4 or 8
 // outputs that are contiguous in y are reduced and stored together.
 template <int R, int T>
@@ -70,21 +84,9 @@ inline void Store(const __m512 (&acc)[R][T], const float* bias, int64_t o0, int6
       _mm_storel_pi(reinterpret_cast<__m64*>(y + (t + 2) * ldy + o0), hi);
       _mm_storeh_pi(reinterpret_cast<__m64*>(y + (t + 3) * ldy + o0), hi);
     }
-    for (; t < T; ++t) {
-      for (int r = 0; r < R; ++r) {
-        float v = Reduce(acc[r][t]);
-        if (bias != nullptr) v += bias[o0 + r];
-        y[t * ldy + o0 + r] = v;
-      }
-    }
+    StoreEach<R, T>(acc, bias, o0, ldy, y, t);
   } else {
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < T; ++t) {
-        float v = Reduce(acc[r][t]);
-        if (bias != nullptr) v += bias[o0 + r];
-        y[t * ldy + o0 + r] = v;
-      }
-    }
+    StoreEach<R, T>(acc, bias, o0, ldy, y, 0);
   }
 }
 
