@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/internal/avx2_lanes.h"
 #include "kernels/cpu/internal/kv_quant_ops.h"
 
 namespace vc::kernels::cpu {
@@ -76,13 +77,7 @@ struct Avx2Vec {
     return {_mm256_sub_epi32(v.lo, k), _mm256_sub_epi32(v.hi, k)};
   }
   static F ToFloat(I v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
-  // The canonical lane tree (ReduceLanes16): the same pairs, lower lane first.
-  static float Reduce(F v) {
-    const __m256 s8 = _mm256_add_ps(v.lo, v.hi);  // l[k] + l[k+8]
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));    // s4[k] + s4[k+2]
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));  // s2[0] + s2[1]
-  }
+  static float Reduce(F v) { return cpu::Reduce(v.lo, v.hi); }
 };
 
 }  // namespace

@@ -26,7 +26,10 @@ struct Int8Src {
   const int8_t* q;
   const float* scales;
   int64_t padded_in;
-  __m512 Load(int64_t o, int64_t i) const {
+  static constexpr bool kGrouped = false;
+  using Group = int;  // no per-group state
+  Group GroupOf(int64_t /*o*/, int64_t /*g*/) const { return 0; }
+  __m512 Load(int64_t o, int64_t i, Group /*group*/) const {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + o * padded_in + i));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
   }
@@ -42,15 +45,28 @@ struct Int4Src {
   int64_t groups;
   int group;
   int64_t padded_in;
-  __m512 Load(int64_t o, int64_t i) const {
+  static constexpr bool kGrouped = true;
+  int BlocksPerGroup() const { return group / 16; }
+  // Every weight of group g of row o is one of 16 values, (c - 8) * s for
+  // code c: they are computed once per group (one multiply, each lane
+  // rounded as the definition's product), and each block picks its lanes
+  // from them with a permute instead of converting and scaling every code:
+  // a 1-token product over int4 weights took 0.48x the f32 one, slower than
+  // int8's 0.30x, and now 0.20-0.24x (vc_matmul_bench --quantized).
+  using Group = __m512;
+  Group GroupOf(int64_t o, int64_t g) const {
+    const __m512 codes = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f,
+                                        2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+    return _mm512_mul_ps(codes, _mm512_set1_ps(scales[o * groups + g]));
+  }
+  __m512 Load(int64_t o, int64_t i, Group values) const {
     const __m128i b =
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + o * (padded_in / 2) + i / 2));
-    const __m128i m = _mm_set1_epi8(0x0F);
-    // Elements 0..7 from the low nibbles, 8..15 from the high ones.
-    const __m128i bytes =
-        _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m512i qi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(8));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(scales[o * groups + i / group]));
+    // Elements 0..7 from the low nibbles, 8..15 from the high ones: the
+    // permute reads only the low 4 bits of each index, so the other nibble
+    // of each byte may stay.
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(b, _mm_srli_epi16(b, 4)));
+    return _mm512_permutexvar_ps(idx, values);
   }
   float Finish(int64_t, float sum) const { return sum; }
   const char* Addr(int64_t o, int64_t i) const {
@@ -72,15 +88,29 @@ void Tile(const Src& src, const float* x, int64_t ldx, const float* bias, int64_
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  // Each row's per-group state (int4: its 16 values), renewed at every
+  // group boundary; g is counted, not divided out of i.
+  typename Src::Group group[R];
+  for (int r = 0; r < R; ++r) group[r] = src.GroupOf(o0 + r, 0);
+  int64_t g = 0;
+  int left = 0;
+  if constexpr (Src::kGrouped) left = src.BlocksPerGroup();
   for (int64_t i = 0; i < src.padded_in; i += 16) {
     if (pf_next && i % 64 == 0) {
       for (int r = 0; r < R; ++r) _mm_prefetch(src.Addr(o0 + R + r, i), _MM_HINT_T1);
     }
     __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = src.Load(o0 + r, i);
+    for (int r = 0; r < R; ++r) wv[r] = src.Load(o0 + r, i, group[r]);
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+    }
+    if constexpr (Src::kGrouped) {
+      if (--left == 0 && i + 16 < src.padded_in) {
+        ++g;
+        left = src.BlocksPerGroup();
+        for (int r = 0; r < R; ++r) group[r] = src.GroupOf(o0 + r, g);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
