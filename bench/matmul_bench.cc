@@ -18,6 +18,10 @@
 // Matmuls (the numerics contract, kernels/kernels.h); a difference fails.
 // --huge-pages asks for transparent huge pages under the copies (the
 // engine's weights sit in 4 KiB pages), to show what the page walks cost.
+// --quantized int8,int4 adds, per shape, the 1-token QuantizedMatmul of a
+// weight-quantised drafter (kernels/quantized.h) at the same SIMD level and
+// threads, over its own copies (as many bytes as --footprint-mb), timed in
+// the same repetitions as the f32 1-token Matmul it is compared with.
 #include <sys/mman.h>
 #include <time.h>
 
@@ -43,7 +47,9 @@
 #include "bench/int_list.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/quantized.h"
 
 namespace vc {
 namespace {
@@ -58,6 +64,7 @@ struct Options {
   bool huge_pages = false;
   int offset_floats = 0;
   bool quick = false;
+  std::string quantized;  // weight formats of the drafter products, comma-separated
 };
 
 struct Shape {
@@ -168,6 +175,41 @@ void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matri
   cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
 }
 
+// Times one 1-token QuantizedMatmul per copy, as TimeOne does for f32.
+void TimeQuantized(kernels::SimdLevel level, ThreadPool& pool,
+                   const std::vector<kernels::QuantizedMatrix>& w, const std::vector<float>& x,
+                   std::vector<float>* y, size_t* next, Cost* cost) {
+  const size_t calls = std::max<size_t>(w.size(), 4);
+  const double c0 = CpuSeconds(), w0 = WallSeconds();
+  for (size_t i = 0; i < calls; ++i) {
+    kernels::QuantizedMatmul(level, &pool, x.data(), 1, w[*next], nullptr, y->data());
+    *next = (*next + 1) % w.size();
+  }
+  const double w1 = WallSeconds(), c1 = CpuSeconds();
+  cost->wall.push_back((w1 - w0) / static_cast<double>(calls));
+  cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
+}
+
+// Copies of one random matrix quantised to `format`, enough to cover
+// `footprint_mb` (each copy differs in its first element, so no two are the
+// same bytes).
+absl::StatusOr<std::vector<kernels::QuantizedMatrix>> QuantizedCopies(const Shape& s,
+                                                                      kernels::WeightFormat format,
+                                                                      int64_t footprint_mb) {
+  std::vector<float> w(static_cast<size_t>(s.in * s.out));
+  Fill(7, w.data(), s.in * s.out);
+  std::vector<kernels::QuantizedMatrix> out;
+  int64_t bytes = 0;
+  while (out.size() < 2 || bytes < (footprint_mb << 20)) {
+    w[0] = static_cast<float>(out.size() % 97) * 0x1p-7f - 0.375f;
+    VC_ASSIGN_OR_RETURN(kernels::QuantizedMatrix m,
+                        kernels::Quantize(w.data(), s.out, s.in, format));
+    bytes += m.bytes();
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const float* w,
                        const std::vector<float>& x, int64_t tokens) {
   std::vector<float> all(static_cast<size_t>(tokens * s.out)), one(static_cast<size_t>(s.out));
@@ -214,6 +256,8 @@ absl::Status Main(int argc, char** argv) {
   flags.AddBool("--huge-pages", &o.huge_pages,
                 "back the weight copies with transparent huge pages (madvise)");
   flags.AddBool("--quick", &o.quick, "CI smoke run: small shapes and footprint, 1 repetition");
+  flags.Add("--quantized", &o.quantized, "LIST",
+            "also time 1-token products over quantised weights (int8,int4) against the f32 one");
   VC_RETURN_IF_ERROR(flags.Parse(argc, argv));
   if (flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
@@ -232,6 +276,19 @@ absl::Status Main(int argc, char** argv) {
   }
   VC_ASSIGN_OR_RETURN(const std::vector<int64_t> tokens, ParseList(o.tokens));
   VC_ASSIGN_OR_RETURN(const std::vector<Shape> shapes, ParseShapes(o.shapes));
+  std::vector<kernels::WeightFormat> formats;
+  if (!o.quantized.empty()) {
+    for (const auto& name : absl::StrSplit(o.quantized, ',')) {
+      VC_ASSIGN_OR_RETURN(const kernels::WeightFormat f,
+                          kernels::ParseWeightFormat(std::string_view(name.data(), name.size())));
+      if (f == kernels::WeightFormat::kF32) {
+        return absl::InvalidArgumentError(
+            "--quantized takes int8 and/or int4 (f32 is the baseline)");
+      }
+      formats.push_back(f);
+    }
+  }
+  VC_ASSIGN_OR_RETURN(const kernels::SimdLevel level, kernels::ParseSimdLevel(o.simd));
   VC_ASSIGN_OR_RETURN(std::unique_ptr<kernels::KernelBackend> be,
                       kernels::CreateBackend({.threads = o.threads, .simd = o.simd}));
   std::printf("vc_matmul_bench: %s, %d threads, %d repetitions, weights rotating over >= %" PRId64
@@ -261,8 +318,22 @@ absl::Status Main(int argc, char** argv) {
       Cost ignored;
       TimeOne(*be, s, w, x, t, &y, &next, &ignored);
     }
+    std::vector<std::vector<kernels::QuantizedMatrix>> qw;
+    for (const kernels::WeightFormat f : formats) {
+      VC_ASSIGN_OR_RETURN(auto copies_f, QuantizedCopies(s, f, o.footprint_mb));
+      qw.push_back(std::move(copies_f));
+    }
+    std::vector<Cost> qcosts(formats.size());
+    std::vector<size_t> qnext(formats.size(), 0);
+    for (size_t f = 0; f < formats.size(); ++f) {  // warm-up
+      Cost ignored;
+      TimeQuantized(level, be->pool(), qw[f], x, &y, &qnext[f], &ignored);
+    }
     for (int r = 0; r < o.reps; ++r) {
       for (int64_t t : tokens) TimeOne(*be, s, w, x, t, &y, &next, &costs[t]);
+      for (size_t f = 0; f < formats.size(); ++f) {
+        TimeQuantized(level, be->pool(), qw[f], x, &y, &qnext[f], &qcosts[f]);
+      }
     }
     std::printf("\nMatmul in %" PRId64 " x out %" PRId64 " (%.1f MB, %" PRId64
                 " copies); load %s -> %s; rows of T tokens bit-identical to 1-token Matmuls\n",
@@ -271,6 +342,21 @@ absl::Status Main(int argc, char** argv) {
     std::printf("  %6s %10s %8s %10s %8s %8s\n", "tokens", "wall ms", "x T=1", "CPU ms", "x T=1",
                 "GB/s");
     PrintRows(tokens, costs, static_cast<double>(bytes));
+    for (size_t f = 0; f < formats.size(); ++f) {
+      const Cost& base = costs.at(1);
+      std::vector<double> wall_ratio, cpu_ratio;
+      for (size_t r = 0; r < qcosts[f].wall.size(); ++r) {
+        wall_ratio.push_back(qcosts[f].wall[r] / base.wall[r]);
+        cpu_ratio.push_back(qcosts[f].cpu[r] / base.cpu[r]);
+      }
+      const double wall = Median(qcosts[f].wall);
+      std::printf("  %6s %10.3f %8.2f %10.3f %8.2f %8.1f   (1 token, %" PRId64
+                  " copies; x the f32 1-token product)\n",
+                  std::string(kernels::WeightFormatName(formats[f])).c_str(), wall * 1e3,
+                  Median(wall_ratio), Median(qcosts[f].cpu) * 1e3, Median(cpu_ratio),
+                  static_cast<double>(qw[f][0].bytes()) / wall * 1e-9,
+                  static_cast<int64_t>(qw[f].size()));
+    }
   }
   // One decoder layer of the 109.5M model (dim 1024, hidden 2816), when its
   // shapes were measured: q, k, v, o + w1, w3 + w2.
