@@ -255,7 +255,8 @@ absl::Status Main(int argc, char** argv) {
             "start each weight matrix N floats (0-15) past a cache line");
   flags.AddBool("--huge-pages", &o.huge_pages,
                 "back the weight copies with transparent huge pages (madvise)");
-  flags.AddBool("--quick", &o.quick, "CI smoke run: small shapes and footprint, 1 repetition");
+  flags.AddBool("--quick", &o.quick,
+                "CI smoke run: small shapes and footprint, 1 repetition, --quantized int8,int4");
   flags.Add("--quantized", &o.quantized, "LIST",
             "also time 1-token products over quantised weights (int8,int4) against the f32 one");
   VC_RETURN_IF_ERROR(flags.Parse(argc, argv));
@@ -267,6 +268,7 @@ absl::Status Main(int argc, char** argv) {
     o.reps = 1;
     o.footprint_mb = 4;
     if (!flags.was_set("--shapes")) o.shapes = "256x704,704x256";
+    if (!flags.was_set("--quantized")) o.quantized = "int8,int4";
   }
   if (o.reps < 1 || o.reps > 1000 || o.footprint_mb < 1 || o.footprint_mb > (1 << 16) ||
       o.threads < 1 || o.threads > 1024 || o.offset_floats < 0 || o.offset_floats > 15) {
