@@ -51,8 +51,9 @@ struct Int4Src {
   // code c: they are computed once per group (one multiply, each lane
   // rounded as the definition's product), and each block picks its lanes
   // from them with a permute instead of converting and scaling every code:
-  // a 1-token product over int4 weights took 0.48x the f32 one, slower than
-  // int8's 0.30x, and now 0.20-0.24x (vc_matmul_bench --quantized).
+  // a 1-token product over int4 weights took 0.45-0.49x the f32 one, more
+  // than int8's 0.28-0.35x, and now 0.32-0.36x (vc_matmul_bench --quantized,
+  // docs/results.md section 8).
   using Group = __m512;
   Group GroupOf(int64_t o, int64_t g) const {
     const __m512 codes = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f,
