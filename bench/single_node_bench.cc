@@ -263,7 +263,15 @@ absl::Status WriteLlama2c(const Model& model, const std::string& path) {
 
 struct PassTime {
   double median = 0, min = 0, cpu = 0;  // cpu: median CPU seconds of the process's threads
+  // The cost table's rows: the medians over repetitions of this pass's wall
+  // and CPU time divided by the 1-token pass's in the same repetition.
+  double step_ratio = 0, cpu_step_ratio = 0;
 };
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 double ProcessCpuSeconds() {
   timespec ts{};
@@ -299,6 +307,48 @@ absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int 
   std::sort(t.begin(), t.end());
   std::sort(cpu.begin(), cpu.end());
   return PassTime{t[t.size() / 2], t.front(), cpu[cpu.size() / 2]};
+}
+
+// The verify-pass cost table: `reps` repetitions (after one warm-up), each
+// timing one Forward of every count in `counts` (which holds 1) in turn,
+// appended to `kv` and truncated back, so that a change in the machine's
+// load or memory bandwidth during the table hits every row alike; the
+// rows' ratios to the 1-token pass are taken per repetition.
+absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
+                                                const std::vector<int>& counts, int reps,
+                                                std::mt19937_64& rng) {
+  const int32_t base = kv.next_position();
+  std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
+  std::vector<float> logits;
+  std::vector<std::vector<double>> t(counts.size()), cpu(counts.size());
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      std::vector<int32_t> tokens(counts[i]);
+      for (int32_t& x : tokens) x = tok(rng);
+      SequenceInput in{&kv, tokens, 0};
+      const auto t0 = Clock::now();
+      const double c0 = ProcessCpuSeconds();
+      VC_RETURN_IF_ERROR(engine.Forward({&in, 1}, &logits));
+      if (rep > 0) {  // 1 warm-up
+        t[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        cpu[i].push_back(ProcessCpuSeconds() - c0);
+      }
+      kv.Truncate(base);
+    }
+  }
+  const size_t one =
+      static_cast<size_t>(std::find(counts.begin(), counts.end(), 1) - counts.begin());
+  std::vector<PassTime> out(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    std::vector<double> ratio, cpu_ratio;
+    for (size_t r = 0; r < t[i].size(); ++r) {
+      ratio.push_back(t[i][r] / t[one][r]);
+      cpu_ratio.push_back(cpu[i][r] / cpu[one][r]);
+    }
+    out[i] = PassTime{MedianOf(t[i]), *std::min_element(t[i].begin(), t[i].end()), MedianOf(cpu[i]),
+                      MedianOf(ratio), MedianOf(cpu_ratio)};
+  }
+  return out;
 }
 
 struct StepSample {
@@ -641,7 +691,8 @@ absl::Status Run(const Options& o) {
   }
   std::printf(
       "\nverify-pass cost on %d tokens of full KV (median, fastest and median CPU time "
-      "of %d):\n",
+      "of %d repetitions, each running every row's pass in turn; x step: median of the "
+      "per-repetition ratios to the 1-token pass, fastest / fastest):\n",
       o.prompt_len, o.reps);
   std::printf("%8s %10s %8s %10s %8s %10s %8s\n", "tokens", "median ms", "x step", "min ms",
               "x step", "CPU ms", "x step");
@@ -654,13 +705,16 @@ absl::Status Run(const Options& o) {
     pass_tokens.push_back(o.draft_len + 1);
     std::sort(pass_tokens.begin(), pass_tokens.end());
   }
-  for (int n : pass_tokens) {
-    VC_ASSIGN_OR_RETURN(const PassTime p, PassSeconds(*engine, kv, n, o.reps, rng));
-    if (n == 1) step = p;
-    if (n == o.draft_len + 1) verify_pass = p;
-    std::printf("%8d %10.2f %8.2f %10.2f %8.2f %10.2f %8.2f\n", n, p.median * 1e3,
-                p.median / step.median, p.min * 1e3, p.min / step.min, p.cpu * 1e3,
-                p.cpu / step.cpu);
+  VC_ASSIGN_OR_RETURN(const std::vector<PassTime> table,
+                      PassTable(*engine, kv, pass_tokens, o.reps, rng));
+  for (size_t i = 0; i < pass_tokens.size(); ++i) {
+    if (pass_tokens[i] == 1) step = table[i];
+    if (pass_tokens[i] == o.draft_len + 1) verify_pass = table[i];
+  }
+  for (size_t i = 0; i < pass_tokens.size(); ++i) {
+    const PassTime& p = table[i];
+    std::printf("%8d %10.2f %8.2f %10.2f %8.2f %10.2f %8.2f\n", pass_tokens[i], p.median * 1e3,
+                p.step_ratio, p.min * 1e3, p.min / step.min, p.cpu * 1e3, p.cpu_step_ratio);
   }
   PrintFirst("first 4 1-token steps after the prompt's prefill", after_prefill, step.median,
              step.cpu);
