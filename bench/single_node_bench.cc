@@ -279,41 +279,16 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-// Median and fastest seconds of one Forward of `n` tokens appended to `kv`
-// (truncated back after each), and the median CPU time the pass's threads
-// used. On a shared machine the fastest pass is the one least disturbed by
-// other processes, and CPU time counts little of the time the threads waited
-// for a core (the engine's threads spin for at most ThreadPoolOptions::spin_us
-// before they block), so all three are printed.
-absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int reps,
-                                     std::mt19937_64& rng) {
-  const int32_t base = kv.next_position();
-  std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
-  std::vector<int32_t> tokens(n);
-  std::vector<float> logits;
-  std::vector<double> t, cpu;
-  for (int rep = 0; rep < reps + 1; ++rep) {
-    for (int32_t& x : tokens) x = tok(rng);
-    SequenceInput in{&kv, tokens, 0};
-    const auto t0 = Clock::now();
-    const double c0 = ProcessCpuSeconds();
-    VC_RETURN_IF_ERROR(engine.Forward({&in, 1}, &logits));
-    if (rep > 0) {  // 1 warm-up
-      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      cpu.push_back(ProcessCpuSeconds() - c0);
-    }
-    kv.Truncate(base);
-  }
-  std::sort(t.begin(), t.end());
-  std::sort(cpu.begin(), cpu.end());
-  return PassTime{t[t.size() / 2], t.front(), cpu[cpu.size() / 2]};
-}
-
-// The verify-pass cost table: `reps` repetitions (after one warm-up), each
-// timing one Forward of every count in `counts` (which holds 1) in turn,
-// appended to `kv` and truncated back, so that a change in the machine's
-// load or memory bandwidth during the table hits every row alike; the
-// rows' ratios to the 1-token pass are taken per repetition.
+// Median and fastest seconds of one Forward of each count of tokens in
+// `counts`, appended to `kv` (truncated back after each), and the median CPU
+// time the pass's threads used. On a shared machine the fastest pass is the
+// one least disturbed by other processes, and CPU time counts little of the
+// time the threads waited for a core (the engine's threads spin for at most
+// ThreadPoolOptions::spin_us before they block), so all three are printed.
+// Each of `reps` repetitions (after one warm-up) times every count in turn,
+// so that a change in the machine's load or memory bandwidth during the
+// table hits every row alike; when `counts` holds 1, the rows' ratios to the
+// 1-token pass are taken per repetition.
 absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
                                                 const std::vector<int>& counts, int reps,
                                                 std::mt19937_64& rng) {
@@ -340,15 +315,26 @@ absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
       static_cast<size_t>(std::find(counts.begin(), counts.end(), 1) - counts.begin());
   std::vector<PassTime> out(counts.size());
   for (size_t i = 0; i < counts.size(); ++i) {
-    std::vector<double> ratio, cpu_ratio;
-    for (size_t r = 0; r < t[i].size(); ++r) {
-      ratio.push_back(t[i][r] / t[one][r]);
-      cpu_ratio.push_back(cpu[i][r] / cpu[one][r]);
+    std::vector<double> ratio{0.0}, cpu_ratio{0.0};
+    if (one < counts.size()) {
+      ratio.clear();
+      cpu_ratio.clear();
+      for (size_t r = 0; r < t[i].size(); ++r) {
+        ratio.push_back(t[i][r] / t[one][r]);
+        cpu_ratio.push_back(cpu[i][r] / cpu[one][r]);
+      }
     }
     out[i] = PassTime{MedianOf(t[i]), *std::min_element(t[i].begin(), t[i].end()), MedianOf(cpu[i]),
                       MedianOf(ratio), MedianOf(cpu_ratio)};
   }
   return out;
+}
+
+// PassTable for one count of tokens (no ratios).
+absl::StatusOr<PassTime> PassSeconds(Engine& engine, SequenceKv& kv, int n, int reps,
+                                     std::mt19937_64& rng) {
+  VC_ASSIGN_OR_RETURN(const std::vector<PassTime> one, PassTable(engine, kv, {n}, reps, rng));
+  return one[0];
 }
 
 struct StepSample {
