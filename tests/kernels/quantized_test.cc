@@ -116,6 +116,37 @@ TEST_P(QuantizedMatmulTest, EveryLevelThreadCountAndBatchShapeMatchesTheDefiniti
   }
 }
 
+// The kernels follow a row's int4 groups by counting blocks (one group
+// state per row, renewed at each boundary): groups of 1, 3, 4 and 8 blocks,
+// rows ending inside a group or shorter than one, at every level.
+TEST(QuantizedMatmulInt4Test, EveryGroupSizeMatchesTheDefinition) {
+  std::mt19937_64 rng(7);
+  for (const int group : {16, 48, 64, 128}) {
+    for (const Shape shape : {Shape{9, 172}, Shape{20, 300}, Shape{8, 40}}) {
+      const std::vector<float> weights = Spread(rng, shape.out * shape.in);
+      auto w = Quantize(weights.data(), shape.out, shape.in, WeightFormat::kInt4, group);
+      ASSERT_TRUE(w.ok()) << w.status();
+      for (int64_t tokens : {1, 3}) {
+        const std::vector<float> x = Spread(rng, tokens * shape.in);
+        std::vector<float> want(static_cast<size_t>(tokens * shape.out));
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t o = 0; o < shape.out; ++o) {
+            want[t * shape.out + o] = Reference(*w, &x[t * shape.in], o, nullptr);
+          }
+        }
+        for (const SimdLevel level : Levels()) {
+          ThreadPool pool(2);
+          std::vector<float> got(want.size(), -1.0f);
+          QuantizedMatmul(level, &pool, x.data(), tokens, *w, nullptr, got.data());
+          EXPECT_TRUE(SameBits(want, got))
+              << SimdLevelName(level) << " group=" << group << " out=" << shape.out
+              << " in=" << shape.in << " tokens=" << tokens;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedMatmulTest,
                          ::testing::Values(WeightFormat::kInt8, WeightFormat::kInt4),
                          [](const auto& info) { return std::string(WeightFormatName(info.param)); });
