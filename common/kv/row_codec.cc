@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/dtype.h"
+#include "common/kv/internal/int8_encoder.h"
 
 namespace vc {
 namespace {
@@ -25,7 +26,8 @@ using Kind = RowCodecSpec::Kind;
 // |v| far below 2^22, so adding and subtracting 1.5 * 2^23 rounds it to the
 // nearest integer, ties to even, exactly as nearbyint does in the default
 // rounding mode (no libm call per element).
-void EncodeSymmetric8(const float* x, int n, float scale, int half, uint8_t* out) {
+[[gnu::always_inline]] inline void EncodeSymmetric8Body(const float* x, int n, float scale,
+                                                        int half, uint8_t* out) {
   if (!(scale > 0.0f)) {
     std::memset(out, half, static_cast<size_t>(n));
     return;
@@ -40,6 +42,55 @@ void EncodeSymmetric8(const float* x, int n, float scale, int half, uint8_t* out
     v = std::min(std::max(v, -hi), hi);
     out[c] = static_cast<uint8_t>(static_cast<int>(v) + half);
   }
+}
+
+// The largest |x[c]|, NaNs left out, from +0: exactly what the sequential
+// amax = std::max(amax, std::fabs(x[c])) from 0.0f computes (std::max keeps
+// amax when |x[c]| is a NaN). The bit patterns of non-negative floats are
+// ordered as their values, so this is a max over the patterns without the
+// sign bit, with NaNs' (those above +inf's) counted as +0's: an integer
+// reduction the compiler vectorises, where the float chain (whose NaN rule
+// depends on the order) ran one element per max latency.
+[[gnu::always_inline]] inline float AbsMaxIgnoringNanBody(const float* x, int n) {
+  constexpr int32_t kInfBits = 0x7F800000;
+  int32_t m = 0;  // int32: SSE2 has signed compares only
+  for (int c = 0; c < n; ++c) {
+    const int32_t a = std::bit_cast<int32_t>(x[c]) & 0x7FFFFFFF;
+    m = std::max(m, a > kInfBits ? 0 : a);
+  }
+  return std::bit_cast<float>(m);
+}
+
+float AbsMaxBaseline(const float* x, int n) { return AbsMaxIgnoringNanBody(x, n); }
+void EncodeBaseline(const float* x, int n, float scale, int half, uint8_t* out) {
+  EncodeSymmetric8Body(x, n, scale, half, out);
+}
+#if defined(__x86_64__)
+[[gnu::target("avx2")]] float AbsMaxAvx2(const float* x, int n) {
+  return AbsMaxIgnoringNanBody(x, n);
+}
+[[gnu::target("avx2")]] void EncodeAvx2(const float* x, int n, float scale, int half,
+                                        uint8_t* out) {
+  EncodeSymmetric8Body(x, n, scale, half, out);
+}
+[[gnu::target("avx512f")]] float AbsMaxAvx512(const float* x, int n) {
+  return AbsMaxIgnoringNanBody(x, n);
+}
+[[gnu::target("avx512f")]] void EncodeAvx512(const float* x, int n, float scale, int half,
+                                             uint8_t* out) {
+  EncodeSymmetric8Body(x, n, scale, half, out);
+}
+#endif
+
+// The encoder for this CPU's widest level: encoding a 3000-token prompt's KV
+// of the 110M synthetic shape took 75 ms on one thread with the baseline's
+// 4-lane loops and 42 ms with AVX-512's. (Chosen through a pointer, not
+// target_clones: the ifunc resolver target_clones makes crashes
+// ThreadSanitizer binaries at load.)
+const kv_internal::Int8Encoder& Int8EncoderForThisCpu() {
+  static const kv_internal::Int8Encoder* encoder =
+      kv_internal::Int8EncoderFor(kernels::DetectSimdLevel());
+  return *encoder;
 }
 
 // Packed unsigned codes of `bits` (2, 4 or 8) each.
@@ -439,12 +490,11 @@ class QuantRowStore final : public RowStore {
         if (spec.kind == Kind::kPerTokenSymmetric) {
           // Symmetric: codes in [-(2^(b-1)-1), 2^(b-1)-1], stored offset.
           const int half = (1 << (spec.bits - 1)) - 1;
-          float amax = 0.0f;
-          for (int c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[c]));
-          const float scale = amax / static_cast<float>(half);
+          const kv_internal::Int8Encoder& int8 = Int8EncoderForThisCpu();
+          const float scale = int8.abs_max(x + c0, c1 - c0) / static_cast<float>(half);
           scale_[out_row * groups_per_row + g] = scale;
           if (spec.bits == 8) {
-            EncodeSymmetric8(x + c0, c1 - c0, scale, half, codes_.Codes8At(out_row * dim + c0));
+            int8.encode(x + c0, c1 - c0, scale, half, codes_.Codes8At(out_row * dim + c0));
             continue;
           }
           for (int c = c0; c < c1; ++c) {
@@ -720,4 +770,25 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view
       std::move(zero), std::move(rest)));
 }
 
+namespace kv_internal {
+
+const Int8Encoder* Int8EncoderFor(kernels::SimdLevel level) {
+  static const Int8Encoder kBaseline{AbsMaxBaseline, EncodeBaseline};
+#if defined(__x86_64__)
+  static const Int8Encoder kAvx2{AbsMaxAvx2, EncodeAvx2};
+  static const Int8Encoder kAvx512{AbsMaxAvx512, EncodeAvx512};
+  __builtin_cpu_init();
+  switch (level) {
+    case kernels::SimdLevel::kAvx512:
+      return __builtin_cpu_supports("avx512f") ? &kAvx512 : nullptr;
+    case kernels::SimdLevel::kAvx2:
+      return __builtin_cpu_supports("avx2") ? &kAvx2 : nullptr;
+    case kernels::SimdLevel::kScalar:
+      break;
+  }
+#endif
+  return level == kernels::SimdLevel::kScalar ? &kBaseline : nullptr;
+}
+
+}  // namespace kv_internal
 }  // namespace vc

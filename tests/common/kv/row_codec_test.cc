@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "common/base/dtype.h"
+#include "common/kv/internal/int8_encoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -436,6 +437,53 @@ TEST(RowCodecTest, NonFiniteInputsStayInTheirGroup) {
 // scale), -127, 127) + 127, a NaN quotient or a scale that is not > 0 giving
 // code 127; seen through Decode, which maps a code to float(code - 127) *
 // scale. Rows with scale 1 exercise every tie (k + 0.5 rounds to even).
+// The INT8 encoder's loops exist once per SIMD level (the widest one the CPU
+// has encodes): every level this CPU runs gives the plain statement's amax
+// and codes for rows of every length up to a few vectors, with NaNs,
+// infinities, signed zeros, subnormals, ties and values past the clamp, at
+// every scale including 0, negative, infinite and NaN ones.
+TEST(RowCodecTest, Int8EncoderIsThePlainStatementAtEveryLevel) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const float nan = std::nanf(""), inf = INFINITY, tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> specials = {nan,   -nan,  inf,    -inf, 0.0f,  -0.0f, tiny,
+                                       -tiny, 3e38f, -3e38f, 0.5f, -2.5f, 1e-30f};
+  int levels = 0;
+  for (const kernels::SimdLevel level :
+       {kernels::SimdLevel::kScalar, kernels::SimdLevel::kAvx2, kernels::SimdLevel::kAvx512}) {
+    const kv_internal::Int8Encoder* enc = kv_internal::Int8EncoderFor(level);
+    if (enc == nullptr) continue;
+    ++levels;
+    for (int n = 1; n <= 70; ++n) {
+      for (int trial = 0; trial < 4; ++trial) {
+        std::vector<float> x(static_cast<size_t>(n));
+        const float mag = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+        for (float& v : x) v = u(rng) * mag;
+        if (trial > 0) x[rng() % n] = specials[rng() % specials.size()];
+        if (trial > 1) x[rng() % n] = specials[rng() % specials.size()];
+        float want_amax = 0.0f;
+        for (const float v : x) want_amax = std::max(want_amax, std::fabs(v));
+        const float amax = enc->abs_max(x.data(), n);
+        ASSERT_EQ(std::bit_cast<uint32_t>(amax), std::bit_cast<uint32_t>(want_amax))
+            << kernels::SimdLevelName(level) << " n=" << n << " trial=" << trial;
+        for (const float scale : {want_amax / 127.0f, 0.0f, -1.0f, inf, nan, mag / 300.0f}) {
+          std::vector<uint8_t> got(static_cast<size_t>(n) + 1, 0xAB);
+          enc->encode(x.data(), n, scale, 127, got.data());
+          for (int c = 0; c < n; ++c) {
+            float q = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
+            if (std::isnan(q)) q = 0.0f;
+            const int want = static_cast<int>(std::clamp(q, -127.0f, 127.0f)) + 127;
+            ASSERT_EQ(got[c], want) << kernels::SimdLevelName(level) << " n=" << n << " c=" << c
+                                    << " x=" << x[c] << " scale=" << scale;
+          }
+          ASSERT_EQ(got[n], 0xAB) << "wrote past the group";
+        }
+      }
+    }
+  }
+  EXPECT_GE(levels, 1);
+}
+
 TEST(RowCodecTest, Int8CodesAreTheNearestIntegerOfTheQuotient) {
   const int dim = 37;  // not a multiple of any vector width
   std::mt19937 rng(5);
