@@ -773,21 +773,21 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Deserialize(std::string_view
 namespace kv_internal {
 
 const Int8Encoder* Int8EncoderFor(kernels::SimdLevel level) {
-  static const Int8Encoder kBaseline{AbsMaxBaseline, EncodeBaseline};
+  static const Int8Encoder baseline{AbsMaxBaseline, EncodeBaseline};
 #if defined(__x86_64__)
-  static const Int8Encoder kAvx2{AbsMaxAvx2, EncodeAvx2};
-  static const Int8Encoder kAvx512{AbsMaxAvx512, EncodeAvx512};
+  static const Int8Encoder avx2{AbsMaxAvx2, EncodeAvx2};
+  static const Int8Encoder avx512{AbsMaxAvx512, EncodeAvx512};
   __builtin_cpu_init();
   switch (level) {
     case kernels::SimdLevel::kAvx512:
-      return __builtin_cpu_supports("avx512f") ? &kAvx512 : nullptr;
+      return __builtin_cpu_supports("avx512f") ? &avx512 : nullptr;
     case kernels::SimdLevel::kAvx2:
-      return __builtin_cpu_supports("avx2") ? &kAvx2 : nullptr;
+      return __builtin_cpu_supports("avx2") ? &avx2 : nullptr;
     case kernels::SimdLevel::kScalar:
       break;
   }
 #endif
-  return level == kernels::SimdLevel::kScalar ? &kBaseline : nullptr;
+  return level == kernels::SimdLevel::kScalar ? &baseline : nullptr;
 }
 
 }  // namespace kv_internal
