@@ -61,6 +61,49 @@ using Kind = RowCodecSpec::Kind;
   return std::bit_cast<float>(m);
 }
 
+// Asymmetric codes (KIVI), as the codec defines them: nearbyint((x - zero)
+// / scale) clamped to [0, max_code], 0 for a NaN quotient or a scale that is
+// not > 0 (casting NaN is undefined). Written so that the compiler
+// vectorises it, as EncodeSymmetric8Body: the quotient is clamped to
+// [-1, max_code + 1] first (every clamped result stays the same) and rounded
+// by adding and subtracting 1.5 * 2^23 (nearbyint, ties to even), where
+// nearbyint was a library call per element. Value c takes scale[c] and
+// zero[c] (a key row: one per channel) ...
+[[gnu::noinline]] void EncodeAsymmetricPerValue(const float* x, const float* scale,
+                                                const float* zero, int n, uint32_t max_code,
+                                                uint8_t* out) {
+  const float top = static_cast<float>(max_code);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  for (int c = 0; c < n; ++c) {
+    float v = (x[c] - zero[c]) / scale[c];
+    v = v == v ? v : 0.0f;
+    v = std::min(std::max(v, -1.0f), top + 1.0f);
+    v = (v + kRound) - kRound;
+    v = std::min(std::max(v, 0.0f), top);
+    out[c] = scale[c] > 0.0f ? static_cast<uint8_t>(static_cast<int>(v)) : uint8_t{0};
+  }
+}
+
+// ... or one scale and zero for all n (a value group).
+constexpr int kMaxGroupCodes = 256;  // codes per call from QuantiseInto
+[[gnu::noinline]] void EncodeAsymmetricGroup(const float* x, float scale, float zero, int n,
+                                             uint32_t max_code, uint8_t* out) {
+  if (!(scale > 0.0f)) {
+    std::memset(out, 0, static_cast<size_t>(n));
+    return;
+  }
+  const float top = static_cast<float>(max_code);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  for (int c = 0; c < n; ++c) {
+    float v = (x[c] - zero) / scale;
+    v = v == v ? v : 0.0f;
+    v = std::min(std::max(v, -1.0f), top + 1.0f);
+    v = (v + kRound) - kRound;
+    v = std::min(std::max(v, 0.0f), top);
+    out[c] = static_cast<uint8_t>(static_cast<int>(v));
+  }
+}
+
 float AbsMaxBaseline(const float* x, int n) { return AbsMaxIgnoringNanBody(x, n); }
 void EncodeBaseline(const float* x, int n, float scale, int half, uint8_t* out) {
   EncodeSymmetric8Body(x, n, scale, half, out);
@@ -105,6 +148,31 @@ class PackedCodes {
   uint32_t Get(int64_t i) const {
     const int64_t bit = i * bits_;
     return (bytes_[bit / 8] >> (bit % 8)) & ((1u << bits_) - 1u);
+  }
+  // Codes [first, first + n) from in[n] (each < 2^bits), into codes not set
+  // before: a run that starts on a byte boundary is packed a byte at a time,
+  // any other start goes code by code.
+  void SetRun(int64_t first, const uint8_t* in, int64_t n) {
+    const int64_t bit = first * bits_;
+    if (bit % 8 != 0) {
+      for (int64_t c = 0; c < n; ++c) Set(first + c, in[c]);
+      return;
+    }
+    uint8_t* out = &bytes_[bit / 8];
+    if (bits_ == 8) {
+      std::memcpy(out, in, static_cast<size_t>(n));
+      return;
+    }
+    int64_t c = 0;
+    if (bits_ == 4) {
+      for (; c + 2 <= n; c += 2) out[c / 2] = static_cast<uint8_t>(in[c] | (in[c + 1] << 4));
+    } else {  // 2 bits
+      for (; c + 4 <= n; c += 4) {
+        out[c / 4] =
+            static_cast<uint8_t>(in[c] | (in[c + 1] << 2) | (in[c + 2] << 4) | (in[c + 3] << 6));
+      }
+    }
+    for (; c < n; ++c) Set(first + c, in[c]);
   }
   // Codes [first, first + n) into out[n]. Bits are 2, 4 or 8, so no code
   // straddles a byte: a run that starts on a byte boundary unpacks a byte at
@@ -460,23 +528,31 @@ class QuantRowStore final : public RowStore {
     const int dim = dim_, group = group_;
     const uint32_t max_code = (1u << spec.bits) - 1u;
     if (spec.kind == Kind::kPerChannelAsymmetric) {
-      // One (scale, zero) per channel per group of `group` rows.
+      // One (scale, zero) per channel per group of `group` rows. Each
+      // channel's min and max run over the group's rows in order, as one
+      // chain per channel (so NaNs and signed zeros land as they always
+      // did), the channels side by side; then a row's codes at once.
       const int64_t groups = count / group, g0 = row0 / group;
+      std::vector<float> lo(static_cast<size_t>(dim)), hi(static_cast<size_t>(dim));
+      std::vector<uint8_t> row_codes(static_cast<size_t>(dim));
       for (int64_t g = 0; g < groups; ++g) {
-        for (int c = 0; c < dim; ++c) {
-          float lo = rows[g * group * dim + c], hi = lo;
-          for (int r = 0; r < group; ++r) {
-            const float x = rows[(g * group + r) * dim + c];
-            lo = std::min(lo, x);
-            hi = std::max(hi, x);
+        const float* block = rows + g * group * dim;
+        std::copy_n(block, dim, lo.data());
+        std::copy_n(block, dim, hi.data());
+        for (int r = 0; r < group; ++r) {
+          for (int c = 0; c < dim; ++c) {
+            const float x = block[r * dim + c];
+            lo[c] = std::min(lo[c], x);
+            hi[c] = std::max(hi[c], x);
           }
-          const float scale = (hi - lo) / static_cast<float>(max_code);
-          scale_[(g0 + g) * dim + c] = scale;
-          zero_[(g0 + g) * dim + c] = lo;
-          for (int r = 0; r < group; ++r) {
-            const int64_t row = g * group + r;
-            codes_.Set((row0 + row) * dim + c, Encode(rows[row * dim + c], scale, lo, max_code));
-          }
+        }
+        float* scale = &scale_[(g0 + g) * dim];
+        for (int c = 0; c < dim; ++c) scale[c] = (hi[c] - lo[c]) / static_cast<float>(max_code);
+        std::copy_n(lo.data(), dim, &zero_[(g0 + g) * dim]);
+        for (int r = 0; r < group; ++r) {
+          EncodeAsymmetricPerValue(block + r * dim, scale, lo.data(), dim, max_code,
+                                   row_codes.data());
+          codes_.SetRun((row0 + g * group + r) * dim, row_codes.data(), dim);
         }
       }
       return;
@@ -515,19 +591,15 @@ class QuantRowStore final : public RowStore {
           const float scale = (hi - lo) / static_cast<float>(max_code);
           scale_[out_row * groups_per_row + g] = scale;
           zero_[out_row * groups_per_row + g] = lo;
-          for (int c = c0; c < c1; ++c) {
-            codes_.Set(out_row * dim + c, Encode(x[c], scale, lo, max_code));
+          uint8_t group_codes[kMaxGroupCodes];
+          for (int c = c0; c < c1; c += kMaxGroupCodes) {
+            const int n = std::min(c1 - c, kMaxGroupCodes);
+            EncodeAsymmetricGroup(x + c, scale, lo, n, max_code, group_codes);
+            codes_.SetRun(out_row * dim + c, group_codes, n);
           }
         }
       }
     }
-  }
-
-  static uint32_t Encode(float x, float scale, float zero, uint32_t max_code) {
-    if (!(scale > 0.0f)) return 0;
-    const float q = std::nearbyint((x - zero) / scale);
-    if (std::isnan(q)) return 0;  // non-finite input: casting NaN is undefined
-    return static_cast<uint32_t>(std::clamp(q, 0.0f, static_cast<float>(max_code)));
   }
 
   RowCodecSpec spec_;

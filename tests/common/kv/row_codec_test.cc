@@ -484,6 +484,80 @@ TEST(RowCodecTest, Int8EncoderIsThePlainStatementAtEveryLevel) {
   EXPECT_GE(levels, 1);
 }
 
+// KIVI's asymmetric codes, as the format defines them: per group, lo and hi
+// are the sequential std::min / std::max chains from the group's first value
+// (keys: down each channel's rows; values: along each row's channels),
+// scale = (hi - lo) / (2^bits - 1), code = nearbyint((x - lo) / scale)
+// clamped to [0, 2^bits - 1], 0 for a NaN quotient or a scale that is not
+// > 0; decoded as float(code) * scale + lo. Groups with a constant channel
+// or row (scale 0), infinities (scale inf or NaN), NaNs first and later,
+// signed zeros and ties; every decoded value equals the plain statement's.
+TEST(RowCodecTest, AsymmetricCodesAreTheNearestIntegerOfTheQuotient) {
+  const int dim = 37;
+  const int group = 4;  // keys: rows per group; values: channels per group
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<float> rows;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<float> r(dim);
+    const float mag = std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    for (float& x : r) x = u(rng) * mag;
+    r[0] = 0.25f;                                                // a constant key channel
+    r[1] = i == 5 ? inf : r[1];                                  // an infinity in a key channel
+    r[2] = i == 8 ? nan : r[2];                                  // a NaN first in a key group
+    r[3] = i == 10 ? nan : r[3];                                 // a NaN inside a key group
+    r[4] = (i % 2 == 0) ? 0.0f : -0.0f;                          // signed zeros
+    if (i == 3) std::fill(r.begin() + 8, r.begin() + 12, 1.5f);  // a constant value group
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  const int64_t n = static_cast<int64_t>(rows.size()) / dim;
+  for (const Kind kind : {Kind::kPerChannelAsymmetric, Kind::kPerTokenAsymmetric}) {
+    for (const int bits : {2, 4}) {
+      const RowCodecSpec spec{kind, bits, group, 0};
+      auto store = MustEncode(spec, rows, dim);
+      ASSERT_NE(store, nullptr);
+      const float top = static_cast<float>((1 << bits) - 1);
+      auto want_of = [&](float x, float lo, float hi) {
+        const float scale = (hi - lo) / top;
+        float q = scale > 0.0f ? std::nearbyint((x - lo) / scale) : 0.0f;
+        if (std::isnan(q)) q = 0.0f;
+        return static_cast<float>(static_cast<int>(std::clamp(q, 0.0f, top))) * scale + lo;
+      };
+      for (int64_t i = 0; i < n; ++i) {
+        const std::vector<float> got = Row(*store, i);
+        for (int c = 0; c < dim; ++c) {
+          float lo, hi;
+          if (kind == Kind::kPerChannelAsymmetric) {
+            const int64_t r0 = i / group * group;
+            lo = hi = rows[r0 * dim + c];
+            for (int64_t r = r0; r < r0 + group; ++r) {
+              lo = std::min(lo, rows[r * dim + c]);
+              hi = std::max(hi, rows[r * dim + c]);
+            }
+          } else {
+            const int c0 = c / group * group, c1 = std::min(dim, c0 + group);
+            lo = hi = rows[i * dim + c0];
+            for (int k = c0; k < c1; ++k) {
+              lo = std::min(lo, rows[i * dim + k]);
+              hi = std::max(hi, rows[i * dim + k]);
+            }
+          }
+          const float want = want_of(rows[i * dim + c], lo, hi);
+          const float have = got[static_cast<size_t>(c)];
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(have)) << bits << " bits row " << i << " channel " << c;
+          } else {
+            EXPECT_EQ(std::bit_cast<uint32_t>(have), std::bit_cast<uint32_t>(want))
+                << (kind == Kind::kPerChannelAsymmetric ? "keys " : "values ") << bits
+                << " bits row " << i << " channel " << c << ": x " << rows[i * dim + c];
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(RowCodecTest, Int8CodesAreTheNearestIntegerOfTheQuotient) {
   const int dim = 37;  // not a multiple of any vector width
   std::mt19937 rng(5);
