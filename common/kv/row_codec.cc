@@ -541,7 +541,7 @@ class QuantRowStore final : public RowStore {
         std::copy_n(block, dim, hi.data());
         for (int r = 0; r < group; ++r) {
           for (int c = 0; c < dim; ++c) {
-            const float x = block[r * dim + c];
+            const float x = block[int64_t{r} * dim + c];
             lo[c] = std::min(lo[c], x);
             hi[c] = std::max(hi[c], x);
           }
@@ -550,7 +550,7 @@ class QuantRowStore final : public RowStore {
         for (int c = 0; c < dim; ++c) scale[c] = (hi[c] - lo[c]) / static_cast<float>(max_code);
         std::copy_n(lo.data(), dim, &zero_[(g0 + g) * dim]);
         for (int r = 0; r < group; ++r) {
-          EncodeAsymmetricPerValue(block + r * dim, scale, lo.data(), dim, max_code,
+          EncodeAsymmetricPerValue(block + int64_t{r} * dim, scale, lo.data(), dim, max_code,
                                    row_codes.data());
           codes_.SetRun((row0 + g * group + r) * dim, row_codes.data(), dim);
         }
