@@ -160,34 +160,37 @@ struct Cost {
   std::vector<double> wall, cpu;  // seconds per call, one per repetition
 };
 
-// Times `calls` Matmuls of T tokens, rotating over the weight copies.
-void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matrix>& w,
-             const std::vector<float>& x, int64_t tokens, std::vector<float>* y, size_t* next,
-             Cost* cost) {
-  const size_t calls = std::max<size_t>(w.size(), 4);
+// Times max(copies, 4) calls of call(copy), rotating `*next` over the
+// copies, and adds their mean wall and CPU seconds to `cost`.
+template <class Call>
+void TimeCalls(size_t copies, size_t* next, Cost* cost, const Call& call) {
+  const size_t calls = std::max<size_t>(copies, 4);
   const double c0 = CpuSeconds(), w0 = WallSeconds();
   for (size_t i = 0; i < calls; ++i) {
-    be.Matmul(x.data(), tokens, w[*next].data, nullptr, s.in, s.out, y->data());
-    *next = (*next + 1) % w.size();
+    call(*next);
+    *next = (*next + 1) % copies;
   }
   const double w1 = WallSeconds(), c1 = CpuSeconds();
   cost->wall.push_back((w1 - w0) / static_cast<double>(calls));
   cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
 }
 
-// Times one 1-token QuantizedMatmul per copy, as TimeOne does for f32.
+// Times Matmuls of T tokens over the weight copies.
+void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matrix>& w,
+             const std::vector<float>& x, int64_t tokens, std::vector<float>* y, size_t* next,
+             Cost* cost) {
+  TimeCalls(w.size(), next, cost, [&](size_t c) {
+    be.Matmul(x.data(), tokens, w[c].data, nullptr, s.in, s.out, y->data());
+  });
+}
+
+// Times 1-token QuantizedMatmuls over the quantised copies.
 void TimeQuantized(kernels::SimdLevel level, ThreadPool& pool,
                    const std::vector<kernels::QuantizedMatrix>& w, const std::vector<float>& x,
                    std::vector<float>* y, size_t* next, Cost* cost) {
-  const size_t calls = std::max<size_t>(w.size(), 4);
-  const double c0 = CpuSeconds(), w0 = WallSeconds();
-  for (size_t i = 0; i < calls; ++i) {
-    kernels::QuantizedMatmul(level, &pool, x.data(), 1, w[*next], nullptr, y->data());
-    *next = (*next + 1) % w.size();
-  }
-  const double w1 = WallSeconds(), c1 = CpuSeconds();
-  cost->wall.push_back((w1 - w0) / static_cast<double>(calls));
-  cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
+  TimeCalls(w.size(), next, cost, [&](size_t c) {
+    kernels::QuantizedMatmul(level, &pool, x.data(), 1, w[c], nullptr, y->data());
+  });
 }
 
 // Copies of one random matrix quantised to `format`, enough to cover
@@ -224,20 +227,26 @@ absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const float* 
   return absl::OkStatus();
 }
 
+// One table row: `cost`'s median wall and CPU time, the medians of their
+// per-repetition ratios to `base`, and `bytes` per median wall time; `tail`
+// ends the line.
+void PrintRow(const std::string& label, const Cost& cost, const Cost& base, double bytes,
+              const std::string& tail) {
+  std::vector<double> wall_ratio, cpu_ratio;
+  for (size_t r = 0; r < cost.wall.size(); ++r) {
+    wall_ratio.push_back(cost.wall[r] / base.wall[r]);
+    cpu_ratio.push_back(cost.cpu[r] / base.cpu[r]);
+  }
+  const double wall = Median(cost.wall);
+  std::printf("  %6s %10.3f %8.2f %10.3f %8.2f %8.1f%s\n", label.c_str(), wall * 1e3,
+              Median(wall_ratio), Median(cost.cpu) * 1e3, Median(cpu_ratio), bytes / wall * 1e-9,
+              tail.c_str());
+}
+
 void PrintRows(const std::vector<int64_t>& tokens, const std::map<int64_t, Cost>& costs,
                double weight_bytes) {
-  const Cost& base = costs.at(1);
   for (int64_t t : tokens) {
-    const Cost& c = costs.at(t);
-    std::vector<double> wall_ratio, cpu_ratio;
-    for (size_t r = 0; r < c.wall.size(); ++r) {
-      wall_ratio.push_back(c.wall[r] / base.wall[r]);
-      cpu_ratio.push_back(c.cpu[r] / base.cpu[r]);
-    }
-    const double wall = Median(c.wall);
-    std::printf("  %6" PRId64 " %10.3f %8.2f %10.3f %8.2f %8.1f\n", t, wall * 1e3,
-                Median(wall_ratio), Median(c.cpu) * 1e3, Median(cpu_ratio),
-                weight_bytes / wall * 1e-9);
+    PrintRow(std::to_string(t), costs.at(t), costs.at(1), weight_bytes, "");
   }
 }
 
@@ -345,19 +354,9 @@ absl::Status Main(int argc, char** argv) {
                 "GB/s");
     PrintRows(tokens, costs, static_cast<double>(bytes));
     for (size_t f = 0; f < formats.size(); ++f) {
-      const Cost& base = costs.at(1);
-      std::vector<double> wall_ratio, cpu_ratio;
-      for (size_t r = 0; r < qcosts[f].wall.size(); ++r) {
-        wall_ratio.push_back(qcosts[f].wall[r] / base.wall[r]);
-        cpu_ratio.push_back(qcosts[f].cpu[r] / base.cpu[r]);
-      }
-      const double wall = Median(qcosts[f].wall);
-      std::printf("  %6s %10.3f %8.2f %10.3f %8.2f %8.1f   (1 token, %" PRId64
-                  " copies; x the f32 1-token product)\n",
-                  std::string(kernels::WeightFormatName(formats[f])).c_str(), wall * 1e3,
-                  Median(wall_ratio), Median(qcosts[f].cpu) * 1e3, Median(cpu_ratio),
-                  static_cast<double>(qw[f][0].bytes()) / wall * 1e-9,
-                  static_cast<int64_t>(qw[f].size()));
+      PrintRow(std::string(kernels::WeightFormatName(formats[f])), qcosts[f], costs.at(1),
+               static_cast<double>(qw[f][0].bytes()),
+               absl::StrCat("   (1 token, ", qw[f].size(), " copies; x the f32 1-token product)"));
     }
   }
   // One decoder layer of the 109.5M model (dim 1024, hidden 2816), when its
