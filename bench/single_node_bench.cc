@@ -268,7 +268,7 @@ struct PassTime {
   double step_ratio = 0, cpu_step_ratio = 0;
 };
 
-double MedianOf(std::vector<double> v) {
+double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -315,17 +315,15 @@ absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
       static_cast<size_t>(std::find(counts.begin(), counts.end(), 1) - counts.begin());
   std::vector<PassTime> out(counts.size());
   for (size_t i = 0; i < counts.size(); ++i) {
-    std::vector<double> ratio{0.0}, cpu_ratio{0.0};
-    if (one < counts.size()) {
-      ratio.clear();
-      cpu_ratio.clear();
-      for (size_t r = 0; r < t[i].size(); ++r) {
-        ratio.push_back(t[i][r] / t[one][r]);
-        cpu_ratio.push_back(cpu[i][r] / cpu[one][r]);
-      }
+    out[i] = PassTime{Median(t[i]), *std::min_element(t[i].begin(), t[i].end()), Median(cpu[i])};
+    if (one == counts.size()) continue;
+    std::vector<double> ratio, cpu_ratio;
+    for (size_t r = 0; r < t[i].size(); ++r) {
+      ratio.push_back(t[i][r] / t[one][r]);
+      cpu_ratio.push_back(cpu[i][r] / cpu[one][r]);
     }
-    out[i] = PassTime{MedianOf(t[i]), *std::min_element(t[i].begin(), t[i].end()), MedianOf(cpu[i]),
-                      MedianOf(ratio), MedianOf(cpu_ratio)};
+    out[i].step_ratio = Median(ratio);
+    out[i].cpu_step_ratio = Median(cpu_ratio);
   }
   return out;
 }
@@ -364,11 +362,6 @@ absl::StatusOr<std::vector<StepSample>> Steps(Engine& engine, SequenceKv& kv, in
     out.push_back(sm);
   }
   return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Prints the first 4 samples as multiples of `step` (wall) and `step_cpu`.
