@@ -18,29 +18,33 @@ namespace {
 
 using Kind = RowCodecSpec::Kind;
 
+// nearbyint(v) clamped to [lo, hi], as a float, and 0 for a NaN v (casting
+// NaN is undefined), for integers lo < hi far inside +-2^22, in a form the
+// compiler vectorises (no libm call per element; the encoders of every
+// quantised prompt KV run it, inside VeriCache's decode time): v is clamped
+// to [lo - 1, hi + 1] first, which leaves every clamped result unchanged and
+// bounds |v| far below 2^22, so adding and subtracting 1.5 * 2^23 rounds it
+// to the nearest integer, ties to even, exactly as nearbyint does in the
+// default rounding mode.
+[[gnu::always_inline]] inline float NearestInRange(float v, float lo, float hi) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  v = v == v ? v : 0.0f;
+  v = std::min(std::max(v, lo - 1.0f), hi + 1.0f);
+  v = (v + kRound) - kRound;
+  return std::min(std::max(v, lo), hi);
+}
+
 // 8-bit symmetric codes of one group, as the codec defines them (QuantiseInto:
-// nearbyint(x / scale), NaN to 0, clamped to [-half, half], stored + half),
-// in a form the compiler vectorises (the encoder of every INT8 prompt KV, so
-// its cost is decode time in VeriCache mode): the value is clamped to
-// +-(half + 1) first, which leaves every clamped result unchanged and bounds
-// |v| far below 2^22, so adding and subtracting 1.5 * 2^23 rounds it to the
-// nearest integer, ties to even, exactly as nearbyint does in the default
-// rounding mode (no libm call per element).
+// nearbyint(x / scale), NaN to 0, clamped to [-half, half], stored + half).
 [[gnu::always_inline]] inline void EncodeSymmetric8Body(const float* x, int n, float scale,
                                                         int half, uint8_t* out) {
   if (!(scale > 0.0f)) {
     std::memset(out, half, static_cast<size_t>(n));
     return;
   }
-  const float lim = static_cast<float>(half) + 1.0f, hi = static_cast<float>(half);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  const float hi = static_cast<float>(half);
   for (int c = 0; c < n; ++c) {
-    float v = x[c] / scale;
-    v = v == v ? v : 0.0f;  // NaN: code 0 (casting NaN is undefined)
-    v = std::min(std::max(v, -lim), lim);
-    v = (v + kRound) - kRound;
-    v = std::min(std::max(v, -hi), hi);
-    out[c] = static_cast<uint8_t>(static_cast<int>(v) + half);
+    out[c] = static_cast<uint8_t>(static_cast<int>(NearestInRange(x[c] / scale, -hi, hi)) + half);
   }
 }
 
@@ -63,23 +67,15 @@ using Kind = RowCodecSpec::Kind;
 
 // Asymmetric codes (KIVI), as the codec defines them: nearbyint((x - zero)
 // / scale) clamped to [0, max_code], 0 for a NaN quotient or a scale that is
-// not > 0 (casting NaN is undefined). Written so that the compiler
-// vectorises it, as EncodeSymmetric8Body: the quotient is clamped to
-// [-1, max_code + 1] first (every clamped result stays the same) and rounded
-// by adding and subtracting 1.5 * 2^23 (nearbyint, ties to even), where
-// nearbyint was a library call per element. Value c takes scale[c] and
-// zero[c] (a key row: one per channel) ...
+// not > 0 (NearestInRange; out of line so that the compiler vectorises each
+// loop on its own). Value c takes scale[c] and zero[c] (a key row: one per
+// channel) ...
 [[gnu::noinline]] void EncodeAsymmetricPerValue(const float* x, const float* scale,
                                                 const float* zero, int n, uint32_t max_code,
                                                 uint8_t* out) {
   const float top = static_cast<float>(max_code);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
   for (int c = 0; c < n; ++c) {
-    float v = (x[c] - zero[c]) / scale[c];
-    v = v == v ? v : 0.0f;
-    v = std::min(std::max(v, -1.0f), top + 1.0f);
-    v = (v + kRound) - kRound;
-    v = std::min(std::max(v, 0.0f), top);
+    const float v = NearestInRange((x[c] - zero[c]) / scale[c], 0.0f, top);
     out[c] = scale[c] > 0.0f ? static_cast<uint8_t>(static_cast<int>(v)) : uint8_t{0};
   }
 }
@@ -93,14 +89,9 @@ constexpr int kMaxGroupCodes = 256;  // codes per call from QuantiseInto
     return;
   }
   const float top = static_cast<float>(max_code);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
   for (int c = 0; c < n; ++c) {
-    float v = (x[c] - zero) / scale;
-    v = v == v ? v : 0.0f;
-    v = std::min(std::max(v, -1.0f), top + 1.0f);
-    v = (v + kRound) - kRound;
-    v = std::min(std::max(v, 0.0f), top);
-    out[c] = static_cast<uint8_t>(static_cast<int>(v));
+    out[c] =
+        static_cast<uint8_t>(static_cast<int>(NearestInRange((x[c] - zero) / scale, 0.0f, top)));
   }
 }
 
@@ -558,6 +549,7 @@ class QuantRowStore final : public RowStore {
       return;
     }
     const int64_t groups_per_row = (dim + group - 1) / group;
+    const kv_internal::Int8Encoder& int8 = Int8EncoderForThisCpu();
     for (int64_t row = 0; row < count; ++row) {
       const int64_t out_row = row0 + row;
       for (int64_t g = 0; g < groups_per_row; ++g) {
@@ -566,7 +558,6 @@ class QuantRowStore final : public RowStore {
         if (spec.kind == Kind::kPerTokenSymmetric) {
           // Symmetric: codes in [-(2^(b-1)-1), 2^(b-1)-1], stored offset.
           const int half = (1 << (spec.bits - 1)) - 1;
-          const kv_internal::Int8Encoder& int8 = Int8EncoderForThisCpu();
           const float scale = int8.abs_max(x + c0, c1 - c0) / static_cast<float>(half);
           scale_[out_row * groups_per_row + g] = scale;
           if (spec.bits == 8) {
