@@ -564,14 +564,10 @@ class QuantRowStore final : public RowStore {
             int8.encode(x + c0, c1 - c0, scale, half, codes_.Codes8At(out_row * dim + c0));
             continue;
           }
+          const float hi = static_cast<float>(half);
           for (int c = c0; c < c1; ++c) {
-            // A non-finite input (inf/nan scale or element) maps to code 0:
-            // converting a NaN to int is undefined behaviour.
-            const float r = scale > 0.0f ? std::nearbyint(x[c] / scale) : 0.0f;
-            const float q = std::isnan(r) ? 0.0f : r;
-            const int code = static_cast<int>(std::clamp(q, -static_cast<float>(half),
-                                                         static_cast<float>(half)));
-            codes_.Set(out_row * dim + c, static_cast<uint32_t>(code + half));
+            const float q = scale > 0.0f ? NearestInRange(x[c] / scale, -hi, hi) : 0.0f;
+            codes_.Set(out_row * dim + c, static_cast<uint32_t>(static_cast<int>(q) + half));
           }
         } else {
           float lo = x[c0], hi = x[c0];
