@@ -141,6 +141,36 @@ float TreeSum(const float* p, int n, int64_t stride) {
   return TreeSum(p, half, stride) + TreeSum(p + half * stride, half, stride);
 }
 
+// out[i] = TreeSum(p + i, n, stride) for i < count. The trees of the counts
+// that occur (B and T are 1, 2, 4 or 8) are written out so that the loop over
+// i vectorises: one recursive TreeSum per output, on the caller's thread
+// while the other threads wait, took 35 us per row-parallel product of a
+// 9-token pass (9216 outputs over 8 blocks) against 2.6 us.
+void TreeSumRows(const float* p, int n, int64_t stride, int64_t count, float* out) {
+  const int64_t s = stride;
+  switch (n) {
+    case 1:
+      std::copy_n(p, count, out);
+      return;
+    case 2:
+      for (int64_t i = 0; i < count; ++i) out[i] = p[i] + p[s + i];
+      return;
+    case 4:
+      for (int64_t i = 0; i < count; ++i) {
+        out[i] = (p[i] + p[s + i]) + (p[2 * s + i] + p[3 * s + i]);
+      }
+      return;
+    case 8:
+      for (int64_t i = 0; i < count; ++i) {
+        out[i] = ((p[i] + p[s + i]) + (p[2 * s + i] + p[3 * s + i])) +
+                 ((p[4 * s + i] + p[5 * s + i]) + (p[6 * s + i] + p[7 * s + i]));
+      }
+      return;
+    default:
+      for (int64_t i = 0; i < count; ++i) out[i] = TreeSum(p + i, n, stride);
+  }
+}
+
 // Row `token` of the embedding, widened to f32 (exact).
 void EmbeddingRow(const WeightMatrix& e, int64_t token, int64_t dim, float* out) {
   for (int64_t i = 0; i < dim; ++i) out[i] = e.At(token * dim + i);
@@ -417,15 +447,15 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     // w[o]); the blocks go to the backend as one call.
     be.MatmulBlocks(me.xblk.data(), n_rows, packed.data(), dtype, my_blocks, blk, n_out,
                     me.partials.data());
-    me.local.resize(n);
-    for (int64_t i = 0; i < n; ++i) me.local[i] = TreeSum(&me.partials[i], my_blocks, n);
     if (tp == 1) {
-      std::copy(me.local.begin(), me.local.end(), out);
+      TreeSumRows(me.partials.data(), my_blocks, n, n, out);
       return absl::OkStatus();
     }
+    me.local.resize(n);
+    TreeSumRows(me.partials.data(), my_blocks, n, n, me.local.data());
     me.gathered.resize(tp * n);
     VC_RETURN_IF_ERROR(comm.AllGather(me.local.data(), n, me.gathered.data()));
-    for (int64_t i = 0; i < n; ++i) out[i] = TreeSum(&me.gathered[i], tp, n);
+    TreeSumRows(me.gathered.data(), tp, n, n, out);
     return absl::OkStatus();
   };
 
