@@ -89,29 +89,17 @@ void Tile(const Src& src, const float* x, int64_t ldx, const float* bias, int64_
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  // Each row's per-group state (int4: its 16 values), renewed at every
-  // group boundary; g is counted, not divided out of i.
-  typename Src::Group group[R];
-  for (int r = 0; r < R; ++r) group[r] = src.GroupOf(o0 + r, 0);
-  int64_t g = 0;
-  int left = 0;
-  if constexpr (Src::kGrouped) left = src.BlocksPerGroup();
+  GroupCursor<R, Src> group(src, o0);  // int4: each row's 16 values
   for (int64_t i = 0; i < src.padded_in; i += 16) {
     if (pf_next && i % 64 == 0) {
       for (int r = 0; r < R; ++r) _mm_prefetch(src.Addr(o0 + R + r, i), _MM_HINT_T1);
     }
     __m512 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = src.Load(o0 + r, i, group[r]);
+    group.Advance(i);
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + i);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
-    }
-    if constexpr (Src::kGrouped) {
-      if (--left == 0 && i + 16 < src.padded_in) {
-        ++g;
-        left = src.BlocksPerGroup();
-        for (int r = 0; r < R; ++r) group[r] = src.GroupOf(o0 + r, g);
-      }
     }
   }
   for (int r = 0; r < R; ++r) {
