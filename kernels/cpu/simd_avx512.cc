@@ -198,6 +198,14 @@ constexpr int64_t kSpanTokens = int64_t{8} * kTokens;
 // (a 9-token x of 99 KiB) the 2-row tiles were 20% slower.
 constexpr int kWideTokens = 12;
 constexpr int64_t kResidentXBytes = int64_t{40} << 10;
+// ... and only over rows this long: over the short rows of the row-parallel
+// products' column blocks (128 and 352 wide on the 110M shape) the 4-row
+// tiles' loads feed more FMAs each (4 weight and 5 x loads per 20 FMAs
+// against 2 and 9 per 18). MatmulBlocks over 8 blocks of 1024 such rows, 9
+// tokens, 2 threads, weights from DRAM: 128 wide 220-227 -> 183-192 us, 352
+// wide 330-352 -> 296-309 us (a harness calling the backend, three
+// alternations; 1-token products 93-112 and 188-212 us).
+constexpr int64_t kWideMinIn = 512;
 template <int R>
 constexpr TileFn kWideTiles[kWideTokens + 1] = {
     nullptr,    Tile<R, 1>, Tile<R, 2>, Tile<R, 3>,  Tile<R, 4>,  Tile<R, 5>, Tile<R, 6>,
@@ -223,7 +231,7 @@ void MatmulRows(const float* x, int64_t ldx, int64_t tokens, const float* w, con
   for (int64_t ts = 0; ts < tokens; ts += kSpanTokens) {
     const int64_t span = std::min(tokens - ts, kSpanTokens);
     const float* xs = x + ts * ldx;
-    if (span <= kWideTokens &&
+    if (span <= kWideTokens && in >= kWideMinIn &&
         span * ldx * static_cast<int64_t>(sizeof(float)) <= kResidentXBytes) {
       for (o = o_first; o + 2 <= o_end; o += 2) {
         const bool next = o + 4 <= o_end;
