@@ -69,6 +69,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   bool small = false;
   bool table_only = false;
+  bool stages = false;
   int prompt_len = 3000;
   int64_t max_new = 64;
   int threads = 2;
@@ -326,6 +327,57 @@ absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
     out[i].cpu_step_ratio = Median(cpu_ratio);
   }
   return out;
+}
+
+// The verify pass's stages against the step's: --reps passes of each count
+// in `counts` (after one warm-up each), in turn as PassTable runs them, with
+// the engine's stage clock on (StageTimes); prints each stage's mean ms per
+// pass and, for the counts other than 1, its multiple of the 1-token pass's.
+absl::Status PrintStages(Engine& engine, SequenceKv& kv, const std::vector<int>& counts, int reps,
+                         std::mt19937_64& rng) {
+  const int32_t base = kv.next_position();
+  std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
+  std::vector<float> logits;
+  std::vector<StageTimes> times(counts.size());
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      std::vector<int32_t> tokens(counts[i]);
+      for (int32_t& x : tokens) x = tok(rng);
+      SequenceInput in{&kv, tokens, 0};
+      engine.set_stage_times(rep > 0 ? &times[i] : nullptr);
+      const absl::Status st = engine.Forward({&in, 1}, &logits);
+      engine.set_stage_times(nullptr);
+      VC_RETURN_IF_ERROR(st);
+      kv.Truncate(base);
+    }
+  }
+  const size_t one =
+      static_cast<size_t>(std::find(counts.begin(), counts.end(), 1) - counts.begin());
+  std::printf("\nstages of a pass (mean ms over %d passes of each; x: the 1-token pass's):\n%-16s",
+              reps, "stage");
+  for (const int n : counts) {
+    std::printf(" %7d tok%s", n, n == 1 || one == counts.size() ? "" : "        ");
+  }
+  std::printf("\n");
+  std::vector<double> total(counts.size(), 0.0);
+  for (int st = 0; st <= StageTimes::kCount; ++st) {
+    std::printf("%-16s", st < StageTimes::kCount ? StageTimes::Name(st) : "sum");
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const double ms = st < StageTimes::kCount
+                            ? times[i].seconds[st] * 1e3 / static_cast<double>(times[i].passes)
+                            : total[i];
+      if (st < StageTimes::kCount) total[i] += ms;
+      std::printf(" %11.3f", ms);
+      if (i != one && one != counts.size()) {
+        const double base_ms = st < StageTimes::kCount ? times[one].seconds[st] * 1e3 /
+                                                             static_cast<double>(times[one].passes)
+                                                       : total[one];
+        std::printf(" %6.2fx", base_ms > 0 ? ms / base_ms : 0.0);
+      }
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
 }
 
 // PassTable for one count of tokens (no ratios).
@@ -697,6 +749,7 @@ absl::Status Run(const Options& o) {
   }
   PrintFirst("first 4 1-token steps after the prompt's prefill", after_prefill, step.median,
              step.cpu);
+  if (o.stages) VC_RETURN_IF_ERROR(PrintStages(*engine, kv, pass_tokens, o.reps, rng));
   if (full_cpu_per_step > 0) {
     std::printf("full decode in RunBatch: %.2f ms CPU per step = %.2f x the isolated step's CPU\n",
                 full_cpu_per_step * 1e3, full_cpu_per_step / step.cpu);
@@ -743,6 +796,8 @@ int main(int argc, char** argv) {
   flags.AddBool("--small", &o.small, "~25M-parameter model, 1500-token prompt, 32 new tokens");
   flags.AddBool("--table-only", &o.table_only,
                 "only the verify-pass cost table (skips the generation runs)");
+  flags.AddBool("--stages", &o.stages,
+                "after the cost table, each row's pass split into the engine's stages");
   flags.Add("--prompt-len", &o.prompt_len, "N", "prompt tokens");
   flags.Add("--max-new", &o.max_new, "N", "tokens to generate");
   flags.Add("--threads", &o.threads, "N", "engine threads");

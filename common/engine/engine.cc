@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -107,6 +108,13 @@ struct Engine::Pass {
   std::vector<float>* logits = nullptr;
 };
 
+const char* StageTimes::Name(int stage) {
+  static constexpr const char* kNames[kCount] = {
+      "embedding", "norms",   "q/k/v",  "rope, kv write", "attention",
+      "o_proj",    "gate/up", "swiglu", "down_proj",      "classifier"};
+  return stage >= 0 && stage < kCount ? kNames[stage] : "?";
+}
+
 uint32_t NumericsVersionFor(const ModelConfig& c) {
   return kNumericsVersion + 256 * static_cast<uint32_t>(c.dtype);
 }
@@ -170,6 +178,27 @@ void TreeSumRows(const float* p, int n, int64_t stride, int64_t count, float* ou
       for (int64_t i = 0; i < count; ++i) out[i] = TreeSum(p + i, n, stride);
   }
 }
+
+// Adds the wall time since the previous mark to a stage of `times`;
+// nothing when times is null.
+class StageClock {
+ public:
+  explicit StageClock(StageTimes* times) : times_(times) {
+    if (times_ == nullptr) return;
+    ++times_->passes;
+    last_ = std::chrono::steady_clock::now();
+  }
+  void Mark(StageTimes::Stage stage) {
+    if (times_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    times_->seconds[stage] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  StageTimes* times_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 // Row `token` of the embedding, widened to f32 (exact).
 void EmbeddingRow(const WeightMatrix& e, int64_t token, int64_t dim, float* out) {
@@ -403,6 +432,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
   const int h0 = rank * heads, kvh0 = rank * kv_heads;
   const int64_t qd_r = int64_t{heads} * hd, kvd_r = int64_t{kv_heads} * hd, hid_r = hid / tp;
   const int blocks = ReductionBlocks(c), my_blocks = blocks / tp;
+  StageClock clock(rank == 0 ? stage_times_ : nullptr);
 
   me.x.resize(n_rows * dim);
   me.xb.resize(n_rows * dim);
@@ -491,11 +521,13 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
     kernels::QuantizedMatmul(quant_level_, &pool, x, rows, m, bias, y);
   };
 
+  clock.Mark(StageTimes::kEmbedding);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     for (int64_t r = 0; r < n_rows; ++r) {
       kernels::RmsNorm(be, &me.x[r * dim], lw.rms_att, dim, c.rms_norm_eps, &me.xb[r * dim]);
     }
+    clock.Mark(StageTimes::kNorms);
     const QuantizedLayerWeights* ql = quant ? &quant->layers()[l] : nullptr;
     if (ql != nullptr) {
       qmatmul(me.xb.data(), n_rows, ql->wq, lw.bq, me.q.data());
@@ -510,6 +542,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       be.MatmulTyped(me.xb.data(), n_rows, lw.wv.Row(int64_t{kvh0} * hd, dim), lw.wv.dtype,
                      lw.bv ? lw.bv + int64_t{kvh0} * hd : nullptr, dim, kvd_r, me.v.data());
     }
+    clock.Mark(StageTimes::kQkv);
     for (int64_t r = 0; r < n_rows; ++r) {
       rope(&me.q[r * qd_r], r, heads);
       rope(&me.k[r * kvd_r], r, kv_heads);
@@ -549,6 +582,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       }
       VC_RETURN_IF_ERROR(comm.Barrier());
     }
+    clock.Mark(StageTimes::kRopeKvWrite);
     // Attention over this rank's heads, head-major: a unit is one KV head
     // of one sequence with a chunk of that sequence's rows, and all its
     // queries (the chunk's rows x the query heads sharing the KV head) go to
@@ -620,6 +654,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
             }
           }
         });
+    clock.Mark(StageTimes::kAttention);
     // o_proj, row-parallel over q_dim.
     if (ql != nullptr) {
       qmatmul(me.att.data(), n_rows, ql->wo, nullptr, me.proj.data());
@@ -628,10 +663,12 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
           row_parallel(me.att.data(), me.wo_blocks[l], lw.wo.dtype, qd, dim, me.proj.data()));
     }
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
+    clock.Mark(StageTimes::kOutProj);
 
     for (int64_t r = 0; r < n_rows; ++r) {
       kernels::RmsNorm(be, &me.x[r * dim], lw.rms_ffn, dim, c.rms_norm_eps, &me.xb[r * dim]);
     }
+    clock.Mark(StageTimes::kNorms);
     // gate/up column-parallel over hidden units, down_proj row-parallel.
     const int64_t j0 = rank * hid_r;
     if (ql != nullptr) {
@@ -643,7 +680,9 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       be.MatmulTyped(me.xb.data(), n_rows, lw.w3.Row(j0, dim), lw.w3.dtype, nullptr, dim, hid_r,
                      me.up.data());
     }
+    clock.Mark(StageTimes::kGateUp);
     be.SwiGlu(me.gate.data(), me.up.data(), n_rows * hid_r);
+    clock.Mark(StageTimes::kSwiGlu);
     if (ql != nullptr) {
       qmatmul(me.gate.data(), n_rows, ql->w2, nullptr, me.proj.data());
     } else {
@@ -651,6 +690,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
           row_parallel(me.gate.data(), me.w2_blocks[l], lw.w2.dtype, hid, dim, me.proj.data()));
     }
     for (int64_t i = 0; i < n_rows * dim; ++i) me.x[i] = me.x[i] + me.proj[i];
+    clock.Mark(StageTimes::kDownProj);
   }
 
   // Final norm (replicated) and the vocabulary-parallel classifier for the
@@ -672,11 +712,13 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
   const int64_t vocab = c.vocab_size;
   if (quant != nullptr) {
     qmatmul(me.final_norm.data(), n_logit_rows, quant->classifier(), nullptr, pass.logits->data());
+    clock.Mark(StageTimes::kClassifier);
     return absl::OkStatus();
   }
   if (tp == 1) {
     be.MatmulTyped(me.final_norm.data(), n_logit_rows, w.classifier.data, w.classifier.dtype,
                    nullptr, dim, vocab, pass.logits->data());
+    clock.Mark(StageTimes::kClassifier);
     return absl::OkStatus();
   }
   const int64_t v0 = VocabBegin(vocab, rank, tp), v1 = VocabBegin(vocab, rank + 1, tp);
@@ -696,6 +738,7 @@ absl::Status Engine::RankForward(int rank, const Pass& pass) {
       }
     }
   }
+  clock.Mark(StageTimes::kClassifier);
   return absl::OkStatus();
 }
 

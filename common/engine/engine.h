@@ -82,6 +82,30 @@ struct EngineOptions {
   int64_t warmup_tokens = 1;
 };
 
+// Wall time of a forward pass's stages, summed over the passes run while it
+// is set (Engine::set_stage_times), as rank 0 saw them: where a verify pass's
+// time goes against a decode step's (vc_single_node_bench --stages). Each
+// stage's time runs from the end of the stage before, so the stages add up
+// to the pass but for its validation and the wait for the other ranks.
+struct StageTimes {
+  enum Stage {
+    kEmbedding,    // token rows of x
+    kNorms,        // RMSNorm before attention and before the FFN
+    kQkv,          // the q, k and v projections
+    kRopeKvWrite,  // RoPE, rounding to the KV dtype, writing the KV rows
+    kAttention,    // scores, softmax and value sums over the KV
+    kOutProj,      // o_proj (row-parallel) and the residual add
+    kGateUp,       // the FFN's gate and up projections
+    kSwiGlu,       // SwiGLU's elementwise step
+    kDownProj,     // down_proj (row-parallel) and the residual add
+    kClassifier,   // final RMSNorm and the classifier
+    kCount
+  };
+  static const char* Name(int stage);
+  double seconds[kCount] = {};
+  int64_t passes = 0;
+};
+
 // The number of fixed reduction blocks B of the model's row-parallel products
 // (o_proj over q_dim, down_proj over hidden_dim): the largest of 8, 4, 2, 1
 // dividing both. Part of the numerics definition, independent of the degree.
@@ -112,6 +136,10 @@ class Engine {
   int tensor_parallel() const { return options_.tensor_parallel; }
   // Rank 0's backend.
   kernels::KernelBackend& backend();
+  // While set (not null), every Forward adds its stages' wall times to
+  // `times` (which must outlive that). Costs two clock reads per stage and
+  // layer; not to be changed while a Forward runs.
+  void set_stage_times(StageTimes* times) { stage_times_ = times; }
 
  private:
   struct Scratch;
@@ -125,6 +153,7 @@ class Engine {
   kernels::SimdLevel quant_level_ = kernels::SimdLevel::kScalar;  // with options_.quantized
   std::vector<Rank> ranks_;
   std::unique_ptr<Scratch> scratch_;  // shared per-row inputs of a pass
+  StageTimes* stage_times_ = nullptr;
 };
 
 }  // namespace vc

@@ -1,0 +1,122 @@
+// The engine's stage clock (Engine::set_stage_times): it counts every pass
+// run while set and none after, its stages add up to no more than the
+// passes' wall time, the stages that do the work get time, and it changes no
+// logit, for plain, tensor-parallel and weight-quantised engines.
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/engine/engine.h"
+#include "common/engine/kv_cache.h"
+#include "common/model/model.h"
+#include "common/model/quantized_weights.h"
+#include "gtest/gtest.h"
+
+namespace vc {
+namespace {
+
+ModelConfig SmallConfig() {
+  ModelConfig c;
+  c.architecture = "random";
+  c.dim = 64;
+  c.hidden_dim = 96;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 50;
+  c.max_seq_len = 48;
+  return c;
+}
+
+// Logits of a 9-token prefill, two 1-token steps and a 5-token pass, with
+// `times` set for all of them (null: unset); *wall gets their wall time.
+std::vector<float> RunPasses(Engine& engine, StageTimes* times, double* wall) {
+  const ModelConfig& c = engine.config();
+  std::mt19937_64 rng(21);
+  std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
+  PagedKvCache kv(c);
+  std::vector<float> all, logits;
+  engine.set_stage_times(times);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int n : {9, 1, 1, 5}) {
+    std::vector<int32_t> tokens(n);
+    for (int32_t& t : tokens) t = tok(rng);
+    const SequenceInput in{&kv, tokens, 0};
+    const absl::Status s = engine.Forward({&in, 1}, &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  *wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  engine.set_stage_times(nullptr);
+  return all;
+}
+
+void ExpectStagesCounted(const Model& model, const EngineOptions& options) {
+  auto engine = Engine::Create(model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  double wall = 0;
+  const std::vector<float> plain = RunPasses(**engine, nullptr, &wall);
+  StageTimes times;
+  const std::vector<float> timed = RunPasses(**engine, &times, &wall);
+  ASSERT_EQ(plain.size(), timed.size());
+  EXPECT_EQ(std::memcmp(plain.data(), timed.data(), plain.size() * sizeof(float)), 0);
+  EXPECT_EQ(times.passes, 4);
+  double sum = 0;
+  for (int st = 0; st < StageTimes::kCount; ++st) {
+    EXPECT_GE(times.seconds[st], 0.0) << StageTimes::Name(st);
+    sum += times.seconds[st];
+  }
+  EXPECT_LE(sum, wall);
+  for (const StageTimes::Stage st :
+       {StageTimes::kQkv, StageTimes::kAttention, StageTimes::kGateUp, StageTimes::kClassifier}) {
+    EXPECT_GT(times.seconds[st], 0.0) << StageTimes::Name(st);
+  }
+  // Unset again: a further pass adds nothing.
+  const StageTimes before = times;
+  double ignored = 0;
+  RunPasses(**engine, nullptr, &ignored);
+  EXPECT_EQ(times.passes, before.passes);
+  for (int st = 0; st < StageTimes::kCount; ++st) {
+    EXPECT_EQ(times.seconds[st], before.seconds[st]) << StageTimes::Name(st);
+  }
+}
+
+TEST(StageTimesTest, CountsEveryTimedPassAndChangesNoLogit) {
+  auto model = Model::CreateRandom(SmallConfig(), 7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions o;
+  o.backend.threads = 2;
+  ExpectStagesCounted(**model, o);
+}
+
+TEST(StageTimesTest, TensorParallelAndQuantisedEnginesToo) {
+  auto model = Model::CreateRandom(SmallConfig(), 8);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions tp;
+  tp.backend.threads = 2;
+  tp.tensor_parallel = 2;
+  ExpectStagesCounted(**model, tp);
+
+  QuantizeOptions qo;
+  qo.format = kernels::WeightFormat::kInt4;
+  auto quantized = QuantizedWeights::Create(**model, qo);
+  ASSERT_TRUE(quantized.ok()) << quantized.status();
+  EngineOptions q;
+  q.quantized = quantized->get();
+  ExpectStagesCounted(**model, q);
+}
+
+TEST(StageTimesTest, EveryStageHasAName) {
+  for (int st = 0; st < StageTimes::kCount; ++st) {
+    EXPECT_STRNE(StageTimes::Name(st), "?") << st;
+  }
+  EXPECT_STREQ(StageTimes::Name(StageTimes::kCount), "?");
+  EXPECT_STREQ(StageTimes::Name(-1), "?");
+}
+
+}  // namespace
+}  // namespace vc
