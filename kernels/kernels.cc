@@ -331,7 +331,7 @@ void Softmax(float* s, int64_t n) {
   SoftmaxWith(s, n, {.exp_inplace = cpu::ScalarOps().exp_inplace, .max_no_nan = nullptr});
 }
 
-void KernelBackend::SwiGlu(float* gate, const float* up, int64_t n) const {
+void KernelBackend::SwiGlu(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = Silu(gate[i]) * up[i];
 }
 

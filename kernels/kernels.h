@@ -115,8 +115,9 @@ class KernelBackend {
                                      int64_t n, int64_t head_dim, float* out) const;
 
   // gate[i] = Silu(gate[i]) * up[i] for i < n (SwiGLU's elementwise step),
-  // bit-identical to that scalar expression; backends may vectorise it.
-  virtual void SwiGlu(float* gate, const float* up, int64_t n) const;
+  // bit-identical to that scalar expression; backends may vectorise it and
+  // split it over their threads.
+  virtual void SwiGlu(float* gate, const float* up, int64_t n);
 
   // Bit-identical to kernels::Softmax below; backends may vectorise it.
   virtual void Softmax(float* s, int64_t n) const;

@@ -789,7 +789,8 @@ TEST(KernelsTest, SoftmaxRowsOverLongUnequalRowsEqualsSoftmaxAlone) {
 
 // SwiGLU's elementwise step with the levels' vectorised Exp: bit for bit the
 // scalar Silu(g) * u, across the ranges where Exp saturates, goes subnormal
-// or sees NaN and infinities, at lengths around the backend's block of 256.
+// or sees NaN and infinities, at lengths around the backend's block of 256,
+// on one thread and split over two (16 blocks and more).
 TEST(KernelsTest, BackendSwiGluEqualsSiluTimesUpOnEveryLevel) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -800,21 +801,24 @@ TEST(KernelsTest, BackendSwiGluEqualsSiluTimesUpOnEveryLevel) {
   std::mt19937_64 rng(23);
   std::uniform_real_distribution<float> wide(-120.0f, 120.0f);
   for (const auto& level : Levels()) {
-    auto be = MakeBackend(level, 1);
-    ASSERT_NE(be, nullptr);
-    for (int64_t n : {0, 1, 15, 16, 17, 255, 256, 257, 600}) {
-      std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        g[i] = i < static_cast<int64_t>(specials.size()) && n >= 255 ? specials[i] : wide(rng);
-        u[i] = i % 7 == 3 ? specials[i % specials.size()] : wide(rng) / 8.0f;
-      }
-      std::vector<float> want(g.size());
-      for (int64_t i = 0; i < n; ++i) want[i] = Silu(g[i]) * u[i];
-      be->SwiGlu(g.data(), u.data(), n);
-      for (int64_t i = 0; i < n; ++i) {
-        const bool both_nan = std::isnan(g[i]) && std::isnan(want[i]);
-        EXPECT_TRUE(both_nan || SameBits(g[i], want[i]))
-            << level << " n=" << n << " i=" << i << ": " << g[i] << " vs " << want[i];
+    for (const int threads : {1, 2}) {
+      auto be = MakeBackend(level, threads);
+      ASSERT_NE(be, nullptr);
+      for (int64_t n : {0, 1, 15, 16, 17, 255, 256, 257, 600, 4095, 4096, 4097, 9000}) {
+        std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          g[i] = i < static_cast<int64_t>(specials.size()) && n >= 255 ? specials[i] : wide(rng);
+          u[i] = i % 7 == 3 ? specials[i % specials.size()] : wide(rng) / 8.0f;
+        }
+        std::vector<float> want(g.size());
+        for (int64_t i = 0; i < n; ++i) want[i] = Silu(g[i]) * u[i];
+        be->SwiGlu(g.data(), u.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+          const bool both_nan = std::isnan(g[i]) && std::isnan(want[i]);
+          EXPECT_TRUE(both_nan || SameBits(g[i], want[i]))
+              << level << " threads=" << threads << " n=" << n << " i=" << i << ": " << g[i]
+              << " vs " << want[i];
+        }
       }
     }
   }
