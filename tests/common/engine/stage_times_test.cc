@@ -6,62 +6,35 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include "common/engine/engine.h"
-#include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "common/model/quantized_weights.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine/small_random_model.h"
 
 namespace vc {
 namespace {
 
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.architecture = "random";
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 50;
-  c.max_seq_len = 48;
-  return c;
-}
-
-// Logits of a 9-token prefill, two 1-token steps and a 5-token pass, with
+// RunPasses (a 9-token prefill, two 1-token steps, a 5-token pass) with
 // `times` set for all of them (null: unset); *wall gets their wall time.
-std::vector<float> RunPasses(Engine& engine, StageTimes* times, double* wall) {
-  const ModelConfig& c = engine.config();
-  std::mt19937_64 rng(21);
-  std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
-  PagedKvCache kv(c);
-  std::vector<float> all, logits;
+std::vector<float> TimedPasses(Engine& engine, StageTimes* times, double* wall) {
   engine.set_stage_times(times);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int n : {9, 1, 1, 5}) {
-    std::vector<int32_t> tokens(n);
-    for (int32_t& t : tokens) t = tok(rng);
-    const SequenceInput in{&kv, tokens, 0};
-    const absl::Status s = engine.Forward({&in, 1}, &logits);
-    EXPECT_TRUE(s.ok()) << s;
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
+  std::vector<float> logits = engine_testing::RunPasses(engine, 21, {9, 1, 1, 5});
   *wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   engine.set_stage_times(nullptr);
-  return all;
+  return logits;
 }
 
 void ExpectStagesCounted(const Model& model, const EngineOptions& options) {
   auto engine = Engine::Create(model, options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   double wall = 0;
-  const std::vector<float> plain = RunPasses(**engine, nullptr, &wall);
+  const std::vector<float> plain = TimedPasses(**engine, nullptr, &wall);
   StageTimes times;
-  const std::vector<float> timed = RunPasses(**engine, &times, &wall);
+  const std::vector<float> timed = TimedPasses(**engine, &times, &wall);
   ASSERT_EQ(plain.size(), timed.size());
   EXPECT_EQ(std::memcmp(plain.data(), timed.data(), plain.size() * sizeof(float)), 0);
   EXPECT_EQ(times.passes, 4);
@@ -78,7 +51,7 @@ void ExpectStagesCounted(const Model& model, const EngineOptions& options) {
   // Unset again: a further pass adds nothing.
   const StageTimes before = times;
   double ignored = 0;
-  RunPasses(**engine, nullptr, &ignored);
+  TimedPasses(**engine, nullptr, &ignored);
   EXPECT_EQ(times.passes, before.passes);
   for (int st = 0; st < StageTimes::kCount; ++st) {
     EXPECT_EQ(times.seconds[st], before.seconds[st]) << StageTimes::Name(st);
@@ -86,7 +59,7 @@ void ExpectStagesCounted(const Model& model, const EngineOptions& options) {
 }
 
 TEST(StageTimesTest, CountsEveryTimedPassAndChangesNoLogit) {
-  auto model = Model::CreateRandom(SmallConfig(), 7);
+  auto model = Model::CreateRandom(engine_testing::SmallRandomConfig(), 7);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions o;
   o.backend.threads = 2;
@@ -94,7 +67,7 @@ TEST(StageTimesTest, CountsEveryTimedPassAndChangesNoLogit) {
 }
 
 TEST(StageTimesTest, TensorParallelAndQuantisedEnginesToo) {
-  auto model = Model::CreateRandom(SmallConfig(), 8);
+  auto model = Model::CreateRandom(engine_testing::SmallRandomConfig(), 8);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions tp;
   tp.backend.threads = 2;

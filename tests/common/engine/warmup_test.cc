@@ -8,56 +8,23 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "common/engine/engine.h"
-#include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "common/model/quantized_weights.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine/small_random_model.h"
 
 namespace vc {
 namespace {
-
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.architecture = "random";
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 50;
-  c.max_seq_len = 48;
-  return c;
-}
-
-// Logits of a prefill, three 1-token steps and a 5-token pass, in order.
-std::vector<float> RunPasses(Engine& engine, uint64_t seed) {
-  const ModelConfig& c = engine.config();
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
-  PagedKvCache kv(c);
-  std::vector<float> all, logits;
-  for (int n : {9, 1, 1, 1, 5}) {
-    std::vector<int32_t> tokens(n);
-    for (int32_t& t : tokens) t = tok(rng);
-    const SequenceInput in{&kv, tokens, 0};
-    const absl::Status s = engine.Forward({&in, 1}, &logits);
-    EXPECT_TRUE(s.ok()) << s;
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
-  return all;
-}
 
 std::vector<float> Logits(const Model& model, const EngineOptions& options, uint64_t seed) {
   auto engine = Engine::Create(model, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return {};
-  return RunPasses(**engine, seed);
+  return engine_testing::RunPasses(**engine, seed, {9, 1, 1, 1, 5});
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -79,7 +46,7 @@ void ExpectWarmupInvisible(const Model& model, EngineOptions options,
 }
 
 TEST(WarmupTest, LogitsDoNotDependOnTheWarmupPass) {
-  auto model = Model::CreateRandom(SmallConfig(), 3);
+  auto model = Model::CreateRandom(engine_testing::SmallRandomConfig(), 3);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions o;
   o.backend.threads = 2;
@@ -89,7 +56,7 @@ TEST(WarmupTest, LogitsDoNotDependOnTheWarmupPass) {
 }
 
 TEST(WarmupTest, TensorParallelAndQuantisedEnginesToo) {
-  auto model = Model::CreateRandom(SmallConfig(), 4);
+  auto model = Model::CreateRandom(engine_testing::SmallRandomConfig(), 4);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions tp;
   tp.backend.threads = 2;
@@ -106,7 +73,7 @@ TEST(WarmupTest, TensorParallelAndQuantisedEnginesToo) {
 }
 
 TEST(WarmupTest, NegativeWarmupIsAnError) {
-  auto model = Model::CreateRandom(SmallConfig(), 5);
+  auto model = Model::CreateRandom(engine_testing::SmallRandomConfig(), 5);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions o;
   o.warmup_tokens = -1;
