@@ -289,10 +289,13 @@ double ProcessCpuSeconds() {
 // Each of `reps` repetitions (after one warm-up) times every count in turn,
 // so that a change in the machine's load or memory bandwidth during the
 // table hits every row alike; when `counts` holds 1, the rows' ratios to the
-// 1-token pass are taken per repetition.
+// 1-token pass are taken per repetition. With `stages`, each timed pass of
+// counts[i] also adds its stages to (*stages)[i] (Engine::set_stage_times).
 absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
                                                 const std::vector<int>& counts, int reps,
-                                                std::mt19937_64& rng) {
+                                                std::mt19937_64& rng,
+                                                std::vector<StageTimes>* stages = nullptr) {
+  if (stages != nullptr) stages->assign(counts.size(), StageTimes());
   const int32_t base = kv.next_position();
   std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
   std::vector<float> logits;
@@ -302,9 +305,12 @@ absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
       std::vector<int32_t> tokens(counts[i]);
       for (int32_t& x : tokens) x = tok(rng);
       SequenceInput in{&kv, tokens, 0};
+      engine.set_stage_times(stages != nullptr && rep > 0 ? &(*stages)[i] : nullptr);
       const auto t0 = Clock::now();
       const double c0 = ProcessCpuSeconds();
-      VC_RETURN_IF_ERROR(engine.Forward({&in, 1}, &logits));
+      const absl::Status status = engine.Forward({&in, 1}, &logits);
+      engine.set_stage_times(nullptr);
+      VC_RETURN_IF_ERROR(status);
       if (rep > 0) {  // 1 warm-up
         t[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         cpu[i].push_back(ProcessCpuSeconds() - c0);
@@ -329,50 +335,38 @@ absl::StatusOr<std::vector<PassTime>> PassTable(Engine& engine, SequenceKv& kv,
   return out;
 }
 
-// The verify pass's stages against the step's: --reps passes of each count
-// in `counts` (after one warm-up each), in turn as PassTable runs them, with
-// the engine's stage clock on (StageTimes); prints each stage's mean ms per
-// pass and, for the counts other than 1, its multiple of the 1-token pass's.
+// Each row's stages against the step's: a second PassTable with the
+// engine's stage clock on (the cost table above runs without it); prints
+// each stage's mean ms per pass and, for the counts other than 1, its
+// multiple of the 1-token pass's.
 absl::Status PrintStages(Engine& engine, SequenceKv& kv, const std::vector<int>& counts, int reps,
                          std::mt19937_64& rng) {
-  const int32_t base = kv.next_position();
-  std::uniform_int_distribution<int32_t> tok(0, engine.config().vocab_size - 1);
-  std::vector<float> logits;
-  std::vector<StageTimes> times(counts.size());
-  for (int rep = 0; rep < reps + 1; ++rep) {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      std::vector<int32_t> tokens(counts[i]);
-      for (int32_t& x : tokens) x = tok(rng);
-      SequenceInput in{&kv, tokens, 0};
-      engine.set_stage_times(rep > 0 ? &times[i] : nullptr);
-      const absl::Status st = engine.Forward({&in, 1}, &logits);
-      engine.set_stage_times(nullptr);
-      VC_RETURN_IF_ERROR(st);
-      kv.Truncate(base);
+  std::vector<StageTimes> times;
+  VC_RETURN_IF_ERROR(PassTable(engine, kv, counts, reps, rng, &times).status());
+  // ms[i][st]: mean ms per pass of counts[i] in stage st; the last column
+  // is their sum.
+  std::vector<std::vector<double>> ms(counts.size(), std::vector<double>(StageTimes::kCount + 1));
+  for (size_t i = 0; i < counts.size(); ++i) {
+    for (int st = 0; st < StageTimes::kCount; ++st) {
+      ms[i][st] = times[i].seconds[st] * 1e3 / static_cast<double>(times[i].passes);
+      ms[i][StageTimes::kCount] += ms[i][st];
     }
   }
   const size_t one =
       static_cast<size_t>(std::find(counts.begin(), counts.end(), 1) - counts.begin());
+  const bool ratios = one < counts.size();
   std::printf("\nstages of a pass (mean ms over %d passes of each; x: the 1-token pass's):\n%-16s",
               reps, "stage");
-  for (const int n : counts) {
-    std::printf(" %7d tok%s", n, n == 1 || one == counts.size() ? "" : "        ");
+  for (size_t i = 0; i < counts.size(); ++i) {
+    std::printf(" %7d tok%s", counts[i], ratios && i != one ? "        " : "");
   }
   std::printf("\n");
-  std::vector<double> total(counts.size(), 0.0);
   for (int st = 0; st <= StageTimes::kCount; ++st) {
     std::printf("%-16s", st < StageTimes::kCount ? StageTimes::Name(st) : "sum");
     for (size_t i = 0; i < counts.size(); ++i) {
-      const double ms = st < StageTimes::kCount
-                            ? times[i].seconds[st] * 1e3 / static_cast<double>(times[i].passes)
-                            : total[i];
-      if (st < StageTimes::kCount) total[i] += ms;
-      std::printf(" %11.3f", ms);
-      if (i != one && one != counts.size()) {
-        const double base_ms = st < StageTimes::kCount ? times[one].seconds[st] * 1e3 /
-                                                             static_cast<double>(times[one].passes)
-                                                       : total[one];
-        std::printf(" %6.2fx", base_ms > 0 ? ms / base_ms : 0.0);
+      std::printf(" %11.3f", ms[i][st]);
+      if (ratios && i != one) {
+        std::printf(" %6.2fx", ms[one][st] > 0 ? ms[i][st] / ms[one][st] : 0.0);
       }
     }
     std::printf("\n");
