@@ -177,10 +177,13 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
     acc[k] = load(out[q] + d0 + int64_t{8} * c, c);
   }
   const float* vj = v + d0;
+  const int64_t prefetched = n - kValuesAhead;
   for (int64_t j = 0; j < n; ++j, vj += dim) {
     __m256 pj[Q];
     for (int q = 0; q < Q; ++q) pj[q] = _mm256_broadcast_ss(p[q] + j);
-    for (int c = 0; c < C; c += 2) PrefetchL1(vj + kValuesAhead * dim + int64_t{8} * c);
+    if (j < prefetched) {
+      for (int c = 0; c < C; c += 2) PrefetchL1(vj + kValuesAhead * dim + int64_t{8} * c);
+    }
     for (int c = 0; c < C; ++c) {
       const __m256 vv = load(vj + int64_t{8} * c, c);
       for (int q = 0; q < Q; ++q) acc[q * C + c] = _mm256_fmadd_ps(pj[q], vv, acc[q * C + c]);

@@ -265,8 +265,10 @@ void MatmulRows(const float* x, int64_t ldx, int64_t tokens, const float* w, con
 // while it works on the current one: a multi-query pass's FMAs are long
 // enough that the hardware prefetchers alone left its loads waiting on
 // memory (a 9-query pass over 3000 keys of 64-dim heads: 6.6 -> 5.4 ms,
-// vc_kv_attention_bench; 8 and 32 keys were no better). A prefetch past the
-// run's end reads nothing it would change.
+// vc_kv_attention_bench; 8 and 32 keys were no better). None past the run's
+// end: in a paged cache the rows there are another head's, read (if at all)
+// long after this pass, so those lines only added an eighth to the pass's
+// traffic over 128-key blocks.
 constexpr int64_t kValuesAhead = 16;
 
 // C 16-lane chunks of out[q][0, 16 * C) for Q weight rows p[q] over the
@@ -288,13 +290,16 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
     const int q = k / C, c = k % C;
     acc[k] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAllLanes, out[q] + int64_t{16} * c);
   }
+  const int64_t prefetched = n - kValuesAhead;
   for (int64_t j = 0; j < n; ++j) {
     __m512 pj[Q];
 #pragma GCC unroll 8
     for (int q = 0; q < Q; ++q) pj[q] = _mm512_set1_ps(p[q][j]);
     const float* vj = v + j * dim;
+    if (j < prefetched) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) PrefetchL1(vj + kValuesAhead * dim + int64_t{16} * c);
+      for (int c = 0; c < C; ++c) PrefetchL1(vj + kValuesAhead * dim + int64_t{16} * c);
+    }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       const __m512 vv = c == C - 1 ? _mm512_maskz_loadu_ps(last, vj + int64_t{16} * c)
