@@ -367,6 +367,24 @@ void ExpInplace(float* x, int64_t n) {
   }
 }
 
+inline __m256 SwiGlu8(__m256 g, __m256 u) {
+  // -g flips the sign bit, as the scalar negation does (a NaN's too).
+  const __m256 e = Exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void SwiGlu(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(gate + i, SwiGlu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __m256i m = PrefixMask(n - i);
+    _mm256_maskstore_ps(gate + i, m,
+                        SwiGlu8(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m)));
+  }
+}
+
 bool MaxNoNan(const float* x, int64_t n, float* max) {
   const __m256 lowest = _mm256_set1_ps(-INFINITY);
   __m256 m = lowest;
@@ -402,7 +420,8 @@ const SimdOps* Avx2Ops() {
                            .max_no_nan = MaxNoNan,
                            .accumulate_multi = AccumulateMulti,
                            .scores_multi = ScoresMulti,
-                           .shift_exp = ShiftExp};
+                           .shift_exp = ShiftExp,
+                           .swiglu = SwiGlu};
   return &ops;
 }
 

@@ -540,6 +540,27 @@ void ShiftExp(float* x, int64_t n, float m) {
   }
 }
 
+inline __m512 SwiGlu16(__m512 g, __m512 u) {
+  // -g flips the sign bit, as the scalar negation does (a NaN's too).
+  const __m512 neg =
+      _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+  const __m512 e = Exp16(neg);
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+void SwiGlu(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(gate + i, SwiGlu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(
+        gate + i, m,
+        SwiGlu16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
 bool MaxNoNan(const float* x, int64_t n, float* max) {
   const __m512 lowest = _mm512_set1_ps(-INFINITY);
   __m512 m = lowest;
@@ -574,7 +595,8 @@ const SimdOps* Avx512Ops() {
                            .max_no_nan = MaxNoNan,
                            .accumulate_multi = AccumulateMulti,
                            .scores_multi = ScoresMulti,
-                           .shift_exp = ShiftExp};
+                           .shift_exp = ShiftExp,
+                           .swiglu = SwiGlu};
   return &ops;
 }
 

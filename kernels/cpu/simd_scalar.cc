@@ -61,7 +61,8 @@ const SimdOps& ScalarOps() {
                            .max_no_nan = nullptr,
                            .accumulate_multi = nullptr,
                            .scores_multi = nullptr,
-                           .shift_exp = nullptr};
+                           .shift_exp = nullptr,
+                           .swiglu = nullptr};
   return ops;
 }
 

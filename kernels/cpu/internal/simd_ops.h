@@ -39,6 +39,10 @@ struct SimdOps {
   // x[i] = kernels::Exp(x[i] - m) bit for bit, in one pass; null where a
   // level has none.
   void (*shift_exp)(float* x, int64_t n, float m);
+  // gate[i] = gate[i] / (1 + kernels::Exp(-gate[i])) * up[i] (SiLU(gate) *
+  // up) bit for bit: the scalar expression's negation, Exp, add, divide and
+  // multiply, in its order, a vector at a time. Null where a level has none.
+  void (*swiglu)(float* gate, const float* up, int64_t n);
 };
 
 // The constants of kernels::Exp (Cephes expf), shared by every level.
