@@ -741,6 +741,22 @@ absl::Status Run(const Options& o) {
     std::printf("%8d %10.2f %8.2f %10.2f %8.2f %10.2f %8.2f\n", pass_tokens[i], p.median * 1e3,
                 p.step_ratio, p.min * 1e3, p.min / step.min, p.cpu * 1e3, p.cpu_step_ratio);
   }
+  {
+    // What the step streams (f32 weights: every matrix, the classifier's
+    // whole table, one embedding row; the KV of every position), so a
+    // reader can tell which phase of the machine's memory bandwidth a run
+    // met: the ratios above move with it (a slower stream hides more of a
+    // pass's arithmetic).
+    const double weights =
+        4.0 * static_cast<double>(c.num_parameters() -
+                                  (c.tied_embeddings ? 0 : int64_t{c.vocab_size} * c.dim));
+    const double kv_bytes = 4.0 * 2 * c.n_layers * c.kv_dim() * (o.prompt_len + 1.0);
+    std::printf(
+        "the 1-token step streams %.0f MB (f32 weights %.0f, KV %.0f): %.1f GB/s at its median, "
+        "%.1f at its fastest\n",
+        (weights + kv_bytes) / 1e6, weights / 1e6, kv_bytes / 1e6,
+        (weights + kv_bytes) / step.median / 1e9, (weights + kv_bytes) / step.min / 1e9);
+  }
   PrintFirst("first 4 1-token steps after the prompt's prefill", after_prefill, step.median,
              step.cpu);
   if (o.stages) VC_RETURN_IF_ERROR(PrintStages(*engine, kv, pass_tokens, o.reps, rng));
