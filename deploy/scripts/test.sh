@@ -101,6 +101,26 @@ await() {  # await NAME: waits for it; if it failed, prints its log and stops
   tail -n 2 "$BG_LOGS/$1.log"
 }
 
+# ctest with TMPDIR (which gtest's TempDir() and the daemons'
+# temp_directory_path() follow) a fresh directory that must be empty once
+# the tests have passed: ctest runs every test case in its own process, so a
+# scratch file a test forgets piles up in /tmp, run after run
+# (tests/scratch_dir.h). A failing run stops before the check and keeps the
+# directory, whose logs the failing test names.
+ctest_in_fresh_tmpdir() {  # ctest_in_fresh_tmpdir BUILD_DIR CTEST_ARGS...
+  local dir="$1" tmp left
+  shift
+  tmp="$(mktemp -d)"
+  (cd "$dir" && TMPDIR="$tmp" ctest "$@")
+  left="$(ls -A "$tmp")"
+  if [[ -n "$left" ]]; then
+    echo "test: the tests passed but left these in their TMPDIR ($tmp):" >&2
+    echo "$left" >&2
+    exit 1
+  fi
+  rmdir "$tmp"
+}
+
 bash "$REPO_ROOT/deploy/scripts/install_deps.sh"
 if [[ ! -f "$VC_MODELS_DIR/stories260K.bin" ]]; then
   echo "test: test models not found in $VC_MODELS_DIR (set VC_MODELS_DIR); model tests will skip" >&2
@@ -161,7 +181,8 @@ python3 "$REPO_ROOT/deploy/scripts/lint.py" tidy --build-dir "$REPO_ROOT/build-t
 # of the 2 cores busy, slowed that ctest by about as much as it saved:
 # docs/testing.md.)
 stage "tests (all but label long)"
-(cd "$REPO_ROOT/build-test" && ctest -j "$CTEST_JOBS_INTEGRATION" -LE long --no-tests=error --output-on-failure --timeout 900)
+ctest_in_fresh_tmpdir "$REPO_ROOT/build-test" -j "$CTEST_JOBS_INTEGRATION" -LE long --no-tests=error \
+  --output-on-failure --timeout 900
 
 stage "build (build-fuzz/, clang ASan+UBSan: unit tests and fuzz targets)"
 bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only --build-also vc_unit_tests
@@ -190,9 +211,9 @@ export REPO_ROOT JOBS DEBUG_G1 VC_MODELS_DIR
 background build-tsan bash -c "set -euo pipefail; $(declare -f build_tsan); build_tsan \"\$@\"" build_tsan "${TSAN_TESTS[@]}"
 
 stage "unit tests under ASan+UBSan (build-tsan/ compiles beside them at nice 19)"
-(cd "$REPO_ROOT/build-fuzz" && \
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest -j "$CTEST_JOBS" -L unit -LE long --no-tests=error --output-on-failure --timeout 900)
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest_in_fresh_tmpdir "$REPO_ROOT/build-fuzz" -j "$CTEST_JOBS" -L unit -LE long --no-tests=error \
+  --output-on-failure --timeout 900
 
 stage "build (build-tsan/, TSan: ${#TSAN_TESTS[@]} tests; the rest)"
 await build-tsan

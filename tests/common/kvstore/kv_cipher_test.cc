@@ -13,6 +13,7 @@
 
 #include "common/kvstore/seal.h"
 #include "gtest/gtest.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::kvstore {
 namespace {
@@ -138,7 +139,8 @@ TEST(KvCipherTest, SkippingTheChecksumStillAuthenticatesEveryByte) {
 }
 
 TEST(KvCipherTest, SecretFilesAreReadWithClearErrors) {
-  const std::string dir = ::testing::TempDir();
+  const test_support::ScratchDir scratch("kv_cipher_test_");
+  const std::string& dir = scratch.path();
   const std::string good = dir + "/kv_cipher_test_secret";
   const std::string short_file = dir + "/kv_cipher_test_short";
   {

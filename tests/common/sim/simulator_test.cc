@@ -15,6 +15,7 @@
 
 #include "common/costmodel/cost_model.h"
 #include "gtest/gtest.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::sim {
 namespace {
@@ -557,7 +558,8 @@ TEST(SimulatorTest, AcceptanceModels) {
 }
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + name;
+  static const test_support::ScratchDir scratch("vc_simulator_test_");  // goes at exit
+  const std::string path = scratch / name;
   std::ofstream(path) << text;
   return path;
 }

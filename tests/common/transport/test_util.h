@@ -4,17 +4,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
-#include <cstdlib>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/transport/data_plane.h"
 #include "gtest/gtest.h"
 #include "tests/common/transport/tls_test_certs.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::transport::testing {
 
@@ -87,26 +88,23 @@ inline std::string UcxUnavailableReason() {
 }
 
 // Certificates for the "tls" runs, made once per test binary in a fresh
-// temporary directory: a CA and two leaves it signs ("vc-server",
-// "vc-client").
+// scratch directory (removed when the process exits): a CA and two leaves
+// it signs ("vc-server", "vc-client").
 struct TlsFixtureFiles {
-  std::string dir;
+  test_support::ScratchDir dir{"vc_dp_tls_"};
   DataPlaneTlsOptions server, client;
 };
 inline const TlsFixtureFiles& TlsFiles() {
-  static const TlsFixtureFiles* files = [] {
-    auto* f = new TlsFixtureFiles;
-    char tmpl[] = "/tmp/vc_dp_tls_XXXXXX";
-    const char* dir = ::mkdtemp(tmpl);
-    EXPECT_NE(dir, nullptr);
-    f->dir = dir != nullptr ? dir : "/tmp";
+  static TlsFixtureFiles files;
+  static const bool written = [] {
     TestCa ca("vc-test-ca");
-    ca.WriteCa(f->dir + "/ca.crt");
-    f->server = ca.Leaf(f->dir, "vc-server", f->dir + "/ca.crt");
-    f->client = ca.Leaf(f->dir, "vc-client", f->dir + "/ca.crt");
-    return f;
+    ca.WriteCa(files.dir / "ca.crt");
+    files.server = ca.Leaf(files.dir.path(), "vc-server", files.dir / "ca.crt");
+    files.client = ca.Leaf(files.dir.path(), "vc-client", files.dir / "ca.crt");
+    return true;
   }();
-  return *files;
+  (void)written;
+  return files;
 }
 
 // A test run once per backend ("tcp", "ucx", "tls": tcp with mutual TLS,

@@ -13,6 +13,7 @@
 #include "services/chaos/chaos.h"
 #include "services/chaos/internal/cluster_ops.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::chaos {
 namespace {
@@ -30,7 +31,7 @@ class ChaosClusterTest : public ::testing::Test {
     setup_.verifiers = 1;
     setup_.drafters = 2;
     setup_.cancel_fraction = 0;
-    log_dir_ = ::testing::TempDir() + "/chaos-cluster-logs-" + std::to_string(getpid());
+    log_dir_ = logs_.path();
     std::ostringstream log;
     auto c = internal::StartCluster(setup_, &log_dir_, log);
     ASSERT_TRUE(c.ok()) << c.status() << " (logs in " << log_dir_ << ")";
@@ -56,6 +57,7 @@ class ChaosClusterTest : public ::testing::Test {
 
   ClusterSetup setup_;
   std::string log_dir_;
+  test_support::ScratchDir logs_{"chaos-cluster-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<internal::MixedWorkload> workload_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;

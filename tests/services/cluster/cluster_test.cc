@@ -20,6 +20,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 #include "vericache/v1/worker.grpc.pb.h"
@@ -72,7 +73,7 @@ class ClusterTest : public ::testing::Test {
     o.model = model_path_;
     if (o.chunk_tokens == 64) o.chunk_tokens = 32;
     o.ingest_variants = "snapkv:0.3,int8,kivi:4";
-    const std::string logs = ::testing::TempDir() + "/cluster-logs-" + std::to_string(getpid());
+    const std::string& logs = logs_.path();
     o.log_dir = logs;
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << logs << ")";
@@ -162,6 +163,7 @@ class ClusterTest : public ::testing::Test {
   std::string model_path_ = ModelPath();
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
+  test_support::ScratchDir logs_{"cluster-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
 };

@@ -29,6 +29,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_command.h"
 #include "tests/services/cluster/cluster_test_generate.h"
 #include "tests/services/cluster/cluster_test_store.h"
@@ -87,8 +88,7 @@ class DraftModelClusterTest : public ::testing::Test {
     if (!std::ifstream(clustertest::StoriesModelPath()).good()) {
       GTEST_SKIP() << "test model not found: " << clustertest::StoriesModelPath();
     }
-    dir_ = ::testing::TempDir() + "/draft-model-" + std::to_string(getpid());
-    std::filesystem::create_directories(dir_);
+    dir_ = scratch_.path();
     draft_path_ = dir_ + "/stories-2layers.bin";
     other_draft_path_ = dir_ + "/stories-3layers.bin";
     small_vocab_path_ = dir_ + "/stories-vocab256.bin";
@@ -101,11 +101,6 @@ class DraftModelClusterTest : public ::testing::Test {
     eo.backend.threads = 1;
     engine_ = std::move(Engine::Create(*model_, eo)).value();
   }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
   local::LocalClusterOptions Options(const std::string& name) const {
     local::LocalClusterOptions o;
     o.bin_dir = VC_DAEMON_DIR;
@@ -121,6 +116,7 @@ class DraftModelClusterTest : public ::testing::Test {
     return o;
   }
 
+  test_support::ScratchDir scratch_{"draft-model-"};
   std::string dir_, draft_path_, other_draft_path_, small_vocab_path_;
   std::unique_ptr<Model> model_, draft_;
   std::unique_ptr<Engine> engine_;

@@ -22,6 +22,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_command.h"
 #include "tests/services/cluster/cluster_test_generate.h"
 #include "tests/services/cluster/cluster_test_text.h"
@@ -80,8 +81,9 @@ class DraftWeightsClusterTest : public ::testing::Test {
     // acceptance: every token then comes through a quantised drafter's round,
     // and acceptance is measured over the whole output.
     o.extra_flags["vc-coordinator"] = {"--fallback-min-accepted=0"};
-    o.log_dir =
-        ::testing::TempDir() + "/draft-weights-logs-" + weights + "-" + std::to_string(getpid());
+    // Declared before the cluster, so it outlives it.
+    const test_support::ScratchDir logs("draft-weights-logs-" + weights + "-");
+    o.log_dir = logs.path();
     auto cluster = local::LocalCluster::Start(o);
     ASSERT_TRUE(cluster.ok()) << cluster.status() << " (daemon logs in " << o.log_dir << ")";
     auto stub = pb::Coordinator::NewStub(rpc::MakeChannel((*cluster)->client(), 64 << 20));

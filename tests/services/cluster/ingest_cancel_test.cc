@@ -19,6 +19,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
@@ -50,7 +51,7 @@ class IngestCancelTest : public ::testing::Test {
     // ~1.3 kB of KV per token for this model: a 256-token ingest uploads
     // ~400 kB, several seconds at this rate.
     o.fast_link_bytes_per_second = 100'000;
-    o.log_dir = ::testing::TempDir() + "/ingest-cancel-logs-" + std::to_string(getpid());
+    o.log_dir = logs_.path();
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
     cluster_ = std::move(*c);
@@ -117,6 +118,7 @@ class IngestCancelTest : public ::testing::Test {
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
+  test_support::ScratchDir logs_{"ingest-cancel-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   std::unique_ptr<pb::KvStore::Stub> store_;

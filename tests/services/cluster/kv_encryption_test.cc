@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "services/coordinator/tenant_auth.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_command.h"
 #include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
@@ -72,7 +73,7 @@ class KvEncryptionTest : public ::testing::Test {
     o.chunk_tokens = kChunkTokens;
     o.ingest_variants = "int8,snapkv:0.25";
     o.kv_encryption = true;  // secure (mutual TLS, API keys) as by default
-    o.log_dir = ::testing::TempDir() + "/kv-encryption-logs-" + std::to_string(getpid());
+    o.log_dir = logs_.path();
     log_dir_ = o.log_dir;
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
@@ -195,6 +196,7 @@ class KvEncryptionTest : public ::testing::Test {
   kvstore::ModelId model_id_;
   std::string log_dir_;
   std::string salt_;
+  test_support::ScratchDir logs_{"kv-encryption-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   std::unique_ptr<pb::KvStore::Stub> store_;

@@ -26,6 +26,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_metrics.h"
 #include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
@@ -59,7 +60,7 @@ class KvIntegrityTest : public ::testing::Test {
     // authentication the test can compute the chunk keys itself (with API
     // keys the coordinator salts them with a secret the test does not hold).
     o.insecure = true;
-    o.log_dir = ::testing::TempDir() + "/kv-integrity-logs-" + std::to_string(getpid());
+    o.log_dir = logs_.path();
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
     cluster_ = std::move(*c);
@@ -222,6 +223,7 @@ class KvIntegrityTest : public ::testing::Test {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
   kvstore::ModelId model_id_;
+  test_support::ScratchDir logs_{"kv-integrity-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   std::unique_ptr<pb::KvStore::Stub> store_;

@@ -29,6 +29,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_generate.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
@@ -95,7 +96,8 @@ class ModelDtypeClusterTest : public ::testing::Test {
     // Without authentication the test can compute the chunk keys itself
     // (API keys salt them with a secret); seals stay on.
     o.insecure = true;
-    o.log_dir = ::testing::TempDir() + "/model-dtype-cluster-logs-" + std::to_string(getpid());
+    const test_support::ScratchDir logs("model-dtype-cluster-logs-");  // outlives the cluster
+    o.log_dir = logs.path();
     auto cluster = local::LocalCluster::Start(o);
     ASSERT_TRUE(cluster.ok()) << cluster.status() << " (daemon logs in " << o.log_dir << ")";
     auto stub = pb::Coordinator::NewStub(rpc::MakeChannel((*cluster)->client(), 64 << 20));
@@ -261,8 +263,8 @@ TEST_F(ModelDtypeClusterTest, CoordinatorRefusesAWorkerOfAnotherDtype) {
   o.start_timeout = std::chrono::seconds(60);
   // The drafter's own --model comes after the cluster's (the last one counts).
   o.extra_flags["vc-drafter"] = {"--model=" + bf16_path_};
-  o.log_dir = ::testing::TempDir() + "/model-dtype-refusal-logs-" + std::to_string(getpid());
-  fs::remove_all(o.log_dir);
+  const test_support::ScratchDir logs("model-dtype-refusal-logs-");  // outlives the cluster
+  o.log_dir = logs.path();
   auto cluster = local::LocalCluster::Start(o);
   ASSERT_FALSE(cluster.ok()) << "the coordinator accepted a bf16 drafter beside an f32 verifier";
   std::ifstream log(o.log_dir + "/coordinator.log");

@@ -27,6 +27,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_metrics.h"
 #include "tests/services/cluster/cluster_test_store.h"
 #include "tests/services/cluster/cluster_test_text.h"
@@ -57,7 +58,7 @@ class ReleaseRetryClusterTest : public ::testing::Test {
     o.insecure = true;
     o.chunk_tokens = 32;
     o.ingest_variants = "int8";
-    o.log_dir = ::testing::TempDir() + "/release-retry-logs-" + std::to_string(getpid());
+    o.log_dir = logs_.path();
     // Only a Release can free a session within the test.
     o.extra_flags["vc-drafter"] = {"--session-idle-seconds=600"};
     o.extra_flags["vc-verifier"] = {"--session-idle-seconds=600"};
@@ -131,6 +132,7 @@ class ReleaseRetryClusterTest : public ::testing::Test {
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
+  test_support::ScratchDir logs_{"release-retry-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   std::unique_ptr<pb::Drafter::Stub> drafter_;

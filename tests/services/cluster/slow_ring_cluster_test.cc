@@ -21,6 +21,7 @@
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_generate.h"
 #include "tests/services/cluster/cluster_test_metrics.h"
 #include "tests/services/cluster/cluster_test_text.h"
@@ -72,8 +73,7 @@ class SlowRingClusterTest : public ::testing::Test {
     o.slow_link_bytes_per_second = kSlowBytesPerSecond;
     o.slot_ms = kSlotMs;
     if (!kv_refresh) o.extra_flags["vc-coordinator"] = {"--no-kv-refresh"};
-    const std::string logs =
-        ::testing::TempDir() + "/slow-ring-cluster-logs-" + std::to_string(getpid());
+    const std::string& logs = logs_.path();
     o.log_dir = logs;
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << logs << ")";
@@ -168,6 +168,7 @@ class SlowRingClusterTest : public ::testing::Test {
   const std::string model_path_ = clustertest::StoriesModelPath();
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
+  test_support::ScratchDir logs_{"slow-ring-cluster-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
 };

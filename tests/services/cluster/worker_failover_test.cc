@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "tests/services/cluster/cluster_test_text.h"
 
 namespace vc {
@@ -157,7 +158,7 @@ class WorkerFailoverTest : public ::testing::Test {
     if (const char* retries = std::getenv("VC_FAILOVER_MAX_RETRIES")) {
       o.extra_flags["vc-coordinator"] = {std::string("--max-worker-retries=") + retries};
     }
-    o.log_dir = ::testing::TempDir() + "/failover-logs-" + std::to_string(getpid());
+    o.log_dir = logs_.path();
     auto c = local::LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status() << " (daemon logs in " << o.log_dir << ")";
     cluster_ = std::move(*c);
@@ -190,6 +191,7 @@ class WorkerFailoverTest : public ::testing::Test {
 
   std::vector<std::string> prompts_;
   std::vector<std::vector<int>> references_;
+  test_support::ScratchDir logs_{"failover-logs-"};  // outlives the cluster
   std::unique_ptr<local::LocalCluster> cluster_;
   std::string endpoints_file_;
 };

@@ -25,6 +25,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/local/local_cluster.h"
+#include "tests/scratch_dir.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 
 namespace vc {
@@ -64,8 +65,8 @@ class CoordinatorTrustTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::ifstream(ModelPath()).good()) return;
-    dir_ = ::testing::TempDir() + "/coordinator-trust-" + std::to_string(getpid());
-    ::mkdir(dir_.c_str(), 0700);
+    scratch_ = new test_support::ScratchDir("coordinator-trust-");
+    dir_ = scratch_->path();
     local::LocalClusterOptions o;
     o.bin_dir = VC_DAEMON_DIR;
     o.model = ModelPath();
@@ -86,6 +87,8 @@ class CoordinatorTrustTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
+    delete scratch_;  // after the cluster, whose logs are in it
+    scratch_ = nullptr;
   }
   void SetUp() override {
     if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
@@ -159,6 +162,7 @@ class CoordinatorTrustTest : public ::testing::Test {
     return t;
   }
 
+  static inline test_support::ScratchDir* scratch_ = nullptr;
   static inline std::string dir_;
   static inline std::string keys_file_;
   static inline std::string key_a1_, key_b_;
@@ -611,8 +615,8 @@ class CoordinatorStreamLimitsTest : public ::testing::Test {
 
   static void SetUpTestSuite() {
     if (!std::ifstream(ModelPath()).good()) return;
-    dir_ = ::testing::TempDir() + "/coordinator-limits-" + std::to_string(getpid());
-    ::mkdir(dir_.c_str(), 0700);
+    scratch_ = new test_support::ScratchDir("coordinator-limits-");
+    dir_ = scratch_->path();
     local::LocalClusterOptions o;
     o.bin_dir = VC_DAEMON_DIR;
     o.model = ModelPath();
@@ -631,6 +635,8 @@ class CoordinatorStreamLimitsTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
+    delete scratch_;  // after the cluster, whose logs are in it
+    scratch_ = nullptr;
   }
   void SetUp() override {
     if (!std::ifstream(ModelPath()).good()) GTEST_SKIP() << "test model not found: " << ModelPath();
@@ -721,6 +727,7 @@ class CoordinatorStreamLimitsTest : public ::testing::Test {
     return reader->Finish();
   }
 
+  static inline test_support::ScratchDir* scratch_ = nullptr;
   static inline std::string dir_;
   static inline std::string start_error_;
   static inline local::LocalCluster* cluster_ = nullptr;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::coordinator {
 namespace {
@@ -20,9 +21,7 @@ namespace {
 class TenantAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/tenant-auth-" + std::to_string(getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    ::mkdir(dir_.c_str(), 0700);
+    dir_ = scratch_.path();
     Write("secret", "0123456789abcdef0123456789abcdef\n");
   }
   // Atomic replace (a new inode), as a Secret volume or `mv` does.
@@ -38,6 +37,7 @@ class TenantAuthTest : public ::testing::Test {
     o.reload_interval = std::chrono::milliseconds(0);  // check on every call
     return o;
   }
+  test_support::ScratchDir scratch_{"tenant-auth-"};
   std::string dir_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/scratch_dir.h"
 #include "tests/services/vericache/cli_runner.h"
 
 namespace {
@@ -61,7 +62,8 @@ TEST(ChatCliTest, RendersATemplateExactly) {
 }
 
 TEST(ChatCliTest, TakesTheTemplateAndTokensFromATokenizerConfig) {
-  const std::string path = ::testing::TempDir() + "/chat_cli_tokenizer_config_" + std::to_string(getpid()) + ".json";
+  const vc::test_support::ScratchDir scratch("chat_cli_");
+  const std::string path = scratch / "tokenizer_config.json";
   {
     nlohmann::json config = {
         {"bos_token", {{"content", "<s>"}, {"lstrip", false}}},
@@ -107,7 +109,8 @@ TEST(ChatCliTest, BadInputIsExit2WithOneLine) {
   EXPECT_NE(r.err.find("--template"), std::string::npos) << r.err;
   r = RunCli("chat-template --template /nonexistent/t.jinja" + hi);
   EXPECT_EQ(r.exit_code, 2);
-  const std::string bad = ::testing::TempDir() + "/chat_cli_bad_" + std::to_string(getpid()) + ".jinja";
+  const vc::test_support::ScratchDir scratch("chat_cli_");
+  const std::string bad = scratch / "bad.jinja";
   std::ofstream(bad) << "line one\n{% for m in messages %}{{ m.content }}";
   r = RunCli("chat-template --template " + bad + hi);
   EXPECT_EQ(r.exit_code, 2);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::testing_cli {
 
@@ -22,8 +23,8 @@ struct RunResult {
 
 // `env` (e.g. "VERICACHE_API_KEY=k") is put in front of the command line.
 inline RunResult RunCli(const std::string& args, const std::string& env = "") {
-  const std::string err_path =
-      ::testing::TempDir() + "/vc_cli_stderr_" + std::to_string(getpid()) + ".txt";
+  static const test_support::ScratchDir scratch("vc_cli_");  // goes when the process exits
+  const std::string err_path = scratch / "stderr.txt";
   const std::string cmd = env + " " + std::string(VC_CLI_PATH) + " " + args + " 2>" + err_path;
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");

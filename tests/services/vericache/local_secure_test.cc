@@ -24,6 +24,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/scratch_dir.h"
 #include "tests/services/vericache/cli_runner.h"
 
 namespace {
@@ -46,8 +47,8 @@ class LocalSecureTest : public ::testing::Test {
     const char* d = std::getenv("VC_MODELS_DIR");
     model_ = std::string(d ? d : "") + "/stories260K.bin";
     if (!std::ifstream(model_).good()) return;
-    dir_ = ::testing::TempDir() + "/vc-local-secure-" + std::to_string(getpid());
-    ::mkdir(dir_.c_str(), 0700);
+    scratch_ = new vc::test_support::ScratchDir("vc-local-secure-");
+    dir_ = scratch_->path();
     endpoints_ = dir_ + "/endpoints.json";
     pid_ = fork();
     if (pid_ == 0) {
@@ -81,11 +82,14 @@ class LocalSecureTest : public ::testing::Test {
       int status = 0;
       waitpid(pid_, &status, 0);
     }
+    delete scratch_;  // after `vericache local`, whose logs are in it
+    scratch_ = nullptr;
   }
   void SetUp() override {
     if (!std::ifstream(model_).good()) GTEST_SKIP() << "test model not found (VC_MODELS_DIR)";
     ASSERT_TRUE(json_.is_object()) << "vericache local wrote no endpoints file; see " << dir_;
   }
+  static inline vc::test_support::ScratchDir* scratch_ = nullptr;
   static inline std::string model_, dir_, endpoints_;
   static inline pid_t pid_ = -1;
   static inline nlohmann::json json_;

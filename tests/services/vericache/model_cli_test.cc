@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/scratch_dir.h"
 #include "tests/services/vericache/cli_runner.h"
 
 namespace {
@@ -165,7 +166,8 @@ TEST(ModelCliTest, BadFlagsExitTwoWithOneLineNamingTheFlag) {
 }
 
 TEST(SimulateCliTest, JsonAndTimeseries) {
-  const std::string csv = ::testing::TempDir() + "/vc_sim_ts_" + std::to_string(getpid()) + ".csv";
+  const vc::test_support::ScratchDir scratch("vc_sim_ts_");
+  const std::string csv = scratch / "timeseries.csv";
   RunResult r = RunCli("simulate --config " VC_SOURCE_DIR
                        "/bench/sim/fig6_lockstep_vs_staggered.json --json --timeseries " +
                        csv);

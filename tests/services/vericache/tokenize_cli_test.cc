@@ -12,8 +12,9 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/services/vericache/cli_runner.h"
 #include "tests/common/tokenizer/hf_reference.h"
+#include "tests/scratch_dir.h"
+#include "tests/services/vericache/cli_runner.h"
 
 namespace {
 
@@ -21,7 +22,8 @@ using vc::testing_cli::RunCli;
 using vc::testing_cli::RunResult;
 
 std::string WriteFile(const std::string& name, const std::string& bytes) {
-  std::string path = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+  static const vc::test_support::ScratchDir scratch("tokenize_cli_");  // goes at exit
+  std::string path = scratch / name;
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
