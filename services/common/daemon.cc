@@ -1,7 +1,9 @@
 #include "services/common/daemon.h"
 
 #include <pthread.h>
+#include <execinfo.h>
 #include <signal.h>
+#include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -10,7 +12,9 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 
+#include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/metrics/metrics_server.h"
@@ -112,7 +116,55 @@ sigset_t DrainSignals() {
   sigaddset(&set, SIGINT);
   return set;
 }
+
+// Little more than async-signal-safe work in the handler (snprintf of
+// integers and strings, which takes no lock): write(2), glibc's backtrace()
+// (unwinds by the .eh_frame tables, so through glibc's abort() and the
+// signal frame, which keep no frame pointers; preloaded at install time, as
+// its first call may allocate) and absl::Symbolize (reads the ELF symbol
+// tables, local symbols included, without allocating).
+void WriteString(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void OnCrash(int sig) {
+  char line[1024];
+  const char* abbrev = sigabbrev_np(sig);
+  std::snprintf(line, sizeof(line), "*** SIG%s (signal %d) received; stack, innermost first:\n",
+                abbrev != nullptr ? abbrev : "?", sig);
+  WriteString(line);
+  void* pcs[64];
+  const int n = ::backtrace(pcs, 64);
+  for (int i = 0; i < n; ++i) {
+    char name[512];
+    // A return address is one past its call: look up the call's byte.
+    void* pc = i == 0 ? pcs[i] : static_cast<char*>(pcs[i]) - 1;
+    if (!absl::Symbolize(pc, name, sizeof(name))) std::snprintf(name, sizeof(name), "(unknown)");
+    std::snprintf(line, sizeof(line), "    @ %p  %s\n", pcs[i], name);
+    WriteString(line);
+  }
+  // SA_RESETHAND restored the default action: die of the signal itself.
+  ::raise(sig);
+}
+
 }  // namespace
+
+void InstallCrashReporter(const char* argv0) {
+  absl::InitializeSymbolizer(argv0);
+  void* warm[1];
+  ::backtrace(warm, 1);
+  struct sigaction sa {};
+  sa.sa_handler = OnCrash;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (const int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) sigaction(sig, &sa, nullptr);
+}
 
 void BlockDrainSignals() {
   const sigset_t set = DrainSignals();

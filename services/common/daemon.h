@@ -57,6 +57,13 @@ absl::Status ValidateServerOptions(const ServerOptions& options);
 // every thread (the daemon waits for them with sigwait) and ignores SIGPIPE.
 void BlockDrainSignals();
 
+// Call at the top of main(): a crash (SIGSEGV, SIGABRT from a failed
+// assertion, SIGBUS, SIGFPE, SIGILL) prints the signal and the faulting
+// thread's stack, symbolised from `argv0`'s symbol table, to stderr (the
+// daemon's log) before the process dies with the signal as before. Without
+// it a daemon's log ended with a bare assertion message.
+void InstallCrashReporter(const char* argv0);
+
 // Metric registration for daemons: the names are fixed at compile time, so a
 // failure is a programming error and aborts with the metric's name.
 metrics::CounterFamily* MustCounter(metrics::Registry* registry, const std::string& name,

@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
   o.rpc_timeout = std::chrono::milliseconds(rpc_timeout_ms);
   o.startup_timeout = std::chrono::milliseconds(startup_timeout_ms);
   o.max_message_bytes = static_cast<int>(server.max_message_bytes);
+  vc::daemon::InstallCrashReporter(argv[0]);
   vc::daemon::BlockDrainSignals();
 
   vc::metrics::Registry registry;

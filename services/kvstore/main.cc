@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
                                    "' (choose from: ", absl::StrJoin(kinds, ", "), ")"));
     }
   }
+  vc::daemon::InstallCrashReporter(argv[0]);
   vc::daemon::BlockDrainSignals();
 
   vc::kvstore::KvStoreOptions store_opts;

@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
     if (!vocab.ok()) return vc::daemon::BadFlags(kName, std::string(vocab.status().message()));
     topts.llama2c_vocab_size = *vocab;
   }
+  vc::daemon::InstallCrashReporter(argv[0]);
   vc::daemon::BlockDrainSignals();
 
   auto tok = vc::LoadTextTokenizer(tokenizer, topts);

@@ -255,6 +255,7 @@ int RunWorkerMain(Role role, int argc, char** argv) {
     }
     kv_keyring = std::make_shared<const kvstore::KvKeyring>(std::move(*ring));
   }
+  daemon::InstallCrashReporter(argv[0]);
   daemon::BlockDrainSignals();
 
   auto model = Model::Load(f.model);

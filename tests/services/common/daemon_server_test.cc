@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -105,6 +106,21 @@ TEST(DaemonServerTest, TrimmingTheHeapWhileWaitingStillDrainsOnASignal) {
   waiter.join();
   EXPECT_EQ(rc, 0);
   EXPECT_TRUE(drained);
+}
+
+// A crash prints the signal and the stack with function names before the
+// process dies of it, so a daemon's log says where it died (a chaos run's
+// coordinator log ended with a bare glibc assertion message).
+[[noreturn]] __attribute__((noinline)) void CrashInANamedFunction() { std::abort(); }
+
+TEST(DaemonCrashReporterDeathTest, AnAbortPrintsTheSignalAndTheStackByName) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        InstallCrashReporter("/proc/self/exe");
+        CrashInANamedFunction();
+      },
+      "SIGABRT \\(signal 6\\) received.*CrashInANamedFunction");
 }
 
 }  // namespace
