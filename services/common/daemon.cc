@@ -1,7 +1,7 @@
 #include "services/common/daemon.h"
 
-#include <pthread.h>
 #include <execinfo.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
