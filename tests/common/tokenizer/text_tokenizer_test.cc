@@ -1,6 +1,8 @@
 // Unit tests of the tokenizer.json components on small hand-made files whose
 // answers follow from the format's definition, of tokenizer_config.json, of
 // LoadTextTokenizer's dispatch and of IncrementalDetokenizer.
+#include "common/tokenizer/text_tokenizer.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -12,9 +14,9 @@
 #include "common/tokenizer/internal/precompiled.h"
 #include "common/tokenizer/internal/regex.h"
 #include "common/tokenizer/internal/unicode.h"
-#include "common/tokenizer/text_tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/scratch_dir.h"
 
 namespace vc {
 namespace {
@@ -331,24 +333,18 @@ TEST(Decode, CleanUpTokenizationSpaces) {
   EXPECT_EQ(Dec(*FromJson(j, off), {1, 20}), "a .");
 }
 
+// A scratch directory (tests/scratch_dir.h) and a way to put a file in it.
 class TempDir {
  public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() / ("vc_tok_test_" + std::to_string(::getpid()) + "_" +
-                                                      std::to_string(counter_++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
   std::string Write(const std::string& name, const std::string& bytes) const {
-    std::string p = (path_ / name).string();
+    std::string p = dir_ / name;
     std::ofstream(p, std::ios::binary) << bytes;
     return p;
   }
-  std::string path() const { return path_.string(); }
+  const std::string& path() const { return dir_.path(); }
 
  private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
+  test_support::ScratchDir dir_{"vc_tok_test_"};
 };
 
 TEST(TokenizerConfig, Fields) {
