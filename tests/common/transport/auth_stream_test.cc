@@ -6,7 +6,6 @@
 #include "common/transport/internal/auth_stream.h"
 
 #include <condition_variable>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -70,15 +69,11 @@ class PipeEnd : public ByteStream {
 class AuthStreamTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/vc_dp_auth_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = scratch_.path();
     ca_.WriteCa(dir_ + "/ca.crt");
     server_files_ = ca_.Leaf(dir_, "vc-kvstore", dir_ + "/ca.crt");
     client_files_ = ca_.Leaf(dir_, "vc-drafter-0", dir_ + "/ca.crt");
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   // Connected client and server ends over a pipe, handshake done.
   void Connect() {
     auto a = std::make_shared<Channel>(), b = std::make_shared<Channel>();
@@ -104,6 +99,7 @@ class AuthStreamTest : public ::testing::Test {
     ASSERT_TRUE(server_->ReadSome(rest, 4, In(5)).ok());
   }
 
+  test_support::ScratchDir scratch_{"vc_dp_auth_test_"};
   std::string dir_;
   testing::TestCa ca_{"vc-cluster-ca"};
   DataPlaneTlsOptions server_files_, client_files_;

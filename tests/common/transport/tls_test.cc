@@ -70,17 +70,12 @@ class RecordingSink : public StageSink {
 class DataPlaneTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/vc_dp_tls_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = scratch_.path();
     ca_.WriteCa(dir_ + "/ca.crt");
     server_files_ = ca_.Leaf(dir_, "vc-kvstore", dir_ + "/ca.crt");
     client_files_ = ca_.Leaf(dir_, "vc-verifier-0", dir_ + "/ca.crt");
   }
-  void TearDown() override {
-    server_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { server_.reset(); }
 
   void StartServer() {
     DataPlaneServerOptions o;
@@ -117,6 +112,7 @@ class DataPlaneTlsTest : public ::testing::Test {
     EXPECT_TRUE(sink_->staged().empty());
   }
 
+  test_support::ScratchDir scratch_{"vc_dp_tls_test_"};
   std::string dir_;
   testing::TestCa ca_{"vc-cluster-ca"};
   DataPlaneTlsOptions server_files_, client_files_;
