@@ -849,14 +849,29 @@ class VerifierService::LeaseReactor final
   void OnRoundDone(const std::shared_ptr<RoundCall>& call, const absl::Status& st) {
     if (call != nullptr && call->lease_hold) service_->DropLeaseHold(session_);
     std::unique_lock<std::mutex> lock(mu_);
+    // This runs on the round's thread, outside gRPC's reactions (gRPC
+    // deletes the reactor once Finish is done and no reaction runs), and
+    // StartNext lets mu_ go around its calls into the service: the lease
+    // must not finish until this thread is out of it. (It did: a write done
+    // and a half-close meanwhile finished it, and StartNext went on in a
+    // deleted reactor; UBSan in a chaos run.)
+    ++round_threads_;
     running_ = nullptr;
+    RoundDone(call, st, lock);
+    --round_threads_;
+    MaybeFinish(lock);
+  }
+
+  // OnRoundDone's work; mu_ held (StartNext may let it go in between).
+  void RoundDone(const std::shared_ptr<RoundCall>& call, const absl::Status& st,
+                 std::unique_lock<std::mutex>& lock) {
     if (call == nullptr) {
       End(absl::InternalError("lease round lost"));
-      return MaybeFinish(lock);
+      return;
     }
     if (!st.ok()) {
       End(st);
-      return MaybeFinish(lock);
+      return;
     }
     pb::LeaseProgress& out = writes_.emplace_back();
     out.set_round(call->req.round());
@@ -875,10 +890,12 @@ class VerifierService::LeaseReactor final
     StartNext(lock);
   }
 
-  // mu_ held. Finishes once nothing runs, nothing is being written and no
-  // more grants will run.
+  // mu_ held. Finishes once nothing runs, nothing is being written, no
+  // more grants will run and no round's thread is in the reactor.
   void MaybeFinish(std::unique_lock<std::mutex>& lock) {
-    if (finished_ || running_ != nullptr || !writes_.empty() || !ending_) return;
+    if (finished_ || running_ != nullptr || !writes_.empty() || !ending_ || round_threads_ > 0) {
+      return;
+    }
     finished_ = true;
     // Grants never run give back their holds on the prefix.
     std::deque<Pending> left;
@@ -905,6 +922,7 @@ class VerifierService::LeaseReactor final
   int64_t budget_left_ = 0;
   std::deque<Pending> granted_;  // not started, in grant order
   std::shared_ptr<RoundCall> running_;
+  int round_threads_ = 0;  // threads in OnRoundDone
   Clock::duration start_delay_{};
   std::deque<pb::LeaseProgress> writes_;  // the front is being written
   // Drafts of round next_drafts_round_, come with the last round's commit.
