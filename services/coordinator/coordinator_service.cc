@@ -664,13 +664,23 @@ class CoordinatorService::GenerateCall final
 
   // Finishes the call with `status` once the queued messages are written
   // (at once when a write has failed). The call may be gone on return.
+  //
+  // Called on the runner's thread, outside gRPC's reactions: once Finish is
+  // called, OnDone may delete the call on a gRPC thread before Finish
+  // returns here, so Finish comes after mu_ is let go. (It was called under
+  // mu_, and the lock's release then touched a freed mutex: the
+  // coordinator aborted on glibc's "__pthread_tpp_change_priority"
+  // assertion in a chaos run.) No message can be queued in between: the
+  // request's last Write came before this call.
   void FinishWhenWritten(const grpc::Status& status) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.empty()) {
-      Finish(status);
-    } else {
-      finish_ = status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!queue_.empty()) {
+        finish_ = status;  // OnWriteDone, a reaction, finishes it
+        return;
+      }
     }
+    Finish(status);
   }
 
   void OnWriteDone(bool ok) override {
