@@ -151,11 +151,12 @@ std::string SummaryLine(const ChaosReport& r) {
   return absl::StrFormat(
       "chaos: %s seed=%d requests=%d completed=%d (exact-checked %d) failed=%d [%s] %s "
       "failed_after_recovery=%d/%d faults=%d [%s] fault_errors=%d wrong_tokens=%d "
-      "unclean_failures=%d leaks=%s wall=%.0fs",
+      "unclean_failures=%d crashes=%d leaks=%s wall=%.0fs",
       r.ok() ? "PASS" : "FAIL", r.seed, r.requests, r.completed, r.exact_checked, r.failed,
       codes.empty() ? "none" : codes, CancelSummary(r.cancels), r.failed_after_recovery,
       r.after_recovery, r.faults, faults.empty() ? "none" : faults, r.fault_errors, r.wrong_tokens,
-      r.unclean_failures, r.leaks.empty() ? "none" : "\"" + r.leaks + "\"", r.wall_seconds);
+      r.unclean_failures, r.crashes.size(), r.leaks.empty() ? "none" : "\"" + r.leaks + "\"",
+      r.wall_seconds);
 }
 
 namespace internal {
@@ -207,8 +208,10 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     return absl::InvalidArgumentError("--concurrency, --duration and --requests must be positive");
   }
   signal(SIGPIPE, SIG_IGN);
-  // First, while the process has one thread: the namespace the cluster and
-  // its link faults live in.
+  // First, before any thread that uses the network starts (unshare moves
+  // only the calling thread; threads started later inherit its namespace;
+  // the stop-signal thread of StopClustersOnSignal only signals and waits):
+  // the namespace the cluster and its link faults live in.
   std::unique_ptr<internal::LinkFaults> links;
   if (options.link_faults) {
     absl::StatusOr<std::unique_ptr<internal::LinkFaults>> entered = internal::LinkFaults::Enter();
@@ -425,7 +428,9 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     }
   }
   for (const std::string& p : report.problems) log << "chaos: " << p << std::endl;
-  cluster.Stop();
+  cluster.Stop();  // a crash on the way down counts too
+  report.crashes = internal::CrashReports(log_dir);
+  for (const std::string& c : report.crashes) log << "chaos: daemon crash: " << c << std::endl;
   if (report.ok() && options.setup.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(log_dir, ec);

@@ -127,12 +127,15 @@ struct ChaosReport {
   int64_t failed_after_recovery = 0;
   int64_t fault_errors = 0;  // a fault that could not be applied or undone (a restart failed)
   std::string leaks;         // "" = every daemon idle after the drain
+  // Crash reports in the daemons' logs (internal::CrashReports), whatever
+  // the requests saw.
+  std::vector<std::string> crashes;
   std::vector<std::string> problems;  // first few examples of each violation
   double wall_seconds = 0;
   bool below_minimum = false;  // fewer faults or requests than asked for
   bool ok() const {
     return wrong_tokens == 0 && unclean_failures == 0 && fault_errors == 0 && leaks.empty() &&
-           !below_minimum && cancels.slow == 0;
+           crashes.empty() && !below_minimum && cancels.slow == 0;
   }
 };
 std::string SummaryLine(const ChaosReport& r);
@@ -183,9 +186,11 @@ struct SoakReport {
   double p99_cancel_to_freed_ms = 0;
   int cancel_probes = 0;
   std::string leaks;
+  std::vector<std::string> crashes;  // as ChaosReport's
   std::vector<std::string> problems;
   bool ok() const {
-    return wrong_tokens == 0 && leaks.empty() && problems.empty() && cancels.slow == 0;
+    return wrong_tokens == 0 && leaks.empty() && crashes.empty() && problems.empty() &&
+           cancels.slow == 0;
   }
 };
 std::string SummaryLine(const SoakReport& r);

@@ -52,10 +52,10 @@ std::string SummaryLine(const SoakReport& r) {
   return absl::StrFormat(
       "soak: %s seed=%d duration=%.0fs requests=%d completed=%d failed=%d %s dropped=%d "
       "wrong_tokens=%d rss_slope_mib_per_10min=[%s] cancel_probes=%d "
-      "p50/p99_cancel_to_freed_ms=%.1f/%.1f leaks=%s",
+      "p50/p99_cancel_to_freed_ms=%.1f/%.1f crashes=%d leaks=%s",
       r.ok() ? "PASS" : "FAIL", r.seed, r.duration_s, r.requests, r.completed, r.failed,
       CancelSummary(r.cancels), r.dropped, r.wrong_tokens, slopes, r.cancel_probes,
-      r.p50_cancel_to_freed_ms, r.p99_cancel_to_freed_ms,
+      r.p50_cancel_to_freed_ms, r.p99_cancel_to_freed_ms, r.crashes.size(),
       r.leaks.empty() ? "none" : "\"" + r.leaks + "\"");
 }
 
@@ -341,7 +341,9 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     if (!idle.idle) report.leaks = idle.detail;
   }
   for (const std::string& p : report.problems) log << "soak: " << p << std::endl;
-  cluster.Stop();
+  cluster.Stop();  // a crash on the way down counts too
+  report.crashes = internal::CrashReports(log_dir);
+  for (const std::string& c : report.crashes) log << "soak: daemon crash: " << c << std::endl;
   if (report.ok() && options.setup.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(log_dir, ec);

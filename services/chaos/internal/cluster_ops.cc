@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,42 @@ absl::StatusOr<std::string> Scrape(const std::string& hostport) {
 }
 
 }  // namespace
+
+std::vector<std::string> CrashReports(const std::string& log_dir) {
+  // The first line of each kind of report; a report's later lines (its
+  // stack) match none of these.
+  static constexpr std::string_view kMarkers[] = {
+      "*** SIG",                  // services/common/daemon.cc's crash reporter
+      "ERROR: AddressSanitizer",  // ASan (and LeakSanitizer's "ERROR: LeakSanitizer")
+      "ERROR: LeakSanitizer",
+      ": runtime error: ",         // UBSan
+      "WARNING: ThreadSanitizer",  // TSan
+      "terminate called",          // std::terminate
+      "Assertion `",               // glibc assert: "...: Assertion `x' failed."
+      "Fatal glibc error",         // glibc's own checks
+  };
+  std::vector<std::string> reports;
+  std::error_code ec;
+  std::vector<std::filesystem::path> logs;
+  for (const auto& entry : std::filesystem::directory_iterator(log_dir, ec)) {
+    if (entry.path().extension() == ".log") logs.push_back(entry.path());
+  }
+  std::sort(logs.begin(), logs.end());
+  for (const auto& path : logs) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      for (std::string_view marker : kMarkers) {
+        if (line.find(marker) == std::string::npos) continue;
+        // Bounded: a line of a report, not a whole log.
+        if (line.size() > 300) line = line.substr(0, 300) + "...";
+        reports.push_back(absl::StrCat(path.filename().string(), ": ", line));
+        break;
+      }
+    }
+  }
+  return reports;
+}
 
 std::string CodeName(grpc::StatusCode code) {
   switch (code) {

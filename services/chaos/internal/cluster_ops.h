@@ -148,6 +148,14 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
                                                                   std::string* log_dir,
                                                                   std::ostream& log);
 
+// What the daemons' logs in `log_dir` (one <name>.log per daemon, kept
+// across restarts) say about crashes: one "<file>: <line>" per report of a
+// fatal signal (the daemons' crash reporter), a sanitizer (ASan, UBSan,
+// TSan), a failed assertion or std::terminate. A kill -9 of the fault
+// schedule leaves no such line; a daemon that crashed on its own does, even
+// when its supervisor restarted it and every request still came out right.
+std::vector<std::string> CrashReports(const std::string& log_dir);
+
 std::string CodeName(grpc::StatusCode code);
 double Percentile(std::vector<double> v, double p);
 

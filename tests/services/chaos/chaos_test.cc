@@ -5,12 +5,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "services/chaos/internal/cluster_ops.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::chaos {
 namespace {
@@ -159,8 +161,60 @@ TEST(SummaryTest, FailsOnAnyViolation) {
   r.leaks = "verifier holds 1 sessions";
   EXPECT_FALSE(r.ok());
   r.leaks.clear();
+  r.crashes = {"coordinator.log: *** SIGABRT (signal 6) received; stack, innermost first:"};
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(SummaryLine(r).find("crashes=1"), std::string::npos);
+  r.crashes.clear();
   r.below_minimum = true;
   EXPECT_FALSE(r.ok());
+  SoakReport soak;
+  EXPECT_TRUE(soak.ok());
+  soak.crashes = {"verifier.log: x.cc:7:3: runtime error: load of null pointer"};
+  EXPECT_FALSE(soak.ok());
+  EXPECT_NE(SummaryLine(soak).find("crashes=1"), std::string::npos);
+}
+
+// Every kind of crash report in a daemon log is found, in file order, and
+// the lines a healthy daemon writes (failures it reports, a kill -9's
+// silence, its stack lines) are not.
+TEST(CrashReportsTest, FindsEachKindOfReportAndNothingElse) {
+  test_support::ScratchDir dir("chaos-crash-logs-");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+  };
+  write("kvstore.log",
+        "vc-kvstore: listening on 127.0.0.1:4000\n"
+        "vc-kvstore: signal 15, draining\n"
+        "Commit failed: the store's disk is full\n");
+  write("coordinator.log",
+        "vc-coordinator: listening\n"
+        "vc-coordinator: tpp.c:86: __pthread_tpp_change_priority: Assertion `new_prio == -1' "
+        "failed.\n"
+        "*** SIGABRT (signal 6) received; stack, innermost first:\n"
+        "    @ 0x7f00 abort\n");
+  write("verifier-1.log",
+        "a.cc:754:13: runtime error: member access within address 0x1 which does not point to "
+        "an object of type 'X'\n"
+        "==12==ERROR: AddressSanitizer: heap-use-after-free on address 0x2\n"
+        "WARNING: ThreadSanitizer: data race (pid=3)\n"
+        "terminate called after throwing an instance of 'std::bad_alloc'\n"
+        "Fatal glibc error: malloc.c:4302 (_int_malloc): assertion failed\n" +
+            std::string(1000, 'x') + "==1==ERROR: LeakSanitizer: detected memory leaks\n");
+  write("notes.txt", "*** SIGSEGV (signal 11) received\n");  // not a daemon log
+  const std::vector<std::string> reports = internal::CrashReports(dir.path());
+  ASSERT_EQ(reports.size(), 8u) << ::testing::PrintToString(reports);
+  EXPECT_EQ(reports[0].rfind("coordinator.log: vc-coordinator: tpp.c:86", 0), 0u);
+  EXPECT_EQ(reports[1],
+            "coordinator.log: *** SIGABRT (signal 6) received; stack, innermost first:");
+  EXPECT_NE(reports[2].find("runtime error: member access"), std::string::npos);
+  EXPECT_NE(reports[3].find("heap-use-after-free"), std::string::npos);
+  EXPECT_NE(reports[4].find("ThreadSanitizer"), std::string::npos);
+  EXPECT_NE(reports[5].find("terminate called"), std::string::npos);
+  EXPECT_NE(reports[6].find("Fatal glibc error"), std::string::npos);
+  // A long line is cut, not copied whole.
+  EXPECT_LT(reports[7].size(), 400u);
+  EXPECT_EQ(reports[7].rfind("verifier-1.log: xxx", 0), 0u);
+  EXPECT_TRUE(internal::CrashReports(dir / "missing").empty());
 }
 
 // Where a cancel landed is read from how its request ended; a mid-request
