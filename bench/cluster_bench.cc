@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
+  vc::local::StopClustersOnSignal("vc_cluster_bench");
   if (quick) {
     requests = std::min(requests, 8);
     max_new = std::min(max_new, 32);

@@ -15,15 +15,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
+#include "common/http/httplib.h"
 #include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
-#include "common/http/httplib.h"
 #include "common/rpc/rpc.h"
 #include "nlohmann/json.hpp"
 
@@ -31,6 +32,54 @@ namespace vc::local {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Every running child of every LocalCluster in this process, and the
+// clusters' own temporary data dirs, so that StopClustersOnSignal can reach
+// them from its thread. A pid leaves the set before it is reaped (ReapChild):
+// until then it cannot be reused, so a signal to a member never reaches
+// another process.
+struct ChildRegistry {
+  std::mutex mu;
+  std::set<pid_t> pids;
+  std::set<std::string> temp_dirs;
+};
+
+ChildRegistry& Registry() {
+  static auto* registry = new ChildRegistry();  // never destroyed: used up to _Exit
+  return *registry;
+}
+
+// Whether child `pid` has ended (waiting for that when `block`), leaving it
+// unreaped.
+bool HasEnded(pid_t pid, bool block) {
+  siginfo_t info{};
+  int r;
+  do {
+    r = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT | (block ? 0 : WNOHANG));
+  } while (r < 0 && errno == EINTR);
+  return r < 0 || info.si_pid != 0;  // ECHILD: not (or no longer) a child of ours
+}
+
+// Reaps child `pid` once it has ended (waiting for that when `block`): its
+// wait status, -1 if it was not a child of ours, nullopt while it runs.
+std::optional<int> ReapChild(pid_t pid, bool block) {
+  if (!HasEnded(pid, block)) return std::nullopt;
+  {
+    std::lock_guard<std::mutex> lock(Registry().mu);
+    Registry().pids.erase(pid);
+  }
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid, &status, 0);
+  } while (r < 0 && errno == EINTR);
+  return r == pid ? status : -1;
+}
+
+void KillAndReap(pid_t pid) {
+  kill(pid, SIGKILL);
+  ReapChild(pid, /*block=*/true);
+}
 
 std::string SelfDir() {
   std::error_code ec;
@@ -124,6 +173,11 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
     for (int cpu : it->second) CPU_SET(cpu, &cpu_set);
     pin = true;
   }
+  // The registry's lock is held across fork so that a stop signal either
+  // finds the new pid registered or comes before the fork (and ends the
+  // process while holding the lock). The child never returns into this
+  // scope: it execs or _exits.
+  std::unique_lock<std::mutex> registered(Registry().mu);
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -140,6 +194,8 @@ absl::StatusOr<Endpoint> LocalCluster::Spawn(const std::string& name, const std:
     execv(path.c_str(), argv.data());
     _exit(127);
   }
+  Registry().pids.insert(pid);
+  registered.unlock();
   close(out[1]);
   if (err_fd >= 0) close(err_fd);
   Endpoint ep;
@@ -295,6 +351,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     if (mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("mkdtemp failed");
     cluster->data_dir_ = tmpl;
     cluster->own_data_dir_ = true;
+    std::lock_guard<std::mutex> lock(Registry().mu);
+    Registry().temp_dirs.insert(tmpl);
   } else {
     cluster->data_dir_ = o.data_dir;
   }
@@ -457,13 +515,9 @@ void LocalCluster::Stop(std::chrono::milliseconds grace) {
   const auto deadline = std::chrono::steady_clock::now() + grace;
   for (auto& ep : endpoints_) {
     if (ep.pid <= 0) continue;
-    while (true) {
-      int status = 0;
-      const pid_t r = waitpid(ep.pid, &status, WNOHANG);
-      if (r == ep.pid || r < 0) break;
+    while (!ReapChild(ep.pid, /*block=*/false)) {
       if (std::chrono::steady_clock::now() >= deadline) {
-        kill(ep.pid, SIGKILL);
-        waitpid(ep.pid, &status, 0);
+        KillAndReap(ep.pid);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -474,6 +528,8 @@ void LocalCluster::Stop(std::chrono::milliseconds grace) {
     std::error_code ec;
     fs::remove_all(data_dir_, ec);
     own_data_dir_ = false;
+    std::lock_guard<std::mutex> registry_lock(Registry().mu);
+    Registry().temp_dirs.erase(data_dir_);
   }
 }
 
@@ -524,9 +580,7 @@ absl::Status LocalCluster::Kill(const std::string& name) {
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     Endpoint& ep = endpoints_[i];
     if (ep.name == name && ep.pid > 0) {
-      kill(ep.pid, SIGKILL);
-      int status = 0;
-      waitpid(ep.pid, &status, 0);
+      KillAndReap(ep.pid);
       ep.pid = -1;
       if (options_.supervise && !stopping_.load()) {
         // An unexpected death as far as the supervisor is concerned.
@@ -563,9 +617,7 @@ absl::Status LocalCluster::RestartLocked(size_t i) {
   if (stopping_.load()) return absl::FailedPreconditionError("the cluster is stopping");
   Endpoint& ep = endpoints_[i];
   if (ep.pid > 0) {
-    kill(ep.pid, SIGKILL);
-    int status = 0;
-    waitpid(ep.pid, &status, 0);
+    KillAndReap(ep.pid);
     ep.pid = -1;
   }
   const Child child = children_[i];  // Spawn rewrites the slot
@@ -575,9 +627,7 @@ absl::Status LocalCluster::RestartLocked(size_t i) {
   if (!started.ok()) {
     // Not healthy in time: do not leave a half-started daemon behind.
     if (endpoints_[i].pid > 0) {
-      kill(endpoints_[i].pid, SIGKILL);
-      int status = 0;
-      waitpid(endpoints_[i].pid, &status, 0);
+      KillAndReap(endpoints_[i].pid);
       endpoints_[i].pid = -1;
     }
     return started.status();
@@ -605,14 +655,13 @@ void LocalCluster::Supervise() {
       Endpoint& ep = endpoints_[i];
       Child& child = children_[i];
       if (ep.pid > 0) {
-        int status = 0;
-        const pid_t r = waitpid(ep.pid, &status, WNOHANG);
-        if (r == 0 || (r < 0 && errno != ECHILD)) continue;
+        const std::optional<int> status = ReapChild(ep.pid, /*block=*/false);
+        if (!status) continue;
         ep.pid = -1;
-        if (r > 0 && WIFSIGNALED(status)) {
-          child.exit_reason = absl::StrCat("killed by signal ", WTERMSIG(status));
-        } else if (r > 0 && WIFEXITED(status)) {
-          child.exit_reason = absl::StrCat("exited with status ", WEXITSTATUS(status));
+        if (*status >= 0 && WIFSIGNALED(*status)) {
+          child.exit_reason = absl::StrCat("killed by signal ", WTERMSIG(*status));
+        } else if (*status >= 0 && WIFEXITED(*status)) {
+          child.exit_reason = absl::StrCat("exited with status ", WEXITSTATUS(*status));
         } else {
           child.exit_reason = "gone";
         }
@@ -636,6 +685,45 @@ void LocalCluster::Supervise() {
       }
     }
   }
+}
+
+void StopClustersOnSignal(std::string tool, std::chrono::milliseconds grace) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop, sig);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::thread([stop, tool = std::move(tool), grace] {
+    int sig = 0;
+    while (sigwait(&stop, &sig) != 0) {
+    }
+    ChildRegistry& registry = Registry();
+    // Held until the process ends: no cluster forks or reaps a child from
+    // here on, so every pid below stays ours.
+    registry.mu.lock();
+    std::fprintf(stderr, "%s: signal %d (%s); stopping %zu daemon(s)\n", tool.c_str(), sig,
+                 strsignal(sig), registry.pids.size());
+    for (pid_t pid : registry.pids) {
+      kill(pid, SIGTERM);
+      kill(pid, SIGCONT);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (pid_t pid : registry.pids) {
+      while (!HasEnded(pid, /*block=*/false)) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          kill(pid, SIGKILL);
+          HasEnded(pid, /*block=*/true);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    for (const std::string& dir : registry.temp_dirs) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+    std::fflush(nullptr);
+    std::_Exit(128 + sig);
+  }).detach();
 }
 
 }  // namespace vc::local

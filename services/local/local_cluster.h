@@ -213,6 +213,19 @@ class LocalCluster {
   std::thread supervisor_;
 };
 
+// For a tool that runs clusters to completion (`vericache chaos`, `soak`,
+// `demo`, the cluster bench), whose daemons would otherwise outlive it when
+// it alone is signalled (a `kill`, a CI timeout; Ctrl-C reaches the whole
+// process group anyway): on SIGTERM, SIGINT or SIGHUP, a thread of its own
+// prints one line naming `tool` and the signal, sends every daemon of every
+// LocalCluster in the process SIGTERM (and SIGCONT, for a paused one), waits
+// up to `grace` for them, SIGKILLs the rest, removes the clusters' temporary
+// data dirs and ends the process with status 128 + the signal. Call it once,
+// before the process starts any other thread: it blocks those signals in the
+// calling thread, and threads started later inherit the mask.
+void StopClustersOnSignal(std::string tool,
+                          std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
+
 // Default model for `vericache local`: $VC_MODELS_DIR/stories260K.bin, else
 // ../shared/models/stories260K.bin beside the repository the binary was built
 // in. "" if none exists.

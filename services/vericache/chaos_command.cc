@@ -115,6 +115,7 @@ int RunChaos(int argc, char** argv) {
   if (o.setup.cancel_fraction < 0 || o.setup.cancel_fraction > 1) {
     return BadInput(cmd, "--cancel-fraction must be in [0, 1]");
   }
+  local::StopClustersOnSignal("vericache " + cmd);
   absl::StatusOr<chaos::ChaosReport> r = chaos::RunChaos(o, std::cerr);
   if (!r.ok()) return Fail(cmd, r.status());
   std::printf("%s\n", chaos::SummaryLine(*r).c_str());
@@ -166,6 +167,7 @@ int RunSoak(int argc, char** argv) {
   if (o.cancels < 0 || o.cancel_probes < 0 || o.cancel_probes > 100000) {
     return BadInput(cmd, "--cancels and --cancel-probes must be >= 0");
   }
+  local::StopClustersOnSignal("vericache " + cmd);
   absl::StatusOr<chaos::SoakReport> r = chaos::RunSoak(o, std::cerr);
   if (!r.ok()) return Fail(cmd, r.status());
   std::printf("%s\n", chaos::SummaryLine(*r).c_str());

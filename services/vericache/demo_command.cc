@@ -103,6 +103,7 @@ int RunDemo(int argc, char** argv) {
                          "and --prefix-tokens >= 32");
   }
   signal(SIGPIPE, SIG_IGN);
+  local::StopClustersOnSignal("vericache " + cmd);
 
   // The reference engine, in this process.
   auto model = Model::Load(o.model);
