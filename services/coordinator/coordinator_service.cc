@@ -15,6 +15,7 @@
 #include "common/speculative/accept_rule.h"
 #include "services/common/daemon.h"
 #include "services/common/sampling_config.h"
+#include "services/coordinator/queued_writer.h"
 #include "services/coordinator/request_validation.h"
 
 namespace vc::coordinator {
@@ -634,98 +635,40 @@ absl::Status CoordinatorService::CheckBounds(const pb::GenerateRequest& req) con
 // ---------------------------------------------------------------- Generate
 
 // One Generate call on gRPC's callback API and the Sink its request writes
-// to: messages are queued and written one at a time; the call finishes once
-// its coroutine has returned and the queue has drained. A reader that falls
-// kMaxQueued messages behind holds the request up: Write waits (on the
-// runner's executor thread) for room, so a client that stops reading stops
-// its request's rounds, and the stream watch ends it after
+// to (queued_writer.h: messages queued and written one at a time; the call
+// finishes once its coroutine has returned and the queue has drained). A
+// reader that falls kMaxQueued messages behind holds the request up: Write
+// waits (on the runner's executor thread) for room, so a client that stops
+// reading stops its request's rounds, and the stream watch ends it after
 // --stream-write-timeout-ms. A write that fails, or a cancelled call, makes
 // every later Write answer false, and the request ends as cancelled.
-class CoordinatorService::GenerateCall final
-    : public grpc::ServerWriteReactor<pb::GenerateResponse>,
-      public Sink {
+class CoordinatorService::GenerateCall final : public QueuedWriteReactor<pb::GenerateResponse>,
+                                               public Sink {
  public:
   // `on_cancel`: called when the client cancels or goes away (a queued
   // request then leaves the admission queue at once).
   GenerateCall(grpc::CallbackServerContext* ctx, StreamWatch* watch,
                std::function<void()> on_cancel)
-      : ctx_(ctx), watch_(watch), on_cancel_(std::move(on_cancel)) {}
+      : QueuedWriteReactor(kMaxQueued),
+        ctx_(ctx),
+        watch_(watch),
+        on_cancel_(std::move(on_cancel)) {}
 
   static constexpr size_t kMaxQueued = 16;
 
-  bool Write(const pb::GenerateResponse& msg) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    room_.wait(lock, [&] { return broken_ || queue_.size() < kMaxQueued; });
-    if (broken_) return false;
-    queue_.push_back(msg);
-    if (queue_.size() == 1) StartNextWrite();
-    return true;
-  }
-
-  // Finishes the call with `status` once the queued messages are written
-  // (at once when a write has failed). The call may be gone on return.
-  //
-  // Called on the runner's thread, outside gRPC's reactions: once Finish is
-  // called, OnDone may delete the call on a gRPC thread before Finish
-  // returns here, so Finish comes after mu_ is let go. (It was called under
-  // mu_, and the lock's release then touched a freed mutex: the
-  // coordinator aborted on glibc's "__pthread_tpp_change_priority"
-  // assertion in a chaos run.) No message can be queued in between: the
-  // request's last Write came before this call.
-  void FinishWhenWritten(const grpc::Status& status) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!queue_.empty()) {
-        finish_ = status;  // OnWriteDone, a reaction, finishes it
-        return;
-      }
-    }
-    Finish(status);
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    watch_->End(write_id_);
-    queue_.pop_front();
-    if (!ok) {
-      broken_ = true;
-      queue_.clear();
-    }
-    room_.notify_all();
-    if (!queue_.empty()) {
-      StartNextWrite();
-    } else if (finish_) {
-      Finish(*finish_);
-      finish_.reset();
-    }
-  }
-
-  void OnCancel() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      broken_ = true;
-      room_.notify_all();
-    }
-    if (on_cancel_) on_cancel_();
-  }
-
-  void OnDone() override { delete this; }
+  bool Write(const pb::GenerateResponse& msg) override { return QueuedWriteReactor::Write(msg); }
 
  private:
-  void StartNextWrite() {  // mu_ held, queue_ not empty
-    write_id_ = watch_->Begin(ctx_);
-    StartWrite(&queue_.front());
+  void WriteStarted() override { write_id_ = watch_->Begin(ctx_); }
+  void WriteEnded() override { watch_->End(write_id_); }
+  void Cancelled() override {
+    if (on_cancel_) on_cancel_();
   }
 
   grpc::CallbackServerContext* const ctx_;
   StreamWatch* const watch_;
   const std::function<void()> on_cancel_;
-  std::mutex mu_;
-  std::condition_variable room_;            // the queue shrank, or the call broke
-  std::deque<pb::GenerateResponse> queue_;  // the front is being written
-  uint64_t write_id_ = 0;
-  bool broken_ = false;
-  std::optional<grpc::Status> finish_;
+  uint64_t write_id_ = 0;  // the write in flight (at most one), in watch_
 };
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* CoordinatorService::Generate(

@@ -1,0 +1,255 @@
+// QueuedWriteReactor (services/coordinator/queued_writer.h) on a real
+// in-process gRPC server: messages written from the service's own threads
+// arrive whole and in order, then the status; a failed or cancelled call
+// makes Write answer false and calls the cancel hook; the queue's bound
+// holds a writer up while the client does not read; and thousands of calls
+// finished from another thread right after (or without) their last write
+// all end cleanly (the path of Generate's call that once touched its freed
+// mutex; the sanitised runs check the memory).
+#include "services/coordinator/queued_writer.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "vericache/v1/coordinator.grpc.pb.h"
+
+namespace vc::coordinator {
+namespace {
+
+namespace pb = ::vericache::v1;
+
+// What the writers did, across calls.
+struct Tally {
+  std::atomic<int> writes_started{0};
+  std::atomic<int> writes_ended{0};
+  std::atomic<int> cancels{0};
+  std::atomic<int> accepted_writes{0};  // Write answered true
+  std::atomic<int> refused_writes{0};   // Write answered false
+};
+
+class TestWriter final : public QueuedWriteReactor<pb::GenerateResponse> {
+ public:
+  TestWriter(size_t max_queued, Tally* tally) : QueuedWriteReactor(max_queued), tally_(tally) {}
+
+ private:
+  void WriteStarted() override { tally_->writes_started.fetch_add(1); }
+  void WriteEnded() override { tally_->writes_ended.fetch_add(1); }
+  void Cancelled() override { tally_->cancels.fetch_add(1); }
+
+  Tally* const tally_;
+};
+
+// Runs jobs on two threads of its own (the service's "runners").
+class Runners {
+ public:
+  Runners() {
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~Runners() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void Post(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// Generate streams max_new_tokens messages (message i holds token i; with
+// request id "big", 1 KiB of padding too), then finishes OK, or
+// INVALID_ARGUMENT when the request id is "fail". The writes and the finish
+// happen on a runner thread.
+class StreamingService final : public pb::Coordinator::CallbackService {
+ public:
+  StreamingService(size_t max_queued, Tally* tally) : max_queued_(max_queued), tally_(tally) {}
+
+  grpc::ServerWriteReactor<pb::GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const pb::GenerateRequest* req) override {
+    auto* w = new TestWriter(max_queued_, tally_);
+    const int n = req->max_new_tokens();
+    const bool fail = req->request_id() == "fail", big = req->request_id() == "big";
+    runners_.Post([w, n, fail, big, tally = tally_] {
+      for (int i = 0; i < n; ++i) {
+        pb::GenerateResponse msg;
+        msg.add_tokens(i);
+        if (big) msg.set_request_id(std::string(1024, 'x'));
+        if (!w->Write(msg)) {
+          tally->refused_writes.fetch_add(1);
+          break;
+        }
+        tally->accepted_writes.fetch_add(1);
+      }
+      w->FinishWhenWritten(fail ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "nope")
+                                : grpc::Status::OK);
+    });
+    return w;
+  }
+
+ private:
+  const size_t max_queued_;
+  Tally* const tally_;
+  Runners runners_;  // joined before the service goes
+};
+
+class QueuedWriterTest : public ::testing::Test {
+ protected:
+  void Start(size_t max_queued) {
+    service_ = std::make_unique<StreamingService>(max_queued, &tally_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    stub_ = pb::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                         grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_.reset();
+    service_.reset();
+  }
+
+  // One call: the tokens received, in order, and the status.
+  grpc::Status Call(int n, const std::string& id, std::vector<int>* tokens) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    pb::GenerateRequest req;
+    req.set_max_new_tokens(n);
+    req.set_request_id(id);
+    auto reader = stub_->Generate(&ctx, req);
+    pb::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      for (int32_t t : msg.tokens()) tokens->push_back(t);
+    }
+    return reader->Finish();
+  }
+
+  Tally tally_;
+  std::unique_ptr<StreamingService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<pb::Coordinator::Stub> stub_;
+};
+
+TEST_F(QueuedWriterTest, EveryMessageArrivesInOrderThenTheStatus) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*max_queued=*/4));
+  for (int n : {0, 1, 3, 40}) {
+    for (const std::string id : {"ok", "fail"}) {
+      std::vector<int> tokens;
+      const grpc::Status s = Call(n, id, &tokens);
+      std::vector<int> want;
+      for (int i = 0; i < n; ++i) want.push_back(i);
+      EXPECT_EQ(tokens, want) << n << " " << id;
+      if (id == "fail") {
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << n;
+        EXPECT_EQ(s.error_message(), "nope");
+      } else {
+        EXPECT_TRUE(s.ok()) << n << ": " << s.error_message();
+      }
+    }
+  }
+  EXPECT_EQ(tally_.writes_started.load(), 2 * (0 + 1 + 3 + 40));
+  EXPECT_EQ(tally_.writes_ended.load(), tally_.writes_started.load());
+  EXPECT_EQ(tally_.refused_writes.load(), 0);
+}
+
+// A client that reads nothing holds its writer at the queue's bound: once
+// the transport takes no more, the writer has at most max_queued messages
+// queued beyond the writes gRPC started, and waits; the client's cancel
+// then fails the blocked Write and calls the hook.
+TEST_F(QueuedWriterTest, AReaderThatStopsHoldsTheWriterUpAndItsCancelReleasesIt) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*max_queued=*/2));
+  constexpr int kMessages = 50000;  // 50 MiB: far more than the transport buffers
+  grpc::ClientContext ctx;
+  pb::GenerateRequest req;
+  req.set_max_new_tokens(kMessages);
+  req.set_request_id("big");
+  auto reader = stub_->Generate(&ctx, req);
+  pb::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // the stream is under way
+  // Give the writer time to fill what it can; it must stop well short.
+  int before = -1;
+  for (int i = 0; i < 100 && tally_.writes_started.load() != before; ++i) {
+    before = tally_.writes_started.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_LT(tally_.writes_started.load(), kMessages / 2);
+  EXPECT_LE(tally_.accepted_writes.load(), tally_.writes_started.load() + 2);
+  EXPECT_EQ(tally_.refused_writes.load(), 0);
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 500 && tally_.refused_writes.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tally_.refused_writes.load(), 1);  // the blocked Write answered false
+  EXPECT_EQ(tally_.cancels.load(), 1);
+}
+
+// Many calls finished by the runner thread at once (nothing queued) or
+// right after their only write: every one ends with its status, and every
+// call object is deleted by gRPC while its runner may still be returning
+// from FinishWhenWritten.
+TEST_F(QueuedWriterTest, CallsFinishedFromAnotherThreadAllEndCleanly) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*max_queued=*/16));
+  constexpr int kClients = 4, kCallsEach = 400;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < kCallsEach; ++i) {
+        const int n = (i + c) % 2;
+        const bool fail = i % 3 == 0;
+        std::vector<int> tokens;
+        const grpc::Status s = Call(n, fail ? "fail" : "ok", &tokens);
+        const bool right = static_cast<int>(tokens.size()) == n &&
+                           (fail ? s.error_code() == grpc::StatusCode::INVALID_ARGUMENT : s.ok());
+        if (!right) bad.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(tally_.writes_ended.load(), tally_.writes_started.load());
+  EXPECT_EQ(tally_.cancels.load(), 0);
+}
+
+}  // namespace
+}  // namespace vc::coordinator
