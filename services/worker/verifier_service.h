@@ -151,6 +151,8 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   void StartPeerCommit(const std::shared_ptr<RoundCall>& call);
   void OnPeerCommit(const std::shared_ptr<RoundCall>& call, const grpc::Status& status);
   void FinishRound(const std::shared_ptr<RoundCall>& call, const absl::Status& status);
+  // A round, counted until it is deleted (Shutdown waits for that).
+  std::shared_ptr<RoundCall> NewRoundCall();
   // A stub for the drafter at `address` (channels cached, bounded).
   std::shared_ptr<vericache::v1::Drafter::Stub> PeerStub(const std::string& address);
   // Enqueues a verify job; the caller finishes it on error.
@@ -188,6 +190,7 @@ class VerifierService final : public vericache::v1::Verifier::CallbackService {
   std::mutex rounds_mu_;
   std::condition_variable rounds_cv_;
   std::set<std::shared_ptr<RoundCall>> rounds_;  // in flight (Shutdown cancels their calls)
+  int live_round_calls_ = 0;                     // made by NewRoundCall and not yet deleted
   std::map<std::string, std::shared_ptr<vericache::v1::Drafter::Stub>> peer_stubs_;  // rounds_mu_
 
   WorkerMetrics metrics_;  // the vericache_worker_* children of this role
