@@ -241,8 +241,12 @@ void ShiftExp(float* s, int64_t n, float m, const SoftmaxParts& parts) {
   parts.exp_inplace(s, n);
 }
 
-void Normalise(float* s, int64_t n, float sum) {
+void Normalise(float* s, int64_t n, float sum, const SoftmaxParts& parts) {
   const float inv = 1.0f / sum;
+  if (parts.scale_inplace != nullptr) {
+    parts.scale_inplace(s, n, inv);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
 
@@ -292,7 +296,7 @@ void SoftmaxGroup(float* const* live, const int64_t* len, int g, const SoftmaxPa
   for (int i = 0; i < g; ++i) {
     ShiftExp(live[i] + common, len[i] - common, m[i], parts);
     SumRows<1>(&live[i], common, len[i], &sum[i]);
-    Normalise(live[i], len[i], sum[i]);
+    Normalise(live[i], len[i], sum[i], parts);
   }
 }
 

@@ -266,8 +266,10 @@ class CpuBackend final : public KernelBackend {
 
   const SimdLevel level_;
   const cpu::SimdOps& ops_;
-  const SoftmaxParts softmax_{
-      .exp_inplace = ops_.exp_inplace, .max_no_nan = ops_.max_no_nan, .shift_exp = ops_.shift_exp};
+  const SoftmaxParts softmax_{.exp_inplace = ops_.exp_inplace,
+                              .max_no_nan = ops_.max_no_nan,
+                              .shift_exp = ops_.shift_exp,
+                              .scale_inplace = ops_.scale_inplace};
   ThreadPool pool_;
 };
 

@@ -385,6 +385,13 @@ void SwiGlu(float* gate, const float* up, int64_t n) {
   }
 }
 
+void ScaleInplace(float* x, int64_t n, float s) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+  for (; i < n; ++i) x[i] *= s;
+}
+
 bool MaxNoNan(const float* x, int64_t n, float* max) {
   const __m256 lowest = _mm256_set1_ps(-INFINITY);
   __m256 m = lowest;
@@ -421,7 +428,8 @@ const SimdOps* Avx2Ops() {
                            .accumulate_multi = AccumulateMulti,
                            .scores_multi = ScoresMulti,
                            .shift_exp = ShiftExp,
-                           .swiglu = SwiGlu};
+                           .swiglu = SwiGlu,
+                           .scale_inplace = ScaleInplace};
   return &ops;
 }
 

@@ -561,6 +561,16 @@ void SwiGlu(float* gate, const float* up, int64_t n) {
   }
 }
 
+void ScaleInplace(float* x, int64_t n, float s) {
+  const __m512 sv = _mm512_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), sv));
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sv));
+  }
+}
+
 bool MaxNoNan(const float* x, int64_t n, float* max) {
   const __m512 lowest = _mm512_set1_ps(-INFINITY);
   __m512 m = lowest;
@@ -596,7 +606,8 @@ const SimdOps* Avx512Ops() {
                            .accumulate_multi = AccumulateMulti,
                            .scores_multi = ScoresMulti,
                            .shift_exp = ShiftExp,
-                           .swiglu = SwiGlu};
+                           .swiglu = SwiGlu,
+                           .scale_inplace = ScaleInplace};
   return &ops;
 }
 

@@ -62,7 +62,8 @@ const SimdOps& ScalarOps() {
                            .accumulate_multi = nullptr,
                            .scores_multi = nullptr,
                            .shift_exp = nullptr,
-                           .swiglu = nullptr};
+                           .swiglu = nullptr,
+                           .scale_inplace = nullptr};
   return ops;
 }
 

@@ -26,6 +26,8 @@ struct SoftmaxParts {
   // x[i] = kernels::Exp(x[i] - m) in one pass. Null: a shift, then
   // exp_inplace.
   void (*shift_exp)(float* x, int64_t n, float m) = nullptr;
+  // x[i] *= s. Null: a plain loop.
+  void (*scale_inplace)(float* x, int64_t n, float s) = nullptr;
 };
 
 // kernels::Softmax with a backend's parts.

@@ -43,6 +43,10 @@ struct SimdOps {
   // up) bit for bit: the scalar expression's negation, Exp, add, divide and
   // multiply, in its order, a vector at a time. Null where a level has none.
   void (*swiglu)(float* gate, const float* up, int64_t n);
+  // x[i] *= s, a vector at a time (the softmax's normalising multiply; the
+  // tree is built for baseline x86-64, where the loop gets 4 lanes). Null
+  // where a level has none.
+  void (*scale_inplace)(float* x, int64_t n, float s);
 };
 
 // The constants of kernels::Exp (Cephes expf), shared by every level.
