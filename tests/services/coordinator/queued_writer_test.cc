@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -173,8 +174,8 @@ TEST_F(QueuedWriterTest, EveryMessageArrivesInOrderThenTheStatus) {
     for (const std::string id : {"ok", "fail"}) {
       std::vector<int> tokens;
       const grpc::Status s = Call(n, id, &tokens);
-      std::vector<int> want;
-      for (int i = 0; i < n; ++i) want.push_back(i);
+      std::vector<int> want(n);
+      std::iota(want.begin(), want.end(), 0);
       EXPECT_EQ(tokens, want) << n << " " << id;
       if (id == "fail") {
         EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << n;
@@ -232,6 +233,7 @@ TEST_F(QueuedWriterTest, CallsFinishedFromAnotherThreadAllEndCleanly) {
   constexpr int kClients = 4, kCallsEach = 400;
   std::atomic<int> bad{0};
   std::vector<std::thread> clients;
+  clients.reserve(kClients);
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
       for (int i = 0; i < kCallsEach; ++i) {
