@@ -209,7 +209,7 @@ std::shared_ptr<VerifierService::RoundCall> VerifierService::NewRoundCall() {
   // (the peer calls) must be gone before the channels they ran on, which
   // the service owns: Shutdown waits for this count. (A round freed after
   // its channel had gone made gRPC free a completion queue twice: ASan,
-  // peer_round_test, about 1 run in 100.)
+  // peer_round_test, a few runs in a thousand.)
   return std::shared_ptr<RoundCall>(new RoundCall(), [this](RoundCall* call) {
     delete call;
     std::lock_guard<std::mutex> lock(rounds_mu_);

@@ -64,11 +64,14 @@ absl::StatusOr<std::string> Scrape(const std::string& hostport) {
 }  // namespace
 
 std::vector<std::string> CrashReports(const std::string& log_dir) {
+  // Bounded: a daemon that reports the same error in a loop fills its log,
+  // not the summary.
+  constexpr size_t kMaxCrashReports = 100;
   // The first line of each kind of report; a report's later lines (its
   // stack) match none of these.
   static constexpr std::string_view kMarkers[] = {
       "*** SIG",                  // services/common/daemon.cc's crash reporter
-      "ERROR: AddressSanitizer",  // ASan (and LeakSanitizer's "ERROR: LeakSanitizer")
+      "ERROR: AddressSanitizer",  // ASan
       "ERROR: LeakSanitizer",
       ": runtime error: ",         // UBSan
       "WARNING: ThreadSanitizer",  // TSan
@@ -86,7 +89,7 @@ std::vector<std::string> CrashReports(const std::string& log_dir) {
   for (const auto& path : logs) {
     std::ifstream in(path);
     std::string line;
-    while (std::getline(in, line)) {
+    while (reports.size() < kMaxCrashReports && std::getline(in, line)) {
       for (std::string_view marker : kMarkers) {
         if (line.find(marker) == std::string::npos) continue;
         // Bounded: a line of a report, not a whole log.

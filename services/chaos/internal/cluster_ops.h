@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
 // TSan), a failed assertion or std::terminate. A kill -9 of the fault
 // schedule leaves no such line; a daemon that crashed on its own does, even
 // when its supervisor restarted it and every request still came out right.
+// At most 100.
 std::vector<std::string> CrashReports(const std::string& log_dir);
 
 std::string CodeName(grpc::StatusCode code);
