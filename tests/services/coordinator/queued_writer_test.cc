@@ -217,7 +217,10 @@ TEST_F(QueuedWriterTest, AReaderThatStopsHoldsTheWriterUpAndItsCancelReleasesIt)
   while (reader->Read(&msg)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  for (int i = 0; i < 500 && tally_.refused_writes.load() == 0; ++i) {
+  // The blocked Write wakes under the queue's lock; the hook runs after
+  // OnCancel lets it go, so the two are seen in either order.
+  for (int i = 0; i < 1000 && (tally_.refused_writes.load() == 0 || tally_.cancels.load() == 0);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(tally_.refused_writes.load(), 1);  // the blocked Write answered false
