@@ -22,6 +22,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/loopback_server.h"
 #include "vericache/v1/coordinator.grpc.pb.h"
 
 namespace vc::coordinator {
@@ -131,15 +132,12 @@ class QueuedWriterTest : public ::testing::Test {
  protected:
   void Start(size_t max_queued) {
     service_ = std::make_unique<StreamingService>(max_queued, &tally_);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    test_support::LoopbackServer served = test_support::ServeOnLoopback(service_.get());
+    server_ = std::move(served.server);
     ASSERT_NE(server_, nullptr);
-    ASSERT_GT(port, 0);
-    stub_ = pb::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                         grpc::InsecureChannelCredentials()));
+    ASSERT_GT(served.port, 0);
+    stub_ = pb::Coordinator::NewStub(
+        grpc::CreateChannel(served.address, grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

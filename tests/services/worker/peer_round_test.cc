@@ -39,6 +39,7 @@
 #include "services/worker/peer_rows.h"
 #include "services/worker/verifier_service.h"
 #include "services/worker/worker_common.h"
+#include "tests/loopback_server.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "tests/services/worker/worker_test_util.h"
 
@@ -48,13 +49,9 @@ namespace {
 namespace pb = ::vericache::v1;
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(service);
-  auto server = builder.BuildAndStart();
-  *address = "127.0.0.1:" + std::to_string(port);
-  return server;
+  test_support::LoopbackServer served = test_support::ServeOnLoopback(service);
+  *address = served.address;
+  return std::move(served.server);
 }
 
 std::unique_ptr<grpc::ClientContext> Within(int seconds) {

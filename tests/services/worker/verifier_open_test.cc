@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "services/common/store_client.h"
 #include "services/worker/verifier_service.h"
+#include "tests/loopback_server.h"
 #include "tests/services/cluster/cluster_test_text.h"
 #include "tests/services/worker/worker_test_util.h"
 
@@ -51,15 +52,12 @@ class VerifierOpenTest : public ::testing::Test {
     vo.before_open_kept = [this](grpc::CallbackServerContext* ctx) { Gate(ctx); };
     service_ = std::make_unique<VerifierService>(engine_.get(), kvstore::ComputeModelId(*model_),
                                                  store_.get(), &registry_, vo);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    test_support::LoopbackServer served = test_support::ServeOnLoopback(service_.get());
+    server_ = std::move(served.server);
     ASSERT_NE(server_, nullptr);
-    ASSERT_GT(port, 0);
-    stub_ = pb::Verifier::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                      grpc::InsecureChannelCredentials()));
+    ASSERT_GT(served.port, 0);
+    stub_ = pb::Verifier::NewStub(
+        grpc::CreateChannel(served.address, grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
