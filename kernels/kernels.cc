@@ -65,14 +65,15 @@ void KernelBackend::MatmulBlocks(const float* x, int64_t tokens, const void* w, 
 }
 
 void KernelBackend::AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
-                                         int64_t head_dim, float scale, float* scores,
-                                         int64_t ld) const {
+                                         int64_t head_dim, float scale, float* scores, int64_t ld,
+                                         RowsAhead /*ahead*/) const {
   for (int64_t t = 0; t < nq; ++t)
     AttentionScores(q + t * head_dim, k, n, head_dim, scale, scores + t * ld);
 }
 
 void KernelBackend::AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v,
-                                          int64_t n, int64_t head_dim, float* out) const {
+                                          int64_t n, int64_t head_dim, float* out,
+                                          RowsAhead /*ahead*/) const {
   for (int64_t t = 0; t < nq; ++t)
     AccumulateValues(p + t * ldp, v, n, head_dim, out + t * head_dim);
 }

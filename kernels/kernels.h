@@ -52,6 +52,18 @@ struct BackendOptions {
   std::string simd = "auto"; // cpu only: scalar | avx2 | avx512 | auto
 };
 
+// Rows of head_dim floats that a caller of the multi-query attention
+// kernels reads next (the next block of a paged KV cache, or the values after
+// the last key block): a backend may stream them toward its caches while it
+// works on the current rows, so that a pass whose arithmetic outlasts its
+// loads (a verify pass's 9 or 33 queries) does not wait on memory at every
+// block's start. A hint: it never changes a value, and a backend may ignore
+// it; `rows` must stay valid for the call.
+struct RowsAhead {
+  const float* rows = nullptr;
+  int64_t count = 0;
+};
+
 class KernelBackend {
  public:
   virtual ~KernelBackend() = default;
@@ -105,14 +117,17 @@ class KernelBackend {
   // The same values as nq AttentionScores calls; a backend may read each key
   // once for all the queries (a multi-token pass then streams the KV once).
   // Single-threaded: called from inside the engine's parallel loops.
+  // `ahead`: the rows the caller reads next (below).
   virtual void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n,
-                                    int64_t head_dim, float scale, float* scores, int64_t ld) const;
+                                    int64_t head_dim, float scale, float* scores, int64_t ld,
+                                    RowsAhead ahead) const;
 
   // AccumulateValues for nq queries over the same n values: query t's
   // weights are p + t*ldp and its output out + t*head_dim; each output is
   // exactly what AccumulateValues alone computes. Single-threaded.
   virtual void AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v,
-                                     int64_t n, int64_t head_dim, float* out) const;
+                                     int64_t n, int64_t head_dim, float* out,
+                                     RowsAhead ahead) const;
 
   // gate[i] = Silu(gate[i]) * up[i] for i < n (SwiGLU's elementwise step),
   // bit-identical to that scalar expression; backends may vectorise it and

@@ -208,6 +208,13 @@ void PagedKvCache::TouchBlock(int layer, bool value, int kv_head, int64_t first,
              std::min<int64_t>(end - first, block_tokens_) * head_dim_);
 }
 
+kernels::RowsAhead PagedKvCache::BlockAhead(int layer, bool value, int kv_head, int64_t first,
+                                            int64_t end) const {
+  if (first >= end) return {};
+  return {.rows = Row(layer, value, kv_head, static_cast<int32_t>(first) + first_position_),
+          .count = std::min<int64_t>(end - first, block_tokens_ - first % block_tokens_)};
+}
+
 void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer, int kv_head,
                                const QueryBatch& b, float scale) const {
   const auto [lo, hi] = RangeUnion(b);
@@ -226,10 +233,15 @@ void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer,
     }
     TouchBlock(layer, false, kv_head, i + n, hi);
     if (t0 < t1) {
+      // The kernel streams the next key block into L2 while it works on
+      // this one, and after the last key block the first value block, which
+      // MixValuesBatch reads next.
+      const kernels::RowsAhead ahead = i + n < hi ? BlockAhead(layer, false, kv_head, i + n, hi)
+                                                  : BlockAhead(layer, true, kv_head, lo, hi);
       backend.AttentionScoresMulti(
           b.q + t0 * b.head_dim, t1 - t0,
           Row(layer, false, kv_head, static_cast<int32_t>(i) + first_position_), n, head_dim_,
-          scale, b.scores + t0 * b.ld + (i - b.base), b.ld);
+          scale, b.scores + t0 * b.ld + (i - b.base), b.ld, ahead);
     }
     i += n;
   }
@@ -245,6 +257,8 @@ void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int lay
     const int64_t n = std::min<int64_t>(hi - i, block_tokens_ - i % block_tokens_);
     const float* v = Row(layer, true, kv_head, static_cast<int32_t>(i) + first_position_);
     TouchBlock(layer, true, kv_head, i + n, hi);
+    // The first whole-block call streams the next block into L2.
+    kernels::RowsAhead ahead = BlockAhead(layer, true, kv_head, i + n, hi);
     // Runs of consecutive queries that cover the whole block share one call.
     for (int64_t t = 0; t < b.count;) {
       const KeyRange& r = b.ranges[t];
@@ -259,7 +273,8 @@ void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int lay
                b.ranges[u].first + b.ranges[u].count >= i + n)
           ++u;
         backend.AccumulateValuesMulti(b.scores + t * b.ld + (i - b.base), b.ld, u - t, v, n,
-                                      head_dim_, out + t * b.head_dim);
+                                      head_dim_, out + t * b.head_dim, ahead);
+        ahead = {};
         t = u;
         continue;
       }

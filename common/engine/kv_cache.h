@@ -149,6 +149,10 @@ class PagedKvCache final : public SequenceKv {
   // Reads one byte of every page of a head's K (or V) rows of the block from
   // stored index `first` (a block start) up to `end`; nothing if first >= end.
   void TouchBlock(int layer, bool value, int kv_head, int64_t first, int64_t end) const;
+  // The head's K (or V) rows of the block from stored index `first` up to
+  // `end`, as a hint for the attention kernels; empty if first >= end.
+  kernels::RowsAhead BlockAhead(int layer, bool value, int kv_head, int64_t first,
+                                int64_t end) const;
 
   int n_layers_, kv_heads_, head_dim_, block_tokens_;
   Dtype dtype_;

@@ -107,9 +107,10 @@ class CpuBackend final : public KernelBackend {
   // the queries; the scale is one multiply afterwards, as in
   // AttentionScores.
   void AttentionScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t head_dim,
-                            float scale, float* scores, int64_t ld) const override {
+                            float scale, float* scores, int64_t ld,
+                            RowsAhead ahead) const override {
     if (ops_.scores_multi != nullptr &&
-        ops_.scores_multi(q, nq, k, n, head_dim, scale, scores, ld)) {
+        ops_.scores_multi(q, nq, k, n, head_dim, scale, scores, ld, ahead.rows, ahead.count)) {
       return;
     }
     ops_.matmul_rows(q, head_dim, nq, k, nullptr, head_dim, 0, n, ld, scores);
@@ -119,9 +120,9 @@ class CpuBackend final : public KernelBackend {
   }
 
   void AccumulateValuesMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
-                             int64_t head_dim, float* out) const override {
+                             int64_t head_dim, float* out, RowsAhead ahead) const override {
     if (ops_.accumulate_multi != nullptr) {
-      ops_.accumulate_multi(p, ldp, nq, v, n, head_dim, out);
+      ops_.accumulate_multi(p, ldp, nq, v, n, head_dim, out, ahead.rows, ahead.count);
       return;
     }
     for (int64_t t = 0; t < nq; ++t)

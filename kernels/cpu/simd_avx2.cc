@@ -166,7 +166,8 @@ constexpr int64_t kValuesAhead = 16;
 // cost 5x more).
 template <int Q, int C, bool kMasked>
 void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t dim, int64_t d0,
-                      float* const* out, int64_t last_lanes) {
+                      float* const* out, int64_t last_lanes, const float* ahead,
+                      int64_t ahead_rows) {
   const __m256i last = PrefixMask(last_lanes);
   auto load = [last](const float* a, int c) {
     return kMasked && c == C - 1 ? _mm256_maskload_ps(a, last) : _mm256_loadu_ps(a);
@@ -178,11 +179,17 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
   }
   const float* vj = v + d0;
   const int64_t prefetched = n - kValuesAhead;
+  // Row j of `ahead` (the rows read next) into L2 with value row j, as on
+  // the AVX-512 level.
+  const int64_t streamed = std::min(n, ahead_rows);
   for (int64_t j = 0; j < n; ++j, vj += dim) {
     __m256 pj[Q];
     for (int q = 0; q < Q; ++q) pj[q] = _mm256_broadcast_ss(p[q] + j);
     if (j < prefetched) {
       for (int c = 0; c < C; c += 2) PrefetchL1(vj + kValuesAhead * dim + int64_t{8} * c);
+    }
+    if (j < streamed) {
+      for (int c = 0; c < C; c += 2) PrefetchL2(ahead + j * dim + d0 + int64_t{8} * c);
     }
     for (int c = 0; c < C; ++c) {
       const __m256 vv = load(vj + int64_t{8} * c, c);
@@ -205,7 +212,7 @@ template <int Q>
 constexpr int kChunksPerPass = std::min(8, 12 / Q);
 
 using ChunksFn = void (*)(const float* const*, const float*, int64_t, int64_t, int64_t,
-                          float* const*, int64_t);
+                          float* const*, int64_t, const float*, int64_t);
 // AccumulateChunks<Q, c, kMasked> for c = 0..8: null for none, and for more
 // chunks than Q rows take per pass.
 template <int Q, bool kMasked, int... kC>
@@ -224,7 +231,7 @@ constexpr std::array<ChunksFn, 9> ChunksKernels(std::integer_sequence<int, kC...
 // row, 4 + 4 for two or three).
 template <int Q>
 void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
-                    float* const* out) {
+                    float* const* out, const float* ahead, int64_t ahead_rows) {
   // [masked][chunks]
   static constexpr std::array<ChunksFn, 9> kChunks[2] = {
       ChunksKernels<Q, false>(std::make_integer_sequence<int, 8>()),
@@ -236,23 +243,24 @@ void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t di
   for (int64_t g = 0, c0 = 0; g < groups; ++g) {
     const int64_t c1 = chunks * (g + 1) / groups;
     const int64_t lanes_in_last = std::min<int64_t>(8, dim - (c1 - 1) * 8);
-    kChunks[lanes_in_last < 8][c1 - c0](p, v, n, dim, c0 * 8, out, lanes_in_last);
+    kChunks[lanes_in_last < 8][c1 - c0](p, v, n, dim, c0 * 8, out, lanes_in_last, ahead,
+                                        ahead_rows);
     c0 = c1;
   }
 }
 
 void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
-  AccumulateRows<1>(&p, v, n, dim, &out);
+  AccumulateRows<1>(&p, v, n, dim, &out, nullptr, 0);
 }
 
 // accumulate for nq weight rows (row t at p + t * ldp, into out + t * dim)
 // over the same values, in near-equal groups of at most 3 rows per pass over
 // the keys (a 9-token pass: 3 + 3 + 3).
 void AccumulateMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
-                     int64_t dim, float* out) {
+                     int64_t dim, float* out, const float* ahead, int64_t ahead_rows) {
   static constexpr AccumulateRowsFn kRows[4] = {nullptr, AccumulateRows<1>, AccumulateRows<2>,
                                                 AccumulateRows<3>};
-  AccumulateInGroups<3>(kRows, p, ldp, nq, v, n, dim, out);
+  AccumulateInGroups<3>(kRows, p, ldp, nq, v, n, dim, out, ahead, ahead_rows);
 }
 
 VC_DEFINE_SCORES(Dot)
@@ -286,13 +294,18 @@ void ScoresTile4(const float* q, int64_t nq, const float* k, float scale, float*
 
 // Dot(q_t, k_j) * scale for nq queries and n keys of dim 16 * C: 4 keys at a
 // time, all queries against them while they are in L1 (a remainder of keys
-// one Dot each).
+// one Dot each); rows [j, j + 4) of `ahead` into L2 with tile j.
 template <int C>
 void ScoresRows(const float* q, int64_t nq, const float* k, int64_t n, float scale, float* scores,
-                int64_t ld) {
+                int64_t ld, const float* ahead, int64_t ahead_rows) {
   constexpr int64_t kDim = int64_t{16} * C;
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4) ScoresTile4<C>(q, nq, k + j * kDim, scale, scores + j, ld);
+  for (; j + 4 <= n; j += 4) {
+    if (j + 4 <= ahead_rows) {
+      for (int64_t f = 0; f < 4 * kDim; f += 16) PrefetchL2(ahead + j * kDim + f);
+    }
+    ScoresTile4<C>(q, nq, k + j * kDim, scale, scores + j, ld);
+  }
   for (; j < n; ++j) {
     for (int64_t t = 0; t < nq; ++t)
       scores[t * ld + j] = Dot(q + t * kDim, k + j * kDim, kDim) * scale;

@@ -275,10 +275,13 @@ constexpr int64_t kValuesAhead = 16;
 // same values (the last chunk masked by `last`): per row and chunk the same
 // FMAs in the same key order as one chunk of one row at a time, but C * Q
 // independent chains keep the FMA unit busy instead of waiting on one chain's
-// latency, and each value chunk is loaded once for all Q rows.
+// latency, and each value chunk is loaded once for all Q rows. Row j of
+// `ahead` (the same chunks of the rows read next, ahead_rows of them) is
+// asked into L2 with value row j: the next block streams in while this one's
+// FMAs run.
 template <int Q, int C>
 void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t dim,
-                      float* const* out, __mmask16 last) {
+                      float* const* out, __mmask16 last, const float* ahead, int64_t ahead_rows) {
   // One flat array, every index a constant once the loops are unrolled: with
   // acc[Q][C], GCC 12 also stored every accumulator to the stack on every
   // key, dead stores that took a 9-token pass's value sums over 3000 tokens
@@ -291,6 +294,7 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
     acc[k] = _mm512_maskz_loadu_ps(c == C - 1 ? last : kAllLanes, out[q] + int64_t{16} * c);
   }
   const int64_t prefetched = n - kValuesAhead;
+  const int64_t streamed = std::min(n, ahead_rows);
   for (int64_t j = 0; j < n; ++j) {
     __m512 pj[Q];
 #pragma GCC unroll 8
@@ -299,6 +303,10 @@ void AccumulateChunks(const float* const* p, const float* v, int64_t n, int64_t 
     if (j < prefetched) {
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) PrefetchL1(vj + kValuesAhead * dim + int64_t{16} * c);
+    }
+    if (j < streamed) {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) PrefetchL2(ahead + j * dim + int64_t{16} * c);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
@@ -325,7 +333,7 @@ template <int Q>
 constexpr int kChunksPerPass = kMaxAccumulators / Q < 8 ? kMaxAccumulators / Q : 8;
 
 using ChunksFn = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*,
-                          __mmask16);
+                          __mmask16, const float*, int64_t);
 // AccumulateChunks<Q, C>, or null for more chunks than Q rows take per pass.
 template <int Q, int C>
 constexpr ChunksFn ChunksKernel() {
@@ -341,7 +349,7 @@ constexpr ChunksFn ChunksKernel() {
 // pass over the keys.
 template <int Q>
 void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t dim,
-                    float* const* out) {
+                    float* const* out, const float* ahead, int64_t ahead_rows) {
   static constexpr ChunksFn kChunksFns[9] = {nullptr,
                                              ChunksKernel<Q, 1>(),
                                              ChunksKernel<Q, 2>(),
@@ -358,12 +366,13 @@ void AccumulateRows(const float* const* p, const float* v, int64_t n, int64_t di
     const __mmask16 last = rem % 16 == 0 ? kAllLanes : TailMask(rem % 16);
     float* o[Q];
     for (int q = 0; q < Q; ++q) o[q] = out[q] + d;
-    kChunksFns[chunks](p, v + d, n, dim, o, last);
+    kChunksFns[chunks](p, v + d, n, dim, o, last, ahead != nullptr ? ahead + d : nullptr,
+                       ahead_rows);
   }
 }
 
 void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* out) {
-  AccumulateRows<1>(&p, v, n, dim, &out);
+  AccumulateRows<1>(&p, v, n, dim, &out, nullptr, 0);
 }
 
 // accumulate for nq weight rows (row t at p + t * ldp, into out + t * dim)
@@ -372,11 +381,11 @@ void Accumulate(const float* p, const float* v, int64_t n, int64_t dim, float* o
 // pass over the keys, instead of four pairs and a single row, whose 8 (or 4)
 // FMA chains left the FMA unit waiting on their latency.
 void AccumulateMulti(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
-                     int64_t dim, float* out) {
+                     int64_t dim, float* out, const float* ahead, int64_t ahead_rows) {
   static constexpr AccumulateRowsFn kRows[kMaxRowsPerPass + 1] = {
       nullptr,           AccumulateRows<1>, AccumulateRows<2>, AccumulateRows<3>,
       AccumulateRows<4>, AccumulateRows<5>, AccumulateRows<6>};
-  AccumulateInGroups<kMaxRowsPerPass>(kRows, p, ldp, nq, v, n, dim, out);
+  AccumulateInGroups<kMaxRowsPerPass>(kRows, p, ldp, nq, v, n, dim, out, ahead, ahead_rows);
 }
 
 // scores[t * ld + r] = Dot(q_t, k_r) * scale for 8 key rows r and Q
@@ -432,15 +441,20 @@ void ScoresTile8(const float* q, int64_t nq, const float* k, float scale, float*
 // keys one Dot each). Each 8-key tile is 8 independent FMA chains per query
 // and one batched lane tree, where the matmul tiles spent as much on
 // per-output reductions and on set-up as on the products of such short
-// rows.
+// rows. Rows [j, j + 8) of `ahead` (the keys read next) go into L2 with
+// tile j, so a block's start no longer waits on memory (docs/results.md
+// section 8, "The next KV block into L2").
 constexpr int64_t kScoresAhead = 16;  // keys
 
 template <int C>
 void ScoresRows(const float* q, int64_t nq, const float* k, int64_t n, float scale, float* scores,
-                int64_t ld) {
+                int64_t ld, const float* ahead, int64_t ahead_rows) {
   constexpr int64_t kDim = int64_t{16} * C;
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
+    if (j + 8 <= ahead_rows) {
+      for (int64_t f = 0; f < 8 * kDim; f += 16) PrefetchL2(ahead + j * kDim + f);
+    }
     // The tile two ahead, into L1: a tile's queries are long enough work
     // that the hardware prefetcher alone left its first loads waiting.
     if (j + kScoresAhead + 8 <= n) {

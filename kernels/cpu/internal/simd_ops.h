@@ -29,13 +29,18 @@ struct SimdOps {
   // p + t * ldp, into out + t * dim), each output exactly accumulate's
   // (several rows' FMA chains side by side hide the FMA latency); null where
   // a level has none.
+  // `ahead` (ahead_rows rows of dim floats, or null) is what the caller
+  // reads next: a level may stream it into L2 while it works (a hint, never
+  // a value; see KernelBackend::RowsAhead).
   void (*accumulate_multi)(const float* p, int64_t ldp, int64_t nq, const float* v, int64_t n,
-                           int64_t dim, float* out);
+                           int64_t dim, float* out, const float* ahead, int64_t ahead_rows);
   // scores[t * ld + j] = dot(q + t * dim, k + j * dim, dim) * scale for
   // t < nq, j < n, bit for bit; false (nothing written) for a shape the
-  // level has no kernel for. Null where a level has none.
+  // level has no kernel for. Null where a level has none. `ahead` as in
+  // accumulate_multi.
   bool (*scores_multi)(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim,
-                       float scale, float* scores, int64_t ld);
+                       float scale, float* scores, int64_t ld, const float* ahead,
+                       int64_t ahead_rows);
   // x[i] = kernels::Exp(x[i] - m) bit for bit, in one pass; null where a
   // level has none.
   void (*shift_exp)(float* x, int64_t n, float m);
@@ -70,15 +75,17 @@ inline constexpr float kExpFastHi = 88.0f;
 // unit's own ScoresRows<C> template (keys of dim 16 * C): heads whose dim is
 // a multiple of 16 and at most 128 (every real head); false for any other,
 // whose scores the caller computes on the general path.
-#define VC_DEFINE_SCORES_MULTI(ROWS)                                                               \
-  bool ScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim,             \
-                   float scale, float* scores, int64_t ld) {                                       \
-    using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t); \
-    static constexpr RowsFn kRows[9] = {nullptr, ROWS<1>, ROWS<2>, ROWS<3>, ROWS<4>,               \
-                                        ROWS<5>, ROWS<6>, ROWS<7>, ROWS<8>};                       \
-    if (dim % 16 != 0 || dim > 128 || dim == 0) return false;                                      \
-    kRows[dim / 16](q, nq, k, n, scale, scores, ld);                                               \
-    return true;                                                                                   \
+#define VC_DEFINE_SCORES_MULTI(ROWS)                                                              \
+  bool ScoresMulti(const float* q, int64_t nq, const float* k, int64_t n, int64_t dim,            \
+                   float scale, float* scores, int64_t ld, const float* ahead,                    \
+                   int64_t ahead_rows) {                                                          \
+    using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t, \
+                            const float*, int64_t);                                               \
+    static constexpr RowsFn kRows[9] = {nullptr, ROWS<1>, ROWS<2>, ROWS<3>, ROWS<4>,              \
+                                        ROWS<5>, ROWS<6>, ROWS<7>, ROWS<8>};                      \
+    if (dim % 16 != 0 || dim > 128 || dim == 0) return false;                                     \
+    kRows[dim / 16](q, nq, k, n, scale, scores, ld, ahead, ahead != nullptr ? ahead_rows : 0);    \
+    return true;                                                                                  \
   }
 
 // Defines the `scores` entry of a SIMD table from that translation unit's
@@ -112,13 +119,16 @@ static inline float ReduceLanes16(const float* l) {
 
 // accumulate_multi over a level's own AccumulateRows<Q> (Q = 1..kMaxRows
 // weight rows per pass over the values, rows[Q]): nq rows in near-equal
-// groups of at most kMaxRows (9 rows, at most 6: 5 + 4). static, as above.
+// groups of at most kMaxRows (9 rows, at most 6: 5 + 4). The first group,
+// the one that reads the values from memory, streams `ahead` into L2.
+// static, as above.
 using AccumulateRowsFn = void (*)(const float* const* p, const float* v, int64_t n, int64_t dim,
-                                  float* const* out);
+                                  float* const* out, const float* ahead, int64_t ahead_rows);
 template <int kMaxRows>
 static inline void AccumulateInGroups(const AccumulateRowsFn (&rows)[kMaxRows + 1], const float* p,
                                       int64_t ldp, int64_t nq, const float* v, int64_t n,
-                                      int64_t dim, float* out) {
+                                      int64_t dim, float* out, const float* ahead,
+                                      int64_t ahead_rows) {
   const int64_t groups = (nq + kMaxRows - 1) / kMaxRows;
   for (int64_t g = 0, t = 0; g < groups; ++g) {
     const int64_t t1 = nq * (g + 1) / groups;
@@ -128,7 +138,8 @@ static inline void AccumulateInGroups(const AccumulateRowsFn (&rows)[kMaxRows + 
       pr[i - t] = p + i * ldp;
       o[i - t] = out + i * dim;
     }
-    rows[t1 - t](pr, v, n, dim, o);
+    rows[t1 - t](pr, v, n, dim, o, g == 0 ? ahead : nullptr,
+                 g == 0 && ahead != nullptr ? ahead_rows : 0);
     t = t1;
   }
 }

@@ -517,7 +517,13 @@ TEST(KernelsTest, MultiQueryAttentionPrimitivesEqualSingleQueryOnes) {
           const auto q = Spread(rng, nq * head_dim), k = Spread(rng, n * head_dim);
           const int64_t ld = n + 3;
           std::vector<float> got(static_cast<size_t>(nq * ld), -1.0f), want = got;
-          backend->AttentionScoresMulti(q.data(), nq, k.data(), n, head_dim, scale, got.data(), ld);
+          // The rows read next, more or fewer than n of them: a hint that
+          // must not change a value.
+          const int64_t ahead_count = nq % 2 == 0 ? n + 3 : n / 2;
+          const auto ahead_rows = Spread(rng, ahead_count * head_dim);
+          const RowsAhead ahead{.rows = ahead_rows.data(), .count = ahead_count};
+          backend->AttentionScoresMulti(q.data(), nq, k.data(), n, head_dim, scale, got.data(), ld,
+                                        ahead);
           for (int64_t t = 0; t < nq; ++t) {
             backend->AttentionScores(q.data() + t * head_dim, k.data(), n, head_dim, scale,
                                      want.data() + t * ld);
@@ -537,7 +543,8 @@ TEST(KernelsTest, MultiQueryAttentionPrimitivesEqualSingleQueryOnes) {
 
           const auto v = Spread(rng, n * head_dim), init = Spread(rng, nq * head_dim);
           std::vector<float> out_got = init, out_want = init;
-          backend->AccumulateValuesMulti(got.data(), ld, nq, v.data(), n, head_dim, out_got.data());
+          backend->AccumulateValuesMulti(got.data(), ld, nq, v.data(), n, head_dim, out_got.data(),
+                                         ahead);
           for (int64_t t = 0; t < nq; ++t) {
             backend->AccumulateValues(want.data() + t * ld, v.data(), n, head_dim,
                                       out_want.data() + t * head_dim);
