@@ -8,33 +8,27 @@
 
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <string>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/loopback_server.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
 namespace vc::testing {
 
 class FakeKvStore final : public ::vericache::v1::KvStore::Service {
  public:
-  FakeKvStore() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
+  FakeKvStore() : loopback_(test_support::ServeOnLoopback(this)) {}
   ~FakeKvStore() override {
     stopping_ = true;
     // Calls still hanging are cancelled at the deadline.
-    if (server_ != nullptr)
-      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (loopback_.server != nullptr)
+      loopback_.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
-  bool started() const { return server_ != nullptr && port_ > 0; }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  bool started() const { return loopback_.server != nullptr && loopback_.port > 0; }
+  std::string address() const { return loopback_.address; }
 
   // Lookups and Gets answered UNAVAILABLE before the first real answer.
   std::atomic<int> unavailable{0};
@@ -74,9 +68,8 @@ class FakeKvStore final : public ::vericache::v1::KvStore::Service {
     return grpc::Status::OK;
   }
 
-  int port_ = 0;
   std::atomic<bool> stopping_{false};
-  std::unique_ptr<grpc::Server> server_;
+  test_support::LoopbackServer loopback_;
 };
 
 }  // namespace vc::testing
