@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -118,6 +119,9 @@ double Sample(const std::string& metrics, const std::string& series) {
 class WorkerFailoverTest : public ::testing::Test {
  protected:
   static constexpr int kPrompts = 8;
+  // Prompts shorter than a stored chunk, after the kPrompts: no stored
+  // prefix, so the coordinator places each request by its session.
+  static constexpr int kShortPrompts = 2;
   static constexpr int kMaxNew = 160;
 
   void SetUp() override {
@@ -135,8 +139,12 @@ class WorkerFailoverTest : public ::testing::Test {
       }
       prompts_.push_back(absl::StrJoin(ids, " "));
     }
+    for (int p = 0; p < kShortPrompts; ++p) {
+      const std::vector<std::string> ids = absl::StrSplit(prompts_[static_cast<size_t>(p)], ' ');
+      prompts_.push_back(absl::StrJoin(ids.begin(), ids.begin() + 40, " "));
+    }
     // The references: single-process full-KV decoding.
-    for (int p = 0; p < kPrompts; ++p) {
+    for (int p = 0; p < kPrompts + kShortPrompts; ++p) {
       CliRun ref;
       ref.args = absl::StrCat("generate --mode full --model ", clustertest::StoriesModelPath(),
                               " --prompt-ids \"", prompts_[p], "\" --max-new-tokens ", kMaxNew,
@@ -266,12 +274,21 @@ TEST_F(WorkerFailoverTest, KillADrafterAndAVerifierUnder24RequestsNoWrongTokens)
 
   // ... and the coordinator takes them back (its next health probe): a
   // wave over every prompt lands on both verifiers and both drafters, exact.
+  // A stored prefix's verifier is a hash of its key, and the keys are salted
+  // by the cluster's secret, so the 8 prompts' verifier requests all land on
+  // one verifier in about 1 cluster in 128 (seen once in CI); each wave's
+  // short prompts are placed by new sessions, which spread over the live
+  // verifiers whatever the salt.
   std::set<std::string> verifiers, drafters;
   for (int attempt = 0; attempt < 5 && (verifiers.size() < 2 || drafters.size() < 2); ++attempt) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     std::vector<std::pair<int, std::string>> wave3;
     for (int p = 0; p < kPrompts; ++p) wave3.push_back({p, p % 2 == 0 ? "vericache" : "full_local"});
     for (int p = 0; p < 4; ++p) wave3.push_back({p, "full_remote"});
+    for (int p = kPrompts; p < kPrompts + kShortPrompts; ++p) {
+      wave3.push_back({p, "full_local"});
+      wave3.push_back({p, "full_local"});
+    }
     std::vector<CliRun> runs3;
     Launch(wave3, &runs3, &threads, 200);
     for (auto& t : threads) t.join();
