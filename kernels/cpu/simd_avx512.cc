@@ -112,10 +112,18 @@ constexpr int64_t kL1AheadMulti = 64;
 // row at x + t * ldx). It also prefetches `pf_rows` (0..R) weight rows
 // starting at pf (rows of the next row group), one cache line per row per
 // step, and its own rows ahead into L1, so the weight stream from memory
-// overlaps the FMAs. A 1-token tile asks for the next rows into L2; a
-// multi-token tile, whose FMAs take long enough for them to arrive, into L1:
-// on Zen 5 prefetcht1 left those tiles waiting on L2 (a 9- and a 33-token
-// layer 5-10% slower, vc_matmul_bench). Prefetches never change a value.
+// overlaps the FMAs. A 1-token tile asks for the next rows into L2. A
+// multi-token tile, whose FMAs take long enough for them to arrive, asks
+// into L1 on AMD (on Zen 5 prefetcht1 left those tiles waiting on L2: a 9-
+// and a 33-token layer 5-10% slower, vc_matmul_bench) and into L2 on Intel
+// (on a Xeon, whose L1 has few fill buffers for a stream, a 9-token layer
+// 1.29-1.32x a 1-token one with L1, 1.20-1.23x with L2; docs/results.md
+// section 8). Prefetches never change a value.
+inline bool MultiTokenNextRowsToL2() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+}
+
 template <int R, int T>
 void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_t in, int64_t o0,
           int64_t ldy, float* y, const float* pf, int pf_rows) {
@@ -128,8 +136,9 @@ void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_
   // row, the matrix); the next rows' starts are in the next-rows prefetch's
   // care.
   const int64_t l1_end = in - kAhead;
-  auto next_rows = [](const float* p) {
-    if constexpr (T == 1) {
+  const bool next_to_l2 = T == 1 || MultiTokenNextRowsToL2();
+  auto next_rows = [next_to_l2](const float* p) {
+    if (next_to_l2) {
       PrefetchL2(p);
     } else {
       PrefetchL1(p);
