@@ -117,7 +117,7 @@ constexpr int64_t kL1AheadMulti = 64;
 // into L1 on AMD (on Zen 5 prefetcht1 left those tiles waiting on L2: a 9-
 // and a 33-token layer 5-10% slower, vc_matmul_bench) and into L2 on Intel
 // (on a Xeon, whose L1 has few fill buffers for a stream, a 9-token layer
-// 1.29-1.32x a 1-token one with L1, 1.20-1.23x with L2; docs/results.md
+// 1.29-1.38x a 1-token one with L1, 1.20-1.33x with L2; docs/results.md
 // section 8). Prefetches never change a value.
 inline bool MultiTokenNextRowsToL2() {
   static const bool intel = __builtin_cpu_is("intel");
@@ -137,7 +137,7 @@ void Tile(const float* x, int64_t ldx, const float* w, const float* bias, int64_
   // care.
   const int64_t l1_end = in - kAhead;
   const bool next_to_l2 = T == 1 || MultiTokenNextRowsToL2();
-  auto next_rows = [next_to_l2](const float* p) {
+  auto next_rows = [&](const float* p) {
     if (next_to_l2) {
       PrefetchL2(p);
     } else {
