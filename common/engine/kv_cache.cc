@@ -42,16 +42,18 @@ std::pair<int64_t, int64_t> RangeUnion(const SequenceKv::QueryBatch& b) {
   return lo < hi ? std::pair{lo, hi} : std::pair<int64_t, int64_t>{0, 0};
 }
 
-// Reads one byte of every 4 KiB page of [p, p + floats): the address
+// Reads one byte of every 4 KiB page of `rows` (of head_dim floats): the address
 // translations of a block's pages are then done, side by side, before the
 // kernels' loads need them. A head's rows in the next block are a whole
 // block further on, where neither the hardware prefetchers nor the
 // kernels' software prefetches (which do not wait for a page walk) reach;
 // under this VM's nested paging each new page stalled the first loads of
 // its rows (see docs/results.md section 8).
-void TouchPages(const float* p, int64_t floats) {
-  const auto* bytes = reinterpret_cast<const volatile char*>(p);
-  for (int64_t b = 0; b < floats * int64_t{sizeof(float)}; b += 4096) (void)bytes[b];
+void TouchPages(kernels::RowsAhead rows, int64_t head_dim) {
+  const auto* bytes = reinterpret_cast<const volatile char*>(rows.rows);
+  for (int64_t b = 0; b < rows.count * head_dim * int64_t{sizeof(float)}; b += 4096) {
+    (void)bytes[b];
+  }
 }
 
 }  // namespace
@@ -201,13 +203,6 @@ void PagedKvCache::MixValues(const kernels::KernelBackend& backend, int layer, i
   bytes_read_.fetch_add(range.count * head_dim_ * int64_t{sizeof(float)}, std::memory_order_relaxed);
 }
 
-void PagedKvCache::TouchBlock(int layer, bool value, int kv_head, int64_t first,
-                              int64_t end) const {
-  if (first >= end) return;
-  TouchPages(Row(layer, value, kv_head, static_cast<int32_t>(first) + first_position_),
-             std::min<int64_t>(end - first, block_tokens_) * head_dim_);
-}
-
 kernels::RowsAhead PagedKvCache::BlockAhead(int layer, bool value, int kv_head, int64_t first,
                                             int64_t end) const {
   if (first >= end) return {};
@@ -231,13 +226,14 @@ void PagedKvCache::ScoresBatch(const kernels::KernelBackend& backend, int layer,
         t1 = t + 1;
       }
     }
-    TouchBlock(layer, false, kv_head, i + n, hi);
+    const kernels::RowsAhead next_keys = BlockAhead(layer, false, kv_head, i + n, hi);
+    TouchPages(next_keys, head_dim_);
     if (t0 < t1) {
       // The kernel streams the next key block into L2 while it works on
       // this one, and after the last key block the first value block, which
       // MixValuesBatch reads next.
-      const kernels::RowsAhead ahead = i + n < hi ? BlockAhead(layer, false, kv_head, i + n, hi)
-                                                  : BlockAhead(layer, true, kv_head, lo, hi);
+      const kernels::RowsAhead ahead =
+          next_keys.rows != nullptr ? next_keys : BlockAhead(layer, true, kv_head, lo, hi);
       backend.AttentionScoresMulti(
           b.q + t0 * b.head_dim, t1 - t0,
           Row(layer, false, kv_head, static_cast<int32_t>(i) + first_position_), n, head_dim_,
@@ -256,9 +252,9 @@ void PagedKvCache::MixValuesBatch(const kernels::KernelBackend& backend, int lay
   for (int64_t i = lo; i < hi;) {
     const int64_t n = std::min<int64_t>(hi - i, block_tokens_ - i % block_tokens_);
     const float* v = Row(layer, true, kv_head, static_cast<int32_t>(i) + first_position_);
-    TouchBlock(layer, true, kv_head, i + n, hi);
     // The first whole-block call streams the next block into L2.
     kernels::RowsAhead ahead = BlockAhead(layer, true, kv_head, i + n, hi);
+    TouchPages(ahead, head_dim_);
     // Runs of consecutive queries that cover the whole block share one call.
     for (int64_t t = 0; t < b.count;) {
       const KeyRange& r = b.ranges[t];

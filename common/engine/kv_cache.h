@@ -146,11 +146,9 @@ class PagedKvCache final : public SequenceKv {
 
  private:
   float* Row(int layer, bool value, int kv_head, int32_t pos) const;
-  // Reads one byte of every page of a head's K (or V) rows of the block from
-  // stored index `first` (a block start) up to `end`; nothing if first >= end.
-  void TouchBlock(int layer, bool value, int kv_head, int64_t first, int64_t end) const;
   // The head's K (or V) rows of the block from stored index `first` up to
-  // `end`, as a hint for the attention kernels; empty if first >= end.
+  // `end`, which the batch walks touch (TouchPages) and hand the attention
+  // kernels as their next rows; empty if first >= end.
   kernels::RowsAhead BlockAhead(int layer, bool value, int kv_head, int64_t first,
                                 int64_t end) const;
 
