@@ -21,23 +21,13 @@
 #include "gtest/gtest.h"
 #include "tests/common/sampling/chi_square.h"
 #include "tests/sanitizer_scale.h"
+#include "tests/small_model_config.h"
 
 namespace vc::cluster {
 namespace {
 
 ModelConfig SmallConfig(int vocab = 48) {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = vocab;
-  c.max_seq_len = 128;
-  c.bos_id = 1;
-  c.eos_id = 2;
-  return c;
+  return test_support::SmallModelConfig({.vocab_size = vocab});
 }
 
 class RemoteSessionTest : public ::testing::Test {

@@ -17,11 +17,12 @@
 #include "absl/status/status.h"
 #include "common/compress/attention_stats.h"
 #include "common/engine/engine.h"
-#include "common/kvstore/chunk_key.h"
 #include "common/kvstore/chunk_codec.h"
+#include "common/kvstore/chunk_key.h"
 #include "common/kvstore/variant_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/small_model_config.h"
 
 namespace vc::ingest {
 namespace {
@@ -219,20 +220,7 @@ constexpr int kChunk = 16;
 constexpr int kChunks = 4;
 constexpr int32_t kPrefix = kChunk * kChunks;
 
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 64;
-  c.max_seq_len = 128;
-  c.bos_id = 1;
-  c.eos_id = 2;
-  return c;
-}
+ModelConfig SmallConfig() { return test_support::SmallModelConfig(); }
 
 struct Fixture {
   std::unique_ptr<Model> model;

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
+#include "tests/small_model_config.h"
 
 namespace vc {
 namespace {
@@ -30,16 +31,7 @@ constexpr int32_t kPrefix = 20;
 constexpr int32_t kTail = 6;
 
 ModelConfig Config() {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 32;
-  c.max_seq_len = 64;
-  return c;
+  return test_support::SmallModelConfig({.vocab_size = 32, .max_seq_len = 64, .hidden_dim = 64});
 }
 
 // Writes random K/V rows for positions [first, first + n) of `kv`.

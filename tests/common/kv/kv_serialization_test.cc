@@ -20,6 +20,7 @@
 #include "common/kv/row_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/small_model_config.h"
 
 namespace vc {
 namespace {
@@ -250,16 +251,7 @@ TEST(RowStoreSerializationTest, MalformedHeadersAreRejectedWithoutAllocating) {
 constexpr int32_t kPrefix = 20;
 
 ModelConfig Config() {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 32;
-  c.max_seq_len = 64;
-  return c;
+  return test_support::SmallModelConfig({.vocab_size = 32, .max_seq_len = 64, .hidden_dim = 64});
 }
 
 std::unique_ptr<PagedKvCache> RandomCache(const ModelConfig& c) {

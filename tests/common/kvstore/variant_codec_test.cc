@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
+#include "tests/small_model_config.h"
 
 namespace vc::kvstore {
 namespace {
@@ -33,20 +34,7 @@ using ::testing::HasSubstr;
 constexpr int32_t kPrefix = 96;
 constexpr int kWindow = 16;
 
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 64;
-  c.max_seq_len = 128;
-  c.bos_id = 1;
-  c.eos_id = 2;
-  return c;
-}
+ModelConfig SmallConfig() { return test_support::SmallModelConfig(); }
 
 // A random model's prefill of a random prompt, with its attention statistics.
 struct Prefilled {

@@ -8,24 +8,14 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/small_model_config.h"
 
 namespace vc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 64;
-  c.max_seq_len = 256;
-  return c;
-}
+ModelConfig SmallConfig() { return test_support::SmallModelConfig({.max_seq_len = 256}); }
 
 // A host cache of `tokens` positions with distinct values.
 std::unique_ptr<PagedKvCache> Filled(const ModelConfig& c, int tokens, float seed) {

@@ -12,26 +12,14 @@
 
 #include "common/decode/full_decode.h"
 #include "gtest/gtest.h"
+#include "tests/small_model_config.h"
 
 namespace vc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 64;
-  c.max_seq_len = 96;
-  c.bos_id = 1;
-  c.eos_id = 2;
-  return c;
-}
+ModelConfig SmallConfig() { return test_support::SmallModelConfig({.max_seq_len = 96}); }
 
 struct Fixture {
   std::unique_ptr<Model> model;
