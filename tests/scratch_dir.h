@@ -55,6 +55,14 @@ class ScratchDir {
     path.append(name);
     return path;
   }
+  // Makes directory `name` (and its parents) inside; returns its path.
+  std::string Subdir(std::string_view name) const {
+    const std::string path = *this / name;
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    if (ec) ADD_FAILURE() << "cannot make " << path << ": " << ec.message();
+    return path;
+  }
 
  private:
   std::string path_;

@@ -22,6 +22,7 @@
 #include "common/model/model.h"
 #include "gtest/gtest.h"
 #include "tests/common/model/hf_checkpoint_writer.h"
+#include "tests/scratch_dir.h"
 
 namespace vc {
 namespace {
@@ -104,7 +105,7 @@ TEST_P(ConvertCheckpointTest, Tinystories656KEqualsTheCxxRounding) {
   }
   const std::string name = GetParam();
   const Dtype dtype = *ParseDtype(name);
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string dst = tmp.path() + "/out";
   const RunResult r = RunScript(src + " " + dst + " --dtype " + name, tmp.path());
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
@@ -184,7 +185,7 @@ TEST_P(ConvertCheckpointTest, SpecialValuesAndShardsEqualTheCxxRounding) {
     std::memcpy(&f, &bits, 4);
     values.push_back(f);
   }
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string src = tmp.Subdir("src");
   testing::TestTensor a;
   a.name = "a";
@@ -243,7 +244,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ConvertCheckpointTest, ::testing::Values("bf16"
 // Bad input: one line on stderr naming the problem, and the exit code the
 // script documents (1 bad input, 2 bad usage, 3 output exists).
 TEST(ConvertCheckpointErrorsTest, BadInputGetsOneLineAndItsExitCode) {
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string ok = tmp.Subdir("ok");
   testing::WriteFile(ok + "/config.json", R"({"torch_dtype": "float32"})");
   testing::TestTensor t;

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -18,13 +18,14 @@
 
 #include "common/base/dtype.h"
 #include "common/engine/engine.h"
+#include "common/engine/kv_cache.h"
 #include "common/kvstore/chunk_codec.h"
 #include "common/kvstore/chunk_key.h"
-#include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
 #include "tests/common/model/hf_checkpoint_writer.h"
 #include "tests/reference/llama_ref_f64.h"
+#include "tests/scratch_dir.h"
 
 namespace vc {
 namespace {
@@ -37,7 +38,7 @@ struct Loaded {
 };
 
 Loaded WriteAndLoad(const nlohmann::json& config, WireDtype dtype, uint64_t seed,
-                    const testing::TempDir& tmp, const std::string& name) {
+                    const test_support::ScratchDir& tmp, const std::string& name) {
   const HfCheckpoint ck = testing::MakeCheckpoint(config, dtype, seed);
   const std::string dir = tmp.Subdir(name);
   testing::WriteCheckpoint(ck, dir);
@@ -101,7 +102,7 @@ class ModelDtypeTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ModelDtypeTest, NarrowWeightsEqualWideningAtLoad) {
   const Case& c = GetParam();
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   Loaded m = WriteAndLoad(c.config(), c.wire, 7, tmp, "ckpt");
   ASSERT_TRUE(m.narrow && m.wide);
   EXPECT_EQ(m.narrow->config().dtype, c.dtype);
@@ -127,7 +128,7 @@ TEST_P(ModelDtypeTest, NarrowWeightsEqualWideningAtLoad) {
 
 TEST_P(ModelDtypeTest, KvRowsAreRoundedToTheModelDtype) {
   const Case& c = GetParam();
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   Loaded m = WriteAndLoad(c.config(), c.wire, 9, tmp, "ckpt");
   ASSERT_TRUE(m.narrow);
   const ModelConfig& cfg = m.narrow->config();
@@ -158,7 +159,7 @@ TEST_P(ModelDtypeTest, KvRowsAreRoundedToTheModelDtype) {
 // so the bound 1e-5 separates them.
 TEST_P(ModelDtypeTest, MatchesRoundingFloat64Reference) {
   const Case& c = GetParam();
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   Loaded m = WriteAndLoad(c.config(), c.wire, 11, tmp, "ckpt");
   ASSERT_TRUE(m.narrow);
   const Model& model = *m.narrow;
@@ -253,7 +254,7 @@ TEST(Tinystories656KBf16Test, ConvertedCopyMatchesReferenceAndHalvesChunks) {
     b.shape = t.shape;
     ck.tensors.push_back(std::move(b));
   }
-  testing::TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string dst = tmp.Subdir("tinystories656K-bf16");
   testing::WriteCheckpoint(ck, dst);
   for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",

@@ -12,12 +12,12 @@
 #include "gtest/gtest.h"
 #include "tests/common/model/hf_checkpoint_writer.h"
 #include "tests/common/model/status_matchers.h"
+#include "tests/scratch_dir.h"
 
 namespace vc {
 namespace {
 
 using ::vc::testing::StatusIs;
-using ::vc::testing::TempDir;
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 
@@ -28,7 +28,7 @@ class GenerationConfigTest : public ::testing::Test {
     vc::testing::WriteFile(dir + "/generation_config.json", text);
     return LoadGenerationConfig(dir);
   }
-  TempDir tmp_;
+  test_support::ScratchDir tmp_{"vc_model_"};
   int next_ = 0;
 };
 

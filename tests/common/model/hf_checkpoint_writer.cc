@@ -1,10 +1,7 @@
 #include "tests/common/model/hf_checkpoint_writer.h"
 
-#include <stdlib.h>
-
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -307,8 +304,9 @@ std::string ShardName(int index, int count) {
   return buf;
 }
 
-void WriteSafetensors(const std::string& path, const std::vector<const TestTensor*>& tensors,
-                      int extra_header_padding, const std::map<std::string, std::string>& metadata) {
+std::string SafetensorsBytes(const std::vector<const TestTensor*>& tensors,
+                             int extra_header_padding,
+                             const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   header["__metadata__"] = {{"format", "pt"}};
   for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
@@ -328,7 +326,13 @@ void WriteSafetensors(const std::string& path, const std::vector<const TestTenso
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   out += text;
   for (const TestTensor* t : tensors) out += t->bytes;
-  WriteFile(path, out);
+  return out;
+}
+
+void WriteSafetensors(const std::string& path, const std::vector<const TestTensor*>& tensors,
+                      int extra_header_padding,
+                      const std::map<std::string, std::string>& metadata) {
+  WriteFile(path, SafetensorsBytes(tensors, extra_header_padding, metadata));
 }
 
 void WriteCheckpoint(const HfCheckpoint& ckpt, const std::string& dir,
@@ -398,24 +402,6 @@ WeightMatrix FindWeight(const Model& model, const std::string& name) {
   if (rest == "mlp.down_proj.weight") return lw.w2;
   if (rest == "mlp.up_proj.weight") return lw.w3;
   return nullptr;
-}
-
-TempDir::TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl = std::string(base != nullptr && *base ? base : "/tmp") + "/vc_model_XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + tmpl);
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string TempDir::Subdir(const std::string& name) const {
-  std::string p = path_ + "/" + name;
-  std::filesystem::create_directories(p);
-  return p;
 }
 
 }  // namespace vc::testing

@@ -68,7 +68,10 @@ struct WriteOptions {
 // Writes config.json and the weights into `dir` (which must exist).
 void WriteCheckpoint(const HfCheckpoint& ckpt, const std::string& dir,
                      const WriteOptions& options = {});
-// One safetensors file holding `tensors` in order.
+// One safetensors file holding `tensors` in order: its bytes, or written to `path`.
+std::string SafetensorsBytes(const std::vector<const TestTensor*>& tensors,
+                             int extra_header_padding = 0,
+                             const std::map<std::string, std::string>& metadata = {});
 void WriteSafetensors(const std::string& path, const std::vector<const TestTensor*>& tensors,
                       int extra_header_padding = 0,
                       const std::map<std::string, std::string>& metadata = {});
@@ -81,20 +84,5 @@ std::string ReadFile(const std::string& path);
 // The model's f32 weight under a Hugging Face tensor name; null if the model
 // exposes no such weight.
 WeightMatrix FindWeight(const Model& model, const std::string& hf_name);
-
-// A fresh directory under $TEST_TMPDIR (or /tmp), removed with its contents.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  // Creates `name` inside and returns its path.
-  std::string Subdir(const std::string& name) const;
-
- private:
-  std::string path_;
-};
 
 }  // namespace vc::testing

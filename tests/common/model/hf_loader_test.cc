@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/model/hf_checkpoint_writer.h"
 #include "tests/common/model/status_matchers.h"
+#include "tests/scratch_dir.h"
 
 namespace vc {
 namespace {
@@ -35,7 +36,6 @@ using ::vc::testing::MakeCheckpoint;
 using ::vc::testing::RandomTensor;
 using ::vc::testing::ShardName;
 using ::vc::testing::StatusIs;
-using ::vc::testing::TempDir;
 using ::vc::testing::TestTensor;
 using ::vc::testing::WireDtype;
 using ::vc::testing::WriteOptions;
@@ -144,7 +144,7 @@ class HfLoaderTest : public ::testing::Test {
     return WriteAndLoad(ck);
   }
 
-  TempDir tmp_;
+  test_support::ScratchDir tmp_{"vc_model_"};
   int next_ = 0;
 };
 

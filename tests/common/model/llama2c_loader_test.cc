@@ -12,13 +12,13 @@
 #include "gtest/gtest.h"
 #include "tests/common/model/hf_checkpoint_writer.h"
 #include "tests/common/model/status_matchers.h"
+#include "tests/scratch_dir.h"
 
 namespace vc {
 namespace {
 
 using ::vc::testing::ReadFile;
 using ::vc::testing::StatusIs;
-using ::vc::testing::TempDir;
 using ::vc::testing::WriteFile;
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
@@ -47,7 +47,7 @@ class Llama2cLoaderTest : public ::testing::Test {
   }
 
   std::string path_;
-  TempDir tmp_;
+  test_support::ScratchDir tmp_{"vc_model_"};
 };
 
 TEST_F(Llama2cLoaderTest, LoadsStories260K) {
@@ -143,7 +143,7 @@ TEST(RandomModelTest, TensorsStartOnCacheLines) {
 }
 
 TEST(Llama2cLoaderErrors, GarbageHeaderFailsCleanly) {
-  TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string path = tmp.path() + "/garbage.bin";
   WriteFile(path, std::string("this is not a llama2.c checkpoint, just some text") +
                       std::string(1000, 'x'));
@@ -163,7 +163,7 @@ TEST(Llama2cLoaderErrors, GarbageHeaderFailsCleanly) {
 // Found by fuzz_llama2c_loader (tests/fuzz/): the vocab field INT32_MIN was
 // negated before the header was checked (signed overflow, UBSan abort).
 TEST(Llama2cLoaderErrors, Int32MinHeaderFieldFailsCleanly) {
-  TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string path = tmp.path() + "/min.bin";
   for (int field = 0; field < 7; ++field) {
     int32_t header[7] = {8, 12, 1, 2, 2, 16, 8};
@@ -187,7 +187,7 @@ TEST(Llama2cLoaderErrors, Int32MinHeaderFieldFailsCleanly) {
 // 2^72 elements: the size arithmetic overflowed int64 before the file size
 // was compared. Now the file is simply too short for what it claims.
 TEST(Llama2cLoaderErrors, HugeShapeProductIsTruncationNotOverflow) {
-  TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   const std::string path = tmp.path() + "/huge.bin";
   const int32_t big = 1 << 24;
   const int32_t header[7] = {big, big, big, 1, 1, 16, 8};
@@ -198,7 +198,7 @@ TEST(Llama2cLoaderErrors, HugeShapeProductIsTruncationNotOverflow) {
 }
 
 TEST(Llama2cLoaderErrors, MissingFileIsNotFound) {
-  TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   EXPECT_THAT(Model::LoadLlama2c(tmp.path() + "/missing.bin"),
               StatusIs(absl::StatusCode::kNotFound, {"missing.bin"}));
   EXPECT_THAT(Model::Load(tmp.path() + "/missing.bin"),
@@ -206,7 +206,7 @@ TEST(Llama2cLoaderErrors, MissingFileIsNotFound) {
 }
 
 TEST(Llama2cLoaderErrors, LoadSendsDirectoriesToTheHuggingFaceLoader) {
-  TempDir tmp;
+  test_support::ScratchDir tmp("vc_model_");
   // An empty directory: the Hugging Face loader's complaint, not llama2.c's.
   EXPECT_THAT(Model::Load(tmp.path()), StatusIs(absl::StatusCode::kNotFound, {"config.json"}));
 }

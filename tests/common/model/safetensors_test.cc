@@ -12,12 +12,12 @@
 #include "gtest/gtest.h"
 #include "tests/common/model/hf_checkpoint_writer.h"
 #include "tests/common/model/status_matchers.h"
+#include "tests/scratch_dir.h"
 
 namespace vc::safetensors {
 namespace {
 
 using ::vc::testing::StatusIs;
-using ::vc::testing::TempDir;
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 
@@ -44,7 +44,7 @@ class SafetensorsTest : public ::testing::Test {
     return File::Open(path_);
   }
 
-  TempDir tmp_;
+  test_support::ScratchDir tmp_{"vc_model_"};
   std::string path_;
   int next_ = 0;
 };
