@@ -198,7 +198,19 @@ absl::StatusOr<std::unique_ptr<local::LocalCluster>> StartCluster(const ClusterS
 
 }  // namespace internal
 
-absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log) {
+absl::StatusOr<std::unique_ptr<LinkFaultNamespace>> LinkFaultNamespace::Enter() {
+  absl::StatusOr<std::unique_ptr<internal::LinkFaults>> links = internal::LinkFaults::Enter();
+  if (!links.ok()) return links.status();
+  return std::unique_ptr<LinkFaultNamespace>(new LinkFaultNamespace(std::move(*links)));
+}
+
+LinkFaultNamespace::LinkFaultNamespace(std::unique_ptr<internal::LinkFaults> links)
+    : links_(std::move(links)) {}
+
+LinkFaultNamespace::~LinkFaultNamespace() = default;
+
+absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log,
+                                     std::unique_ptr<LinkFaultNamespace> entered) {
   ChaosReport report;
   report.seed = internal::PickSeed(options.seed);
   log << "chaos: seed " << report.seed << " (replay with --seed " << report.seed << ")"
@@ -208,15 +220,16 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     return absl::InvalidArgumentError("--concurrency, --duration and --requests must be positive");
   }
   signal(SIGPIPE, SIG_IGN);
-  // First, before any thread that uses the network starts (unshare moves
-  // only the calling thread; threads started later inherit its namespace;
-  // the stop-signal thread of StopClustersOnSignal only signals and waits):
-  // the namespace the cluster and its link faults live in.
-  std::unique_ptr<internal::LinkFaults> links;
+  // First, before any thread that uses the network starts: the namespace
+  // the cluster and its link faults live in (LinkFaultNamespace).
+  internal::LinkFaults* links = nullptr;
   if (options.link_faults) {
-    absl::StatusOr<std::unique_ptr<internal::LinkFaults>> entered = internal::LinkFaults::Enter();
-    if (!entered.ok()) return entered.status();
-    links = std::move(*entered);
+    if (entered == nullptr) {
+      absl::StatusOr<std::unique_ptr<LinkFaultNamespace>> ns = LinkFaultNamespace::Enter();
+      if (!ns.ok()) return ns.status();
+      entered = std::move(*ns);
+    }
+    links = &entered->links();
     log << "chaos: link faults on: the cluster runs in a network namespace of its own "
            "(its loopback shaped with tc; nothing outside it is touched)"
         << std::endl;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -140,10 +141,36 @@ struct ChaosReport {
 };
 std::string SummaryLine(const ChaosReport& r);
 
+namespace internal {
+class LinkFaults;
+}
+
+// The network namespace of a --link-faults run, its loopback shaped with tc.
+// unshare moves only the calling thread (threads it starts later follow it;
+// threads started before stay outside), so it is entered while the process
+// runs one thread: `vericache chaos` enters it before it starts its
+// stop-signal thread and hands it to RunChaos.
+class LinkFaultNamespace {
+ public:
+  // FailedPrecondition without root, ip or tc, or once a second thread runs.
+  static absl::StatusOr<std::unique_ptr<LinkFaultNamespace>> Enter();
+  ~LinkFaultNamespace();
+  LinkFaultNamespace(const LinkFaultNamespace&) = delete;
+  LinkFaultNamespace& operator=(const LinkFaultNamespace&) = delete;
+
+  internal::LinkFaults& links() { return *links_; }
+
+ private:
+  explicit LinkFaultNamespace(std::unique_ptr<internal::LinkFaults> links);
+  std::unique_ptr<internal::LinkFaults> links_;
+};
+
 // Runs the whole thing; progress lines go to `log`. An error status only for
 // setup problems (no model, a daemon that never started); violations are in
-// the report.
-absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log);
+// the report. With options.link_faults the run uses `entered` if given,
+// else enters the namespace itself (the process must still run one thread).
+absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log,
+                                     std::unique_ptr<LinkFaultNamespace> entered = nullptr);
 
 struct SoakOptions {
   ClusterSetup setup;

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "common/base/flags.h"
@@ -115,8 +116,18 @@ int RunChaos(int argc, char** argv) {
   if (o.setup.cancel_fraction < 0 || o.setup.cancel_fraction > 1) {
     return BadInput(cmd, "--cancel-fraction must be in [0, 1]");
   }
+  // The namespace first: StopClustersOnSignal starts a thread, and a
+  // thread that runs before unshare stays outside the namespace (which
+  // LinkFaultNamespace refuses).
+  std::unique_ptr<chaos::LinkFaultNamespace> links;
+  if (o.link_faults) {
+    absl::StatusOr<std::unique_ptr<chaos::LinkFaultNamespace>> entered =
+        chaos::LinkFaultNamespace::Enter();
+    if (!entered.ok()) return Fail(cmd, entered.status());
+    links = std::move(*entered);
+  }
   local::StopClustersOnSignal("vericache " + cmd);
-  absl::StatusOr<chaos::ChaosReport> r = chaos::RunChaos(o, std::cerr);
+  absl::StatusOr<chaos::ChaosReport> r = chaos::RunChaos(o, std::cerr, std::move(links));
   if (!r.ok()) return Fail(cmd, r.status());
   std::printf("%s\n", chaos::SummaryLine(*r).c_str());
   std::fflush(stdout);

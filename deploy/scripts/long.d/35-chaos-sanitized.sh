@@ -7,7 +7,10 @@
 # when the request still comes out right. The tool fails the run on any
 # sanitizer report in a daemon's log (`crashes=N` in its summary), besides
 # its usual checks. Leak checking is off: daemons that are killed -9 or
-# stopped at the end of the run are not expected to free everything.
+# stopped at the end of the run are not expected to free everything. As
+# root with ip and tc, link cuts and throttles join the faults, as in
+# 30-chaos.sh (VC_CHAOS_LINK_FAULTS=0 turns them off): a data-plane transfer
+# torn or stalled mid-chunk is a failure path of its own.
 set -euo pipefail
 : "${REPO_ROOT:?}" "${VC_MODELS_DIR:?}"
 seed="${VC_CHAOS_SANITIZED_SEED:-3434}"
@@ -17,8 +20,15 @@ also=()
 for t in "${targets[@]}"; do also+=(--build-also "$t"); done
 bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only "${also[@]}"
 bin="$REPO_ROOT/build-fuzz/bin"
+link=()
+if [[ "${VC_CHAOS_LINK_FAULTS:-1}" != "0" && "$(id -u)" == "0" ]] &&
+  command -v ip >/dev/null && command -v tc >/dev/null; then
+  link=(--link-faults)
+else
+  echo "35-chaos-sanitized: link faults off (needs root, ip and tc; VC_CHAOS_LINK_FAULTS=${VC_CHAOS_LINK_FAULTS:-1})" >&2
+fi
 export ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:${UBSAN_OPTIONS:-}"
 exec "$bin/vericache" chaos --bin-dir "$bin" --seed "$seed" --duration "$seconds" \
   --faults 1000 --requests 1000000 --min-faults "${VC_CHAOS_SANITIZED_MIN_FAULTS:-20}" \
-  --min-requests "${VC_CHAOS_SANITIZED_MIN_REQUESTS:-500}"
+  --min-requests "${VC_CHAOS_SANITIZED_MIN_REQUESTS:-500}" "${link[@]}"
