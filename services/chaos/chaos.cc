@@ -210,7 +210,7 @@ LinkFaultNamespace::LinkFaultNamespace(std::unique_ptr<internal::LinkFaults> lin
 LinkFaultNamespace::~LinkFaultNamespace() = default;
 
 absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log,
-                                     std::unique_ptr<LinkFaultNamespace> entered) {
+                                     LinkFaultNamespace* ns) {
   ChaosReport report;
   report.seed = internal::PickSeed(options.seed);
   log << "chaos: seed " << report.seed << " (replay with --seed " << report.seed << ")"
@@ -220,16 +220,15 @@ absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& 
     return absl::InvalidArgumentError("--concurrency, --duration and --requests must be positive");
   }
   signal(SIGPIPE, SIG_IGN);
-  // First, before any thread that uses the network starts: the namespace
-  // the cluster and its link faults live in (LinkFaultNamespace).
+  // The namespace the cluster and its link faults live in, entered by the
+  // caller before any thread started (LinkFaultNamespace).
   internal::LinkFaults* links = nullptr;
   if (options.link_faults) {
-    if (entered == nullptr) {
-      absl::StatusOr<std::unique_ptr<LinkFaultNamespace>> ns = LinkFaultNamespace::Enter();
-      if (!ns.ok()) return ns.status();
-      entered = std::move(*ns);
+    if (ns == nullptr) {
+      return absl::FailedPreconditionError(
+          "--link-faults: the network namespace was not entered (LinkFaultNamespace::Enter)");
     }
-    links = &entered->links();
+    links = &ns->links();
     log << "chaos: link faults on: the cluster runs in a network namespace of its own "
            "(its loopback shaped with tc; nothing outside it is touched)"
         << std::endl;

@@ -149,7 +149,7 @@ class LinkFaults;
 // unshare moves only the calling thread (threads it starts later follow it;
 // threads started before stay outside), so it is entered while the process
 // runs one thread: `vericache chaos` enters it before it starts its
-// stop-signal thread and hands it to RunChaos.
+// stop-signal thread and lends it to RunChaos.
 class LinkFaultNamespace {
  public:
   // FailedPrecondition without root, ip or tc, or once a second thread runs.
@@ -167,10 +167,11 @@ class LinkFaultNamespace {
 
 // Runs the whole thing; progress lines go to `log`. An error status only for
 // setup problems (no model, a daemon that never started); violations are in
-// the report. With options.link_faults the run uses `entered` if given,
-// else enters the namespace itself (the process must still run one thread).
+// the report. With options.link_faults the cluster runs in `links`, which
+// the caller entered first and keeps until RunChaos returns
+// (FailedPrecondition without it).
 absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, std::ostream& log,
-                                     std::unique_ptr<LinkFaultNamespace> entered = nullptr);
+                                     LinkFaultNamespace* links = nullptr);
 
 struct SoakOptions {
   ClusterSetup setup;

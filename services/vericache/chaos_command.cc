@@ -127,7 +127,7 @@ int RunChaos(int argc, char** argv) {
     links = std::move(*entered);
   }
   local::StopClustersOnSignal("vericache " + cmd);
-  absl::StatusOr<chaos::ChaosReport> r = chaos::RunChaos(o, std::cerr, std::move(links));
+  absl::StatusOr<chaos::ChaosReport> r = chaos::RunChaos(o, std::cerr, links.get());
   if (!r.ok()) return Fail(cmd, r.status());
   std::printf("%s\n", chaos::SummaryLine(*r).c_str());
   std::fflush(stdout);
