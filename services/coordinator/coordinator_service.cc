@@ -772,10 +772,10 @@ Task<absl::Status> CoordinatorService::Serve(const pb::GenerateRequest& req, Req
   }
   VC_CO_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r.deadline));
   VC_CO_RETURN_IF_ERROR(co_await Admit(r));
-  absl::Status status = catalogue_->EnsureStored(plan, r);
+  absl::Status status = co_await catalogue_->EnsureStored(runner_, plan, r);
   if (status.ok()) status = co_await Run(plan, r, sink);
   if (!status.ok() && PrepareHeal(plan, r, status)) {
-    status = catalogue_->EnsureStored(plan, r);
+    status = co_await catalogue_->EnsureStored(runner_, plan, r);
     if (status.ok()) status = co_await Run(plan, r, sink);
   }
   ReleaseSessions(plan);
@@ -1021,7 +1021,7 @@ Task<absl::Status> CoordinatorService::Run(Plan& plan, Request& r, Sink* writer)
 Task<absl::Status> CoordinatorService::RunOnce(Plan& plan, Request& r, Sink* writer) {
   switch (r.mode) {
     case pb::MODE_FULL_LOCAL:
-      co_return RunFullLocal(runner_, plan, r, writer, false);
+      co_return co_await RunFullLocal(runner_, plan, r, writer, false);
     case pb::MODE_FULL_REMOTE:
     case pb::MODE_LOSSY_REMOTE:
       co_return co_await RunRemote(runner_, plan, r, writer);
@@ -1030,7 +1030,7 @@ Task<absl::Status> CoordinatorService::RunOnce(Plan& plan, Request& r, Sink* wri
         // No live drafter: the verifier decodes alone (a fallback).
         plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
         metrics_->fallbacks->Inc();
-        co_return RunFullLocal(runner_, plan, r, writer, false);
+        co_return co_await RunFullLocal(runner_, plan, r, writer, false);
       }
       co_return co_await RunVeriCache(runner_, plan, r, writer);
   }

@@ -126,8 +126,8 @@ absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::Tokens(const std::string& 
   return tokens;
 }
 
-absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
-  if (plan.prefix_tokens == 0) return absl::OkStatus();
+Task<absl::Status> PrefixCatalogue::EnsureStored(const RunnerContext& ctx, Plan& plan, Request& r) {
+  if (plan.prefix_tokens == 0) co_return absl::OkStatus();
   // The chunks and the request's variant (every mode ingests both, so a
   // later request over the same prefix finds its variant too).
   std::vector<std::string> keys = plan.chunk_keys;
@@ -136,8 +136,10 @@ absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
   // look again (a failed or narrower ingest is retried by the waiter).
   const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    VC_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys, StoreDeadline(r.deadline)));
-    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) return absl::OkStatus();
+    VC_CO_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys, StoreDeadline(r.deadline)));
+    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) {
+      co_return absl::OkStatus();
+    }
     std::shared_ptr<IngestWait> wait;
     bool mine = false;
     {
@@ -150,62 +152,34 @@ absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
       wait = slot;
     }
     if (!mine) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!wait->cv.wait_until(
-              lock,
-              std::min(r.deadline, Clock::now() + options_.rpc_timeout) + options_.rpc_timeout,
-              [&] { return wait->done; })) {
-        return absl::DeadlineExceededError("waiting for another request's ingest of this prefix");
+      const bool over = co_await AwaitSignal(
+          ctx,
+          [&](std::function<void()> signal) {
+            std::unique_lock<std::mutex> lock(mu_);
+            if (!wait->done) {
+              wait->waiting.push_back(std::move(signal));
+              return;
+            }
+            lock.unlock();
+            signal();
+          },
+          std::min(r.deadline, Clock::now() + options_.rpc_timeout) + options_.rpc_timeout);
+      if (!over) {
+        co_return absl::DeadlineExceededError(
+            "waiting for another request's ingest of this prefix");
       }
       continue;
     }
     Worker* ingest_on = nullptr;
-    absl::Status status = [&]() -> absl::Status {
-      VC_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
-      // Ingest on the verifier this prefix is placed on.
-      VC_ASSIGN_OR_RETURN(ingest_on, hooks_.place_verifier(plan.prefix_key));
-      Worker& v = *ingest_on;
-      pb::IngestRequest req;
-      for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
-      req.set_chunk_tokens(options_.chunk_tokens);
-      req.set_tenant_salt(plan.req.tenant_salt());
-      // The requested variant plus the configured defaults (without a
-      // duplicate of it).
-      std::string variants = options_.ingest_variants;
-      if (!plan.req.compressor().empty()) {
-        const CompressorOptions& c = plan.variant.compressor;
-        std::string spec = c.name;
-        auto compressor = CreateCompressor(c);
-        if (compressor.ok() && (*compressor)->info().takes_ratio)
-          absl::StrAppend(&spec, ":", c.ratio);
-        if (compressor.ok() && (*compressor)->info().takes_bits && c.bits > 0) {
-          absl::StrAppend(&spec, ":", c.bits);
-        }
-        const bool merged = ingest::ParseVariantList(absl::StrCat(spec, ",", variants)).ok();
-        variants = merged ? absl::StrCat(spec, ",", variants) : spec;
-      }
-      req.set_variants(variants);
-      req.set_draft_model_id(DraftModelRaw());
-      pb::IngestResponse resp;
-      const absl::Status s = CallIngest(v, r, req, &resp);
-      if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
-      admission_->ChargeStored(r.tenant, resp.bytes());
-      bool has_variant = false;
-      for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
-      if (!has_variant) {
-        return absl::InternalError(
-            absl::StrCat("ingest did not produce the variant ", plan.variant.compressor.name));
-      }
-      plan.totals.set_ingested(true);
-      return absl::OkStatus();
-    }();
+    absl::Status status = co_await Ingest(ctx, plan, r, &ingest_on);
+    std::vector<std::function<void()>> waiting;
     {
       std::lock_guard<std::mutex> lock(mu_);
       wait->done = true;
-      wait->status = status;
+      waiting.swap(wait->waiting);
       ingesting_.erase(ingest_key);
     }
-    wait->cv.notify_all();
+    for (auto& signal : waiting) signal();
     // The verifier died under the ingest: look again (the prefix may be
     // stored by now) and ingest on a live one.
     if (ingest_on != nullptr && IsWorkerLost(status) &&
@@ -214,9 +188,50 @@ absl::Status PrefixCatalogue::EnsureStored(Plan& plan, Request& r) {
       if (hooks_.on_retry) hooks_.on_retry();
       continue;
     }
-    return status;
+    co_return status;
   }
-  return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
+  co_return absl::UnavailableError("the prefix could not be stored (ingest kept failing)");
+}
+
+Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan, Request& r,
+                                           Worker** ingest_on) {
+  VC_CO_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
+  // Ingest on the verifier this prefix is placed on.
+  VC_CO_ASSIGN_OR_RETURN(*ingest_on, hooks_.place_verifier(plan.prefix_key));
+  Worker& v = **ingest_on;
+  pb::IngestRequest req;
+  for (int32_t i = 0; i < plan.prefix_tokens; ++i) req.add_tokens(plan.prompt[i]);
+  req.set_chunk_tokens(options_.chunk_tokens);
+  req.set_tenant_salt(plan.req.tenant_salt());
+  // The requested variant plus the configured defaults (without a
+  // duplicate of it).
+  std::string variants = options_.ingest_variants;
+  if (!plan.req.compressor().empty()) {
+    const CompressorOptions& c = plan.variant.compressor;
+    std::string spec = c.name;
+    auto compressor = CreateCompressor(c);
+    if (compressor.ok() && (*compressor)->info().takes_ratio) absl::StrAppend(&spec, ":", c.ratio);
+    if (compressor.ok() && (*compressor)->info().takes_bits && c.bits > 0) {
+      absl::StrAppend(&spec, ":", c.bits);
+    }
+    const bool merged = ingest::ParseVariantList(absl::StrCat(spec, ",", variants)).ok();
+    variants = merged ? absl::StrCat(spec, ",", variants) : spec;
+  }
+  req.set_variants(variants);
+  req.set_draft_model_id(DraftModelRaw());
+  pb::IngestResponse resp;
+  const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartIngest,
+                                            IngestCallOptions(r), req, &resp);
+  if (!s.ok()) co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
+  admission_->ChargeStored(r.tenant, resp.bytes());
+  bool has_variant = false;
+  for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
+  if (!has_variant) {
+    co_return absl::InternalError(
+        absl::StrCat("ingest did not produce the variant ", plan.variant.compressor.name));
+  }
+  plan.totals.set_ingested(true);
+  co_return absl::OkStatus();
 }
 
 Clock::time_point PrefixCatalogue::StoreDeadline(Clock::time_point deadline) const {
@@ -246,13 +261,12 @@ bool PrefixCatalogue::Missing(const Plan& plan, Clock::time_point deadline) {
   return hits.ok() && !AllTrue(*hits);
 }
 
-absl::Status PrefixCatalogue::CallIngest(Worker& v, const Request& r, const pb::IngestRequest& req,
-                                         pb::IngestResponse* resp) {
+WorkerCallOptions PrefixCatalogue::IngestCallOptions(const Request& r) const {
   // A child of the client's call: when the client cancels (or its deadline
   // passes) the ingest is cancelled too instead of running on for nobody.
   WorkerCallOptions o = CallWithin(options_.rpc_timeout * 6);
   o.parent = r.server_ctx;
-  return v.verifier->Ingest(o, req, resp);
+  return o;
 }
 
 absl::Status PrefixCatalogue::Register(const std::string& salt,
@@ -313,7 +327,7 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   ireq.set_variants(variants);
   ireq.set_draft_model_id(DraftModelRaw());
   pb::IngestResponse iresp;
-  absl::Status s = CallIngest(v, r, ireq, &iresp);
+  absl::Status s = v.verifier->Ingest(IngestCallOptions(r), ireq, &iresp);
   admission_->Leave(r.tenant, false);
   if (!s.ok()) {
     (void)hooks_.worker_failed(WorkerPool::kVerifier, v,

@@ -15,7 +15,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/task.h"
 #include "common/ingest/prefix_ingest.h"
 #include "common/kvstore/chunk_key.h"
 #include "services/coordinator/admission.h"
@@ -103,8 +103,12 @@ class PrefixCatalogue {
   absl::StatusOr<std::vector<int32_t>> Tokens(const std::string& prefix_id, const std::string& salt,
                                               Clock::time_point deadline);
   // The plan's chunks and variant are stored (ingested if not), within r's
-  // deadline; the ingest is charged to r's tenant.
-  absl::Status EnsureStored(Plan& plan, Request& r);
+  // deadline; the ingest is charged to r's tenant. A coroutine on ctx's
+  // executor that holds no thread while the verifier ingests or while it
+  // waits for another request's ingest of the same prefix (the store's
+  // lookups, bounded by rpc_timeout, are made on its thread). `ctx`, `plan`
+  // and `r` must outlive the task.
+  Task<absl::Status> EnsureStored(const RunnerContext& ctx, Plan& plan, Request& r);
   // True when the store answers (by `deadline`, the request's) and one of
   // the plan's entries is missing (evicted, or quarantined for failing its
   // seal).
@@ -121,14 +125,17 @@ class PrefixCatalogue {
                       vericache::v1::ManagePrefixResponse* resp, Clock::time_point deadline);
 
  private:
+  // An ingest in flight, and what to signal when it is over (mu_ guards
+  // both).
   struct IngestWait {
     bool done = false;
-    absl::Status status;
-    std::condition_variable cv;
+    std::vector<std::function<void()>> waiting;
   };
-  // Verifier Ingest on r's behalf: cancelled with its caller.
-  absl::Status CallIngest(Worker& v, const Request& r, const vericache::v1::IngestRequest& req,
-                          vericache::v1::IngestResponse* resp);
+  // The ingest of EnsureStored; *ingest_on: the verifier it was sent to
+  // (null if none was placed).
+  Task<absl::Status> Ingest(const RunnerContext& ctx, Plan& plan, Request& r, Worker** ingest_on);
+  // A verifier Ingest on r's behalf: cancelled with its caller.
+  WorkerCallOptions IngestCallOptions(const Request& r) const;
   kvstore::ChunkKeyOptions KeyOptions(const std::string& salt) const;
   // A store call's deadline on behalf of a request whose own is `deadline`:
   // the earlier of it and rpc_timeout from now.

@@ -73,6 +73,35 @@ WorkerCallOptions RunnerContext::CallOptions(const Request& r) const {
   return o;
 }
 
+Task<bool> AwaitSignal(const RunnerContext& ctx,
+                       const std::function<void(std::function<void()> signal)>& arm,
+                       Clock::time_point wake) {
+  // The first of the signal and the timer resumes; the other finds `fired`
+  // set (and the timer is cancelled once resumed: Suspend resumes only after
+  // the lambda has returned, so `timer` is set by then).
+  struct Race {
+    std::atomic<bool> fired{false};
+    std::atomic<bool> signalled{false};
+    std::function<void()> resume;
+  };
+  auto race = std::make_shared<Race>();
+  SlotClock::NotifyId timer = 0;
+  co_await Suspend(ctx.executor, [&](auto resume) {
+    race->resume = resume;
+    arm([race] {
+      if (!race->fired.exchange(true)) {
+        race->signalled = true;
+        race->resume();
+      }
+    });
+    timer = ctx.clock->NotifyAt(wake, [race](bool) {
+      if (!race->fired.exchange(true)) race->resume();
+    });
+  });
+  ctx.clock->CancelNotify(timer);
+  co_return race->signalled.load();
+}
+
 namespace {
 
 bool Retryable(const absl::Status& s) {
@@ -168,25 +197,8 @@ Task<bool> AwaitSlot(const RunnerContext& ctx, int64_t slot, double offset_secon
 // Suspends the runner until `lease` has a message to read (or has ended),
 // or until `wake`, whichever comes first.
 Task<bool> AwaitLease(const RunnerContext& ctx, LeaseStream& lease, Clock::time_point wake) {
-  // The first of the two callbacks resumes; the other finds `fired` set
-  // (and the timer is cancelled once resumed: Suspend resumes only after
-  // the lambda has returned, so `timer` is set by then).
-  struct Race {
-    std::atomic<bool> fired{false};
-    std::function<void()> resume;
-  };
-  auto race = std::make_shared<Race>();
-  SlotClock::NotifyId timer = 0;
-  co_await Suspend(ctx.executor, [&](auto resume) {
-    race->resume = resume;
-    auto fire = [race] {
-      if (!race->fired.exchange(true)) race->resume();
-    };
-    lease.OnReady(fire);
-    timer = ctx.clock->NotifyAt(wake, [fire](bool) { fire(); });
-  });
-  ctx.clock->CancelNotify(timer);
-  co_return true;
+  co_return co_await AwaitSignal(
+      ctx, [&lease](std::function<void()> signal) { lease.OnReady(std::move(signal)); }, wake);
 }
 
 // Books `bytes` on the slow link's ring and waits for the booking's first
@@ -233,7 +245,8 @@ Task<absl::Status> BookedDrafterOpen(const RunnerContext& ctx, const Plan& plan,
     VC_CO_RETURN_IF_ERROR(co_await AwaitSlowLinkSlot(ctx, r, bytes, "drafter Open", &booking_id));
   }
   *sent = true;
-  absl::Status s = d.drafter->Open(ctx.CallOptions(r), req, resp);
+  absl::Status s =
+      co_await AwaitCall(ctx, *d.drafter, &DrafterClient::StartOpen, ctx.CallOptions(r), req, resp);
   if (!s.ok()) co_return s;
   // A fetched variant's exact size, for the next Open of it.
   if (!req.full_prefix() && resp->prefix_bytes() > 0 && ctx.variant_sizes != nullptr) {
@@ -340,7 +353,8 @@ void SetOnlineUpdate(const pb::GenerateRequest& gen, int32_t prefix_tokens,
 
 // Opens the plan's session on its verifier (`resident`: the prefix stays
 // loaded for the whole session, full_local).
-absl::Status OpenVerifier(const RunnerContext& ctx, Plan& plan, const Request& r, bool resident) {
+Task<absl::Status> OpenVerifier(const RunnerContext& ctx, Plan& plan, const Request& r,
+                                bool resident) {
   Worker& v = *plan.verifier;
   pb::VerifierOpenRequest req;
   req.set_session_id(plan.session);
@@ -350,14 +364,15 @@ absl::Status OpenVerifier(const RunnerContext& ctx, Plan& plan, const Request& r
   if (resident) req.set_resident(true);
   req.set_tenant_salt(plan.req.tenant_salt());
   pb::VerifierOpenResponse resp;
-  const absl::Status s = v.verifier->Open(ctx.CallOptions(r), req, &resp);
+  const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartOpen,
+                                            ctx.CallOptions(r), req, &resp);
   if (!s.ok()) {
     ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
-    return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
+    co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
   }
   plan.verifier_open = true;
   ++v.active;
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 // Appends verified tokens (up to EOS / max_new_tokens) and streams them.
@@ -861,7 +876,7 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
   const int32_t n = static_cast<int32_t>(plan.prompt.size());
   // Open both sessions; the drafter starts drafting as soon as its
   // compressed prefix has arrived over the slow link.
-  VC_CO_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/false));
+  VC_CO_RETURN_IF_ERROR(co_await OpenVerifier(ctx, plan, r, /*resident=*/false));
   bool drafter_ok = true;
   {
     pb::DrafterOpenRequest req;
@@ -959,7 +974,8 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
         pb::LoadRequest req;
         req.set_session_id(plan.session);
         pb::LoadResponse resp;
-        const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
+        const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartLoad,
+                                                  ctx.CallOptions(r), req, &resp);
         if (!s.ok()) {
           round_status = WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
         } else {
@@ -1012,7 +1028,8 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
       WorkerCallOptions round_call = ctx.CallOptions(r);
       round_call.deadline = std::min(
           r.deadline, round_call.deadline + std::chrono::microseconds(rreq.refresh_delay_us()));
-      const absl::Status rs = v.verifier->Round(round_call, rreq, &rresp);
+      const absl::Status rs = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartRound,
+                                                 round_call, rreq, &rresp);
       if (verify.held) (void)ctx.clock->Release(*verify.held);
       if (refresh_booking && rs.ok()) {
         // Now that their size is known (0: none were sent), the rows keep
@@ -1045,7 +1062,8 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
       req.set_min_tokens(take);
       req.set_lookahead(plan.x);
       pb::DraftResponse resp;
-      const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
+      const absl::Status s = co_await AwaitCall(ctx, *d.drafter, &DrafterClient::StartDraft,
+                                                ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
         if (verify.held) (void)ctx.clock->Release(*verify.held);
@@ -1064,7 +1082,8 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
     vreq.set_skip_refresh(!ctx.options.kv_refresh);
     pb::VerifyResponse vresp;
     const auto t0 = Clock::now();
-    const absl::Status vs = v.verifier->Verify(ctx.CallOptions(r), vreq, &vresp);
+    const absl::Status vs = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartVerify,
+                                               ctx.CallOptions(r), vreq, &vresp);
     if (verify.held) (void)ctx.clock->Release(*verify.held);
     if (!vs.ok()) {
       // Without the verifier nothing can be verified: fail cleanly (every
@@ -1104,7 +1123,8 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
         plan.totals.set_refresh_bytes(plan.totals.refresh_bytes() + refresh_bytes);
       }
       pb::CommitResponse resp;
-      const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), req, &resp);
+      const absl::Status s = co_await AwaitCall(ctx, *d.drafter, &DrafterClient::StartCommit,
+                                                ctx.CallOptions(r), req, &resp);
       if (!s.ok()) {
         absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
         VC_CO_RETURN_IF_ERROR(drop_drafter(st));
@@ -1123,13 +1143,13 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
     plan.drafter_open = false;
     --d.active;
   }
-  co_return RunFullLocal(ctx, plan, r, writer, true);
+  co_return co_await RunFullLocal(ctx, plan, r, writer, true);
 }
 
 // ------------------------------------------------------------ full_local
 
-absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer,
-                          bool already_open) {
+Task<absl::Status> RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* writer,
+                                bool already_open) {
   Worker& v = *plan.verifier;
   // The prefix stays loaded for the whole session: keep that memory out of
   // what the scheduler books reloads into, until the session ends.
@@ -1141,30 +1161,34 @@ absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink
   };
   UpdateGauges(ctx);
   if (!already_open) {
-    VC_RETURN_IF_ERROR(OpenVerifier(ctx, plan, r, /*resident=*/true));
+    VC_CO_RETURN_IF_ERROR(co_await OpenVerifier(ctx, plan, r, /*resident=*/true));
   } else {
     pb::LoadRequest req;
     req.set_session_id(plan.session);
     req.set_resident(true);
     pb::LoadResponse resp;
-    const absl::Status s = v.verifier->Load(ctx.CallOptions(r), req, &resp);
-    if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
+    const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartLoad,
+                                              ctx.CallOptions(r), req, &resp);
+    if (!s.ok()) co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Load"));
   }
   while (true) {
-    if (r.gone()) return absl::CancelledError("request cancelled");
-    if (Clock::now() >= r.deadline) return absl::DeadlineExceededError("request deadline passed");
+    if (r.gone()) co_return absl::CancelledError("request cancelled");
+    if (Clock::now() >= r.deadline) {
+      co_return absl::DeadlineExceededError("request deadline passed");
+    }
     pb::VerifyRequest req;
     req.set_session_id(plan.session);
     pb::VerifyResponse resp;
     const auto t0 = Clock::now();
-    const absl::Status s = v.verifier->Verify(ctx.CallOptions(r), req, &resp);
-    if (!s.ok()) return WithCallName(s, absl::StrCat("verifier ", v.address, " Verify"));
+    const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartVerify,
+                                              ctx.CallOptions(r), req, &resp);
+    if (!s.ok()) co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Verify"));
     pb::RoundStats round;
     round.set_verify_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     round.set_batch_requests(resp.batch_requests());
     round.set_fallback(already_open);
     std::vector<int32_t> tokens(resp.tokens().begin(), resp.tokens().end());
-    if (!Emit(ctx, plan, r, tokens, round, writer)) return absl::OkStatus();
+    if (!Emit(ctx, plan, r, tokens, round, writer)) co_return absl::OkStatus();
   }
 }
 
@@ -1220,7 +1244,8 @@ Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, S
     req.set_min_tokens(1);
     pb::DraftResponse resp;
     {
-      const absl::Status s = d.drafter->Draft(ctx.CallOptions(r), req, &resp);
+      const absl::Status s = co_await AwaitCall(ctx, *d.drafter, &DrafterClient::StartDraft,
+                                                ctx.CallOptions(r), req, &resp);
       if (!s.ok()) co_return WithCallName(s, absl::StrCat("drafter ", d.address, " Draft"));
     }
     // These tokens are final: the drafter's own choices are the output.
@@ -1230,7 +1255,8 @@ Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, S
     for (int32_t t : tokens) creq.add_tokens(t);
     pb::CommitResponse cresp;
     {
-      const absl::Status s = d.drafter->Commit(ctx.CallOptions(r), creq, &cresp);
+      const absl::Status s = co_await AwaitCall(ctx, *d.drafter, &DrafterClient::StartCommit,
+                                                ctx.CallOptions(r), creq, &cresp);
       if (!s.ok()) co_return WithCallName(s, absl::StrCat("drafter ", d.address, " Commit"));
     }
     NoteDrafterCommit(cresp, &plan.totals);

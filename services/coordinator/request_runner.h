@@ -214,19 +214,45 @@ struct RunnerContext {
   WorkerCallOptions CallOptions(const Request& r) const;
 };
 
+// `(client.*start)(o, req, resp, done)`, a worker call of worker_client.h's
+// Start* kind, awaited without holding a thread: the caller is suspended
+// until the call's status comes and continues on ctx.executor.
+template <typename Client, typename Req, typename Resp>
+Task<absl::Status> AwaitCall(const RunnerContext& ctx, Client& client,
+                             void (Client::*start)(const WorkerCallOptions&, const Req&, Resp*,
+                                                   CallDone),
+                             WorkerCallOptions o, const Req& req, Resp* resp) {
+  absl::Status status;
+  co_await Suspend(ctx.executor, [&](auto resume) {
+    (client.*start)(o, req, resp, [&status, resume](absl::Status s) {
+      status = std::move(s);  // read once resumed: the executor's queue orders it
+      resume();
+    });
+  });
+  co_return status;
+}
+
+// Suspends the caller until a signal or `wake` (or the clock's Stop),
+// whichever comes first; it continues on ctx.executor. `arm(signal)` hands
+// `signal` to whatever will give it: it may be called from any thread, at
+// once (inside `arm`), more than once, and after the wait has ended (to no
+// effect). True when the signal came first.
+Task<bool> AwaitSignal(const RunnerContext& ctx,
+                       const std::function<void(std::function<void()> signal)>& arm,
+                       Clock::time_point wake);
+
 // The runners are coroutines (common/base/task.h): a request waiting for a
-// slot, or for its lease's next message, is suspended and holds no thread;
-// it continues on ctx.executor. Their calls to workers are synchronous
-// (bounded by rpc_timeout) and hold the executor's thread while they run.
-// `ctx`, `plan`, `r` and `sink` must outlive the task.
+// slot, for its lease's next message or for a worker's answer (the Start*
+// calls of worker_client.h, each bounded by rpc_timeout) is suspended and
+// holds no thread; it continues on ctx.executor. `ctx`, `plan`, `r` and
+// `sink` must outlive the task.
 //
 // vericache mode; falls back to RunFullLocal on the same verifier session.
 Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
 // full_local mode, and the fallback (`already_open`: the verifier session of
-// a vericache run, now loaded resident). No waits but its worker calls:
-// an ordinary function.
-absl::Status RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink,
-                          bool already_open);
+// a vericache run, now loaded resident).
+Task<absl::Status> RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink,
+                                bool already_open);
 // full_remote and lossy_remote modes.
 Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
 

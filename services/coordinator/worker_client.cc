@@ -38,16 +38,32 @@ std::unique_ptr<grpc::ClientContext> ContextFor(const WorkerCallOptions& o) {
   return ctx;
 }
 
-// One unary call on `stub`, its grpc::Status as an absl::Status (code and
-// message unchanged).
+// `s` as an absl::Status (code and message unchanged).
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())),
+                      s.error_message());
+}
+
+// One unary call on `stub`.
 template <typename Stub, typename Req, typename Resp>
 absl::Status Call(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
                   const WorkerCallOptions& o, const Req& req, Resp* resp) {
   auto ctx = ContextFor(o);
-  const grpc::Status s = (stub.*method)(ctx.get(), req, resp);
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())),
-                      s.error_message());
+  return FromGrpc((stub.*method)(ctx.get(), req, resp));
+}
+
+// One unary call on gRPC's callback API: `start(context, on_done)` starts
+// it (a `stub.async()->Method`); the context lives until the call has
+// ended, and is gone before `done` hears how.
+template <typename Start>
+void StartCall(const WorkerCallOptions& o, Start start, CallDone done) {
+  std::shared_ptr<grpc::ClientContext> ctx = ContextFor(o);
+  grpc::ClientContext* raw = ctx.get();
+  start(raw, [ctx = std::move(ctx), done = std::move(done)](const grpc::Status& s) mutable {
+    ctx.reset();
+    done(FromGrpc(s));
+  });
 }
 
 // What both kinds of worker answer, over `Service`'s stub.
@@ -238,6 +254,41 @@ class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier>
   absl::StatusOr<std::unique_ptr<LeaseStream>> OpenLease(const WorkerCallOptions& o) override {
     return std::make_unique<GrpcLeaseStream>(WorkerStub(), o);
   }
+  void StartOpen(const WorkerCallOptions& o, const pb::VerifierOpenRequest& req,
+                 pb::VerifierOpenResponse* resp, CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Open(c, &req, resp, on_done); },
+        std::move(done));
+  }
+  void StartLoad(const WorkerCallOptions& o, const pb::LoadRequest& req, pb::LoadResponse* resp,
+                 CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Load(c, &req, resp, on_done); },
+        std::move(done));
+  }
+  void StartVerify(const WorkerCallOptions& o, const pb::VerifyRequest& req,
+                   pb::VerifyResponse* resp, CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Verify(c, &req, resp, on_done); },
+        std::move(done));
+  }
+  void StartRound(const WorkerCallOptions& o, const pb::RoundRequest& req, pb::RoundResponse* resp,
+                  CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Round(c, &req, resp, on_done); },
+        std::move(done));
+  }
+  void StartIngest(const WorkerCallOptions& o, const pb::IngestRequest& req,
+                   pb::IngestResponse* resp, CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Ingest(c, &req, resp, on_done); },
+        std::move(done));
+  }
+
+ private:
+  class pb::Verifier::Stub::async* Async() {
+    return WorkerStub().async();
+  }
 };
 
 class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
@@ -254,6 +305,29 @@ class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
   absl::Status Commit(const WorkerCallOptions& o, const pb::CommitRequest& req,
                       pb::CommitResponse* resp) override {
     return Call(WorkerStub(), &pb::Drafter::Stub::Commit, o, req, resp);
+  }
+  void StartOpen(const WorkerCallOptions& o, const pb::DrafterOpenRequest& req,
+                 pb::DrafterOpenResponse* resp, CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Open(c, &req, resp, on_done); },
+        std::move(done));
+  }
+  void StartDraft(const WorkerCallOptions& o, const pb::DraftRequest& req, pb::DraftResponse* resp,
+                  CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Draft(c, &req, resp, on_done); },
+        std::move(done));
+  }
+  void StartCommit(const WorkerCallOptions& o, const pb::CommitRequest& req,
+                   pb::CommitResponse* resp, CallDone done) override {
+    StartCall(
+        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Commit(c, &req, resp, on_done); },
+        std::move(done));
+  }
+
+ private:
+  class pb::Drafter::Stub::async* Async() {
+    return WorkerStub().async();
   }
 };
 

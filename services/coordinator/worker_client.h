@@ -42,6 +42,12 @@ WorkerCallOptions CallWithin(std::chrono::milliseconds timeout);
 // `s` with "`what`: " before its message (OK stays OK).
 absl::Status WithCallName(const absl::Status& s, const std::string& what);
 
+// How a call started with one of the Start* methods below ends: called
+// exactly once with the call's status, on a gRPC thread, or (a client with
+// no asynchronous path) on the caller's thread before Start* returns. The
+// request and response passed to Start* must stay valid until then.
+using CallDone = std::function<void(absl::Status)>;
+
 // The calls both kinds of worker answer.
 class WorkerClient {
  public:
@@ -100,6 +106,31 @@ class VerifierClient : public WorkerClient {
     (void)o;
     return absl::UnimplementedError("this verifier client has no leases");
   }
+
+  // The calls a request's runner awaits (request_runner.h), started without
+  // holding the caller's thread while they are in flight: the gRPC client
+  // makes them on gRPC's callback API. The defaults make the synchronous
+  // call on the caller's thread (the unit tests' fakes).
+  virtual void StartOpen(const WorkerCallOptions& o, const vericache::v1::VerifierOpenRequest& req,
+                         vericache::v1::VerifierOpenResponse* resp, CallDone done) {
+    done(Open(o, req, resp));
+  }
+  virtual void StartLoad(const WorkerCallOptions& o, const vericache::v1::LoadRequest& req,
+                         vericache::v1::LoadResponse* resp, CallDone done) {
+    done(Load(o, req, resp));
+  }
+  virtual void StartVerify(const WorkerCallOptions& o, const vericache::v1::VerifyRequest& req,
+                           vericache::v1::VerifyResponse* resp, CallDone done) {
+    done(Verify(o, req, resp));
+  }
+  virtual void StartRound(const WorkerCallOptions& o, const vericache::v1::RoundRequest& req,
+                          vericache::v1::RoundResponse* resp, CallDone done) {
+    done(Round(o, req, resp));
+  }
+  virtual void StartIngest(const WorkerCallOptions& o, const vericache::v1::IngestRequest& req,
+                           vericache::v1::IngestResponse* resp, CallDone done) {
+    done(Ingest(o, req, resp));
+  }
 };
 
 class DrafterClient : public WorkerClient {
@@ -111,6 +142,20 @@ class DrafterClient : public WorkerClient {
                              vericache::v1::DraftResponse* resp) = 0;
   virtual absl::Status Commit(const WorkerCallOptions& o, const vericache::v1::CommitRequest& req,
                               vericache::v1::CommitResponse* resp) = 0;
+
+  // As VerifierClient's Start* calls.
+  virtual void StartOpen(const WorkerCallOptions& o, const vericache::v1::DrafterOpenRequest& req,
+                         vericache::v1::DrafterOpenResponse* resp, CallDone done) {
+    done(Open(o, req, resp));
+  }
+  virtual void StartDraft(const WorkerCallOptions& o, const vericache::v1::DraftRequest& req,
+                          vericache::v1::DraftResponse* resp, CallDone done) {
+    done(Draft(o, req, resp));
+  }
+  virtual void StartCommit(const WorkerCallOptions& o, const vericache::v1::CommitRequest& req,
+                           vericache::v1::CommitResponse* resp, CallDone done) {
+    done(Commit(o, req, resp));
+  }
 };
 
 // The gRPC implementations: one channel per worker (TLS when `tls` names

@@ -1,6 +1,7 @@
 // The prefix catalogue over a fake store (a map) and fake verifiers whose
 // Ingest writes the keys the real one would: one ingest for concurrent
-// requests over a prefix, a verifier that dies under an ingest replaced by
+// requests over a prefix (the ingest and the waits for it holding no
+// thread), a verifier that dies under an ingest replaced by
 // another, the tenant's stored-bytes budget, and register / look up / pin /
 // delete with another tenant's id answering like an unknown one. Every store
 // call gets the request's deadline, cut to the rpc timeout: over the fake,
@@ -8,10 +9,14 @@
 #include "services/coordinator/prefix_catalogue.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -73,7 +78,9 @@ class FakeStore final : public CatalogueStore {
   std::vector<Clock::time_point> deadlines;
 };
 
-// Ingest stores the chunks and variants the request names, as the verifier does.
+// Ingest stores the chunks and variants the request names, as the verifier
+// does. While `hold` is set an ingest is not answered: a synchronous one
+// waits, one started with StartIngest is kept; Release answers them.
 class FakeVerifier final : public FakeVerifierBase {
  public:
   FakeVerifier(std::string address, FakeStore* store)
@@ -81,7 +88,40 @@ class FakeVerifier final : public FakeVerifierBase {
   absl::Status Ingest(const WorkerCallOptions&, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
     ++ingests;
-    while (hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    {
+      std::unique_lock<std::mutex> lock(hold_mu_);
+      hold_cv_.wait(lock, [&] { return !hold; });
+    }
+    return Answer(req, resp);
+  }
+  void StartIngest(const WorkerCallOptions& o, const pb::IngestRequest& req,
+                   pb::IngestResponse* resp, CallDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(hold_mu_);
+      if (hold) {
+        ++ingests;
+        held_.push_back([this, &req, resp, done] { done(Answer(req, resp)); });
+        return;
+      }
+    }
+    done(Ingest(o, req, resp));
+  }
+  void Release() {
+    std::vector<std::function<void()>> held;
+    {
+      std::lock_guard<std::mutex> lock(hold_mu_);
+      hold = false;
+      held.swap(held_);
+    }
+    hold_cv_.notify_all();
+    for (auto& answer : held) answer();
+  }
+  std::atomic<int> ingests{0};
+  bool hold = false;  // set before the ingests; cleared by Release
+  std::optional<absl::Status> fail;
+
+ private:
+  absl::Status Answer(const pb::IngestRequest& req, pb::IngestResponse* resp) {
     if (fail.has_value()) return *fail;
     kvstore::ChunkKeyOptions ko;
     ko.chunk_tokens = req.chunk_tokens();
@@ -101,16 +141,30 @@ class FakeVerifier final : public FakeVerifierBase {
     resp->set_bytes(int64_t{100} * req.tokens_size());
     return absl::OkStatus();
   }
-  std::atomic<int> ingests{0};
-  std::atomic<bool> hold{false};
-  std::optional<absl::Status> fail;
 
- private:
   FakeStore* store_;
+  std::mutex hold_mu_;
+  std::condition_variable hold_cv_;
+  std::vector<std::function<void()>> held_;  // StartIngest's answers, kept
 };
+
+// The slot clock and executor EnsureStored waits on.
+RunnerContext MakeContext(Executor* executor, std::unique_ptr<SlotClock>* clock) {
+  RingSchedulerOptions ro;
+  ro.slot_seconds = 0.001;
+  ro.links = {RingLink{.name = "fast"}, RingLink{.name = "slow"}};
+  ro.gpus = {RingGpu{.name = "v0", .transient_capacity_bytes = 1 << 20}};
+  *clock = std::move(SlotClock::Create(ro)).value();
+  RunnerContext ctx;
+  ctx.clock = clock->get();
+  ctx.executor = executor;
+  return ctx;
+}
 
 class CatalogueTest : public ::testing::Test {
  protected:
+  CatalogueTest() : ctx_(MakeContext(&executor_, &clock_)) {}
+  ~CatalogueTest() override { clock_->Stop(); }
   void SetUp() override { Make(AdmissionOptions{}); }
   void Make(AdmissionOptions ao) {
     admission_ = std::make_unique<AdmissionController>(ao);
@@ -167,6 +221,14 @@ class CatalogueTest : public ::testing::Test {
   }
   static Clock::time_point Later() { return Clock::now() + std::chrono::minutes(5); }
 
+  // EnsureStored, waited for on this thread.
+  absl::Status Store(Plan& plan, Request& r) {
+    return BlockOn(catalogue_->EnsureStored(ctx_, plan, r));
+  }
+
+  Executor executor_;
+  std::unique_ptr<SlotClock> clock_;
+  RunnerContext ctx_;
   FakeStore store_;
   std::unique_ptr<AdmissionController> admission_;
   std::unique_ptr<Worker> workers_[2];
@@ -184,12 +246,12 @@ TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
   Init(ra);
   Init(rb);
   absl::Status sa, sb;
-  std::thread ta([&] { sa = catalogue_->EnsureStored(a, ra); });
+  std::thread ta([&] { sa = Store(a, ra); });
   while (fakes_[0]->ingests.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::thread tb([&] { sb = catalogue_->EnsureStored(b, rb); });
+  std::thread tb([&] { sb = Store(b, rb); });
   std::this_thread::sleep_for(
       std::chrono::milliseconds(100));  // b (most likely) waits for a's ingest
-  fakes_[0]->hold = false;
+  fakes_[0]->Release();
   ta.join();
   tb.join();
   EXPECT_TRUE(sa.ok()) << sa;
@@ -201,9 +263,67 @@ TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
   Plan c = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 11});
   Request rc;
   Init(rc);
-  EXPECT_TRUE(catalogue_->EnsureStored(c, rc).ok());
+  EXPECT_TRUE(Store(c, rc).ok());
   EXPECT_EQ(fakes_[0]->ingests.load(), 1);
   EXPECT_FALSE(c.totals.ingested());
+}
+
+// Ingests are awaited, not waited on: with one executor thread, a request
+// whose ingest the verifier has not answered yet, and another waiting for
+// that ingest, are suspended, and a third over a stored prefix runs to its
+// end on that thread meanwhile. A synchronous ingest (or wait) held the only
+// thread until the answer came.
+TEST_F(CatalogueTest, RequestsWaitingOnAnIngestHoldNoThread) {
+  Plan stored = PlanFor({9, 9, 9, 9, 9});
+  Request rs;
+  Init(rs);
+  ASSERT_TRUE(Store(stored, rs).ok());
+  Executor one(ExecutorOptions{.max_threads = 1});
+  ctx_.executor = &one;
+  fakes_[0]->hold = true;
+  Plan a = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Plan b = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 10});
+  Plan c = PlanFor({9, 9, 9, 9, 9});
+  Request ra, rb, rc;
+  Init(ra);
+  Init(rb);
+  Init(rc);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<absl::Status> done_a, done_b, done_c;
+  auto run = [&](Plan& p, Request& r, std::optional<absl::Status>* done) {
+    one.Post([&, done] {
+      Spawn(catalogue_->EnsureStored(ctx_, p, r), [&, done](const absl::Status& s) {
+        std::lock_guard<std::mutex> lock(mu);
+        *done = s;
+        cv.notify_all();
+      });
+    });
+  };
+  run(a, ra, &done_a);
+  run(b, rb, &done_b);
+  run(c, rc, &done_c);
+  bool c_done = false, a_or_b_done = false;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    c_done = cv.wait_for(lock, std::chrono::seconds(20), [&] { return done_c.has_value(); });
+    a_or_b_done = done_a.has_value() || done_b.has_value();
+  }
+  fakes_[0]->Release();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(60),
+                [&] { return done_a.has_value() && done_b.has_value() && done_c.has_value(); });
+  }
+  EXPECT_TRUE(c_done) << "the stored prefix's request did not run while the others waited";
+  EXPECT_FALSE(a_or_b_done) << "the ingest was held";
+  for (const auto* done : {&done_a, &done_b, &done_c}) {
+    EXPECT_TRUE(done->has_value() && (*done)->ok()) << done->value_or(absl::OkStatus());
+  }
+  EXPECT_EQ(fakes_[0]->ingests.load(), 2) << "the stored prefix's, then a's (b waited for it)";
+  EXPECT_TRUE(a.totals.ingested());
+  EXPECT_FALSE(b.totals.ingested());
+  ctx_.executor = &executor_;
 }
 
 TEST_F(CatalogueTest, AVerifierThatDiesUnderTheIngestIsReplaced) {
@@ -211,7 +331,7 @@ TEST_F(CatalogueTest, AVerifierThatDiesUnderTheIngestIsReplaced) {
   Plan p = PlanFor({1, 2, 3, 4, 5});
   Request r;
   Init(r);
-  const absl::Status s = catalogue_->EnsureStored(p, r);
+  const absl::Status s = Store(p, r);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(retries_, 1);
   EXPECT_EQ(fakes_[1]->ingests.load(), 1);
@@ -222,7 +342,7 @@ TEST_F(CatalogueTest, AFailedIngestNamesTheVerifier) {
   Plan p = PlanFor({1, 2, 3, 4, 5});
   Request r;
   Init(r);
-  const absl::Status s = catalogue_->EnsureStored(p, r);
+  const absl::Status s = Store(p, r);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "verifier v0:1 Ingest: bad variant");
   EXPECT_TRUE(catalogue_->Missing(p, Later()));
@@ -233,14 +353,14 @@ TEST_F(CatalogueTest, ATenantOverItsStoredBytesIsRefusedBeforeTheIngest) {
   Plan p = PlanFor({1, 2, 3, 4, 5});
   Request r;
   Init(r, "a");
-  ASSERT_TRUE(catalogue_->EnsureStored(p, r).ok());
+  ASSERT_TRUE(Store(p, r).ok());
   Plan q = PlanFor({9, 9, 9, 9, 9});
-  const absl::Status s = catalogue_->EnsureStored(q, r);
+  const absl::Status s = Store(q, r);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(fakes_[0]->ingests.load(), 1);
   Request other;
   Init(other, "b");
-  EXPECT_TRUE(catalogue_->EnsureStored(q, other).ok()) << "another tenant has its own budget";
+  EXPECT_TRUE(Store(q, other).ok()) << "another tenant has its own budget";
 }
 
 TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
@@ -294,7 +414,7 @@ TEST_F(CatalogueTest, StoreCallsEndByTheRequestDeadlineCutToTheRpcTimeout) {
   Request r;
   Init(r);
   r.deadline = Clock::now() + std::chrono::seconds(2);
-  ASSERT_TRUE(catalogue_->EnsureStored(p, r).ok());
+  ASSERT_TRUE(Store(p, r).ok());
   ASSERT_FALSE(store_.deadlines.empty());
   for (const Clock::time_point d : store_.deadlines) EXPECT_EQ(d, r.deadline);
 
@@ -346,7 +466,10 @@ TEST(CatalogueDeadlineTest, ARequestWithTwoSecondsLeftDoesNotWaitTenOnAStoreThat
   r.tenant = "t";
   Clock::time_point start = Clock::now();
   r.deadline = start + kLeft;
-  const absl::Status stored = catalogue.EnsureStored(plan, r);
+  Executor executor;
+  std::unique_ptr<SlotClock> clock;
+  const RunnerContext ctx = MakeContext(&executor, &clock);
+  const absl::Status stored = BlockOn(catalogue.EnsureStored(ctx, plan, r));
   Clock::duration took = Clock::now() - start;
   EXPECT_EQ(stored.code(), absl::StatusCode::kDeadlineExceeded) << stored;
   EXPECT_GE(took, kLeft - std::chrono::milliseconds(50));
@@ -360,6 +483,7 @@ TEST(CatalogueDeadlineTest, ARequestWithTwoSecondsLeftDoesNotWaitTenOnAStoreThat
   EXPECT_GE(took, kLeft - std::chrono::milliseconds(50));
   EXPECT_LT(took, kMost);
   EXPECT_GE(server.calls.load(), 2);
+  clock->Stop();
 }
 
 }  // namespace
