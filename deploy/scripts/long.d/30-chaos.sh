@@ -13,13 +13,9 @@ set -euo pipefail
 : "${VC_BUILD_DIR:?}"
 seed="${VC_CHAOS_SEED:-424242}"
 seconds="${VC_CHAOS_SECONDS:-600}"
-link=()
-if [[ "${VC_CHAOS_LINK_FAULTS:-1}" != "0" && "$(id -u)" == "0" ]] &&
-  command -v ip >/dev/null && command -v tc >/dev/null; then
-  link=(--link-faults)
-else
-  echo "30-chaos: link faults off (needs root, ip and tc; VC_CHAOS_LINK_FAULTS=${VC_CHAOS_LINK_FAULTS:-1})" >&2
-fi
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/link_faults.bash"
+mapfile -t link < <(link_fault_flags 30-chaos)
 exec "$VC_BUILD_DIR/bin/vericache" chaos --seed "$seed" --duration "$seconds" \
   --faults 1000 --requests 1000000 --min-faults "${VC_CHAOS_MIN_FAULTS:-100}" \
   --min-requests "${VC_CHAOS_MIN_REQUESTS:-2000}" "${link[@]}"

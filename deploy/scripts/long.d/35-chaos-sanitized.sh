@@ -20,13 +20,9 @@ also=()
 for t in "${targets[@]}"; do also+=(--build-also "$t"); done
 bash "$REPO_ROOT/deploy/scripts/fuzz.sh" --build-only "${also[@]}"
 bin="$REPO_ROOT/build-fuzz/bin"
-link=()
-if [[ "${VC_CHAOS_LINK_FAULTS:-1}" != "0" && "$(id -u)" == "0" ]] &&
-  command -v ip >/dev/null && command -v tc >/dev/null; then
-  link=(--link-faults)
-else
-  echo "35-chaos-sanitized: link faults off (needs root, ip and tc; VC_CHAOS_LINK_FAULTS=${VC_CHAOS_LINK_FAULTS:-1})" >&2
-fi
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/link_faults.bash"
+mapfile -t link < <(link_fault_flags 35-chaos-sanitized)
 export ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:${UBSAN_OPTIONS:-}"
 exec "$bin/vericache" chaos --bin-dir "$bin" --seed "$seed" --duration "$seconds" \
