@@ -80,7 +80,7 @@ class FakeStore final : public CatalogueStore {
 
 // Ingest stores the chunks and variants the request names, as the verifier
 // does. While `hold` is set an ingest is not answered: a synchronous one
-// waits, one started with StartIngest is kept; Release answers them.
+// waits, one started with StartIngest is kept; AnswerHeld answers them.
 class FakeVerifier final : public FakeVerifierBase {
  public:
   FakeVerifier(std::string address, FakeStore* store)
@@ -106,7 +106,7 @@ class FakeVerifier final : public FakeVerifierBase {
     }
     done(Ingest(o, req, resp));
   }
-  void Release() {
+  void AnswerHeld() {
     std::vector<std::function<void()>> held;
     {
       std::lock_guard<std::mutex> lock(hold_mu_);
@@ -251,7 +251,7 @@ TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
   std::thread tb([&] { sb = Store(b, rb); });
   std::this_thread::sleep_for(
       std::chrono::milliseconds(100));  // b (most likely) waits for a's ingest
-  fakes_[0]->Release();
+  fakes_[0]->AnswerHeld();
   ta.join();
   tb.join();
   EXPECT_TRUE(sa.ok()) << sa;
@@ -309,7 +309,7 @@ TEST_F(CatalogueTest, RequestsWaitingOnAnIngestHoldNoThread) {
     c_done = cv.wait_for(lock, std::chrono::seconds(20), [&] { return done_c.has_value(); });
     a_or_b_done = done_a.has_value() || done_b.has_value();
   }
-  fakes_[0]->Release();
+  fakes_[0]->AnswerHeld();
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, std::chrono::seconds(60),
