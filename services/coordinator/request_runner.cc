@@ -73,6 +73,18 @@ WorkerCallOptions RunnerContext::CallOptions(const Request& r) const {
   return o;
 }
 
+Task<absl::Status> AwaitStartedCall(const RunnerContext& ctx,
+                                    std::function<void(CallDone done)> start) {
+  absl::Status status;
+  co_await Suspend(ctx.executor, [&](auto resume) {
+    start([&status, resume](absl::Status s) {
+      status = std::move(s);  // read once resumed: the executor's queue orders it
+      resume();
+    });
+  });
+  co_return status;
+}
+
 Task<bool> AwaitSignal(const RunnerContext& ctx,
                        const std::function<void(std::function<void()> signal)>& arm,
                        Clock::time_point wake) {

@@ -214,22 +214,24 @@ struct RunnerContext {
   WorkerCallOptions CallOptions(const Request& r) const;
 };
 
-// `(client.*start)(o, req, resp, done)`, a worker call of worker_client.h's
-// Start* kind, awaited without holding a thread: the caller is suspended
-// until the call's status comes and continues on ctx.executor.
+// A worker call started by `start(done)`, awaited without holding a
+// thread: the caller is suspended until `done` has its status and continues
+// on ctx.executor.
+Task<absl::Status> AwaitStartedCall(const RunnerContext& ctx,
+                                    std::function<void(CallDone done)> start);
+
+// `(client.*start)(o, req, resp, done)`, a call of worker_client.h's Start*
+// kind, awaited as AwaitStartedCall. (Not a coroutine itself: clang 14 with
+// ASan failed to assemble template coroutines, "Cannot represent a
+// difference across sections".)
 template <typename Client, typename Req, typename Resp>
 Task<absl::Status> AwaitCall(const RunnerContext& ctx, Client& client,
                              void (Client::*start)(const WorkerCallOptions&, const Req&, Resp*,
                                                    CallDone),
-                             WorkerCallOptions o, const Req& req, Resp* resp) {
-  absl::Status status;
-  co_await Suspend(ctx.executor, [&](auto resume) {
-    (client.*start)(o, req, resp, [&status, resume](absl::Status s) {
-      status = std::move(s);  // read once resumed: the executor's queue orders it
-      resume();
-    });
+                             const WorkerCallOptions& o, const Req& req, Resp* resp) {
+  return AwaitStartedCall(ctx, [&client, start, o, &req, resp](CallDone done) {
+    (client.*start)(o, req, resp, std::move(done));
   });
-  co_return status;
 }
 
 // Suspends the caller until a signal or `wake` (or the clock's Stop),
