@@ -198,8 +198,11 @@ def compile_database_without_pch(build_dir, out_dir):
 
 
 def tidy_one(build_dir, path):
-    proc = subprocess.run([CLANG_TIDY, "-p", build_dir, "--quiet", path], cwd=REPO,
-                          capture_output=True, text=True)
+    # -Werror as CI's build (VC_WERROR=ON) has it: clang-diagnostic findings
+    # that are only warnings in a build without it (-Woverloaded-virtual, for
+    # one) show up as errors in CI, so a local run shows them too.
+    proc = subprocess.run([CLANG_TIDY, "-p", build_dir, "--quiet", "--extra-arg=-Werror", path],
+                          cwd=REPO, capture_output=True, text=True)
     findings = []
     for line in proc.stdout.splitlines():
         m = TIDY_FINDING.match(line)
