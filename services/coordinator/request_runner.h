@@ -221,7 +221,8 @@ Task<absl::Status> AwaitStartedCall(const RunnerContext& ctx,
                                     std::function<void(CallDone done)> start);
 
 // `(client.*start)(o, req, resp, done)`, a call of worker_client.h's Start*
-// kind, awaited as AwaitStartedCall. (Not a coroutine itself: clang 14 with
+// kind, awaited as AwaitStartedCall; `client`, `req` and `resp` must outlive
+// the task (co_await it at once). (Not a coroutine itself: clang 14 with
 // ASan failed to assemble template coroutines, "Cannot represent a
 // difference across sections".)
 template <typename Client, typename Req, typename Resp>
