@@ -53,17 +53,22 @@ absl::Status Call(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*,
   return FromGrpc((stub.*method)(ctx.get(), req, resp));
 }
 
-// One unary call on gRPC's callback API: `start(context, on_done)` starts
-// it (a `stub.async()->Method`); the context lives until the call has
-// ended, and is gone before `done` hears how.
-template <typename Start>
-void StartCall(const WorkerCallOptions& o, Start start, CallDone done) {
+// One unary call on gRPC's callback API (`stub.async()->*method`, as Call
+// makes `stub.*method`); the context lives until the call has ended, and is
+// gone before `done` hears how.
+template <typename Stub, typename Req, typename Resp>
+void StartCall(Stub& stub,
+               void (Stub::StubInterface::async_interface::*method)(
+                   grpc::ClientContext*, const Req*, Resp*, std::function<void(grpc::Status)>),
+               const WorkerCallOptions& o, const Req& req, Resp* resp, CallDone done) {
   std::shared_ptr<grpc::ClientContext> ctx = ContextFor(o);
   grpc::ClientContext* raw = ctx.get();
-  start(raw, [ctx = std::move(ctx), done = std::move(done)](const grpc::Status& s) mutable {
-    ctx.reset();
-    done(FromGrpc(s));
-  });
+  (stub.async()->*method)(
+      raw, &req, resp,
+      [ctx = std::move(ctx), done = std::move(done)](const grpc::Status& s) mutable {
+        ctx.reset();
+        done(FromGrpc(s));
+      });
 }
 
 // What both kinds of worker answer, over `Service`'s stub.
@@ -256,39 +261,27 @@ class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier>
   }
   void StartOpen(const WorkerCallOptions& o, const pb::VerifierOpenRequest& req,
                  pb::VerifierOpenResponse* resp, CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Open(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Open, o, req, resp, std::move(done));
   }
   void StartLoad(const WorkerCallOptions& o, const pb::LoadRequest& req, pb::LoadResponse* resp,
                  CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Load(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Load, o, req, resp, std::move(done));
   }
   void StartVerify(const WorkerCallOptions& o, const pb::VerifyRequest& req,
                    pb::VerifyResponse* resp, CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Verify(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Verify, o, req, resp, std::move(done));
   }
   void StartRound(const WorkerCallOptions& o, const pb::RoundRequest& req, pb::RoundResponse* resp,
                   CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Round(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Round, o, req, resp, std::move(done));
   }
   void StartIngest(const WorkerCallOptions& o, const pb::IngestRequest& req,
                    pb::IngestResponse* resp, CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Ingest(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Ingest, o, req, resp, std::move(done));
   }
 
  private:
-  class pb::Verifier::Stub::async* Async() {
-    return WorkerStub().async();
-  }
+  using Async = pb::Verifier::StubInterface::async_interface;
 };
 
 class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
@@ -308,27 +301,19 @@ class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
   }
   void StartOpen(const WorkerCallOptions& o, const pb::DrafterOpenRequest& req,
                  pb::DrafterOpenResponse* resp, CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Open(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Open, o, req, resp, std::move(done));
   }
   void StartDraft(const WorkerCallOptions& o, const pb::DraftRequest& req, pb::DraftResponse* resp,
                   CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Draft(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Draft, o, req, resp, std::move(done));
   }
   void StartCommit(const WorkerCallOptions& o, const pb::CommitRequest& req,
                    pb::CommitResponse* resp, CallDone done) override {
-    StartCall(
-        o, [&](grpc::ClientContext* c, auto on_done) { Async()->Commit(c, &req, resp, on_done); },
-        std::move(done));
+    StartCall(WorkerStub(), &Async::Commit, o, req, resp, std::move(done));
   }
 
  private:
-  class pb::Drafter::Stub::async* Async() {
-    return WorkerStub().async();
-  }
+  using Async = pb::Drafter::StubInterface::async_interface;
 };
 
 }  // namespace
