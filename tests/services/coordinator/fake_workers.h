@@ -3,12 +3,55 @@
 // overrides the calls it exercises.
 #pragma once
 
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "services/coordinator/worker_client.h"
 
 namespace vc::coordinator {
+
+// Answers a fake holds back from Hold until Release: a synchronous call
+// waits in WaitWhileHeld, an asynchronous one (a Start* call) hands its
+// answer to Keep; Release makes the kept answers on the releasing thread.
+class HeldAnswers {
+ public:
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = true;
+  }
+  // True: `answer` is kept for Release. False (not held): the caller
+  // answers now.
+  bool Keep(std::function<void()> answer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!held_) return false;
+    kept_.push_back(std::move(answer));
+    return true;
+  }
+  void WaitWhileHeld() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !held_; });
+  }
+  void Release() {
+    std::vector<std::function<void()>> kept;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ = false;
+      kept.swap(kept_);
+    }
+    cv_.notify_all();
+    for (auto& answer : kept) answer();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+  std::vector<std::function<void()>> kept_;
+};
 
 // Info and Release of either kind of worker.
 template <typename Client>

@@ -79,8 +79,7 @@ class FakeStore final : public CatalogueStore {
 };
 
 // Ingest stores the chunks and variants the request names, as the verifier
-// does. While `hold` is set an ingest is not answered: a synchronous one
-// waits, one started with StartIngest is kept; AnswerHeld answers them.
+// does; while `held` holds, its answers wait for held.Release.
 class FakeVerifier final : public FakeVerifierBase {
  public:
   FakeVerifier(std::string address, FakeStore* store)
@@ -88,36 +87,19 @@ class FakeVerifier final : public FakeVerifierBase {
   absl::Status Ingest(const WorkerCallOptions&, const pb::IngestRequest& req,
                       pb::IngestResponse* resp) override {
     ++ingests;
-    {
-      std::unique_lock<std::mutex> lock(hold_mu_);
-      hold_cv_.wait(lock, [&] { return !hold; });
-    }
+    held.WaitWhileHeld();
     return Answer(req, resp);
   }
   void StartIngest(const WorkerCallOptions& o, const pb::IngestRequest& req,
                    pb::IngestResponse* resp, CallDone done) override {
-    {
-      std::lock_guard<std::mutex> lock(hold_mu_);
-      if (hold) {
-        ++ingests;
-        held_.push_back([this, &req, resp, done] { done(Answer(req, resp)); });
-        return;
-      }
+    if (held.Keep([this, &req, resp, done] { done(Answer(req, resp)); })) {
+      ++ingests;
+      return;
     }
     done(Ingest(o, req, resp));
   }
-  void AnswerHeld() {
-    std::vector<std::function<void()>> held;
-    {
-      std::lock_guard<std::mutex> lock(hold_mu_);
-      hold = false;
-      held.swap(held_);
-    }
-    hold_cv_.notify_all();
-    for (auto& answer : held) answer();
-  }
   std::atomic<int> ingests{0};
-  bool hold = false;  // set before the ingests; cleared by Release
+  HeldAnswers held;
   std::optional<absl::Status> fail;
 
  private:
@@ -143,9 +125,6 @@ class FakeVerifier final : public FakeVerifierBase {
   }
 
   FakeStore* store_;
-  std::mutex hold_mu_;
-  std::condition_variable hold_cv_;
-  std::vector<std::function<void()>> held_;  // StartIngest's answers, kept
 };
 
 // The slot clock and executor EnsureStored waits on.
@@ -239,7 +218,7 @@ class CatalogueTest : public ::testing::Test {
 };
 
 TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
-  fakes_[0]->hold = true;
+  fakes_[0]->held.Hold();
   Plan a = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 9});
   Plan b = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 10});
   Request ra, rb;
@@ -251,7 +230,7 @@ TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
   std::thread tb([&] { sb = Store(b, rb); });
   std::this_thread::sleep_for(
       std::chrono::milliseconds(100));  // b (most likely) waits for a's ingest
-  fakes_[0]->AnswerHeld();
+  fakes_[0]->held.Release();
   ta.join();
   tb.join();
   EXPECT_TRUE(sa.ok()) << sa;
@@ -280,7 +259,7 @@ TEST_F(CatalogueTest, RequestsWaitingOnAnIngestHoldNoThread) {
   ASSERT_TRUE(Store(stored, rs).ok());
   Executor one(ExecutorOptions{.max_threads = 1});
   ctx_.executor = &one;
-  fakes_[0]->hold = true;
+  fakes_[0]->held.Hold();
   Plan a = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 9});
   Plan b = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 10});
   Plan c = PlanFor({9, 9, 9, 9, 9});
@@ -309,7 +288,7 @@ TEST_F(CatalogueTest, RequestsWaitingOnAnIngestHoldNoThread) {
     c_done = cv.wait_for(lock, std::chrono::seconds(20), [&] { return done_c.has_value(); });
     a_or_b_done = done_a.has_value() || done_b.has_value();
   }
-  fakes_[0]->AnswerHeld();
+  fakes_[0]->held.Release();
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, std::chrono::seconds(60),

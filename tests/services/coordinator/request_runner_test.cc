@@ -61,33 +61,17 @@ class FakeVerifier final : public FakeVerifierBase {
   absl::Status Open(const WorkerCallOptions&, const pb::VerifierOpenRequest& req,
                     pb::VerifierOpenResponse*) override {
     calls_->Add(req.resident() ? "v.OpenResident" : "v.Open");
-    // With hold_open, a synchronous Open answers only once released.
-    std::unique_lock<std::mutex> lock(hold_mu_);
-    hold_cv_.wait(lock, [&] { return !hold_open; });
+    held_opens.WaitWhileHeld();
     return absl::OkStatus();
   }
-  // With hold_open, the answer waits for ReleaseOpen, on the test's thread.
+  // While held_opens holds, the answer waits for its Release.
   void StartOpen(const WorkerCallOptions& o, const pb::VerifierOpenRequest& req,
                  pb::VerifierOpenResponse* resp, CallDone done) override {
-    {
-      std::lock_guard<std::mutex> lock(hold_mu_);
-      if (hold_open) {
-        calls_->Add(req.resident() ? "v.OpenResident" : "v.Open");
-        held_.push_back(std::move(done));
-        return;
-      }
+    if (held_opens.Keep([done] { done(absl::OkStatus()); })) {
+      calls_->Add(req.resident() ? "v.OpenResident" : "v.Open");
+      return;
     }
     done(Open(o, req, resp));
-  }
-  void ReleaseOpen() {
-    std::vector<CallDone> held;
-    {
-      std::lock_guard<std::mutex> lock(hold_mu_);
-      hold_open = false;
-      held.swap(held_);
-    }
-    hold_cv_.notify_all();
-    for (CallDone& done : held) done(absl::OkStatus());
   }
   absl::Status Load(const WorkerCallOptions&, const pb::LoadRequest& req,
                     pb::LoadResponse*) override {
@@ -127,14 +111,11 @@ class FakeVerifier final : public FakeVerifierBase {
   int refresh_bytes_per_token = 100;  // the refresh rows' size
   FakeDrafter* peer = nullptr;
   std::vector<pb::RoundRequest> rounds;  // as received
-  bool hold_open = false;                // set before the run; cleared by ReleaseOpen
+  HeldAnswers held_opens;                // Open's answers
 
  private:
   Calls* calls_;
   int64_t pos_ = 0;
-  std::mutex hold_mu_;
-  std::condition_variable hold_cv_;
-  std::vector<CallDone> held_;  // StartOpen's answers, held
 };
 
 class FakeDrafter final : public FakeDrafterBase {
@@ -918,8 +899,8 @@ TEST_F(RunnerTest, ARequestWaitingForFullRingsHoldsNoThread) {
 // another request runs to its end on that thread meanwhile. A synchronous
 // call held the only thread until the answer came.
 TEST_F(RunnerTest, ARequestWaitingForAWorkerHoldsNoThread) {
-  fake_v_->hold_open = true;
-  const TwoRequests two = RunTwoOnOneThread([&] { fake_v_->ReleaseOpen(); });
+  fake_v_->held_opens.Hold();
+  const TwoRequests two = RunTwoOnOneThread([&] { fake_v_->held_opens.Release(); });
   EXPECT_FALSE(two.first_done_before_release) << "the first request's Open was held";
   EXPECT_EQ(calls_.Count("v.Open"), 1);
 }
