@@ -8,6 +8,7 @@
 #include "absl/types/span.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/rpc.h"
+#include "grpcpp/alarm.h"
 #include "services/common/daemon.h"
 
 namespace vc::daemon {
@@ -198,12 +199,15 @@ absl::Status StoreClient::Retry(Call call, const StoreRetryOptions& options,
                                 absl::FunctionRef<absl::Status(bool* retryable)> attempt) {
   int attempts = 0;
   absl::Status s = RetryStoreCall(options, deadline, attempt, &attempts);
-  if (attempts > 1) {
-    retries_.fetch_add(attempts - 1);
-    metrics::Counter* counter = retry_counters_[static_cast<size_t>(call)];
-    if (counter != nullptr) counter->Inc(attempts - 1);
-  }
+  CountRetries(call, attempts);
   return s;
+}
+
+void StoreClient::CountRetries(Call call, int attempts) {
+  if (attempts <= 1) return;
+  retries_.fetch_add(attempts - 1);
+  metrics::Counter* counter = retry_counters_[static_cast<size_t>(call)];
+  if (counter != nullptr) counter->Inc(attempts - 1);
 }
 
 std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext(
@@ -221,23 +225,145 @@ std::unique_ptr<grpc::ClientContext> StoreClient::ReadOnlyContext(
   return ctx;
 }
 
+namespace {
+
+pb::LookupRequest LookupRequestFor(const std::vector<std::string>& keys) {
+  pb::LookupRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  return req;
+}
+
+// One hit per key asked, or the store answered another question.
+absl::StatusOr<std::vector<bool>> HitsOf(const pb::LookupResponse& resp, size_t keys) {
+  if (resp.results_size() != static_cast<int>(keys)) {
+    return absl::InternalError("vc-kvstore Lookup answered a different number of keys");
+  }
+  std::vector<bool> hits;
+  hits.reserve(keys);
+  for (const auto& r : resp.results()) hits.push_back(r.hit());
+  return hits;
+}
+
+// One asynchronous read (Lookup or Get) and its retries. The state is owned
+// by whatever is pending for it (the attempt's gRPC callback, or the alarm's
+// callback between attempts) and passed on from one to the next; the alarm
+// callback moves its reference out when it runs, so the alarm, which keeps
+// its callback until it is destroyed, holds no reference to the state that
+// owns it.
+template <typename Req, typename Resp>
+struct AsyncRead {
+  using Method = void (pb::KvStore::Stub::async_interface::*)(grpc::ClientContext*, const Req*,
+                                                              Resp*,
+                                                              std::function<void(grpc::Status)>);
+  AsyncRead(const StoreRetryOptions& retry, std::chrono::steady_clock::time_point deadline)
+      : schedule(retry, deadline) {}
+
+  pb::KvStore::Stub* stub = nullptr;
+  Method method = nullptr;
+  const char* name = "";
+  StoreRetrySchedule schedule;
+  std::function<std::unique_ptr<grpc::ClientContext>()> context;  // one per attempt
+  Req req;
+  Resp resp;
+  std::unique_ptr<grpc::ClientContext> ctx;  // the attempt's, while it runs
+  std::unique_ptr<grpc::Alarm> alarm;        // the last wait's
+  absl::Status last;                         // the last attempt's status
+  // The call's status (resp is the answer when it is OK) and its attempts.
+  std::function<void(absl::Status, int attempts, Resp* resp)> done;
+};
+
+template <typename Req, typename Resp>
+void FinishRead(const std::shared_ptr<AsyncRead<Req, Resp>>& read) {
+  read->done(read->schedule.Final(read->last), read->schedule.attempts(), &read->resp);
+}
+
+template <typename Req, typename Resp>
+void AttemptRead(std::shared_ptr<AsyncRead<Req, Resp>> read) {
+  read->resp.Clear();
+  read->ctx = read->context();
+  AsyncRead<Req, Resp>& r = *read;
+  (r.stub->async()->*r.method)(
+      r.ctx.get(), &r.req, &r.resp, [read = std::move(read)](const grpc::Status& g) mutable {
+        read->ctx.reset();
+        read->last = rpc::FromGrpcStatus(g, read->name);
+        const std::optional<std::chrono::milliseconds> wait = read->schedule.Next(read->last);
+        if (!wait) {
+          FinishRead(read);
+          return;
+        }
+        // A new alarm per wait: the one before may still be returning from
+        // the callback that made this attempt (its implementation is
+        // reference-counted, so destroying it here is safe).
+        read->alarm = std::make_unique<grpc::Alarm>();
+        grpc::Alarm& alarm = *read->alarm;
+        alarm.Set(std::chrono::system_clock::now() + *wait,
+                  [read = std::move(read)](bool fired) mutable {
+                    std::shared_ptr<AsyncRead<Req, Resp>> own = std::move(read);
+                    if (fired && own->schedule.StillInTime()) {
+                      AttemptRead(std::move(own));
+                    } else {
+                      FinishRead(own);
+                    }
+                  });
+      });
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<bool>> StoreClient::Lookup(
     const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline) {
   deadline = DeadlineOr(deadline);
-  pb::LookupRequest req;
-  for (const auto& k : keys) req.add_keys(k);
+  const pb::LookupRequest req = LookupRequestFor(keys);
   pb::LookupResponse resp;
   VC_RETURN_IF_ERROR(Retry(Call::kLookup, options_.retry, deadline, [&](bool*) {
     resp.Clear();
     auto ctx = ReadOnlyContext(deadline);
     return rpc::FromGrpcStatus(stub_->Lookup(ctx.get(), req, &resp), "vc-kvstore Lookup");
   }));
-  if (resp.results_size() != static_cast<int>(keys.size())) {
-    return absl::InternalError("vc-kvstore Lookup answered a different number of keys");
-  }
-  std::vector<bool> hits;
-  for (const auto& r : resp.results()) hits.push_back(r.hit());
-  return hits;
+  return HitsOf(resp, keys.size());
+}
+
+void StoreClient::StartLookup(const std::vector<std::string>& keys,
+                              std::chrono::steady_clock::time_point deadline, LookupDone done) {
+  deadline = DeadlineOr(deadline);
+  auto read =
+      std::make_shared<AsyncRead<pb::LookupRequest, pb::LookupResponse>>(options_.retry, deadline);
+  read->stub = stub_.get();
+  read->method = &pb::KvStore::Stub::async_interface::Lookup;
+  read->name = "vc-kvstore Lookup";
+  read->context = [this, deadline] { return ReadOnlyContext(deadline); };
+  read->req = LookupRequestFor(keys);
+  read->done = [this, n = keys.size(), done = std::move(done)](absl::Status s, int attempts,
+                                                               pb::LookupResponse* resp) {
+    CountRetries(Call::kLookup, attempts);
+    if (!s.ok()) {
+      done(std::move(s));
+    } else {
+      done(HitsOf(*resp, n));
+    }
+  };
+  AttemptRead(std::move(read));
+}
+
+void StoreClient::StartGet(const std::string& key, std::chrono::steady_clock::time_point deadline,
+                           GetDone done) {
+  deadline = DeadlineOr(deadline);
+  auto read =
+      std::make_shared<AsyncRead<pb::GetRequest, pb::GetResponse>>(options_.retry, deadline);
+  read->stub = stub_.get();
+  read->method = &pb::KvStore::Stub::async_interface::Get;
+  read->name = "vc-kvstore Get";
+  read->context = [this, deadline] { return ReadOnlyContext(deadline); };
+  read->req.set_key(key);
+  read->done = [this, done = std::move(done)](absl::Status s, int attempts, pb::GetResponse* resp) {
+    CountRetries(Call::kGet, attempts);
+    if (!s.ok()) {
+      done(std::move(s));
+    } else {
+      done(std::move(*resp->mutable_value()));
+    }
+  };
+  AttemptRead(std::move(read));
 }
 
 absl::StatusOr<std::string> StoreClient::Get(const std::string& key,

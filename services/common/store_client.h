@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +54,36 @@ absl::Status ValidateStoreRetryOptions(const StoreRetryOptions& o);
 // Whether a store call that failed with `s` may be tried again (see
 // StoreRetryOptions).
 bool StoreCallMayBeRetried(const absl::Status& s);
+// RetryStoreCall's rule one attempt at a time, for a caller that waits
+// between attempts without a thread (the asynchronous reads below): after
+// each attempt, Next says how long to wait before the next one, or that there
+// is none; after a wait, StillInTime says whether to make it; Final is the
+// call's status.
+class StoreRetrySchedule {
+ public:
+  StoreRetrySchedule(const StoreRetryOptions& options,
+                     std::chrono::steady_clock::time_point deadline);
+  // An attempt ended with `status` (`retryable` false: it may not be made
+  // again, e.g. a put whose commit was sent): the wait before the next
+  // attempt, or nullopt when there is none (then Final(status)).
+  std::optional<std::chrono::milliseconds> Next(const absl::Status& status, bool retryable = true);
+  // After a wait: false when the deadline has passed meanwhile (then
+  // Final(the last status)).
+  bool StillInTime();
+  // The call's status from its last attempt's: as it was after one attempt
+  // that was not to be retried, otherwise saying how many attempts were made.
+  absl::Status Final(absl::Status status) const;
+  int attempts() const { return made_; }
+
+ private:
+  StoreRetryOptions options_;
+  std::chrono::steady_clock::time_point deadline_;
+  double nominal_ms_;
+  int made_ = 0;
+  bool retryable_ = true;
+  bool out_of_time_ = false;
+};
+
 // Runs `attempt` until it succeeds, fails with a status that may not be
 // retried, clears its `*retryable` (set before each attempt; e.g. a put whose
 // commit was sent), has run max_attempts times, or the next wait would not
@@ -160,6 +192,18 @@ class StoreClient {
   // One value over the control plane (small entries such as manifests).
   absl::StatusOr<std::string> Get(const std::string& key,
                                   std::chrono::steady_clock::time_point deadline = {});
+  // Lookup and Get for a caller that must not hold a thread while the store
+  // answers (the coordinator's request coroutines): each attempt is made on
+  // gRPC's callback API and the waits between attempts run on a gRPC alarm,
+  // with the synchronous calls' rule, deadline and retry counting. `done` is
+  // called once, on one of gRPC's threads, with what the synchronous call
+  // would have returned. The client must outlive every `done`.
+  using LookupDone = std::function<void(absl::StatusOr<std::vector<bool>>)>;
+  void StartLookup(const std::vector<std::string>& keys,
+                   std::chrono::steady_clock::time_point deadline, LookupDone done);
+  using GetDone = std::function<void(absl::StatusOr<std::string>)>;
+  void StartGet(const std::string& key, std::chrono::steady_clock::time_point deadline,
+                GetDone done);
   // Writes every entry in one two-phase put: all become visible at once or
   // none (aborted on any error). BeginPut and CommitPut/AbortPut go over
   // gRPC; the entries' bytes go over the data plane in stage calls (batched
@@ -203,6 +247,8 @@ class StoreClient {
       std::chrono::steady_clock::time_point deadline) const;
   // Deadline `deadline` or, when that is unset, the options' timeout from now.
   std::chrono::steady_clock::time_point DeadlineOr(std::chrono::steady_clock::time_point d) const;
+  // Adds a call's attempts beyond its first to retries() and its counter.
+  void CountRetries(Call call, int attempts);
   absl::Status Retry(Call call, const StoreRetryOptions& options,
                      std::chrono::steady_clock::time_point deadline,
                      absl::FunctionRef<absl::Status(bool* retryable)> attempt);

@@ -2,6 +2,7 @@
 // store_client.h), shared by its reads and its puts.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -47,49 +48,70 @@ double Draw() {
 
 }  // namespace
 
+StoreRetrySchedule::StoreRetrySchedule(const StoreRetryOptions& options,
+                                       std::chrono::steady_clock::time_point deadline)
+    : options_(options),
+      deadline_(deadline),
+      nominal_ms_(static_cast<double>(options.initial_backoff.count())) {}
+
+std::optional<std::chrono::milliseconds> StoreRetrySchedule::Next(const absl::Status& status,
+                                                                  bool retryable) {
+  using std::chrono::duration;
+  using std::chrono::milliseconds;
+  ++made_;
+  retryable_ = retryable;
+  if (status.ok() || !retryable || !StoreCallMayBeRetried(status) ||
+      made_ >= options_.max_attempts) {
+    return std::nullopt;
+  }
+  const double factor = 1.0 + options_.jitter * (2.0 * Draw() - 1.0);
+  const auto wait =
+      std::chrono::duration_cast<milliseconds>(duration<double, std::milli>(nominal_ms_ * factor));
+  // Never past the deadline: a wait that would end there leaves no time for
+  // another attempt.
+  if (std::chrono::steady_clock::now() + wait >= deadline_) {
+    out_of_time_ = true;
+    return std::nullopt;
+  }
+  nominal_ms_ = std::min(nominal_ms_ * options_.multiplier,
+                         static_cast<double>(options_.max_backoff.count()));
+  return wait;
+}
+
+bool StoreRetrySchedule::StillInTime() {
+  // A loaded host may oversleep: no attempt starts at the deadline.
+  if (std::chrono::steady_clock::now() < deadline_) return true;
+  out_of_time_ = true;
+  return false;
+}
+
+absl::Status StoreRetrySchedule::Final(absl::Status status) const {
+  if (status.ok() || (made_ == 1 && !(retryable_ && StoreCallMayBeRetried(status)))) {
+    return status;
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), " (gave up after ", made_,
+                   made_ == 1 ? " attempt" : " attempts",
+                   out_of_time_ ? ": the deadline left no time for another" : "", ")"));
+}
+
 absl::Status RetryStoreCall(const StoreRetryOptions& options,
                             std::chrono::steady_clock::time_point deadline,
                             absl::FunctionRef<absl::Status(bool* retryable)> attempt,
                             int* attempts) {
-  using std::chrono::duration;
-  using std::chrono::milliseconds;
-  double nominal_ms = static_cast<double>(options.initial_backoff.count());
-  int made = 0;
-  bool retryable = true;
-  bool out_of_time = false;
+  StoreRetrySchedule schedule(options, deadline);
   absl::Status status;
   while (true) {
-    retryable = true;
+    bool retryable = true;
     status = attempt(&retryable);
-    ++made;
-    if (status.ok() || !retryable || !StoreCallMayBeRetried(status) ||
-        made >= options.max_attempts) {
-      break;
-    }
-    const double factor = 1.0 + options.jitter * (2.0 * Draw() - 1.0);
-    const auto wait =
-        std::chrono::duration_cast<milliseconds>(duration<double, std::milli>(nominal_ms * factor));
-    // Never past the deadline: a wait that would end there leaves no time
-    // for another attempt.
-    if (std::chrono::steady_clock::now() + wait >= deadline) {
-      out_of_time = true;
-      break;
-    }
-    std::this_thread::sleep_for(wait);
-    // A loaded host may oversleep: no attempt starts at the deadline.
-    if (std::chrono::steady_clock::now() >= deadline) {
-      out_of_time = true;
-      break;
-    }
-    nominal_ms =
-        std::min(nominal_ms * options.multiplier, static_cast<double>(options.max_backoff.count()));
+    const std::optional<std::chrono::milliseconds> wait = schedule.Next(status, retryable);
+    if (!wait) break;
+    std::this_thread::sleep_for(*wait);
+    if (!schedule.StillInTime()) break;
   }
-  if (attempts != nullptr) *attempts = made;
-  if (status.ok() || (made == 1 && !(retryable && StoreCallMayBeRetried(status)))) return status;
-  return absl::Status(
-      status.code(),
-      absl::StrCat(status.message(), " (gave up after ", made, made == 1 ? " attempt" : " attempts",
-                   out_of_time ? ": the deadline left no time for another" : "", ")"));
+  if (attempts != nullptr) *attempts = schedule.attempts();
+  return schedule.Final(std::move(status));
 }
 
 }  // namespace vc::daemon
