@@ -372,8 +372,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   rc.worker_failed = [self](WorkerPool pool, Worker& w, const absl::Status& s) {
     return self->CheckWorkerAfterFailure(pool, w, s);
   };
-  rc.release = [self](WorkerPool pool, Worker& w, uint64_t session) {
-    self->ReleaseOrRetry(pool, w, session);
+  rc.release = [self](WorkerPool pool, Worker& w, uint64_t session, CallDone done) {
+    self->StartReleaseOrRetry(pool, w, session, std::move(done));
   };
   rc.calibrate = [self](double step_seconds) { self->Calibrate(step_seconds); };
   rc.update_gauges = [self] { self->UpdateSchedulerGauges(); };
@@ -770,15 +770,20 @@ Task<absl::Status> CoordinatorService::Serve(const pb::GenerateRequest& req, Req
   if (req.deadline_ms() > 0) {
     r.deadline = std::min(r.deadline, Clock::now() + std::chrono::milliseconds(req.deadline_ms()));
   }
-  VC_CO_ASSIGN_OR_RETURN(Plan plan, PlanRequest(req, r.deadline));
+  VC_CO_ASSIGN_OR_RETURN(Plan plan, co_await PlanRequest(req, r.deadline));
   VC_CO_RETURN_IF_ERROR(co_await Admit(r));
   absl::Status status = co_await catalogue_->EnsureStored(runner_, plan, r);
   if (status.ok()) status = co_await Run(plan, r, sink);
-  if (!status.ok() && PrepareHeal(plan, r, status)) {
+  // (No co_await inside a condition here or in PrepareHeal: GCC 12.2 built
+  // PrepareHeal's `if (!co_await ...)` into a coroutine that died of SIGILL
+  // when resumed, even on a path that never reached that await.)
+  bool heal = false;
+  if (!status.ok()) heal = co_await PrepareHeal(plan, r, status);
+  if (heal) {
     status = co_await catalogue_->EnsureStored(runner_, plan, r);
     if (status.ok()) status = co_await Run(plan, r, sink);
   }
-  ReleaseSessions(plan);
+  (void)co_await ReleaseSessions(plan);
   Leave(r);
   VC_CO_RETURN_IF_ERROR(status);
   pb::GenerateResponse last;
@@ -803,37 +808,38 @@ Task<absl::Status> CoordinatorService::Serve(const pb::GenerateRequest& req, Req
   co_return absl::OkStatus();
 }
 
-absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& req,
-                                                     Clock::time_point deadline) {
+Task<absl::StatusOr<Plan>> CoordinatorService::PlanRequest(const pb::GenerateRequest& req,
+                                                           Clock::time_point deadline) {
   Plan plan;
   plan.req = req;
-  VC_RETURN_IF_ERROR(CheckPromptSource(req));
+  VC_CO_RETURN_IF_ERROR(CheckPromptSource(req));
   if (draft_model_id_ &&
       (req.mode() == pb::MODE_FULL_REMOTE || req.mode() == pb::MODE_LOSSY_REMOTE)) {
     // Their drafters decode alone: with a draft model that would be the
     // draft model's output, not the target's.
-    return absl::FailedPreconditionError(
+    co_return absl::FailedPreconditionError(
         absl::StrCat(ModeName(req.mode()),
                      " needs drafters of the target model; this cluster's drafters run "
                      "draft model ",
                      kvstore::ShortModelId(*draft_model_id_), " (use vericache or full_local)"));
   }
   if (!req.prefix_id().empty()) {
-    VC_ASSIGN_OR_RETURN(plan.prompt,
-                        catalogue_->Tokens(req.prefix_id(), req.tenant_salt(), deadline));
+    VC_CO_ASSIGN_OR_RETURN(plan.prompt, co_await catalogue_->AwaitTokens(
+                                            runner_, req.prefix_id(), req.tenant_salt(), deadline));
     plan.prompt.insert(plan.prompt.end(), req.suffix_ids().begin(), req.suffix_ids().end());
   } else {
     plan.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
   }
-  VC_RETURN_IF_ERROR(ValidateGenerate(req, plan.prompt, {vocab_, context_, options_.chunk_tokens},
-                                      default_variants_.front().compressor));
+  VC_CO_RETURN_IF_ERROR(ValidateGenerate(req, plan.prompt,
+                                         {vocab_, context_, options_.chunk_tokens},
+                                         default_variants_.front().compressor));
   if (req.stop_token_ids_size() > kMaxStopTokenIds) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    co_return absl::InvalidArgumentError(absl::StrCat(
         "at most ", kMaxStopTokenIds, " stop_token_ids, got ", req.stop_token_ids_size()));
   }
   for (int32_t id : req.stop_token_ids()) {
     if (id < 0 || id >= vocab_) {
-      return absl::InvalidArgumentError(
+      co_return absl::InvalidArgumentError(
           absl::StrCat("stop_token_ids has id ", id, ", outside the vocabulary [0, ", vocab_, ")"));
     }
   }
@@ -857,27 +863,27 @@ absl::StatusOr<Plan> CoordinatorService::PlanRequest(const pb::GenerateRequest& 
     ko.chunk_tokens = options_.chunk_tokens;
     ko.numerics_version = numerics_version_;
     ko.tenant_salt = req.tenant_salt();
-    VC_ASSIGN_OR_RETURN(
+    VC_CO_ASSIGN_OR_RETURN(
         auto keys, kvstore::ChunkKeysForTokens(
                        ko, model_id_, absl::MakeConstSpan(plan.prompt).first(plan.prefix_tokens)));
     for (const auto& k : keys) plan.chunk_keys.push_back(k.Raw());
     plan.prefix_key = keys.back().Hex();
-    VC_ASSIGN_OR_RETURN(kvstore::ChunkKey vk,
-                        ingest::VariantKeyFor(keys.back(), plan.variant,
-                                              draft_model_id_ ? &*draft_model_id_ : nullptr));
+    VC_CO_ASSIGN_OR_RETURN(kvstore::ChunkKey vk,
+                           ingest::VariantKeyFor(keys.back(), plan.variant,
+                                                 draft_model_id_ ? &*draft_model_id_ : nullptr));
     plan.variant_key = vk.Raw();
   }
   plan.session = next_session_.fetch_add(1);
-  return plan;
+  co_return plan;
 }
 
-bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status& failed) {
+Task<bool> CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status& failed) {
   // Only before the first token: every token already streamed was verified,
   // but a second run could not take them back. Once is enough; a prefix that
   // goes missing again fails the request cleanly.
   if (plan.prefix_tokens == 0 || !plan.output.empty() || plan.healed || r.gone() ||
       Clock::now() >= r.deadline) {
-    return false;
+    co_return false;
   }
   switch (failed.code()) {
     case absl::StatusCode::kCancelled:
@@ -886,7 +892,7 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
     case absl::StatusCode::kPermissionDenied:
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kResourceExhausted:
-      return false;
+      co_return false;
     default:
       break;
   }
@@ -894,13 +900,14 @@ bool CoordinatorService::PrepareHeal(Plan& plan, Request& r, const absl::Status&
   // entry before it answers, and the store deletes one that fails its check
   // on a disk read, so a miss here means "ingest again", whatever error
   // text the worker chose.
-  if (!catalogue_->Missing(plan, r.deadline)) return false;
-  ReleaseSessions(plan);
+  const bool missing = co_await catalogue_->Missing(runner_, plan, r.deadline);
+  if (!missing) co_return false;
+  (void)co_await ReleaseSessions(plan);
   plan.healed = true;
   plan.session = next_session_.fetch_add(1);
   plan.fallback = AcceptanceFallback(options_);
   metrics_->kv_heals->Inc();
-  return true;
+  co_return true;
 }
 
 // ------------------------------------------------------------------ rounds
@@ -1003,7 +1010,7 @@ Task<absl::Status> CoordinatorService::Run(Plan& plan, Request& r, Sink* writer)
                                                     "; gave up after ", attempt, " retries)"));
     }
     if (Clock::now() >= r.deadline) co_return s;
-    ReleaseSessions(plan);
+    (void)co_await ReleaseSessions(plan);
     metrics_->retries->Labels({pool}).Inc();
     // Re-establish the request from its exact state: the prompt plus every
     // token accepted so far (sampling is keyed by absolute position, so the
@@ -1063,6 +1070,22 @@ void CoordinatorService::UpdateSchedulerGauges() {
   }
 }
 
+namespace {
+
+// A Release's deadline: short, so a request's end is not held up by a worker
+// that is paused or unreachable (a failed release is retried later).
+WorkerCallOptions ReleaseCallOptions(bool wait_for_ready) {
+  WorkerCallOptions o = CallWithin(std::chrono::milliseconds(2000));
+  o.wait_for_ready = wait_for_ready;
+  return o;
+}
+
+std::string ReleaseCallName(WorkerPool pool, const Worker& w) {
+  return absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release");
+}
+
+}  // namespace
+
 absl::Status CoordinatorService::ReleaseOn(WorkerPool pool, int index, uint64_t session,
                                            bool wait_for_ready) {
   const auto& workers = pool == WorkerPool::kVerifier ? verifiers_ : drafters_;
@@ -1070,31 +1093,40 @@ absl::Status CoordinatorService::ReleaseOn(WorkerPool pool, int index, uint64_t 
   pb::ReleaseRequest req;
   req.set_session_id(session);
   pb::ReleaseResponse resp;
-  WorkerCallOptions o = CallWithin(std::chrono::milliseconds(2000));
-  o.wait_for_ready = wait_for_ready;
-  const absl::Status s = w.client().Release(o, req, &resp);
-  return WithCallName(s, absl::StrCat(WorkerPoolName(pool), " ", w.address, " Release"));
+  const absl::Status s = w.client().Release(ReleaseCallOptions(wait_for_ready), req, &resp);
+  return WithCallName(s, ReleaseCallName(pool, w));
 }
 
-void CoordinatorService::ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session) {
-  // A short deadline keeps the request quick; a worker that missed it
-  // (paused, briefly unreachable) gets the Release again later, off the
-  // request path, and its idle timeout remains the last resort.
-  if (!ReleaseOn(pool, w.index, session, /*wait_for_ready=*/false).ok()) {
-    (void)release_retry_->Add(pool, w.index, session);
-  }
+void CoordinatorService::StartReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session,
+                                             CallDone done) {
+  // A worker that misses the short deadline (paused, briefly unreachable)
+  // gets the Release again later, off the request path, and its idle
+  // timeout remains the last resort.
+  struct ReleaseCall {
+    pb::ReleaseRequest req;
+    pb::ReleaseResponse resp;
+  };
+  auto call = std::make_shared<ReleaseCall>();
+  call->req.set_session_id(session);
+  w.client().StartRelease(
+      ReleaseCallOptions(/*wait_for_ready=*/false), call->req, &call->resp,
+      [this, call, pool, &w, session, done = std::move(done)](const absl::Status& s) {
+        if (!s.ok()) (void)release_retry_->Add(pool, w.index, session);
+        done(WithCallName(s, ReleaseCallName(pool, w)));
+      });
 }
 
-void CoordinatorService::ReleaseSessions(Plan& plan) {
+Task<absl::Status> CoordinatorService::ReleaseSessions(Plan& plan) {
   for (const WorkerPool pool : {WorkerPool::kVerifier, WorkerPool::kDrafter}) {
     const bool verifier = pool == WorkerPool::kVerifier;
     bool& open = verifier ? plan.verifier_open : plan.drafter_open;
     Worker* w = verifier ? plan.verifier : plan.drafter;
     if (!open || w == nullptr) continue;
-    ReleaseOrRetry(pool, *w, plan.session);
+    (void)co_await ReleaseSession(runner_, pool, *w, plan.session);
     open = false;
     --w->active;
   }
+  co_return absl::OkStatus();
 }
 
 void CoordinatorService::ShadowCheck(const pb::GenerateRequest& req,

@@ -191,15 +191,17 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
                                                 const std::string& request_salt);
   // Bounds on a GenerateRequest's sizes and numbers, before any allocation.
   [[nodiscard]] absl::Status CheckBounds(const vericache::v1::GenerateRequest& req) const;
-  // `deadline`: the request's (a registered prefix's manifest is read by it).
-  absl::StatusOr<Plan> PlanRequest(const vericache::v1::GenerateRequest& req,
-                                   Clock::time_point deadline);
+  // `deadline`: the request's (a registered prefix's manifest is read by
+  // it, awaited). `req` must outlive the task.
+  Task<absl::StatusOr<Plan>> PlanRequest(const vericache::v1::GenerateRequest& req,
+                                         Clock::time_point deadline);
   // After `failed` ended a run before any token was sent: true (and the
   // plan's sessions released, a fresh session id taken) when one of the
   // prefix's entries is missing from the store — evicted, or quarantined by
   // the store or a reader because it failed its seal — so the caller ingests
-  // again and runs once more instead of failing the request.
-  bool PrepareHeal(Plan& plan, Request& r, const absl::Status& failed);
+  // again and runs once more instead of failing the request. The store's
+  // lookup and the releases are awaited.
+  Task<bool> PrepareHeal(Plan& plan, Request& r, const absl::Status& failed);
   // Places the request on live workers and runs it; re-establishes it on
   // live workers (bounded) when a worker it runs on dies.
   Task<absl::Status> Run(Plan& plan, Request& r, Sink* writer);
@@ -216,14 +218,18 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // Probes a worker a call to which failed with `s` (now, not at the next
   // round) and marks it down if it is gone; returns true if it is down.
   bool CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);
-  // Releases the plan's worker sessions (2 s deadline each); a failed
-  // Release is queued for retries off the request path (release_retry_).
-  void ReleaseSessions(Plan& plan);
+  // Releases the plan's worker sessions (2 s deadline each), awaited; a
+  // failed Release is queued for retries off the request path
+  // (release_retry_). Always OK.
+  Task<absl::Status> ReleaseSessions(Plan& plan);
   // One Release RPC (2 s deadline); `wait_for_ready`: wait within it for a
-  // reconnecting channel instead of failing at once.
+  // reconnecting channel instead of failing at once. The retries' (their own
+  // thread).
   absl::Status ReleaseOn(WorkerPool pool, int index, uint64_t session, bool wait_for_ready);
-  // ReleaseOn, failing fast; a failure is queued in release_retry_.
-  void ReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session);
+  // A request's Release (RunnerContext::release): ReleaseOn's call on gRPC's
+  // callback API, failing fast; a failure is queued in release_retry_ before
+  // `done` hears it.
+  void StartReleaseOrRetry(WorkerPool pool, Worker& w, uint64_t session, CallDone done);
   // Auto slot: folds a drafter's step time into the slot duration.
   void Calibrate(double step_seconds);
   void UpdateSchedulerGauges();

@@ -53,6 +53,13 @@ class StoreClientAdapter final : public CatalogueStore {
                    Clock::time_point deadline) override {
     return store_->PutAll({{key, value}}, deadline);
   }
+  void StartLookup(const std::vector<std::string>& keys, Clock::time_point deadline,
+                   LookupDone done) override {
+    store_->StartLookup(keys, deadline, std::move(done));
+  }
+  void StartGet(const std::string& key, Clock::time_point deadline, GetDone done) override {
+    store_->StartGet(key, deadline, std::move(done));
+  }
   absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
     switch (action) {
       case Action::kPin:
@@ -107,9 +114,22 @@ absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::Tokens(const std::string& 
                                                              const std::string& salt,
                                                              Clock::time_point deadline) {
   VC_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
+  return TokensOfManifest(id, raw, salt, store_->Get(raw, StoreDeadline(deadline)));
+}
+
+Task<absl::StatusOr<std::vector<int32_t>>> PrefixCatalogue::AwaitTokens(
+    const RunnerContext& ctx, const std::string& id, const std::string& salt,
+    Clock::time_point deadline) {
+  VC_CO_ASSIGN_OR_RETURN(const std::string raw, ParsePrefixId(id));
+  absl::StatusOr<std::string> manifest = co_await AwaitGet(ctx, raw, StoreDeadline(deadline));
+  co_return TokensOfManifest(id, raw, salt, std::move(manifest));
+}
+
+absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::TokensOfManifest(
+    const std::string& id, const std::string& raw, const std::string& salt,
+    absl::StatusOr<std::string> manifest) const {
   const absl::Status not_found =
       absl::NotFoundError(absl::StrCat("prefix ", id, " is not registered (vericache ingest)"));
-  absl::StatusOr<std::string> manifest = store_->Get(raw, StoreDeadline(deadline));
   if (!manifest.ok()) {
     if (manifest.status().code() == absl::StatusCode::kNotFound) return not_found;
     return manifest.status();
@@ -126,18 +146,51 @@ absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::Tokens(const std::string& 
   return tokens;
 }
 
+Task<absl::StatusOr<std::vector<bool>>> PrefixCatalogue::AwaitLookup(
+    const RunnerContext& ctx, const std::vector<std::string>& keys, Clock::time_point deadline) {
+  absl::StatusOr<std::vector<bool>> hits;
+  (void)co_await AwaitStartedCall(ctx, [&](CallDone done) {
+    store_->StartLookup(keys, deadline,
+                        [&hits, done = std::move(done)](absl::StatusOr<std::vector<bool>> h) {
+                          hits = std::move(h);  // read once resumed, as the status is
+                          done(absl::OkStatus());
+                        });
+  });
+  co_return hits;
+}
+
+Task<absl::StatusOr<std::string>> PrefixCatalogue::AwaitGet(const RunnerContext& ctx,
+                                                            const std::string& key,
+                                                            Clock::time_point deadline) {
+  absl::StatusOr<std::string> value;
+  (void)co_await AwaitStartedCall(ctx, [&](CallDone done) {
+    store_->StartGet(key, deadline,
+                     [&value, done = std::move(done)](absl::StatusOr<std::string> v) {
+                       value = std::move(v);
+                       done(absl::OkStatus());
+                     });
+  });
+  co_return value;
+}
+
+std::vector<std::string> PrefixCatalogue::PlanKeys(const Plan& plan) {
+  std::vector<std::string> keys = plan.chunk_keys;
+  keys.push_back(plan.variant_key);
+  return keys;
+}
+
 Task<absl::Status> PrefixCatalogue::EnsureStored(const RunnerContext& ctx, Plan& plan, Request& r) {
   if (plan.prefix_tokens == 0) co_return absl::OkStatus();
   // The chunks and the request's variant (every mode ingests both, so a
   // later request over the same prefix finds its variant too).
-  std::vector<std::string> keys = plan.chunk_keys;
-  keys.push_back(plan.variant_key);
+  const std::vector<std::string> keys = PlanKeys(plan);
   // One ingest per (prefix, variant) at a time; the others wait for it and
   // look again (a failed or narrower ingest is retried by the waiter).
   const std::string ingest_key = plan.prefix_key + "/" + Hex(plan.variant_key);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    VC_CO_ASSIGN_OR_RETURN(std::vector<bool> hits, store_->Lookup(keys, StoreDeadline(r.deadline)));
-    if (std::all_of(hits.begin(), hits.end(), [](bool h) { return h; })) {
+    VC_CO_ASSIGN_OR_RETURN(std::vector<bool> hits,
+                           co_await AwaitLookup(ctx, keys, StoreDeadline(r.deadline)));
+    if (AllTrue(hits)) {
       co_return absl::OkStatus();
     }
     std::shared_ptr<IngestWait> wait;
@@ -254,11 +307,11 @@ const kvstore::ModelId* PrefixCatalogue::DraftModel() const {
   return model_.draft_model_id ? &*model_.draft_model_id : nullptr;
 }
 
-bool PrefixCatalogue::Missing(const Plan& plan, Clock::time_point deadline) {
-  std::vector<std::string> keys = plan.chunk_keys;
-  keys.push_back(plan.variant_key);
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys, StoreDeadline(deadline));
-  return hits.ok() && !AllTrue(*hits);
+Task<bool> PrefixCatalogue::Missing(const RunnerContext& ctx, const Plan& plan,
+                                    Clock::time_point deadline) {
+  const std::vector<std::string> keys = PlanKeys(plan);
+  absl::StatusOr<std::vector<bool>> hits = co_await AwaitLookup(ctx, keys, StoreDeadline(deadline));
+  co_return hits.ok() && !AllTrue(*hits);
 }
 
 WorkerCallOptions PrefixCatalogue::IngestCallOptions(const Request& r) const {
@@ -302,7 +355,7 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   lookup.push_back(manifest.Raw());
   absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup, StoreDeadline(r.deadline));
   if (!hits.ok()) return (hits.status());
-  if (std::all_of(hits->begin(), hits->end(), [](bool h) { return h; })) {
+  if (AllTrue(*hits)) {
     resp->set_already_stored(true);
     return absl::OkStatus();
   }

@@ -59,6 +59,20 @@ class CatalogueStore {
   virtual absl::Status Put(const std::string& key, const std::string& value,
                            Clock::time_point deadline) = 0;
   virtual absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) = 0;
+  // Lookup and Get for a request's coroutine, which must not hold its
+  // thread while the store answers: `done` is told once, on any thread, what
+  // the synchronous call would return. The default makes the synchronous
+  // call (the unit tests' fakes); the daemon's store client makes them on
+  // gRPC's callback API.
+  using LookupDone = std::function<void(absl::StatusOr<std::vector<bool>>)>;
+  using GetDone = std::function<void(absl::StatusOr<std::string>)>;
+  virtual void StartLookup(const std::vector<std::string>& keys, Clock::time_point deadline,
+                           LookupDone done) {
+    done(Lookup(keys, deadline));
+  }
+  virtual void StartGet(const std::string& key, Clock::time_point deadline, GetDone done) {
+    done(Get(key, deadline));
+  }
 };
 // The daemon's: the KV store's client (which must outlive it).
 std::unique_ptr<CatalogueStore> StoreClientCatalogue(daemon::StoreClient* store);
@@ -102,17 +116,22 @@ class PrefixCatalogue {
   // or registered under another salt. `deadline`: the request's.
   absl::StatusOr<std::vector<int32_t>> Tokens(const std::string& prefix_id, const std::string& salt,
                                               Clock::time_point deadline);
+  // The same for a request: a coroutine on ctx's executor that holds no
+  // thread while the store answers. The arguments must outlive the task.
+  Task<absl::StatusOr<std::vector<int32_t>>> AwaitTokens(const RunnerContext& ctx,
+                                                         const std::string& prefix_id,
+                                                         const std::string& salt,
+                                                         Clock::time_point deadline);
   // The plan's chunks and variant are stored (ingested if not), within r's
   // deadline; the ingest is charged to r's tenant. A coroutine on ctx's
-  // executor that holds no thread while the verifier ingests or while it
-  // waits for another request's ingest of the same prefix (the store's
-  // lookups, bounded by rpc_timeout, are made on its thread). `ctx`, `plan`
-  // and `r` must outlive the task.
+  // executor that holds no thread while the store answers its lookups,
+  // while the verifier ingests or while it waits for another request's
+  // ingest of the same prefix. `ctx`, `plan` and `r` must outlive the task.
   Task<absl::Status> EnsureStored(const RunnerContext& ctx, Plan& plan, Request& r);
   // True when the store answers (by `deadline`, the request's) and one of
   // the plan's entries is missing (evicted, or quarantined for failing its
-  // seal).
-  bool Missing(const Plan& plan, Clock::time_point deadline);
+  // seal). A coroutine as EnsureStored.
+  Task<bool> Missing(const RunnerContext& ctx, const Plan& plan, Clock::time_point deadline);
   // RegisterPrefix for r's tenant, whose keys use `salt`; `r` is the call
   // (deadline, cancellation) and takes an admission place while the ingest
   // runs.
@@ -134,6 +153,20 @@ class PrefixCatalogue {
   // The ingest of EnsureStored; *ingest_on: the verifier it was sent to
   // (null if none was placed).
   Task<absl::Status> Ingest(const RunnerContext& ctx, Plan& plan, Request& r, Worker** ingest_on);
+  // The store's Lookup and Get, awaited (CatalogueStore's Start* calls).
+  Task<absl::StatusOr<std::vector<bool>>> AwaitLookup(const RunnerContext& ctx,
+                                                      const std::vector<std::string>& keys,
+                                                      Clock::time_point deadline);
+  Task<absl::StatusOr<std::string>> AwaitGet(const RunnerContext& ctx, const std::string& key,
+                                             Clock::time_point deadline);
+  // The token list of prefix `prefix_id` (whose raw key is `raw`) from the
+  // store's answer for its manifest, checked against `salt`.
+  absl::StatusOr<std::vector<int32_t>> TokensOfManifest(const std::string& prefix_id,
+                                                        const std::string& raw,
+                                                        const std::string& salt,
+                                                        absl::StatusOr<std::string> manifest) const;
+  // The store keys of the plan's chunks and variant.
+  static std::vector<std::string> PlanKeys(const Plan& plan);
   // A verifier Ingest on r's behalf: cancelled with its caller.
   WorkerCallOptions IngestCallOptions(const Request& r) const;
   kvstore::ChunkKeyOptions KeyOptions(const std::string& salt) const;

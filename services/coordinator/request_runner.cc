@@ -114,6 +114,13 @@ Task<bool> AwaitSignal(const RunnerContext& ctx,
   co_return race->signalled.load();
 }
 
+Task<absl::Status> ReleaseSession(const RunnerContext& ctx, WorkerPool pool, Worker& w,
+                                  uint64_t session) {
+  if (!ctx.release) co_return absl::OkStatus();
+  co_return co_await AwaitStartedCall(
+      ctx, [&](CallDone done) { ctx.release(pool, w, session, std::move(done)); });
+}
+
 namespace {
 
 bool Retryable(const absl::Status& s) {
@@ -136,10 +143,6 @@ bool WorkerFailed(const RunnerContext& ctx, WorkerPool pool, Worker& w, const ab
   return ctx.worker_failed ? ctx.worker_failed(pool, w, s) : false;
 }
 
-void ReleaseSession(const RunnerContext& ctx, WorkerPool pool, Worker& w, uint64_t session) {
-  if (ctx.release) ctx.release(pool, w, session);
-}
-
 void UpdateGauges(const RunnerContext& ctx) {
   if (ctx.update_gauges) ctx.update_gauges();
 }
@@ -150,9 +153,10 @@ void UpdateGauges(const RunnerContext& ctx) {
 // also drops an Open whose caller's deadline passed before it finished; this
 // covers a reply lost after the session was made. An unknown session
 // releases as OK.
-void ReleaseAfterFailedOpen(const RunnerContext& ctx, WorkerPool pool, Worker& w, uint64_t session,
-                            const absl::Status& s) {
-  if (s.code() == absl::StatusCode::kDeadlineExceeded) ReleaseSession(ctx, pool, w, session);
+Task<absl::Status> ReleaseAfterFailedOpen(const RunnerContext& ctx, WorkerPool pool, Worker& w,
+                                          uint64_t session, const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kDeadlineExceeded) co_return absl::OkStatus();
+  co_return co_await ReleaseSession(ctx, pool, w, session);
 }
 
 pb::PrefixRef MakePrefixRef(int32_t tokens, const std::vector<std::string>& keys) {
@@ -379,7 +383,7 @@ Task<absl::Status> OpenVerifier(const RunnerContext& ctx, Plan& plan, const Requ
   const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartOpen,
                                             ctx.CallOptions(r), req, &resp);
   if (!s.ok()) {
-    ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
+    (void)co_await ReleaseAfterFailedOpen(ctx, WorkerPool::kVerifier, v, plan.session, s);
     co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Open"));
   }
   plan.verifier_open = true;
@@ -911,7 +915,7 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
     absl::Status s = co_await BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
     if (!sent) co_return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
-      ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
+      (void)co_await ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
       absl::Status st = WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
       if (!Retryable(st)) co_return st;
       WorkerFailed(ctx, WorkerPool::kDrafter, d, st);
@@ -1151,7 +1155,7 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
   plan.totals.set_fallbacks(plan.totals.fallbacks() + 1);
   Inc(ctx.metrics.fallbacks);
   if (plan.drafter_open) {
-    ReleaseSession(ctx, WorkerPool::kDrafter, d, plan.session);
+    (void)co_await ReleaseSession(ctx, WorkerPool::kDrafter, d, plan.session);
     plan.drafter_open = false;
     --d.active;
   }
@@ -1236,7 +1240,7 @@ Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, S
     absl::Status s = co_await BookedDrafterOpen(ctx, plan, r, req, &resp, &sent);
     if (!sent) co_return s;  // the request's deadline passed waiting for the link
     if (!s.ok()) {
-      ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
+      (void)co_await ReleaseAfterFailedOpen(ctx, WorkerPool::kDrafter, d, plan.session, s);
       co_return WithCallName(s, absl::StrCat("drafter ", d.address, " Open"));
     }
     plan.drafter_open = true;

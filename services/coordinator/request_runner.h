@@ -202,8 +202,10 @@ struct RunnerContext {
   // Hooks into the service (unset: no-ops). A call to `w` failed with `s`:
   // probe it now and mark it down if it is gone; true if it is down.
   std::function<bool(WorkerPool pool, Worker& w, const absl::Status& s)> worker_failed;
-  // Release a session (a failure is retried off the request path).
-  std::function<void(WorkerPool pool, Worker& w, uint64_t session)> release;
+  // Starts the release of a session; `done` is told how it went, once, on
+  // any thread (a failed release is queued for a retry off the request path
+  // before `done` is called).
+  std::function<void(WorkerPool pool, Worker& w, uint64_t session, CallDone done)> release;
   // A drafter's measured step time (auto slot).
   std::function<void(double step_seconds)> calibrate;
   // The scheduler's bookings changed.
@@ -243,6 +245,13 @@ Task<absl::Status> AwaitCall(const RunnerContext& ctx, Client& client,
 Task<bool> AwaitSignal(const RunnerContext& ctx,
                        const std::function<void(std::function<void()> signal)>& arm,
                        Clock::time_point wake);
+
+// Releases `session` on `w` through ctx.release (OK without one), awaited as
+// AwaitStartedCall: the request's thread is not held while the worker
+// answers. The status is the release's (a failed one is already queued for a
+// retry off the request path).
+Task<absl::Status> ReleaseSession(const RunnerContext& ctx, WorkerPool pool, Worker& w,
+                                  uint64_t session);
 
 // The runners are coroutines (common/base/task.h): a request waiting for a
 // slot, for its lease's next message or for a worker's answer (the Start*

@@ -57,6 +57,13 @@ class WorkerClient {
                             vericache::v1::WorkerInfoResponse* resp) = 0;
   virtual absl::Status Release(const WorkerCallOptions& o, const vericache::v1::ReleaseRequest& req,
                                vericache::v1::ReleaseResponse* resp) = 0;
+  // Release for a request's end, without holding the caller's thread (as
+  // VerifierClient's Start* calls below; the default makes the synchronous
+  // call).
+  virtual void StartRelease(const WorkerCallOptions& o, const vericache::v1::ReleaseRequest& req,
+                            vericache::v1::ReleaseResponse* resp, CallDone done) {
+    done(Release(o, req, resp));
+  }
 };
 
 // One Verifier.Lease stream (worker.proto LeaseGrant): the runner sends

@@ -8,14 +8,17 @@
 // and over the real store client against a store that never answers.
 #include "services/coordinator/prefix_catalogue.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +70,21 @@ class FakeStore final : public CatalogueStore {
     if (action == Action::kUnpin) pinned.erase(key);
     return absl::OkStatus();
   }
+  // The awaited lookups: the first `lookups_to_hold` of them wait for
+  // held_lookups.Release.
+  void StartLookup(const std::vector<std::string>& keys, Clock::time_point deadline,
+                   LookupDone done) override {
+    bool hold = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hold = lookups_to_hold > 0;
+      if (hold) --lookups_to_hold;
+    }
+    if (hold && held_lookups.Keep([this, keys, deadline, done] { done(Lookup(keys, deadline)); })) {
+      return;
+    }
+    done(Lookup(keys, deadline));
+  }
   // What a verifier's ingest writes (not a catalogue call).
   void Store(const std::string& key, const std::string& value) {
     std::lock_guard<std::mutex> lock(mu);
@@ -76,6 +94,8 @@ class FakeStore final : public CatalogueStore {
   std::map<std::string, std::string> entries;
   std::set<std::string> pinned;
   std::vector<Clock::time_point> deadlines;
+  int lookups_to_hold = 0;  // mu
+  HeldAnswers held_lookups;
 };
 
 // Ingest stores the chunks and variants the request names, as the verifier
@@ -205,6 +225,55 @@ class CatalogueTest : public ::testing::Test {
     return BlockOn(catalogue_->EnsureStored(ctx_, plan, r));
   }
 
+  // What EnsureStoredOnOneThread saw.
+  struct OneThread {
+    bool last_done = false;    // the last request finished within 20 s
+    bool others_done = false;  // and another one had by then
+  };
+  // Runs EnsureStored for each (plan, request) on an executor of one
+  // thread, in order. Once the last one has finished (within 20 s: it fails
+  // the test if it has not), calls `release` (what lets the others go on),
+  // and checks that all of them finish OK.
+  OneThread EnsureStoredOnOneThread(const std::vector<std::pair<Plan*, Request*>>& requests,
+                                    const std::function<void()>& release) {
+    Executor one(ExecutorOptions{.max_threads = 1});
+    ctx_.executor = &one;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::optional<absl::Status>> done(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      one.Post([&, i] {
+        Spawn(catalogue_->EnsureStored(ctx_, *requests[i].first, *requests[i].second),
+              [&, i](const absl::Status& s) {
+                std::lock_guard<std::mutex> lock(mu);
+                done[i] = s;
+                cv.notify_all();
+              });
+      });
+    }
+    auto count = [&] {
+      return std::count_if(done.begin(), done.end(), [](const auto& d) { return d.has_value(); });
+    };
+    OneThread seen;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      seen.last_done =
+          cv.wait_for(lock, std::chrono::seconds(20), [&] { return done.back().has_value(); });
+      seen.others_done = count() > (seen.last_done ? 1 : 0);
+    }
+    release();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::seconds(60),
+                  [&] { return count() == static_cast<ptrdiff_t>(done.size()); });
+    }
+    for (const auto& d : done) {
+      EXPECT_TRUE(d.has_value() && d->ok()) << d.value_or(absl::OkStatus());
+    }
+    ctx_.executor = &executor_;
+    return seen;
+  }
+
   Executor executor_;
   std::unique_ptr<SlotClock> clock_;
   RunnerContext ctx_;
@@ -237,7 +306,7 @@ TEST_F(CatalogueTest, ConcurrentRequestsOverOnePrefixIngestItOnce) {
   EXPECT_TRUE(sb.ok()) << sb;
   EXPECT_EQ(fakes_[0]->ingests.load(), 1);
   EXPECT_TRUE(a.totals.ingested());
-  EXPECT_FALSE(catalogue_->Missing(b, Later()));
+  EXPECT_FALSE(BlockOn(catalogue_->Missing(ctx_, b, Later())));
   // Stored now: no ingest at all.
   Plan c = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 11});
   Request rc;
@@ -257,8 +326,6 @@ TEST_F(CatalogueTest, RequestsWaitingOnAnIngestHoldNoThread) {
   Request rs;
   Init(rs);
   ASSERT_TRUE(Store(stored, rs).ok());
-  Executor one(ExecutorOptions{.max_threads = 1});
-  ctx_.executor = &one;
   fakes_[0]->held.Hold();
   Plan a = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 9});
   Plan b = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 10});
@@ -267,42 +334,39 @@ TEST_F(CatalogueTest, RequestsWaitingOnAnIngestHoldNoThread) {
   Init(ra);
   Init(rb);
   Init(rc);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<absl::Status> done_a, done_b, done_c;
-  auto run = [&](Plan& p, Request& r, std::optional<absl::Status>* done) {
-    one.Post([&, done] {
-      Spawn(catalogue_->EnsureStored(ctx_, p, r), [&, done](const absl::Status& s) {
-        std::lock_guard<std::mutex> lock(mu);
-        *done = s;
-        cv.notify_all();
-      });
-    });
-  };
-  run(a, ra, &done_a);
-  run(b, rb, &done_b);
-  run(c, rc, &done_c);
-  bool c_done = false, a_or_b_done = false;
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    c_done = cv.wait_for(lock, std::chrono::seconds(20), [&] { return done_c.has_value(); });
-    a_or_b_done = done_a.has_value() || done_b.has_value();
-  }
-  fakes_[0]->held.Release();
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, std::chrono::seconds(60),
-                [&] { return done_a.has_value() && done_b.has_value() && done_c.has_value(); });
-  }
-  EXPECT_TRUE(c_done) << "the stored prefix's request did not run while the others waited";
-  EXPECT_FALSE(a_or_b_done) << "the ingest was held";
-  for (const auto* done : {&done_a, &done_b, &done_c}) {
-    EXPECT_TRUE(done->has_value() && (*done)->ok()) << done->value_or(absl::OkStatus());
-  }
+  const OneThread seen = EnsureStoredOnOneThread({{&a, &ra}, {&b, &rb}, {&c, &rc}},
+                                                 [&] { fakes_[0]->held.Release(); });
+  EXPECT_TRUE(seen.last_done) << "the stored prefix's request did not run while the others waited";
+  EXPECT_FALSE(seen.others_done) << "the ingest was held";
   EXPECT_EQ(fakes_[0]->ingests.load(), 2) << "the stored prefix's, then a's (b waited for it)";
   EXPECT_TRUE(a.totals.ingested());
   EXPECT_FALSE(b.totals.ingested());
-  ctx_.executor = &executor_;
+}
+
+// The store's lookups are awaited too: a request whose lookup the store has
+// not answered yet is suspended, and another one (over a stored prefix, its
+// lookup answered) runs to its end on the only thread meanwhile.
+TEST_F(CatalogueTest, ARequestWaitingOnAStoreLookupHoldsNoThread) {
+  Plan stored = PlanFor({9, 9, 9, 9, 9});
+  Request rs;
+  Init(rs);
+  ASSERT_TRUE(Store(stored, rs).ok());
+  {
+    std::lock_guard<std::mutex> lock(store_.mu);
+    store_.lookups_to_hold = 1;
+  }
+  store_.held_lookups.Hold();
+  Plan a = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Plan c = PlanFor({9, 9, 9, 9, 9});
+  Request ra, rc;
+  Init(ra);
+  Init(rc);
+  const OneThread seen =
+      EnsureStoredOnOneThread({{&a, &ra}, {&c, &rc}}, [&] { store_.held_lookups.Release(); });
+  EXPECT_TRUE(seen.last_done)
+      << "the second request did not run while the first one's lookup waited";
+  EXPECT_FALSE(seen.others_done) << "the first request's lookup was held";
+  EXPECT_TRUE(a.totals.ingested());
 }
 
 TEST_F(CatalogueTest, AVerifierThatDiesUnderTheIngestIsReplaced) {
@@ -324,7 +388,7 @@ TEST_F(CatalogueTest, AFailedIngestNamesTheVerifier) {
   const absl::Status s = Store(p, r);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "verifier v0:1 Ingest: bad variant");
-  EXPECT_TRUE(catalogue_->Missing(p, Later()));
+  EXPECT_TRUE(BlockOn(catalogue_->Missing(ctx_, p, Later())));
 }
 
 TEST_F(CatalogueTest, ATenantOverItsStoredBytesIsRefusedBeforeTheIngest) {
@@ -399,7 +463,7 @@ TEST_F(CatalogueTest, StoreCallsEndByTheRequestDeadlineCutToTheRpcTimeout) {
 
   store_.deadlines.clear();
   const Clock::time_point before = Clock::now();
-  EXPECT_FALSE(catalogue_->Missing(p, Clock::time_point::max()));
+  EXPECT_FALSE(BlockOn(catalogue_->Missing(ctx_, p, Clock::time_point::max())));
   const Clock::time_point after = Clock::now();
   ASSERT_EQ(store_.deadlines.size(), 1u);
   EXPECT_GE(store_.deadlines[0], before + CatalogueOptions{}.rpc_timeout);

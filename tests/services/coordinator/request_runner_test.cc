@@ -343,8 +343,10 @@ class RunnerTest : public ::testing::Test {
       failures_.push_back(absl::StrCat(WorkerPoolName(pool), ": ", s.message()));
       return true;
     };
-    ctx_.release = [this](WorkerPool pool, Worker&, uint64_t) {
+    ctx_.release = [this](WorkerPool pool, Worker&, uint64_t, CallDone done) {
       calls_.Add(absl::StrCat("release ", WorkerPoolName(pool)));
+      auto answer = [done = std::move(done)] { done(absl::OkStatus()); };
+      if (!held_releases_.Keep(answer)) answer();
     };
     plan_.req.set_max_new_tokens(20);
     plan_.x = 4;
@@ -446,7 +448,8 @@ class RunnerTest : public ::testing::Test {
   }
 
   Calls calls_;
-  Executor executor_;  // the runners continue on it after their waits
+  HeldAnswers held_releases_;  // ctx_.release's answers
+  Executor executor_;          // the runners continue on it after their waits
   std::unique_ptr<SlotClock> clock_;
   FakeVerifier* fake_v_;
   FakeDrafter* fake_d_;
@@ -903,6 +906,17 @@ TEST_F(RunnerTest, ARequestWaitingForAWorkerHoldsNoThread) {
   const TwoRequests two = RunTwoOnOneThread([&] { fake_v_->held_opens.Release(); });
   EXPECT_FALSE(two.first_done_before_release) << "the first request's Open was held";
   EXPECT_EQ(calls_.Count("v.Open"), 1);
+}
+
+// The same for a session's release: a request that falls back releases its
+// drafter session and is suspended until the release is answered.
+TEST_F(RunnerTest, ARequestWaitingForAReleaseHoldsNoThread) {
+  fake_d_->always_wrong = true;
+  held_releases_.Hold();
+  const TwoRequests two = RunTwoOnOneThread([&] { held_releases_.Release(); });
+  EXPECT_FALSE(two.first_done_before_release) << "the first request's release was held";
+  EXPECT_EQ(calls_.Count("release drafter"), 1);
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
 }
 
 TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
