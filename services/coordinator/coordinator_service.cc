@@ -31,6 +31,11 @@ constexpr int kMaxStopTokenIds = 64;
 // deadline_ms beyond this is refused (the sum with now must not overflow).
 constexpr int64_t kMaxDeadlineMs = int64_t{24} * 3600 * 1000;
 
+// The request executor's threads at most: the cores, and never fewer than 4
+// (a coordinator on a small pod still overlaps its requests' work with the
+// scheduling of others).
+int ExecutorThreads() { return std::max(4, static_cast<int>(std::thread::hardware_concurrency())); }
+
 // Requests are kept per (tenant, id): the same id in two tenants is two
 // requests, and one tenant cannot name another's.
 std::string RequestKey(const std::string& tenant, const std::string& id) {
@@ -341,8 +346,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
           .place_verifier =
               [self](const std::string& prefix_key) { return self->PlaceVerifier(prefix_key); },
           .worker_failed =
-              [self](WorkerPool pool, Worker& w, const absl::Status& s) {
-                return self->CheckWorkerAfterFailure(pool, w, s);
+              [self](WorkerPool pool, Worker& w, const absl::Status& s,
+                     std::function<void(bool)> done) {
+                self->StartCheckWorker(pool, w, s, std::move(done));
               },
           .on_retry = [self] { self->metrics_->retries->Labels({"verifier"}).Inc(); }});
   RunnerContext& rc = service->runner_;
@@ -355,10 +361,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
                              .baseline_chunk = options.baseline_chunk,
                              .rpc_timeout = options.rpc_timeout};
   rc.clock = service->clock_.get();
-  // Requests block a thread only in their worker calls, so a thread per
-  // admitted request (and a few for those planning) is never short.
+  // Nothing a request waits for holds an executor thread (a slot, its
+  // lease, admission, a worker's or the store's answer, a release, a worker
+  // probe, room to write: all awaited), so the executor needs threads for
+  // the requests' own work, about one per core, not one per request.
   service->executor_ =
-      std::make_unique<Executor>(ExecutorOptions{.max_threads = options.max_active_requests + 8});
+      std::make_unique<Executor>(ExecutorOptions{.max_threads = ExecutorThreads()});
   rc.executor = service->executor_.get();
   rc.eos_ids = service->eos_ids_;
   rc.kv_bytes_per_token = service->kv_bytes_per_token_;
@@ -369,8 +377,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
                              .rounds = service->metrics_->rounds,
                              .fallbacks = service->metrics_->fallbacks,
                              .scheduler_queued = service->metrics_->scheduler_queued};
-  rc.worker_failed = [self](WorkerPool pool, Worker& w, const absl::Status& s) {
-    return self->CheckWorkerAfterFailure(pool, w, s);
+  rc.worker_failed = [self](WorkerPool pool, Worker& w, const absl::Status& s,
+                            std::function<void(bool)> done) {
+    self->StartCheckWorker(pool, w, s, std::move(done));
   };
   rc.release = [self](WorkerPool pool, Worker& w, uint64_t session, CallDone done) {
     self->StartReleaseOrRetry(pool, w, session, std::move(done));
@@ -482,13 +491,13 @@ void CoordinatorService::Shutdown() {
   if (release_retry_) release_retry_->Stop();
   // A stopped clock ends every wait at once (a request waiting for a slot
   // or for its lease's next message continues, finds itself cancelled and
-  // returns): then every Generate coroutine, and the shadow checks on their
-  // own threads, are waited for before the service (and the executor they
-  // continue on) goes away.
+  // returns): then every Generate coroutine and worker check in flight, and
+  // the shadow checks on their own threads, are waited for before the
+  // service (and the executor they continue on) goes away.
   if (clock_) clock_->Stop();
   {
     std::unique_lock<std::mutex> lock(calls_mu_);
-    calls_cv_.wait(lock, [&] { return calls_running_ == 0; });
+    calls_cv_.wait(lock, [&] { return calls_running_ == 0 && checks_running_ == 0; });
   }
   while (shadow_checks_running_.load() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -637,10 +646,10 @@ absl::Status CoordinatorService::CheckBounds(const pb::GenerateRequest& req) con
 // One Generate call on gRPC's callback API and the Sink its request writes
 // to (queued_writer.h: messages queued and written one at a time; the call
 // finishes once its coroutine has returned and the queue has drained). A
-// reader that falls kMaxQueued messages behind holds the request up: Write
-// waits (on the runner's executor thread) for room, so a client that stops
-// reading stops its request's rounds, and the stream watch ends it after
-// --stream-write-timeout-ms. A write that fails, or a cancelled call, makes
+// reader that falls kMaxQueued messages behind holds the request up: the
+// runner awaits room before each message (AwaitWritable; no thread waits),
+// so a client that stops reading stops its request's rounds, and the stream
+// watch ends it after --stream-write-timeout-ms. A write that fails, or a cancelled call, makes
 // every later Write answer false, and the request ends as cancelled.
 class CoordinatorService::GenerateCall final : public QueuedWriteReactor<pb::GenerateResponse>,
                                                public Sink {
@@ -657,6 +666,10 @@ class CoordinatorService::GenerateCall final : public QueuedWriteReactor<pb::Gen
   static constexpr size_t kMaxQueued = 16;
 
   bool Write(const pb::GenerateResponse& msg) override { return QueuedWriteReactor::Write(msg); }
+  bool Writable() override { return QueuedWriteReactor::Writable(); }
+  void WhenWritable(std::function<void()> ready) override {
+    QueuedWriteReactor::WhenWritable(std::move(ready));
+  }
 
  private:
   void WriteStarted() override { write_id_ = watch_->Begin(ctx_); }
@@ -803,6 +816,7 @@ Task<absl::Status> CoordinatorService::Serve(const pb::GenerateRequest& req, Req
     metrics_->tpot->Labels({ModeName(r.mode)})
         .Observe(after_first / static_cast<double>(plan.output.size() - 1));
   }
+  (void)co_await AwaitWritable(runner_, r, sink);
   sink->Write(last);
   *output = plan.output;
   co_return absl::OkStatus();
@@ -948,10 +962,30 @@ absl::Status CoordinatorService::ProbeWorker(WorkerPool pool, int index) {
   pb::WorkerInfoRequest req;
   pb::WorkerInfoResponse resp;
   const absl::Status s = w.client().Info(CallWithin(options_.health_check_timeout), req, &resp);
-  if (!s.ok()) {
+  return ProbeVerdict(pool, w, s, resp);
+}
+
+void CoordinatorService::StartProbeWorker(WorkerPool pool, int index, CallDone done) {
+  const auto& workers = pool == WorkerPool::kVerifier ? verifiers_ : drafters_;
+  Worker& w = *workers[static_cast<size_t>(index)];
+  struct InfoCall {
+    pb::WorkerInfoRequest req;
+    pb::WorkerInfoResponse resp;
+  };
+  auto call = std::make_shared<InfoCall>();
+  w.client().StartInfo(CallWithin(options_.health_check_timeout), call->req, &call->resp,
+                       [this, pool, &w, call, done = std::move(done)](const absl::Status& s) {
+                         done(ProbeVerdict(pool, w, s, call->resp));
+                       });
+}
+
+absl::Status CoordinatorService::ProbeVerdict(WorkerPool pool, const Worker& w,
+                                              const absl::Status& info,
+                                              const pb::WorkerInfoResponse& resp) {
+  if (!info.ok()) {
     // Any failed probe means down, whatever its code (a hung worker times out).
     return absl::UnavailableError(
-        absl::StrCat(WorkerPoolName(pool), " ", w.address, " health check: ", s.message()));
+        absl::StrCat(WorkerPoolName(pool), " ", w.address, " health check: ", info.message()));
   }
   // A worker restarted on the same address must still be the same model,
   // numerics and stop set (the rule the coordinator applied at start).
@@ -973,17 +1007,39 @@ WorkerModel CoordinatorService::ExpectedWorkerModel() const {
   return expected;
 }
 
-bool CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w,
-                                                 const absl::Status& s) {
-  if (!IsWorkerLost(s)) return false;
-  const absl::Status probe = ProbeWorker(pool, w.index);
-  if (probe.ok()) {
-    // It answers: the call failed for another reason, or the worker came
-    // back already (its sessions are gone either way).
-    return false;
+void CoordinatorService::StartCheckWorker(WorkerPool pool, Worker& w, const absl::Status& s,
+                                          std::function<void(bool down)> done) {
+  if (!IsWorkerLost(s)) {
+    done(false);
+    return;
   }
-  health_->MarkDown(pool, w.index, s);
-  return true;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    ++checks_running_;
+  }
+  StartProbeWorker(pool, w.index,
+                   [this, pool, &w, s, done = std::move(done)](const absl::Status& probe) {
+                     // It answers: the call failed for another reason, or the
+                     // worker came back already (its sessions are gone either
+                     // way).
+                     if (!probe.ok()) health_->MarkDown(pool, w.index, s);
+                     done(!probe.ok());
+                     std::lock_guard<std::mutex> lock(calls_mu_);
+                     --checks_running_;
+                     calls_cv_.notify_all();
+                   });
+}
+
+Task<bool> CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w,
+                                                       const absl::Status& s) {
+  bool down = false;
+  (void)co_await AwaitStartedCall(runner_, [&](CallDone done) {
+    StartCheckWorker(pool, w, s, [&down, done = std::move(done)](bool d) {
+      down = d;  // read once resumed
+      done(absl::OkStatus());
+    });
+  });
+  co_return down;
 }
 
 Task<absl::Status> CoordinatorService::Run(Plan& plan, Request& r, Sink* writer) {
@@ -995,10 +1051,17 @@ Task<absl::Status> CoordinatorService::Run(Plan& plan, Request& r, Sink* writer)
     // for the requests placed meanwhile.)
     std::vector<std::string> died;
     const char* pool = plan.verifier ? "verifier" : "drafter";
-    if (plan.verifier && CheckWorkerAfterFailure(WorkerPool::kVerifier, *plan.verifier, s)) {
+    bool verifier_down = false, drafter_down = false;
+    if (plan.verifier) {
+      verifier_down = co_await CheckWorkerAfterFailure(WorkerPool::kVerifier, *plan.verifier, s);
+    }
+    if (plan.drafter) {
+      drafter_down = co_await CheckWorkerAfterFailure(WorkerPool::kDrafter, *plan.drafter, s);
+    }
+    if (verifier_down) {
       died.push_back(absl::StrCat("verifier ", plan.verifier->address, " is down"));
     }
-    if (plan.drafter && CheckWorkerAfterFailure(WorkerPool::kDrafter, *plan.drafter, s)) {
+    if (drafter_down) {
       died.push_back(absl::StrCat("drafter ", plan.drafter->address, " is down"));
       if (died.size() == 1) pool = "drafter";
     }

@@ -211,13 +211,23 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // pool has no live worker.
   absl::StatusOr<Worker*> PlaceVerifier(const std::string& prefix_key, uint64_t session = 0);
   absl::Status Place(Plan& plan, vericache::v1::Mode mode);
-  // One health probe of a worker (Info, with a deadline; same model).
+  // One health probe of a worker (Info, with a deadline; same model): the
+  // health checker's, on its thread.
   absl::Status ProbeWorker(WorkerPool pool, int index);
+  // The same on gRPC's callback API, for a request: `done` gets the verdict.
+  void StartProbeWorker(WorkerPool pool, int index, CallDone done);
+  // A probe's verdict from its Info call's status and answer.
+  absl::Status ProbeVerdict(WorkerPool pool, const Worker& w, const absl::Status& info,
+                            const vericache::v1::WorkerInfoResponse& resp);
   // The model, numerics and stop ids of the first worker: every other must match.
   WorkerModel ExpectedWorkerModel() const;
-  // Probes a worker a call to which failed with `s` (now, not at the next
-  // round) and marks it down if it is gone; returns true if it is down.
-  bool CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);
+  // A call to `w` failed with `s`: when the failure says the worker may be
+  // gone, probes it now (not at the next round: StartProbeWorker) and marks
+  // it down if it is; `done(down)`. Shutdown waits for the probes in flight.
+  void StartCheckWorker(WorkerPool pool, Worker& w, const absl::Status& s,
+                        std::function<void(bool down)> done);
+  // StartCheckWorker, awaited by a request: true if `w` is down.
+  Task<bool> CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);
   // Releases the plan's worker sessions (2 s deadline each), awaited; a
   // failed Release is queued for retries off the request path
   // (release_retry_). Always OK.
@@ -278,10 +288,12 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int64_t> next_request_{1};
   std::atomic<int> shadow_checks_running_{0};
-  // Generate calls whose coroutine has not returned yet (Shutdown waits).
+  // Generate calls whose coroutine has not returned yet, and worker checks
+  // in flight (Shutdown waits for both).
   std::mutex calls_mu_;
   std::condition_variable calls_cv_;
   int calls_running_ = 0;
+  int checks_running_ = 0;
   std::mutex calib_mu_;
   double step_ewma_ = 0;
   int calib_samples_ = 0;

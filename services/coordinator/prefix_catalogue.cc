@@ -173,6 +173,18 @@ Task<absl::StatusOr<std::string>> PrefixCatalogue::AwaitGet(const RunnerContext&
   co_return value;
 }
 
+Task<bool> PrefixCatalogue::AwaitWorkerCheck(const RunnerContext& ctx, Worker& w,
+                                             const absl::Status& s) {
+  bool down = false;
+  (void)co_await AwaitStartedCall(ctx, [&](CallDone done) {
+    hooks_.worker_failed(WorkerPool::kVerifier, w, s, [&down, done = std::move(done)](bool d) {
+      down = d;  // read once resumed
+      done(absl::OkStatus());
+    });
+  });
+  co_return down;
+}
+
 std::vector<std::string> PrefixCatalogue::PlanKeys(const Plan& plan) {
   std::vector<std::string> keys = plan.chunk_keys;
   keys.push_back(plan.variant_key);
@@ -235,9 +247,11 @@ Task<absl::Status> PrefixCatalogue::EnsureStored(const RunnerContext& ctx, Plan&
     for (auto& signal : waiting) signal();
     // The verifier died under the ingest: look again (the prefix may be
     // stored by now) and ingest on a live one.
-    if (ingest_on != nullptr && IsWorkerLost(status) &&
-        hooks_.worker_failed(WorkerPool::kVerifier, *ingest_on, status) &&
-        attempt < std::min(2, options_.max_worker_retries)) {
+    bool down = false;
+    if (ingest_on != nullptr && IsWorkerLost(status)) {
+      down = co_await AwaitWorkerCheck(ctx, *ingest_on, status);
+    }
+    if (down && attempt < std::min(2, options_.max_worker_retries)) {
       if (hooks_.on_retry) hooks_.on_retry();
       continue;
     }
@@ -383,8 +397,9 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   absl::Status s = v.verifier->Ingest(IngestCallOptions(r), ireq, &iresp);
   admission_->Leave(r.tenant, false);
   if (!s.ok()) {
-    (void)hooks_.worker_failed(WorkerPool::kVerifier, v,
-                               WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest")));
+    hooks_.worker_failed(WorkerPool::kVerifier, v,
+                         WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest")),
+                         [](bool) {});
     return s;
   }
   admission_->ChargeStored(r.tenant, iresp.bytes());

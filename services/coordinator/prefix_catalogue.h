@@ -101,8 +101,11 @@ struct CatalogueModel {
 struct CatalogueHooks {
   // The verifier a prefix (last chunk key in hex) is placed on.
   std::function<absl::StatusOr<Worker*>(const std::string& prefix_key)> place_verifier;
-  // A call to `w` failed with `s`: true if the worker is down now.
-  std::function<bool(WorkerPool pool, Worker& w, const absl::Status& s)> worker_failed;
+  // A call to `w` failed with `s`: `done(down)` once the worker has been
+  // probed (RunnerContext::worker_failed).
+  std::function<void(WorkerPool pool, Worker& w, const absl::Status& s,
+                     std::function<void(bool down)> done)>
+      worker_failed;
   // An ingest is tried again on another verifier (a metric).
   std::function<void()> on_retry;
 };
@@ -167,6 +170,8 @@ class PrefixCatalogue {
                                                         absl::StatusOr<std::string> manifest) const;
   // The store keys of the plan's chunks and variant.
   static std::vector<std::string> PlanKeys(const Plan& plan);
+  // hooks_.worker_failed, awaited: true if `w` is down.
+  Task<bool> AwaitWorkerCheck(const RunnerContext& ctx, Worker& w, const absl::Status& s);
   // A verifier Ingest on r's behalf: cancelled with its caller.
   WorkerCallOptions IngestCallOptions(const Request& r) const;
   kvstore::ChunkKeyOptions KeyOptions(const std::string& salt) const;

@@ -2,7 +2,8 @@
 // thread of the service's own (the coordinator's request runners), not from
 // gRPC's reactions: messages wait in a bounded queue and are written one at
 // a time, Write blocks while the queue is full (so a client that stops
-// reading holds its writer up), and the call finishes once the queue has
+// reading holds its writer up; a coroutine awaits room first, WhenWritable,
+// instead of blocking its thread), and the call finishes once the queue has
 // drained. A failed write or a cancelled call makes every later Write answer
 // false.
 //
@@ -17,6 +18,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 
@@ -39,6 +41,28 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
     queue_.push_back(msg);
     if (queue_.size() == 1) StartNextWrite();
     return true;
+  }
+
+  // True when a Write now would not wait for room (or would fail at once).
+  bool Writable() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_ || queue_.size() < max_queued_;
+  }
+
+  // Calls `ready` once Writable would be true: at once (on this thread) if
+  // it is now, otherwise from the reaction that makes room or breaks the
+  // call. A later call replaces a `ready` not called yet. `ready` must be
+  // quick and must not call back into this reactor. Not after
+  // FinishWhenWritten.
+  void WhenWritable(std::function<void()> ready) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_ && queue_.size() >= max_queued_) {
+        ready_ = std::move(ready);
+        return;
+      }
+    }
+    ready();
   }
 
   // Finishes the call with `status` once the queued messages are written
@@ -66,6 +90,7 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
       queue_.clear();
     }
     room_.notify_all();
+    TellReady();
     if (!queue_.empty()) {
       StartNextWrite();
     } else if (finish_) {
@@ -80,6 +105,7 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
       std::lock_guard<std::mutex> lock(mu_);
       broken_ = true;
       room_.notify_all();
+      TellReady();
     }
     Cancelled();
   }
@@ -96,6 +122,12 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
   virtual void Cancelled() {}
 
  private:
+  void TellReady() {  // mu_ held; the queue has room or the call broke
+    if (!ready_) return;
+    std::function<void()> ready = std::move(ready_);
+    ready_ = nullptr;
+    ready();
+  }
   void StartNextWrite() {  // mu_ held, queue_ not empty
     WriteStarted();
     this->StartWrite(&queue_.front());
@@ -107,6 +139,7 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
   std::deque<Message> queue_;     // the front is being written
   bool broken_ = false;
   std::optional<grpc::Status> finish_;
+  std::function<void()> ready_;  // WhenWritable's, until there is room
 };
 
 }  // namespace vc::coordinator

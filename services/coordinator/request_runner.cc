@@ -114,6 +114,13 @@ Task<bool> AwaitSignal(const RunnerContext& ctx,
   co_return race->signalled.load();
 }
 
+Task<bool> AwaitWritable(const RunnerContext& ctx, const Request& r, Sink* writer) {
+  if (writer->Writable()) co_return true;
+  co_return co_await AwaitSignal(
+      ctx, [writer](std::function<void()> signal) { writer->WhenWritable(std::move(signal)); },
+      r.deadline);
+}
+
 Task<absl::Status> ReleaseSession(const RunnerContext& ctx, WorkerPool pool, Worker& w,
                                   uint64_t session) {
   if (!ctx.release) co_return absl::OkStatus();
@@ -139,8 +146,10 @@ void Observe(metrics::Histogram* h, double v) {
   if (h != nullptr) h->Observe(v);
 }
 
-bool WorkerFailed(const RunnerContext& ctx, WorkerPool pool, Worker& w, const absl::Status& s) {
-  return ctx.worker_failed ? ctx.worker_failed(pool, w, s) : false;
+// Reports a failed call to `w` (the service probes it); the request goes on
+// without waiting for the verdict.
+void WorkerFailed(const RunnerContext& ctx, WorkerPool pool, Worker& w, const absl::Status& s) {
+  if (ctx.worker_failed) ctx.worker_failed(pool, w, s, [](bool) {});
 }
 
 void UpdateGauges(const RunnerContext& ctx) {
@@ -835,6 +844,7 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
       // commits, has it.
       AdaptDraftLength(ctx, verifier_take(front.take, 0), progress.result().verify().accepted(),
                        plan);
+      (void)co_await AwaitWritable(ctx, r, writer);
       if (!EmitVerifiedRound(ctx, plan, r, writer, progress.result(), verify_ms)) {
         co_return PeerRoundOutcome::kComplete;
       }
@@ -870,6 +880,7 @@ Task<absl::StatusOr<PeerRoundOutcome>> RunLease(const RunnerContext& ctx, Plan& 
     const int take =
         verifier_take(lr.take, lr.emitted ? progress.result().verify().tokens_size() : 0);
     *unverified = 1;
+    if (!lr.emitted) (void)co_await AwaitWritable(ctx, r, writer);
     VC_CO_ASSIGN_OR_RETURN(
         const PeerRoundOutcome out,
         ApplyPeerRound(ctx, plan, r, writer, progress.result(), take, times, lr.emitted));
@@ -1061,6 +1072,7 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
       times.wall_seconds = std::chrono::duration<double>(Clock::now() - round_start).count();
       times.slot_wait_seconds = slot_wait_seconds;
       times.verify_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      (void)co_await AwaitWritable(ctx, r, writer);
       VC_CO_ASSIGN_OR_RETURN(const PeerRoundOutcome outcome,
                              ApplyPeerRound(ctx, plan, r, writer, rresp, take, times));
       unverified = 1;
@@ -1110,6 +1122,7 @@ Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r
     const pb::RoundStats round = NoteVerifiedRound(
         ctx, static_cast<int32_t>(drafts.size()), vresp,
         std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), plan);
+    (void)co_await AwaitWritable(ctx, r, writer);
     if (!Emit(ctx, plan, r, tokens, round, writer)) co_return absl::OkStatus();
     // Tell the drafter: its confirmed drafts survive, the rest roll back,
     // and the exact K/V of the verified tokens replaces its own.
@@ -1204,6 +1217,7 @@ Task<absl::Status> RunFullLocal(const RunnerContext& ctx, Plan& plan, Request& r
     round.set_batch_requests(resp.batch_requests());
     round.set_fallback(already_open);
     std::vector<int32_t> tokens(resp.tokens().begin(), resp.tokens().end());
+    (void)co_await AwaitWritable(ctx, r, writer);
     if (!Emit(ctx, plan, r, tokens, round, writer)) co_return absl::OkStatus();
   }
 }
@@ -1277,6 +1291,7 @@ Task<absl::Status> RunRemote(const RunnerContext& ctx, Plan& plan, Request& r, S
     }
     NoteDrafterCommit(cresp, &plan.totals);
     pb::RoundStats round;
+    (void)co_await AwaitWritable(ctx, r, writer);
     if (!Emit(ctx, plan, r, tokens, round, writer)) co_return absl::OkStatus();
   }
 }

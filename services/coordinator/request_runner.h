@@ -87,10 +87,20 @@ struct Request {
 };
 
 // Where a request's messages go: the client's stream, or nowhere (the
-// shadow check). Write returns false when the receiver is gone.
+// shadow check). Write returns false when the receiver is gone; it may wait
+// for room (a bounded queue behind a slow reader), which the runners await
+// first (AwaitWritable), so that a request behind a slow reader holds no
+// thread. The defaults: a sink that never waits.
 struct Sink {
   virtual ~Sink() = default;
   virtual bool Write(const vericache::v1::GenerateResponse& msg) = 0;
+  // True when a Write now would not wait (or would fail at once).
+  virtual bool Writable() { return true; }
+  // Calls `ready` once Writable would be true: at once, on this thread, if
+  // it is now; otherwise on the thread that makes room or ends the stream. A
+  // later call replaces an earlier `ready` not called yet; `ready` must be
+  // quick and may outlive the wait it was for.
+  virtual void WhenWritable(std::function<void()> ready) { ready(); }
 };
 
 // What a request decodes and how far it got.
@@ -200,8 +210,12 @@ struct RunnerContext {
   std::shared_ptr<VariantSizes> variant_sizes = std::make_shared<VariantSizes>();
   RunnerMetrics metrics;
   // Hooks into the service (unset: no-ops). A call to `w` failed with `s`:
-  // probe it now and mark it down if it is gone; true if it is down.
-  std::function<bool(WorkerPool pool, Worker& w, const absl::Status& s)> worker_failed;
+  // the service probes it now (without holding the caller's thread) and
+  // marks it down if it is gone; `done(down)` is told the verdict, once, on
+  // any thread (the runners do not wait for it).
+  std::function<void(WorkerPool pool, Worker& w, const absl::Status& s,
+                     std::function<void(bool down)> done)>
+      worker_failed;
   // Starts the release of a session; `done` is told how it went, once, on
   // any thread (a failed release is queued for a retry off the request path
   // before `done` is called).
@@ -245,6 +259,11 @@ Task<absl::Status> AwaitCall(const RunnerContext& ctx, Client& client,
 Task<bool> AwaitSignal(const RunnerContext& ctx,
                        const std::function<void(std::function<void()> signal)>& arm,
                        Clock::time_point wake);
+
+// Suspends the caller until `writer` is Writable, or until r's deadline
+// (false); it continues on ctx.executor. Only one coroutine writes to a
+// sink, so a Write right after it does not wait for room.
+Task<bool> AwaitWritable(const RunnerContext& ctx, const Request& r, Sink* writer);
 
 // Releases `session` on `w` through ctx.release (OK without one), awaited as
 // AwaitStartedCall: the request's thread is not held while the worker

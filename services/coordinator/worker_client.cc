@@ -86,6 +86,11 @@ class GrpcWorker : public Client {
                        pb::ReleaseResponse* resp) override {
     return Call(*stub_, &Service::Stub::Release, o, req, resp);
   }
+  void StartInfo(const WorkerCallOptions& o, const pb::WorkerInfoRequest& req,
+                 pb::WorkerInfoResponse* resp, CallDone done) override {
+    StartCall(*stub_, &Service::Stub::StubInterface::async_interface::Info, o, req, resp,
+              std::move(done));
+  }
   void StartRelease(const WorkerCallOptions& o, const pb::ReleaseRequest& req,
                     pb::ReleaseResponse* resp, CallDone done) override {
     StartCall(*stub_, &Service::Stub::StubInterface::async_interface::Release, o, req, resp,

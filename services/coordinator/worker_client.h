@@ -57,9 +57,14 @@ class WorkerClient {
                             vericache::v1::WorkerInfoResponse* resp) = 0;
   virtual absl::Status Release(const WorkerCallOptions& o, const vericache::v1::ReleaseRequest& req,
                                vericache::v1::ReleaseResponse* resp) = 0;
-  // Release for a request's end, without holding the caller's thread (as
-  // VerifierClient's Start* calls below; the default makes the synchronous
+  // Info and Release for a request (a probe after a failed call, the
+  // release at its end), without holding the caller's thread (as
+  // VerifierClient's Start* calls below; the defaults make the synchronous
   // call).
+  virtual void StartInfo(const WorkerCallOptions& o, const vericache::v1::WorkerInfoRequest& req,
+                         vericache::v1::WorkerInfoResponse* resp, CallDone done) {
+    done(Info(o, req, resp));
+  }
   virtual void StartRelease(const WorkerCallOptions& o, const vericache::v1::ReleaseRequest& req,
                             vericache::v1::ReleaseResponse* resp, CallDone done) {
     done(Release(o, req, resp));

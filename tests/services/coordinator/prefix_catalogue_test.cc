@@ -180,9 +180,10 @@ class CatalogueTest : public ::testing::Test {
     hooks.place_verifier = [this](const std::string&) -> absl::StatusOr<Worker*> {
       return workers_[dead_ ? 1 : 0].get();
     };
-    hooks.worker_failed = [this](WorkerPool, Worker& w, const absl::Status&) {
+    hooks.worker_failed = [this](WorkerPool, Worker& w, const absl::Status&,
+                                 const std::function<void(bool)>& done) {
       if (w.index == 0) dead_ = true;
-      return w.index == 0;
+      done(w.index == 0);
     };
     hooks.on_retry = [this] { ++retries_; };
     catalogue_ = std::make_unique<PrefixCatalogue>(
@@ -490,7 +491,8 @@ TEST(CatalogueDeadlineTest, ARequestWithTwoSecondsLeftDoesNotWaitTenOnAStoreThat
   hooks.place_verifier = [](const std::string&) -> absl::StatusOr<Worker*> {
     return absl::InternalError("no ingest: the store never answered the lookup");
   };
-  hooks.worker_failed = [](WorkerPool, Worker&, const absl::Status&) { return false; };
+  hooks.worker_failed = [](WorkerPool, Worker&, const absl::Status&,
+                           const std::function<void(bool)>& done) { done(false); };
   PrefixCatalogue catalogue(
       CatalogueOptions{.chunk_tokens = kChunk, .rpc_timeout = std::chrono::seconds(10)},
       CatalogueModel{.model_id = TestModel(), .vocab = 100, .context = 64}, store.get(), &admission,

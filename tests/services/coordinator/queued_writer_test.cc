@@ -2,7 +2,8 @@
 // in-process gRPC server: messages written from the service's own threads
 // arrive whole and in order, then the status; a failed or cancelled call
 // makes Write answer false and calls the cancel hook; the queue's bound
-// holds a writer up while the client does not read; and thousands of calls
+// holds a writer up while the client does not read, and one that awaits
+// room (WhenWritable) is told of it; and thousands of calls
 // finished from another thread right after (or without) their last write
 // all end cleanly (the path of Generate's call that once touched its freed
 // mutex; the sanitised runs check the memory).
@@ -13,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -37,6 +39,9 @@ struct Tally {
   std::atomic<int> cancels{0};
   std::atomic<int> accepted_writes{0};  // Write answered true
   std::atomic<int> refused_writes{0};   // Write answered false
+  // Writers that await room (WhenWritable) before each Write:
+  std::atomic<int> told_room{0};          // a WhenWritable wait ended
+  std::atomic<int> told_without_room{0};  // ... and Writable was still false
 };
 
 class TestWriter final : public QueuedWriteReactor<pb::GenerateResponse> {
@@ -92,10 +97,12 @@ class Runners {
   std::vector<std::thread> threads_;
 };
 
-// Generate streams max_new_tokens messages (message i holds token i; with
-// request id "big", 1 KiB of padding too), then finishes OK, or
+// Generate streams max_new_tokens messages (message i holds token i; with a
+// request id starting "big", 1 KiB of padding too), then finishes OK, or
 // INVALID_ARGUMENT when the request id is "fail". The writes and the finish
-// happen on a runner thread.
+// happen on a runner thread. With a request id ending "await", the runner
+// awaits room before each Write (Writable, else WhenWritable), as the
+// coordinator's coroutines do, instead of letting Write wait.
 class StreamingService final : public pb::Coordinator::CallbackService {
  public:
   StreamingService(size_t max_queued, Tally* tally) : max_queued_(max_queued), tally_(tally) {}
@@ -104,12 +111,22 @@ class StreamingService final : public pb::Coordinator::CallbackService {
       grpc::CallbackServerContext*, const pb::GenerateRequest* req) override {
     auto* w = new TestWriter(max_queued_, tally_);
     const int n = req->max_new_tokens();
-    const bool fail = req->request_id() == "fail", big = req->request_id() == "big";
-    runners_.Post([w, n, fail, big, tally = tally_] {
+    const std::string& id = req->request_id();
+    const bool fail = id == "fail", big = id.rfind("big", 0) == 0;
+    const bool await_room = id.size() >= 5 && id.compare(id.size() - 5, 5, "await") == 0;
+    runners_.Post([w, n, fail, big, await_room, tally = tally_] {
       for (int i = 0; i < n; ++i) {
         pb::GenerateResponse msg;
         msg.add_tokens(i);
         if (big) msg.set_request_id(std::string(1024, 'x'));
+        if (await_room && !w->Writable()) {
+          auto told = std::make_shared<std::promise<void>>();
+          std::future<void> room = told->get_future();
+          w->WhenWritable([told] { told->set_value(); });
+          room.wait();
+          tally->told_room.fetch_add(1);
+          if (!w->Writable()) tally->told_without_room.fetch_add(1);
+        }
         if (!w->Write(msg)) {
           tally->refused_writes.fetch_add(1);
           break;
@@ -223,6 +240,57 @@ TEST_F(QueuedWriterTest, AReaderThatStopsHoldsTheWriterUpAndItsCancelReleasesIt)
   }
   EXPECT_EQ(tally_.refused_writes.load(), 1);  // the blocked Write answered false
   EXPECT_EQ(tally_.cancels.load(), 1);
+}
+
+// A writer that awaits room instead of waiting in Write: behind a client
+// that stops reading it is told of room only when there is room (a write
+// ended), and every message still arrives, in order; a cancel tells a
+// writer that is waiting, and its Write then fails.
+TEST_F(QueuedWriterTest, AWriterAwaitingRoomIsToldWhenThereIsRoomOrTheCallEnds) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*max_queued=*/2));
+  constexpr int kMessages = 20000;  // 20 MiB: more than the transport buffers
+  for (const bool cancel : {false, true}) {
+    tally_.told_room = 0;
+    tally_.refused_writes = 0;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    pb::GenerateRequest req;
+    req.set_max_new_tokens(kMessages);
+    req.set_request_id("big-await");
+    auto reader = stub_->Generate(&ctx, req);
+    pb::GenerateResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    // Until the writer has had to wait for room at least once.
+    for (int i = 0; i < 2000 && tally_.told_room.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!cancel && i % 20 == 19) ASSERT_TRUE(reader->Read(&msg));  // a slow reader
+    }
+    if (cancel) {
+      // The writer is (or soon will be) waiting again: the cancel tells it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ctx.TryCancel();
+      while (reader->Read(&msg)) {
+      }
+      EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+      for (int i = 0; i < 1000 && tally_.refused_writes.load() == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_EQ(tally_.refused_writes.load(), 1) << "the writer told by the cancel";
+      continue;
+    }
+    EXPECT_GT(tally_.told_room.load(), 0) << "the writer never had to wait for room";
+    int next = msg.tokens(0) + 1;
+    int out_of_order = 0;
+    while (reader->Read(&msg)) {
+      if (msg.tokens(0) != next) ++out_of_order;
+      next = msg.tokens(0) + 1;
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(next, kMessages);
+    EXPECT_EQ(out_of_order, 0);
+    EXPECT_EQ(tally_.refused_writes.load(), 0);
+  }
+  EXPECT_EQ(tally_.told_without_room.load(), 0);
 }
 
 // Many calls finished by the runner thread at once (nothing queued) or

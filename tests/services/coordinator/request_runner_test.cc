@@ -317,11 +317,52 @@ struct CollectSink final : Sink {
   int messages = 0;
   std::function<void()> on_write;  // called after each message
   bool Write(const pb::GenerateResponse& msg) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      room_.wait(lock, [&] { return !full_; });
+    }
     ++messages;
     tokens.insert(tokens.end(), msg.tokens().begin(), msg.tokens().end());
     if (on_write) on_write();
     return true;
   }
+  // Between Fill and Drain the reader takes nothing: Writable is false and a
+  // Write waits, as the coordinator's queued writer behind a client that has
+  // stopped reading.
+  void Fill() {
+    std::lock_guard<std::mutex> lock(mu_);
+    full_ = true;
+  }
+  void Drain() {
+    std::function<void()> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      full_ = false;
+      ready = std::move(ready_);
+    }
+    room_.notify_all();
+    if (ready) ready();
+  }
+  bool Writable() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !full_;
+  }
+  void WhenWritable(std::function<void()> ready) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (full_) {
+        ready_ = std::move(ready);
+        return;
+      }
+    }
+    ready();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable room_;
+  bool full_ = false;
+  std::function<void()> ready_;
 };
 
 class RunnerTest : public ::testing::Test {
@@ -339,9 +380,10 @@ class RunnerTest : public ::testing::Test {
     drafter_.drafter = std::move(d);
     ctx_.eos_ids = {2};
     ctx_.executor = &executor_;
-    ctx_.worker_failed = [this](WorkerPool pool, Worker&, const absl::Status& s) {
+    ctx_.worker_failed = [this](WorkerPool pool, Worker&, const absl::Status& s,
+                                const std::function<void(bool)>& done) {
       failures_.push_back(absl::StrCat(WorkerPoolName(pool), ": ", s.message()));
-      return true;
+      done(true);
     };
     ctx_.release = [this](WorkerPool pool, Worker&, uint64_t, CallDone done) {
       calls_.Add(absl::StrCat("release ", WorkerPoolName(pool)));
@@ -477,6 +519,20 @@ TEST_F(RunnerTest, VeriCacheRoundsStreamExactlyTheVerifiedTokens) {
   EXPECT_TRUE(plan_.verifier_open);
   EXPECT_TRUE(plan_.drafter_open);
   EXPECT_EQ(r_.generated, 20);
+}
+
+// The report of a failed drafter starts the service's probe and goes on:
+// the request falls back and finishes while the probe has not answered.
+TEST_F(RunnerTest, AFailedDrafterIsReportedWithoutWaitingForItsProbe) {
+  fake_d_->draft_error = absl::UnavailableError("connection refused");
+  std::vector<std::function<void(bool)>> probes;
+  ctx_.worker_failed = [&](WorkerPool, Worker&, const absl::Status&,
+                           std::function<void(bool)> done) { probes.push_back(std::move(done)); };
+  ASSERT_TRUE(BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_)).ok());
+  EXPECT_EQ(plan_.output, Expected(20));
+  EXPECT_EQ(plan_.totals.fallbacks(), 1);
+  ASSERT_EQ(probes.size(), 1u) << "the probe was started and not waited for";
+  probes[0](true);  // its answer, after the request ended, changes nothing
 }
 
 TEST_F(RunnerTest, ADrafterThatDiesFallsBackToTheVerifierAndStaysExact) {
@@ -917,6 +973,16 @@ TEST_F(RunnerTest, ARequestWaitingForAReleaseHoldsNoThread) {
   EXPECT_FALSE(two.first_done_before_release) << "the first request's release was held";
   EXPECT_EQ(calls_.Count("release drafter"), 1);
   EXPECT_EQ(plan_.totals.fallbacks(), 1);
+}
+
+// And for room to write: a request whose client has stopped reading is
+// suspended before its next message, and another request runs to its end on
+// the only thread meanwhile.
+TEST_F(RunnerTest, ARequestBehindAStalledReaderHoldsNoThread) {
+  sink_.Fill();
+  const TwoRequests two = RunTwoOnOneThread([&] { sink_.Drain(); });
+  EXPECT_FALSE(two.first_done_before_release) << "the first request's reader took nothing";
+  EXPECT_EQ(sink_.tokens, Expected(20));
 }
 
 TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
