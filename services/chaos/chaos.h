@@ -210,6 +210,9 @@ struct SoakReport {
   // MiB per 10 minutes, least squares over the samples after the warm-up.
   std::map<std::string, double> rss_slope_mib_per_10min;
   std::map<std::string, double> rss_last_mib;
+  // The most threads each daemon had in one sample (a daemon whose threads
+  // grow with its load or its age shows here).
+  std::map<std::string, int> threads_max;
   double p50_cancel_to_freed_ms = 0;  // probes: Cancel -> every worker idle
   double p99_cancel_to_freed_ms = 0;
   int cancel_probes = 0;

@@ -3,6 +3,7 @@
 // cancels during the run and serial cancel-to-freed probes after it.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -159,18 +160,22 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     });
   }
 
-  // RSS of every daemon.
+  // RSS and threads of every daemon.
   std::map<std::string, std::vector<double>> rss_t, rss_mib;
+  std::map<std::string, int> threads_max;
   std::atomic<bool> sampling{true};
   std::thread sampler([&] {
     while (sampling.load()) {
       const double t = since(Clock::now());
       for (const auto& ep : cluster.endpoints()) {
-        absl::StatusOr<double> mib = internal::RssMiB(control.Pid(ep.name));
+        const pid_t pid = control.Pid(ep.name);
+        absl::StatusOr<double> mib = internal::RssMiB(pid);
         if (!mib.ok()) continue;
+        absl::StatusOr<int> threads = internal::ThreadCount(pid);
         std::lock_guard<std::mutex> lock(mu);
         rss_t[ep.name].push_back(t);
         rss_mib[ep.name].push_back(*mib);
+        if (threads.ok()) threads_max[ep.name] = std::max(threads_max[ep.name], *threads);
       }
       const auto until = Clock::now() + std::chrono::milliseconds(
                                             static_cast<int64_t>(options.rss_interval_s * 1000));
@@ -273,6 +278,7 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
     }
     report.rss_slope_mib_per_10min[name] = LeastSquaresSlope(x, y) * 600.0;
     report.rss_last_mib[name] = rss_mib[name].empty() ? 0 : rss_mib[name].back();
+    report.threads_max[name] = threads_max[name];
     if (options.max_rss_slope > 0 && name != "kvstore" &&
         report.rss_slope_mib_per_10min[name] > options.max_rss_slope) {
       report.problems.push_back(absl::StrFormat("%s RSS grows %.2f MiB per 10 min (limit %.2f)",
@@ -280,9 +286,10 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options, std::ostream& log
                                                 options.max_rss_slope));
     }
     log << absl::StrFormat(
-        "soak: rss %-12s last %.1f MiB, slope %+.3f MiB per 10 min (%d samples after %.0fs)\n",
+        "soak: rss %-12s last %.1f MiB, slope %+.3f MiB per 10 min (%d samples after %.0fs), "
+        "threads at most %d\n",
         name, report.rss_last_mib[name], report.rss_slope_mib_per_10min[name], x.size(),
-        options.warmup_s);
+        options.warmup_s, report.threads_max[name]);
   }
 
   // Everything the run cancelled or finished must be released.

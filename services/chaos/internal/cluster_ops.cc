@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/status_macros.h"
 #include "common/decode/full_decode.h"
 #include "common/rpc/rpc.h"
 #include "httplib.h"
@@ -313,16 +314,29 @@ bool WorkerProbe::Idle() {
   return true;
 }
 
-absl::StatusOr<double> RssMiB(pid_t pid) {
+namespace {
+
+// The number after `field` (e.g. "VmRSS:") in /proc/<pid>/status.
+absl::StatusOr<double> StatusField(pid_t pid, const char* field) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   if (!in) return absl::NotFoundError(absl::StrCat("no process ", pid));
   std::string line;
   while (std::getline(in, line)) {
-    if (StartsWith(line, "VmRSS:")) {
-      return std::strtod(line.c_str() + 6, nullptr) / 1024.0;  // kB
-    }
+    if (StartsWith(line, field)) return std::strtod(line.c_str() + std::strlen(field), nullptr);
   }
-  return absl::NotFoundError(absl::StrCat("no VmRSS for ", pid));
+  return absl::NotFoundError(absl::StrCat("no ", field, " for ", pid));
+}
+
+}  // namespace
+
+absl::StatusOr<double> RssMiB(pid_t pid) {
+  VC_ASSIGN_OR_RETURN(const double kib, StatusField(pid, "VmRSS:"));
+  return kib / 1024.0;
+}
+
+absl::StatusOr<int> ThreadCount(pid_t pid) {
+  VC_ASSIGN_OR_RETURN(const double threads, StatusField(pid, "Threads:"));
+  return static_cast<int>(threads);
 }
 
 // --- the workload ------------------------------------------------------------

@@ -70,8 +70,9 @@ class WorkerProbe {
   std::vector<rpc::ClientConfig> verifier_cfg_, drafter_cfg_;
 };
 
-// VmRSS of `pid` in MiB, from /proc/<pid>/status.
+// VmRSS of `pid` in MiB, and its threads, from /proc/<pid>/status.
 absl::StatusOr<double> RssMiB(pid_t pid);
+absl::StatusOr<int> ThreadCount(pid_t pid);
 
 // One request of the mix and how to check it.
 struct RequestSpec {
