@@ -273,10 +273,11 @@ Task<absl::Status> ReleaseSession(const RunnerContext& ctx, WorkerPool pool, Wor
                                   uint64_t session);
 
 // The runners are coroutines (common/base/task.h): a request waiting for a
-// slot, for its lease's next message or for a worker's answer (the Start*
-// calls of worker_client.h, each bounded by rpc_timeout) is suspended and
-// holds no thread; it continues on ctx.executor. `ctx`, `plan`, `r` and
-// `sink` must outlive the task.
+// slot, for its lease's next message, for a worker's answer (the Start*
+// calls of worker_client.h, each bounded by rpc_timeout), for a release or
+// for room to write to its client is suspended and holds no thread; it
+// continues on ctx.executor. `ctx`, `plan`, `r` and `sink` must outlive the
+// task.
 //
 // vericache mode; falls back to RunFullLocal on the same verifier session.
 Task<absl::Status> RunVeriCache(const RunnerContext& ctx, Plan& plan, Request& r, Sink* sink);
