@@ -255,14 +255,20 @@ struct AsyncRead {
   using Method = void (pb::KvStore::Stub::async_interface::*)(grpc::ClientContext*, const Req*,
                                                               Resp*,
                                                               std::function<void(grpc::Status)>);
-  AsyncRead(const StoreRetryOptions& retry, std::chrono::steady_clock::time_point deadline)
-      : schedule(retry, deadline) {}
+  AsyncRead(pb::KvStore::Stub* stub, Method method, const char* name,
+            const StoreRetryOptions& retry, std::chrono::steady_clock::time_point deadline,
+            std::function<std::unique_ptr<grpc::ClientContext>()> context)
+      : stub(stub),
+        method(method),
+        name(name),
+        schedule(retry, deadline),
+        context(std::move(context)) {}
 
-  pb::KvStore::Stub* stub = nullptr;
-  Method method = nullptr;
-  const char* name = "";
+  pb::KvStore::Stub* const stub;
+  const Method method;
+  const char* const name;
   StoreRetrySchedule schedule;
-  std::function<std::unique_ptr<grpc::ClientContext>()> context;  // one per attempt
+  const std::function<std::unique_ptr<grpc::ClientContext>()> context;  // one per attempt
   Req req;
   Resp resp;
   std::unique_ptr<grpc::ClientContext> ctx;  // the attempt's, while it runs
@@ -326,12 +332,10 @@ absl::StatusOr<std::vector<bool>> StoreClient::Lookup(
 void StoreClient::StartLookup(const std::vector<std::string>& keys,
                               std::chrono::steady_clock::time_point deadline, LookupDone done) {
   deadline = DeadlineOr(deadline);
-  auto read =
-      std::make_shared<AsyncRead<pb::LookupRequest, pb::LookupResponse>>(options_.retry, deadline);
-  read->stub = stub_.get();
-  read->method = &pb::KvStore::Stub::async_interface::Lookup;
-  read->name = "vc-kvstore Lookup";
-  read->context = [this, deadline] { return ReadOnlyContext(deadline); };
+  using Read = AsyncRead<pb::LookupRequest, pb::LookupResponse>;
+  auto read = std::make_shared<Read>(
+      stub_.get(), Read::Method{&pb::KvStore::Stub::async_interface::Lookup}, "vc-kvstore Lookup",
+      options_.retry, deadline, [this, deadline] { return ReadOnlyContext(deadline); });
   read->req = LookupRequestFor(keys);
   read->done = [this, n = keys.size(), done = std::move(done)](absl::Status s, int attempts,
                                                                pb::LookupResponse* resp) {
@@ -348,12 +352,10 @@ void StoreClient::StartLookup(const std::vector<std::string>& keys,
 void StoreClient::StartGet(const std::string& key, std::chrono::steady_clock::time_point deadline,
                            GetDone done) {
   deadline = DeadlineOr(deadline);
-  auto read =
-      std::make_shared<AsyncRead<pb::GetRequest, pb::GetResponse>>(options_.retry, deadline);
-  read->stub = stub_.get();
-  read->method = &pb::KvStore::Stub::async_interface::Get;
-  read->name = "vc-kvstore Get";
-  read->context = [this, deadline] { return ReadOnlyContext(deadline); };
+  using Read = AsyncRead<pb::GetRequest, pb::GetResponse>;
+  auto read = std::make_shared<Read>(
+      stub_.get(), Read::Method{&pb::KvStore::Stub::async_interface::Get}, "vc-kvstore Get",
+      options_.retry, deadline, [this, deadline] { return ReadOnlyContext(deadline); });
   read->req.set_key(key);
   read->done = [this, done = std::move(done)](absl::Status s, int attempts, pb::GetResponse* resp) {
     CountRetries(Call::kGet, attempts);

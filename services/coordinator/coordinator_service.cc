@@ -1033,11 +1033,8 @@ void CoordinatorService::StartCheckWorker(WorkerPool pool, Worker& w, const absl
 Task<bool> CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w,
                                                        const absl::Status& s) {
   bool down = false;
-  (void)co_await AwaitStartedCall(runner_, [&](CallDone done) {
-    StartCheckWorker(pool, w, s, [&down, done = std::move(done)](bool d) {
-      down = d;  // read once resumed
-      done(absl::OkStatus());
-    });
+  (void)co_await AwaitAnswer(runner_, &down, [&](std::function<void(bool)> answer) {
+    StartCheckWorker(pool, w, s, std::move(answer));
   });
   co_return down;
 }

@@ -149,12 +149,8 @@ absl::StatusOr<std::vector<int32_t>> PrefixCatalogue::TokensOfManifest(
 Task<absl::StatusOr<std::vector<bool>>> PrefixCatalogue::AwaitLookup(
     const RunnerContext& ctx, const std::vector<std::string>& keys, Clock::time_point deadline) {
   absl::StatusOr<std::vector<bool>> hits;
-  (void)co_await AwaitStartedCall(ctx, [&](CallDone done) {
-    store_->StartLookup(keys, deadline,
-                        [&hits, done = std::move(done)](absl::StatusOr<std::vector<bool>> h) {
-                          hits = std::move(h);  // read once resumed, as the status is
-                          done(absl::OkStatus());
-                        });
+  (void)co_await AwaitAnswer(ctx, &hits, [&](CatalogueStore::LookupDone answer) {
+    store_->StartLookup(keys, deadline, std::move(answer));
   });
   co_return hits;
 }
@@ -163,12 +159,8 @@ Task<absl::StatusOr<std::string>> PrefixCatalogue::AwaitGet(const RunnerContext&
                                                             const std::string& key,
                                                             Clock::time_point deadline) {
   absl::StatusOr<std::string> value;
-  (void)co_await AwaitStartedCall(ctx, [&](CallDone done) {
-    store_->StartGet(key, deadline,
-                     [&value, done = std::move(done)](absl::StatusOr<std::string> v) {
-                       value = std::move(v);
-                       done(absl::OkStatus());
-                     });
+  (void)co_await AwaitAnswer(ctx, &value, [&](CatalogueStore::GetDone answer) {
+    store_->StartGet(key, deadline, std::move(answer));
   });
   co_return value;
 }
@@ -176,11 +168,8 @@ Task<absl::StatusOr<std::string>> PrefixCatalogue::AwaitGet(const RunnerContext&
 Task<bool> PrefixCatalogue::AwaitWorkerCheck(const RunnerContext& ctx, Worker& w,
                                              const absl::Status& s) {
   bool down = false;
-  (void)co_await AwaitStartedCall(ctx, [&](CallDone done) {
-    hooks_.worker_failed(WorkerPool::kVerifier, w, s, [&down, done = std::move(done)](bool d) {
-      down = d;  // read once resumed
-      done(absl::OkStatus());
-    });
+  (void)co_await AwaitAnswer(ctx, &down, [&](std::function<void(bool)> answer) {
+    hooks_.worker_failed(WorkerPool::kVerifier, w, s, std::move(answer));
   });
   co_return down;
 }

@@ -31,6 +31,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -248,6 +249,22 @@ Task<absl::Status> AwaitCall(const RunnerContext& ctx, Client& client,
                              const WorkerCallOptions& o, const Req& req, Resp* resp) {
   return AwaitStartedCall(ctx, [&client, start, o, &req, resp](CallDone done) {
     (client.*start)(o, req, resp, std::move(done));
+  });
+}
+
+// `start(answer)` begins something that calls `answer(value)` once, on any
+// thread (a store read, a worker check); awaited as AwaitStartedCall, with
+// the value in *out once resumed. `out` must outlive the task (co_await it
+// at once). (A plain template, as AwaitCall.)
+template <typename T>
+Task<absl::Status> AwaitAnswer(
+    const RunnerContext& ctx, T* out,
+    std::type_identity_t<std::function<void(std::function<void(T)> answer)>> start) {
+  return AwaitStartedCall(ctx, [out, start = std::move(start)](CallDone done) {
+    start([out, done = std::move(done)](T value) {
+      *out = std::move(value);  // read once resumed: the executor's queue orders it
+      done(absl::OkStatus());
+    });
   });
 }
 

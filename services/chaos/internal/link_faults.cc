@@ -9,10 +9,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/chaos/internal/cluster_ops.h"
 
 extern char** environ;
 
@@ -34,15 +34,6 @@ bool OnPath(const std::string& tool) {
     start = end + 1;
   }
   return false;
-}
-
-int ThreadCount() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
-  }
-  return -1;
 }
 
 absl::Status Tc(std::vector<std::string> args) {
@@ -107,7 +98,7 @@ absl::StatusOr<std::unique_ptr<LinkFaults>> LinkFaults::Enter() {
           absl::StrCat(what, "'", tool, "' not found on the PATH (Debian package iproute2)"));
     }
   }
-  if (const int threads = ThreadCount(); threads != 1) {
+  if (const int threads = ThreadCount(getpid()).value_or(-1); threads != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, "the process already runs ", threads,
                      " threads; the network namespace must be entered before any starts"));
