@@ -88,16 +88,15 @@ class GrpcWorker : public Client {
   }
   void StartInfo(const WorkerCallOptions& o, const pb::WorkerInfoRequest& req,
                  pb::WorkerInfoResponse* resp, CallDone done) override {
-    StartCall(*stub_, &Service::Stub::StubInterface::async_interface::Info, o, req, resp,
-              std::move(done));
+    StartCall(*stub_, &Async::Info, o, req, resp, std::move(done));
   }
   void StartRelease(const WorkerCallOptions& o, const pb::ReleaseRequest& req,
                     pb::ReleaseResponse* resp, CallDone done) override {
-    StartCall(*stub_, &Service::Stub::StubInterface::async_interface::Release, o, req, resp,
-              std::move(done));
+    StartCall(*stub_, &Async::Release, o, req, resp, std::move(done));
   }
 
  protected:
+  using Async = typename Service::StubInterface::async_interface;
   typename Service::Stub& WorkerStub() { return *stub_; }
 
  private:
@@ -289,9 +288,6 @@ class GrpcVerifierClient final : public GrpcWorker<VerifierClient, pb::Verifier>
                    pb::IngestResponse* resp, CallDone done) override {
     StartCall(WorkerStub(), &Async::Ingest, o, req, resp, std::move(done));
   }
-
- private:
-  using Async = pb::Verifier::StubInterface::async_interface;
 };
 
 class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
@@ -321,9 +317,6 @@ class GrpcDrafterClient final : public GrpcWorker<DrafterClient, pb::Drafter> {
                    pb::CommitResponse* resp, CallDone done) override {
     StartCall(WorkerStub(), &Async::Commit, o, req, resp, std::move(done));
   }
-
- private:
-  using Async = pb::Drafter::StubInterface::async_interface;
 };
 
 }  // namespace
