@@ -670,6 +670,10 @@ class CoordinatorService::GenerateCall final : public QueuedWriteReactor<pb::Gen
   void WhenWritable(std::function<void()> ready) override {
     QueuedWriteReactor::WhenWritable(std::move(ready));
   }
+  void Abandon() override {
+    Break();
+    ctx_->TryCancel();
+  }
 
  private:
   void WriteStarted() override { write_id_ = watch_->Begin(ctx_); }
@@ -710,6 +714,7 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* CoordinatorService::Generate(
                                        : request.request_id();
   r->tenant = who->tenant;
   r->server_ctx = ctx;
+  r->sink = call;
   r->mode = request.mode() == pb::MODE_UNSPECIFIED ? pb::MODE_VERICACHE : request.mode();
   r->start = Clock::now();
   r->client_gone = [ctx] { return ctx->IsCancelled(); };
@@ -817,7 +822,9 @@ Task<absl::Status> CoordinatorService::Serve(const pb::GenerateRequest& req, Req
         .Observe(after_first / static_cast<double>(plan.output.size() - 1));
   }
   (void)co_await AwaitWritable(runner_, r, sink);
-  sink->Write(last);
+  if (!sink->Write(last)) {
+    co_return absl::CancelledError("the stream ended before its final message");
+  }
   *output = plan.output;
   co_return absl::OkStatus();
 }
@@ -1244,13 +1251,23 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* ctx, const pb::Canc
   auto it = requests_.find(RequestKey(who->tenant, req->request_id()));
   const bool live =
       it != requests_.end() && (it->second->state == "running" || it->second->state == "queued");
-  if (live) it->second->cancelled = true;
   resp->set_existed(live);
-  // Only a queued request waits in admission for a wake to see `cancelled`
-  // (a running one looks at it between its rounds), and only it is woken:
-  // waking the whole queue would let a caller make every queued request
-  // retry its admission with Cancels.
-  if (live) WakeIfQueuedLocked(*it->second);
+  if (!live) return grpc::Status::OK;
+  Request& r = *it->second;
+  r.cancelled = true;
+  // A running request looks at `cancelled` between its rounds, unless its
+  // reader stopped reading and it waits for room to write: then it would
+  // wait until --stream-write-timeout-ms, so its stream is abandoned (its
+  // reader, who reads nothing, loses nothing it would have read). The sink
+  // lives while the state is running (ServeCall leaves it under mu_ before
+  // it finishes the call). Its TryCancel does not run the call's OnCancel
+  // (whose hook takes mu_) on this thread: gRPC runs a reactor's OnCancel on
+  // its own executor, as Shutdown relies on too.
+  if (r.state == "running" && r.sink != nullptr && !r.sink->Writable()) r.sink->Abandon();
+  // Only a queued request waits in admission for a wake to see `cancelled`,
+  // and only it is woken: waking the whole queue would let a caller make
+  // every queued request retry its admission with Cancels.
+  WakeIfQueuedLocked(r);
   return grpc::Status::OK;
 }
 

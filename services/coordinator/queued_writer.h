@@ -4,8 +4,8 @@
 // a time, Write blocks while the queue is full (so a client that stops
 // reading holds its writer up; a coroutine awaits room first, WhenWritable,
 // instead of blocking its thread), and the call finishes once the queue has
-// drained. A failed write or a cancelled call makes every later Write answer
-// false.
+// drained. A failed write, a cancelled call or Break makes every later Write
+// answer false.
 //
 // Why it is a class of its own: gRPC deletes a server reactor (OnDone) once
 // it is finished and none of its reactions runs, and a call made from
@@ -65,6 +65,19 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
     ready();
   }
 
+  // Gives up on the reader: the messages not yet started are dropped, every
+  // later Write answers false at once and a WhenWritable waiter is told, as
+  // after a failed write. For a writer whose reader stopped reading and that
+  // should not wait for it any longer; the caller cancels the call too
+  // (TryCancel on its context), which ends the write in flight.
+  void Break() {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    if (queue_.size() > 1) queue_.erase(queue_.begin() + 1, queue_.end());
+    room_.notify_all();
+    TellReady();
+  }
+
   // Finishes the call with `status` once the queued messages are written
   // (at once when nothing is queued, or a write has failed). Called once,
   // after the last Write; the call may be gone on return.
@@ -85,7 +98,7 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Message> {
     std::lock_guard<std::mutex> lock(mu_);
     WriteEnded();
     queue_.pop_front();
-    if (!ok) {
+    if (!ok || broken_) {
       broken_ = true;
       queue_.clear();
     }

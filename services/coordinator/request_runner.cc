@@ -116,6 +116,13 @@ Task<bool> AwaitSignal(const RunnerContext& ctx,
 
 Task<bool> AwaitWritable(const RunnerContext& ctx, const Request& r, Sink* writer) {
   if (writer->Writable()) co_return true;
+  // Cancelled while its reader is behind: the Cancel abandons a stream it
+  // finds waiting, but the queue may have filled after it looked; waiting
+  // now would last until the stream's write timeout.
+  if (r.cancelled) {
+    writer->Abandon();
+    co_return false;
+  }
   co_return co_await AwaitSignal(
       ctx, [writer](std::function<void()> signal) { writer->WhenWritable(std::move(signal)); },
       r.deadline);

@@ -61,6 +61,8 @@ struct Worker {
   int index = 0;
 };
 
+struct Sink;
+
 // A request's identity and lifetime (what GetRequest and Cancel see).
 struct Request {
   std::string id;
@@ -74,6 +76,10 @@ struct Request {
   vericache::v1::Mode mode = vericache::v1::MODE_VERICACHE;
   std::atomic<bool> cancelled{false};
   std::string state = "queued";
+  // The client's stream, while the request is queued or running (under the
+  // coordinator's mu_, like state): a Cancel abandons it when its writes
+  // wait for room.
+  Sink* sink = nullptr;
   // While queued for admission: its ticket (AdmissionController::Ticket),
   // so that a Cancel or the client going away wakes this request alone.
   // Under the coordinator's mu_, like state.
@@ -102,6 +108,12 @@ struct Sink {
   // later call replaces an earlier `ready` not called yet; `ready` must be
   // quick and may outlive the wait it was for.
   virtual void WhenWritable(std::function<void()> ready) { ready(); }
+  // Stops waiting for a reader that stopped reading: the stream ends (its
+  // client sees it cancelled), every later Write answers false at once and
+  // a WhenWritable waiter is told. For a request cancelled while its
+  // messages wait for room, which would otherwise wait until the stream's
+  // write timeout.
+  virtual void Abandon() {}
 };
 
 // What a request decodes and how far it got.

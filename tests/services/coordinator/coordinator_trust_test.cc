@@ -1,14 +1,15 @@
 // The cluster against hostile callers, on the four real daemons
 // (LocalCluster, secure by default): mutual TLS on every internal port (no
-// certificate, or one from another CA, cannot complete a call); request bounds (huge ids, absurd max_new_tokens
-// and draft_len, too many variants) answered INVALID_ARGUMENT naming the
-// limit and keeping nothing; API-key authentication (missing, wrong, key
-// rotation through the keys file without a restart, rate limiting of
-// failures); and tenant isolation (no cross-tenant generate, cancel, query,
-// pin or delete; no existence oracle in already_stored). A second cluster
-// with small limits: a Generate stream whose reader stops reading is ended
-// after --stream-write-timeout-ms, and --max-requests-per-tenant holds one
-// tenant at its limit without touching another.
+// certificate, or one from another CA, cannot complete a call); request
+// bounds (huge ids, absurd max_new_tokens and draft_len, too many variants)
+// answered INVALID_ARGUMENT naming the limit and keeping nothing; API-key
+// authentication (missing, wrong, key rotation through the keys file without
+// a restart, rate limiting of failures); and tenant isolation (no
+// cross-tenant generate, cancel, query, pin or delete; no existence oracle in
+// already_stored). A second cluster with small limits: a Generate stream
+// whose reader stops reading is ended after --stream-write-timeout-ms, or at
+// once by a Cancel, and --max-requests-per-tenant holds one tenant at its
+// limit without touching another.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -608,7 +609,7 @@ TEST_F(CoordinatorTrustTest, ClientCertificateNamesTheTenant) {
 }
 
 // A cluster whose coordinator allows 2 requests per tenant and ends a
-// stream whose message has waited 10 s to be sent.
+// stream whose message has waited 20 s to be sent.
 class CoordinatorStreamLimitsTest : public ::testing::Test {
  protected:
   static constexpr int kMaxNew = 480;  // the model's context is 512
@@ -624,7 +625,7 @@ class CoordinatorStreamLimitsTest : public ::testing::Test {
     o.ingest_variants = "int8";
     o.log_dir = dir_ + "/logs";
     o.extra_flags["vc-coordinator"] = {"--max-requests-per-tenant=2",
-                                       "--stream-write-timeout-ms=10000"};
+                                       "--stream-write-timeout-ms=20000"};
     auto c = local::LocalCluster::Start(o);
     if (!c.ok()) {
       start_error_ = c.status().ToString();
@@ -757,6 +758,47 @@ TEST_F(CoordinatorStreamLimitsTest, AStreamWhoseReaderStopsIsEnded) {
   EXPECT_FALSE(s.reader->Finish().ok());
   // The coordinator serves on.
   EXPECT_TRUE(Generate("tenant-a", 1).ok());
+}
+
+// A request whose reader stopped reading waits for room to write; a Cancel
+// ends it at once, not --stream-write-timeout-ms after its write began.
+TEST_F(CoordinatorStreamLimitsTest, ACancelEndsARequestWhoseReaderStopped) {
+  Stalled s = Stall("tenant-b", "cancel-stalled");
+  // Until its writes wait: running, and no new token for a second.
+  pb::RequestStatus last;
+  int64_t before = -1;
+  bool stalled = false;
+  for (int i = 0; i < 60 && !stalled; ++i) {
+    last = Get("tenant-b", s.id);
+    stalled = last.state() == "running" && last.generated() > 0 && last.generated() == before;
+    before = last.generated();
+    if (!stalled) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  ASSERT_TRUE(stalled) << last.state() << ", " << last.generated() << " tokens";
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  pb::CancelRequest cancel;
+  cancel.set_request_id(s.id);
+  pb::CancelResponse resp;
+  auto ctx = Ctx("tenant-b");
+  ASSERT_TRUE(stub_->Cancel(ctx.get(), cancel, &resp).ok());
+  EXPECT_TRUE(resp.existed());
+  ASSERT_TRUE(WaitFor(
+      "tenant-b", s.id,
+      [](const pb::RequestStatus& r) { return r.state() != "running" && r.state() != "queued"; },
+      std::chrono::seconds(60), &last));
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+  EXPECT_EQ(last.state(), "cancelled") << last.error();
+  // The write timeout would have ended it 18-20 s after the Cancel (it was
+  // detected within 2 s of the stall); the Cancel takes a poll or two.
+  EXPECT_LT(waited, 10.0) << "ended by the write timeout, not by the Cancel";
+  EXPECT_LT(last.generated(), kMaxNew);
+  // Its client sees the stream end, cancelled.
+  pb::GenerateResponse msg;
+  while (s.reader->Read(&msg)) {
+  }
+  EXPECT_EQ(s.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Generate("tenant-b", 5).ok());
 }
 
 TEST_F(CoordinatorStreamLimitsTest, ActiveRequestsAreLimitedPerTenant) {

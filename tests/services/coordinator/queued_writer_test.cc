@@ -3,7 +3,7 @@
 // arrive whole and in order, then the status; a failed or cancelled call
 // makes Write answer false and calls the cancel hook; the queue's bound
 // holds a writer up while the client does not read, and one that awaits
-// room (WhenWritable) is told of it; and thousands of calls
+// room (WhenWritable) is told of it, or of a Break; and thousands of calls
 // finished from another thread right after (or without) their last write
 // all end cleanly (the path of Generate's call that once touched its freed
 // mutex; the sanitised runs check the memory).
@@ -46,13 +46,21 @@ struct Tally {
 
 class TestWriter final : public QueuedWriteReactor<pb::GenerateResponse> {
  public:
-  TestWriter(size_t max_queued, Tally* tally) : QueuedWriteReactor(max_queued), tally_(tally) {}
+  TestWriter(grpc::CallbackServerContext* ctx, size_t max_queued, Tally* tally)
+      : QueuedWriteReactor(max_queued), ctx_(ctx), tally_(tally) {}
+
+  // As the coordinator's call abandons a stalled reader.
+  void Abandon() {
+    Break();
+    ctx_->TryCancel();
+  }
 
  private:
   void WriteStarted() override { tally_->writes_started.fetch_add(1); }
   void WriteEnded() override { tally_->writes_ended.fetch_add(1); }
   void Cancelled() override { tally_->cancels.fetch_add(1); }
 
+  grpc::CallbackServerContext* const ctx_;
   Tally* const tally_;
 };
 
@@ -102,23 +110,41 @@ class Runners {
 // INVALID_ARGUMENT when the request id is "fail". The writes and the finish
 // happen on a runner thread. With a request id ending "await", the runner
 // awaits room before each Write (Writable, else WhenWritable), as the
-// coordinator's coroutines do, instead of letting Write wait.
+// coordinator's coroutines do, instead of letting Write wait; with one
+// ending "abandon", the first time there is no room it registers a
+// WhenWritable waiter and then abandons the reader (Break and TryCancel),
+// as a Cancel of a stalled request does.
 class StreamingService final : public pb::Coordinator::CallbackService {
  public:
   StreamingService(size_t max_queued, Tally* tally) : max_queued_(max_queued), tally_(tally) {}
 
   grpc::ServerWriteReactor<pb::GenerateResponse>* Generate(
-      grpc::CallbackServerContext*, const pb::GenerateRequest* req) override {
-    auto* w = new TestWriter(max_queued_, tally_);
+      grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) override {
+    auto* w = new TestWriter(ctx, max_queued_, tally_);
     const int n = req->max_new_tokens();
     const std::string& id = req->request_id();
     const bool fail = id == "fail", big = id.rfind("big", 0) == 0;
-    const bool await_room = id.size() >= 5 && id.compare(id.size() - 5, 5, "await") == 0;
-    runners_.Post([w, n, fail, big, await_room, tally = tally_] {
+    auto ends_with = [&](const std::string& tail) {
+      return id.size() >= tail.size() &&
+             id.compare(id.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool await_room = ends_with("await"), abandon = ends_with("abandon");
+    runners_.Post([w, n, fail, big, await_room, abandon, tally = tally_] {
       for (int i = 0; i < n; ++i) {
         pb::GenerateResponse msg;
         msg.add_tokens(i);
         if (big) msg.set_request_id(std::string(1024, 'x'));
+        if (abandon && !w->Writable()) {
+          auto told = std::make_shared<std::promise<void>>();
+          std::future<void> room = told->get_future();
+          w->WhenWritable([told] { told->set_value(); });
+          w->Abandon();
+          // Told by the break, long before the 60 s in which the client
+          // reads nothing.
+          if (room.wait_for(std::chrono::seconds(30)) == std::future_status::ready) {
+            tally->told_room.fetch_add(1);
+          }
+        }
         if (await_room && !w->Writable()) {
           auto told = std::make_shared<std::promise<void>>();
           std::future<void> room = told->get_future();
@@ -263,7 +289,9 @@ TEST_F(QueuedWriterTest, AWriterAwaitingRoomIsToldWhenThereIsRoomOrTheCallEnds) 
     // Until the writer has had to wait for room at least once.
     for (int i = 0; i < 2000 && tally_.told_room.load() == 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      if (!cancel && i % 20 == 19) ASSERT_TRUE(reader->Read(&msg));  // a slow reader
+      if (!cancel && i % 20 == 19) {
+        ASSERT_TRUE(reader->Read(&msg));  // a slow reader
+      }
     }
     if (cancel) {
       // The writer is (or soon will be) waiting again: the cancel tells it.
@@ -291,6 +319,37 @@ TEST_F(QueuedWriterTest, AWriterAwaitingRoomIsToldWhenThereIsRoomOrTheCallEnds) 
     EXPECT_EQ(tally_.refused_writes.load(), 0);
   }
   EXPECT_EQ(tally_.told_without_room.load(), 0);
+}
+
+// A writer that gives up on a reader that stopped reading (Break, and the
+// call cancelled): its waiter is told at once, its next Write answers false
+// without waiting, the write in flight ends, and the client sees the stream
+// cancelled.
+TEST_F(QueuedWriterTest, ABreakReleasesAWriterWhoseReaderStopped) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*max_queued=*/2));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  pb::GenerateRequest req;
+  req.set_max_new_tokens(50000);  // 50 MiB: far more than the transport buffers
+  req.set_request_id("big-abandon");
+  auto reader = stub_->Generate(&ctx, req);
+  pb::GenerateResponse msg;
+  // The client reads nothing until the writer has given up (which may be
+  // before its first message arrives: with a queue of 2 the writer finds no
+  // room at once).
+  for (int i = 0; i < 6000 && tally_.refused_writes.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tally_.told_room.load(), 1) << "the waiter was not told by the break";
+  EXPECT_EQ(tally_.refused_writes.load(), 1) << "the Write after the break did not fail";
+  EXPECT_LT(tally_.accepted_writes.load(), 50000 / 2);
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 1000 && tally_.writes_ended.load() != tally_.writes_started.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tally_.writes_ended.load(), tally_.writes_started.load());
 }
 
 // Many calls finished by the runner thread at once (nothing queued) or

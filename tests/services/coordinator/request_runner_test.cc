@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -319,7 +320,8 @@ struct CollectSink final : Sink {
   bool Write(const pb::GenerateResponse& msg) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      room_.wait(lock, [&] { return !full_; });
+      room_.wait(lock, [&] { return !full_ || abandoned_; });
+      if (abandoned_) return false;
     }
     ++messages;
     tokens.insert(tokens.end(), msg.tokens().begin(), msg.tokens().end());
@@ -343,25 +345,47 @@ struct CollectSink final : Sink {
     room_.notify_all();
     if (ready) ready();
   }
+  // Called (no lock held) when Writable finds no room.
+  std::function<void()> on_no_room;
   bool Writable() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !full_;
+    bool room;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      room = !full_ || abandoned_;
+    }
+    if (!room && on_no_room) on_no_room();
+    return room;
   }
   void WhenWritable(std::function<void()> ready) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (full_) {
+      if (full_ && !abandoned_) {
         ready_ = std::move(ready);
         return;
       }
     }
     ready();
   }
+  void Abandon() override {
+    std::function<void()> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abandoned_ = true;
+      ready = std::move(ready_);
+    }
+    room_.notify_all();
+    if (ready) ready();
+  }
+  bool Abandoned() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abandoned_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable room_;
   bool full_ = false;
+  bool abandoned_ = false;
   std::function<void()> ready_;
 };
 
@@ -983,6 +1007,29 @@ TEST_F(RunnerTest, ARequestBehindAStalledReaderHoldsNoThread) {
   const TwoRequests two = RunTwoOnOneThread([&] { sink_.Drain(); });
   EXPECT_FALSE(two.first_done_before_release) << "the first request's reader took nothing";
   EXPECT_EQ(sink_.tokens, Expected(20));
+}
+
+// A request cancelled while its reader is behind (the Cancel landed after
+// the request last looked, when the queue was not yet full): its next wait
+// for room abandons the stream instead of waiting for a reader who reads
+// nothing, and the request ends cancelled without another message.
+TEST_F(RunnerTest, ACancelledRequestBehindAStalledReaderAbandonsItsStream) {
+  sink_.on_write = [&] {
+    if (sink_.messages == 1) sink_.Fill();
+  };
+  sink_.on_no_room = [&] { r_.cancelled = true; };
+  // Were it to wait, the reader comes back after 20 s (the test then fails
+  // instead of hanging).
+  std::promise<void> done;
+  std::thread reader([&, ended = done.get_future()] {
+    if (ended.wait_for(std::chrono::seconds(20)) != std::future_status::ready) sink_.Drain();
+  });
+  const absl::Status s = BlockOn(RunVeriCache(ctx_, plan_, r_, &sink_));
+  done.set_value();
+  reader.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_TRUE(sink_.Abandoned());
+  EXPECT_EQ(sink_.messages, 1);
 }
 
 TEST_F(RunnerTest, ALeaseDrainsTheRoundGrantedAheadBeforeFallingBack) {
