@@ -1037,11 +1037,37 @@ void CoordinatorService::StartCheckWorker(WorkerPool pool, Worker& w, const absl
                    });
 }
 
-Task<bool> CoordinatorService::CheckWorkerAfterFailure(WorkerPool pool, Worker& w,
-                                                       const absl::Status& s) {
-  bool down = false;
-  (void)co_await AwaitAnswer(runner_, &down, [&](std::function<void(bool)> answer) {
-    StartCheckWorker(pool, w, s, std::move(answer));
+Task<CoordinatorService::WorkersDown> CoordinatorService::CheckWorkersAfterFailure(
+    const Plan& plan, const absl::Status& s) {
+  // Both probes at once: when both workers are gone, each probe waits out
+  // its deadline, and one after the other doubled the request's wait.
+  struct Probes {
+    std::atomic<int> left{0};
+    std::atomic<bool> verifier_down{false}, drafter_down{false};
+    std::function<void(WorkersDown)> answer;
+    void Answered() {
+      if (left.fetch_sub(1) == 1) answer({verifier_down.load(), drafter_down.load()});
+    }
+  };
+  WorkersDown down;
+  (void)co_await AwaitAnswer(runner_, &down, [&](std::function<void(WorkersDown)> answer) {
+    auto probes = std::make_shared<Probes>();
+    probes->answer = std::move(answer);
+    // One count for this function, so the answer waits for both starts.
+    probes->left = 1 + (plan.verifier ? 1 : 0) + (plan.drafter ? 1 : 0);
+    if (plan.verifier) {
+      StartCheckWorker(WorkerPool::kVerifier, *plan.verifier, s, [probes](bool d) {
+        probes->verifier_down = d;
+        probes->Answered();
+      });
+    }
+    if (plan.drafter) {
+      StartCheckWorker(WorkerPool::kDrafter, *plan.drafter, s, [probes](bool d) {
+        probes->drafter_down = d;
+        probes->Answered();
+      });
+    }
+    probes->Answered();
   });
   co_return down;
 }
@@ -1055,17 +1081,11 @@ Task<absl::Status> CoordinatorService::Run(Plan& plan, Request& r, Sink* writer)
     // for the requests placed meanwhile.)
     std::vector<std::string> died;
     const char* pool = plan.verifier ? "verifier" : "drafter";
-    bool verifier_down = false, drafter_down = false;
-    if (plan.verifier) {
-      verifier_down = co_await CheckWorkerAfterFailure(WorkerPool::kVerifier, *plan.verifier, s);
-    }
-    if (plan.drafter) {
-      drafter_down = co_await CheckWorkerAfterFailure(WorkerPool::kDrafter, *plan.drafter, s);
-    }
-    if (verifier_down) {
+    const WorkersDown down = co_await CheckWorkersAfterFailure(plan, s);
+    if (down.verifier) {
       died.push_back(absl::StrCat("verifier ", plan.verifier->address, " is down"));
     }
-    if (drafter_down) {
+    if (down.drafter) {
       died.push_back(absl::StrCat("drafter ", plan.drafter->address, " is down"));
       if (died.size() == 1) pool = "drafter";
     }

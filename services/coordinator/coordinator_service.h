@@ -226,8 +226,13 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // it down if it is; `done(down)`. Shutdown waits for the probes in flight.
   void StartCheckWorker(WorkerPool pool, Worker& w, const absl::Status& s,
                         std::function<void(bool down)> done);
-  // StartCheckWorker, awaited by a request: true if `w` is down.
-  Task<bool> CheckWorkerAfterFailure(WorkerPool pool, Worker& w, const absl::Status& s);
+  // StartCheckWorker for the plan's verifier and drafter (those it has), both
+  // at once, awaited by a request: which of them are down.
+  struct WorkersDown {
+    bool verifier = false;
+    bool drafter = false;
+  };
+  Task<WorkersDown> CheckWorkersAfterFailure(const Plan& plan, const absl::Status& s);
   // Releases the plan's worker sessions (2 s deadline each), awaited; a
   // failed Release is queued for retries off the request path
   // (release_retry_). Always OK.
