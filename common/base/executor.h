@@ -3,15 +3,19 @@
 // thread and adds one whenever work is posted while every thread is busy,
 // up to max_threads (work posted beyond that waits its turn), so work that
 // blocks (a synchronous RPC) delays the rest only once max_threads are
-// blocked. Threads stay until the executor is destroyed.
+// blocked. A thread idle for idle_timeout ends (one always stays), so a
+// burst's threads are given back.
 //
 // The queue has no bound of its own: its users bound it (the coordinator
 // posts at most one continuation per admitted request at a time).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,6 +25,9 @@ namespace vc {
 
 struct ExecutorOptions {
   int max_threads = 64;
+  // How long an idle thread waits for work before it ends (one always
+  // stays); zero or less: threads stay until the executor is destroyed.
+  std::chrono::milliseconds idle_timeout = std::chrono::seconds(30);
 };
 
 class Executor {
@@ -32,17 +39,21 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   void Post(std::function<void()> work);
-  // Threads started so far.
+  // Threads running now (started and not ended idle).
   int threads() const;
 
  private:
-  void Loop();
+  void StartThread();  // mu_ held
+  void Loop(uint64_t id);
+  void JoinEnded();  // mu_ held
 
   const ExecutorOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
-  std::vector<std::thread> threads_;
+  std::map<uint64_t, std::thread> threads_;  // running, by a number of their own
+  std::vector<std::thread> ended_;           // ended idle, not yet joined
+  uint64_t next_id_ = 0;
   int idle_ = 0;
   bool stopping_ = false;
 };

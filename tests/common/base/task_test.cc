@@ -118,6 +118,48 @@ TEST(ExecutorTest, NeverRunsMoreThanMaxThreadsAndRunsEverythingPosted) {
   EXPECT_LE(most.load(), 2);
 }
 
+// Runs `n` posts at once on `ex` (each waits for all to start), so the
+// executor has n threads when it returns.
+void RunAtOnce(Executor& ex, int n) {
+  std::atomic<int> started{0};
+  std::atomic<int> finished{0};
+  for (int i = 0; i < n; ++i) {
+    ex.Post([&] {
+      ++started;
+      while (started.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ++finished;
+    });
+  }
+  while (finished.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// A burst's threads end once idle for idle_timeout, all but one; the
+// executor then grows again for the next burst and runs everything.
+TEST(ExecutorTest, IdleThreadsEndAfterTheIdleTimeout) {
+  Executor ex(ExecutorOptions{.max_threads = 4, .idle_timeout = std::chrono::milliseconds(50)});
+  for (int round = 0; round < 3; ++round) {
+    RunAtOnce(ex, 4);
+    EXPECT_EQ(ex.threads(), 4) << round;
+    for (int i = 0; i < 2000 && ex.threads() > 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(ex.threads(), 1) << round;
+  }
+  std::atomic<int> done{0};
+  for (int i = 0; i < 100; ++i) ex.Post([&] { ++done; });
+  for (int i = 0; i < 2000 && done.load() < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(done.load(), 100);
+}
+
+TEST(ExecutorTest, WithoutAnIdleTimeoutThreadsStay) {
+  Executor ex(ExecutorOptions{.max_threads = 3, .idle_timeout = std::chrono::milliseconds(0)});
+  RunAtOnce(ex, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(ex.threads(), 3);
+}
+
 TEST(ExecutorTest, WorkPostedByWorkRunsBeforeTheDestructorReturns) {
   std::atomic<int> done{0};
   {
