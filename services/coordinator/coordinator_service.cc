@@ -350,7 +350,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
                      std::function<void(bool)> done) {
                 self->StartCheckWorker(pool, w, s, std::move(done));
               },
-          .on_retry = [self] { self->metrics_->retries->Labels({"verifier"}).Inc(); }});
+          .on_retry = [self] { self->metrics_->retries->Labels({"verifier"}).Inc(); },
+          .admit = [self](Request& r) { return self->Admit(r); }});
   RunnerContext& rc = service->runner_;
   // A separate draft model's KV is its own: the verifier's rows (the
   // target's K/V) would be wrong in it, so none are made or sent.
@@ -484,6 +485,11 @@ void CoordinatorService::Shutdown() {
           (r->state == "running" || r->state == "queued")) {
         r->server_ctx->TryCancel();
       }
+    }
+    // A registration's ingest is cancelled with its call.
+    for (const auto& r : registrations_) {
+      r->cancelled = true;
+      r->server_ctx->TryCancel();
     }
   }
   if (admission_) admission_->Stop();
@@ -1353,22 +1359,68 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RegisterPrefix(grpc::ServerContext* ctx,
-                                                const pb::RegisterPrefixRequest* req,
-                                                pb::RegisterPrefixResponse* resp) {
-  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
-  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
+// One RegisterPrefix call on gRPC's callback API. Its registration runs as
+// a coroutine on the executor (PrefixCatalogue::Register), so one that is
+// queued for admission or ingesting holds no thread; the call's cancel
+// wakes it if it is queued. Finished (then deleted by gRPC) once the
+// coroutine has returned.
+class CoordinatorService::RegisterCall final : public grpc::ServerUnaryReactor {
+ public:
+  explicit RegisterCall(std::function<void()> on_cancel) : on_cancel_(std::move(on_cancel)) {}
+  void OnCancel() override {
+    if (on_cancel_) on_cancel_();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::function<void()> on_cancel_;
+};
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterPrefix(grpc::CallbackServerContext* ctx,
+                                                             const pb::RegisterPrefixRequest* req,
+                                                             pb::RegisterPrefixResponse* resp) {
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
-  Request r;
-  r.id = "register-prefix";
-  r.is_generate = false;
-  r.tenant = who->tenant;
-  r.server_ctx = ctx;
-  r.start = Clock::now();
-  r.client_gone = [ctx] { return ctx->IsCancelled(); };
-  r.deadline = ServerCallDeadline(*ctx);
-  return rpc::ToGrpcStatus(catalogue_->Register(who->salt, *req, r, resp));
+  auto r = std::make_shared<Request>();
+  auto* call = new RegisterCall([this, weak = std::weak_ptr<Request>(r)] {
+    if (std::shared_ptr<Request> queued = weak.lock()) WakeIfQueued(*queued);
+  });
+  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
+  if (!who.ok()) {
+    call->Finish(rpc::ToGrpcStatus(who.status()));
+    return call;
+  }
+  r->id = "register-prefix";
+  r->is_generate = false;
+  r->tenant = who->tenant;
+  r->server_ctx = ctx;
+  r->start = Clock::now();
+  r->client_gone = [ctx] { return ctx->IsCancelled(); };
+  r->deadline = ServerCallDeadline(*ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registrations_.insert(r);
+  }
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    ++calls_running_;
+  }
+  // gRPC keeps req and resp until the call is finished, after the task.
+  executor_->Post([this, call, r, salt = who->salt, req, resp]() mutable {
+    Spawn(catalogue_->Register(runner_, std::move(salt), *req, *r, resp),
+          [this, call, r](const absl::Status& s) {
+            {
+              // Out of Shutdown's reach before its context goes.
+              std::lock_guard<std::mutex> lock(mu_);
+              registrations_.erase(r);
+            }
+            call->Finish(rpc::ToGrpcStatus(s));
+            std::lock_guard<std::mutex> lock(calls_mu_);
+            --calls_running_;
+            calls_cv_.notify_all();
+          });
+  });
+  return call;
 }
 
 grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -130,11 +131,13 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr size_t kMaxCompressorNameBytes = 64;
 inline constexpr size_t kMaxTenantSaltBytes = 64;
 
-// Generate is on gRPC's callback API: each call is a coroutine (Serve, on
-// the executor) that holds no thread while it waits for a slot or a lease
-// message. The other methods are short and synchronous.
+// Generate and RegisterPrefix are on gRPC's callback API: each call is a
+// coroutine (Serve, PrefixCatalogue::Register, on the executor) that holds
+// no thread while it waits for its admission, a slot, a lease message, the
+// store or a worker. The other methods are short and synchronous.
 class CoordinatorService final : public vericache::v1::Coordinator::WithCallbackMethod_Generate<
-                                     vericache::v1::Coordinator::Service> {
+                                     vericache::v1::Coordinator::WithCallbackMethod_RegisterPrefix<
+                                         vericache::v1::Coordinator::Service>> {
  public:
   // Connects to the store and every worker (waiting for them up to
   // startup_timeout) and checks they all run the same model.
@@ -154,9 +157,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   grpc::Status ClusterStatus(grpc::ServerContext* ctx,
                              const vericache::v1::ClusterStatusRequest* req,
                              vericache::v1::ClusterStatusResponse* resp) override;
-  grpc::Status RegisterPrefix(grpc::ServerContext* ctx,
-                              const vericache::v1::RegisterPrefixRequest* req,
-                              vericache::v1::RegisterPrefixResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterPrefix(grpc::CallbackServerContext* ctx,
+                                           const vericache::v1::RegisterPrefixRequest* req,
+                                           vericache::v1::RegisterPrefixResponse* resp) override;
   grpc::Status ManagePrefix(grpc::ServerContext* ctx, const vericache::v1::ManagePrefixRequest* req,
                             vericache::v1::ManagePrefixResponse* resp) override;
 
@@ -164,6 +167,7 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   struct Metrics;
   struct StreamWatch;
   class GenerateCall;
+  class RegisterCall;
 
   CoordinatorService(const CoordinatorOptions& options, metrics::Registry* registry);
   absl::Status Connect();
@@ -289,6 +293,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // Running requests and a bounded history of finished ones (GetRequest),
   // keyed by (tenant, request id): a tenant sees only its own.
   std::map<std::string, std::shared_ptr<Request>> requests_;
+  // Registrations running (RegisterPrefix calls not finished), under mu_:
+  // Shutdown cancels them, as it does the running requests.
+  std::set<std::shared_ptr<Request>> registrations_;
   std::deque<std::string> finished_order_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int64_t> next_request_{1};

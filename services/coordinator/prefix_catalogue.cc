@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/executor.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
 #include "services/common/store_client.h"
@@ -60,6 +61,16 @@ class StoreClientAdapter final : public CatalogueStore {
   void StartGet(const std::string& key, Clock::time_point deadline, GetDone done) override {
     store_->StartGet(key, deadline, std::move(done));
   }
+  // The store's put (BeginPut, stages, CommitPut, retried as one) is
+  // synchronous; a registration's manifest put runs on these threads, not
+  // on the coordinator's executor. At most as many wait here as
+  // registrations hold admission places.
+  void StartPut(const std::string& key, const std::string& value, Clock::time_point deadline,
+                PutDone done) override {
+    putter_.Post([this, key, value, deadline, done = std::move(done)] {
+      done(store_->PutAll({{key, value}}, deadline));
+    });
+  }
   absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
     switch (action) {
       case Action::kPin:
@@ -74,6 +85,8 @@ class StoreClientAdapter final : public CatalogueStore {
 
  private:
   daemon::StoreClient* store_;
+  // Last: destroyed first, after the puts it holds have run.
+  Executor putter_{ExecutorOptions{.max_threads = 2}};
 };
 
 bool AllTrue(const std::vector<bool>& hits) {
@@ -163,6 +176,21 @@ Task<absl::StatusOr<std::string>> PrefixCatalogue::AwaitGet(const RunnerContext&
     store_->StartGet(key, deadline, std::move(answer));
   });
   co_return value;
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitPut(const RunnerContext& ctx, const std::string& key,
+                                             const std::string& value, Clock::time_point deadline) {
+  absl::Status status;
+  (void)co_await AwaitAnswer(ctx, &status, [&](CatalogueStore::PutDone answer) {
+    store_->StartPut(key, value, deadline, std::move(answer));
+  });
+  co_return status;
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitAdmission(Request& r) {
+  if (hooks_.admit) co_return co_await hooks_.admit(r);
+  co_return admission_->Admit(
+      r.tenant, [&r] { return r.gone(); }, r.deadline);
 }
 
 Task<bool> PrefixCatalogue::AwaitWorkerCheck(const RunnerContext& ctx, Worker& w,
@@ -325,55 +353,51 @@ WorkerCallOptions PrefixCatalogue::IngestCallOptions(const Request& r) const {
   return o;
 }
 
-absl::Status PrefixCatalogue::Register(const std::string& salt,
-                                       const pb::RegisterPrefixRequest& req, Request& r,
-                                       pb::RegisterPrefixResponse* resp) {
+Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::string salt,
+                                             const pb::RegisterPrefixRequest& req, Request& r,
+                                             pb::RegisterPrefixResponse* resp) {
   // Sizes first, before the tokens are copied or anything is built.
   if (req.tokens_size() >= model_.context) {
-    return (absl::InvalidArgumentError(absl::StrCat("a prefix of ", req.tokens_size(),
-                                                    " tokens leaves no room in the context of ",
-                                                    model_.context)));
+    co_return absl::InvalidArgumentError(absl::StrCat("a prefix of ", req.tokens_size(),
+                                                      " tokens leaves no room in the context of ",
+                                                      model_.context));
   }
   const std::string variants = req.variants().empty() ? options_.ingest_variants : req.variants();
-  if (absl::Status s = RequestVariants(variants).status(); !s.ok()) return (s);
-  if (absl::Status s = ValidateRegisterPrefix(
-          req, {model_.vocab, model_.context, options_.chunk_tokens}, options_.ingest_variants);
-      !s.ok()) {
-    return (s);
-  }
+  VC_CO_RETURN_IF_ERROR(RequestVariants(variants).status());
+  VC_CO_RETURN_IF_ERROR(ValidateRegisterPrefix(
+      req, {model_.vocab, model_.context, options_.chunk_tokens}, options_.ingest_variants));
   std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
   const kvstore::ChunkKeyOptions ko = KeyOptions(salt);
   const int32_t whole =
       static_cast<int32_t>(tokens.size()) / options_.chunk_tokens * options_.chunk_tokens;
-  absl::StatusOr<std::vector<kvstore::ChunkKey>> keys =
-      kvstore::ChunkKeysForTokens(ko, model_.model_id, absl::MakeConstSpan(tokens).first(whole));
-  if (!keys.ok()) return (keys.status());
+  VC_CO_ASSIGN_OR_RETURN(
+      const std::vector<kvstore::ChunkKey> keys,
+      kvstore::ChunkKeysForTokens(ko, model_.model_id, absl::MakeConstSpan(tokens).first(whole)));
   const kvstore::ChunkKey manifest = kvstore::PrefixManifestKey(ko, model_.model_id, tokens);
   resp->set_prefix_id(manifest.Hex());
   resp->set_prefix_tokens(whole);
   // Keys are under the tenant's own salt: already_stored says only whether
   // this tenant stored the prefix, never whether another one did.
   std::vector<std::string> lookup;
-  for (const auto& k : *keys) lookup.push_back(k.Raw());
+  lookup.reserve(keys.size() + 1);
+  for (const auto& k : keys) lookup.push_back(k.Raw());
   lookup.push_back(manifest.Raw());
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(lookup, StoreDeadline(r.deadline));
-  if (!hits.ok()) return (hits.status());
+  absl::StatusOr<std::vector<bool>> hits =
+      co_await AwaitLookup(ctx, lookup, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(hits.status());
   if (AllTrue(*hits)) {
     resp->set_already_stored(true);
-    return absl::OkStatus();
+    co_return absl::OkStatus();
   }
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
-  if (absl::Status s = admission_->CheckStoredBudget(r.tenant); !s.ok()) return (s);
-  if (absl::Status s = admission_->Admit(
-          r.tenant, [&r] { return r.gone(); }, r.deadline);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<Worker*> placed = hooks_.place_verifier(keys->back().Hex());
+  VC_CO_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
+  const absl::Status admitted = co_await AwaitAdmission(r);
+  VC_CO_RETURN_IF_ERROR(admitted);
+  absl::StatusOr<Worker*> placed = hooks_.place_verifier(keys.back().Hex());
   if (!placed.ok()) {
     admission_->Leave(r.tenant, false);
-    return (placed.status());
+    co_return placed.status();
   }
   Worker& v = **placed;
   pb::IngestRequest ireq;
@@ -383,23 +407,24 @@ absl::Status PrefixCatalogue::Register(const std::string& salt,
   ireq.set_variants(variants);
   ireq.set_draft_model_id(DraftModelRaw());
   pb::IngestResponse iresp;
-  absl::Status s = v.verifier->Ingest(IngestCallOptions(r), ireq, &iresp);
-  admission_->Leave(r.tenant, false);
+  const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartIngest,
+                                            IngestCallOptions(r), ireq, &iresp);
   if (!s.ok()) {
+    admission_->Leave(r.tenant, false);
     hooks_.worker_failed(WorkerPool::kVerifier, v,
                          WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest")),
                          [](bool) {});
-    return s;
+    co_return s;
   }
   admission_->ChargeStored(r.tenant, iresp.bytes());
   *resp->mutable_variants() = iresp.variants();
-  // The manifest last: a registered id always names a stored prefix.
-  if (absl::Status st =
-          store_->Put(manifest.Raw(), EncodeTokens(tokens), StoreDeadline(r.deadline));
-      !st.ok()) {
-    return (st);
-  }
-  return absl::OkStatus();
+  // The manifest last (a registered id always names a stored prefix), and
+  // while the registration still holds its place: the puts waiting on the
+  // store client's threads are as many as the places.
+  const absl::Status put =
+      co_await AwaitPut(ctx, manifest.Raw(), EncodeTokens(tokens), StoreDeadline(r.deadline));
+  admission_->Leave(r.tenant, false);
+  co_return put;
 }
 
 absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::string& salt,

@@ -66,12 +66,19 @@ class CatalogueStore {
   // gRPC's callback API.
   using LookupDone = std::function<void(absl::StatusOr<std::vector<bool>>)>;
   using GetDone = std::function<void(absl::StatusOr<std::string>)>;
+  using PutDone = std::function<void(absl::Status)>;
   virtual void StartLookup(const std::vector<std::string>& keys, Clock::time_point deadline,
                            LookupDone done) {
     done(Lookup(keys, deadline));
   }
   virtual void StartGet(const std::string& key, Clock::time_point deadline, GetDone done) {
     done(Get(key, deadline));
+  }
+  // Put for a registration's coroutine, likewise (the daemon's store client
+  // runs it on threads of its own: a put is a protocol of several calls).
+  virtual void StartPut(const std::string& key, const std::string& value,
+                        Clock::time_point deadline, PutDone done) {
+    done(Put(key, value, deadline));
   }
 };
 // The daemon's: the KV store's client (which must outlive it).
@@ -108,6 +115,10 @@ struct CatalogueHooks {
       worker_failed;
   // An ingest is tried again on another verifier (a metric).
   std::function<void()> on_retry;
+  // An admission place for a registration, awaited (the coordinator's
+  // queue: a Cancel or the caller going away wakes it). Unset: the
+  // controller's Admit, waiting on the caller's thread (unit tests).
+  std::function<Task<absl::Status>(Request& r)> admit;
 };
 
 class PrefixCatalogue {
@@ -137,9 +148,13 @@ class PrefixCatalogue {
   Task<bool> Missing(const RunnerContext& ctx, const Plan& plan, Clock::time_point deadline);
   // RegisterPrefix for r's tenant, whose keys use `salt`; `r` is the call
   // (deadline, cancellation) and takes an admission place while the ingest
-  // runs.
-  absl::Status Register(const std::string& salt, const vericache::v1::RegisterPrefixRequest& req,
-                        Request& r, vericache::v1::RegisterPrefixResponse* resp);
+  // runs. A coroutine on ctx's executor that holds no thread while the
+  // store answers, while it waits for its admission place, while the
+  // verifier ingests or while the manifest is put. `ctx`, `req`, `r` and
+  // `resp` must outlive the task.
+  Task<absl::Status> Register(const RunnerContext& ctx, std::string salt,
+                              const vericache::v1::RegisterPrefixRequest& req, Request& r,
+                              vericache::v1::RegisterPrefixResponse* resp);
   // ManagePrefix for `tenant` with key salt `salt`, by `deadline` (the
   // call's).
   absl::Status Manage(const std::string& tenant, const std::string& salt,
@@ -162,6 +177,10 @@ class PrefixCatalogue {
                                                       Clock::time_point deadline);
   Task<absl::StatusOr<std::string>> AwaitGet(const RunnerContext& ctx, const std::string& key,
                                              Clock::time_point deadline);
+  Task<absl::Status> AwaitPut(const RunnerContext& ctx, const std::string& key,
+                              const std::string& value, Clock::time_point deadline);
+  // hooks_.admit, or the controller's Admit where it is unset.
+  Task<absl::Status> AwaitAdmission(Request& r);
   // The token list of prefix `prefix_id` (whose raw key is `raw`) from the
   // store's answer for its manifest, checked against `salt`.
   absl::StatusOr<std::vector<int32_t>> TokensOfManifest(const std::string& prefix_id,

@@ -10,6 +10,7 @@
 // where they are meant to on a loaded machine, and nothing asserts a time.
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -183,6 +184,51 @@ TEST_F(IngestCancelTest, CancelledWhileIngestingLeavesNothingOpen) {
   const grpc::Status s = stub_->RegisterPrefix(again.get(), RegisterRequest(prefix), &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_FALSE(resp.already_stored());
+}
+
+// The threads of process `pid` (its /proc status), or -1.
+int Threads(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Registrations queued for the only admission place wait suspended: the
+// coordinator's threads do not grow with them (while RegisterPrefix was a
+// synchronous call each held a gRPC thread, 16 queued ones 16 more).
+TEST_F(IngestCancelTest, QueuedRegistrationsHoldNoThread) {
+  const pid_t coordinator = cluster_->Find("coordinator")->pid;
+  ASSERT_GT(coordinator, 0);
+  // 14 chunks: an ingest of many seconds on the paced link, while the
+  // others queue behind it.
+  const std::vector<int32_t> holder = Text(14 * kChunkTokens, 6);
+  Call first;
+  StartRegister(&first, holder);
+  ASSERT_TRUE(Eventually([&] { return Status().active_requests() == 1; }));
+  const int before = Threads(coordinator);
+  constexpr int kQueued = 16;
+  std::vector<Call> queued(kQueued);
+  for (int i = 0; i < kQueued; ++i) StartRegister(&queued[i], Text(2 * kChunkTokens, 100 + i));
+  pb::ClusterStatusResponse status;
+  ASSERT_TRUE(Eventually([&] {
+    status = Status();
+    return status.queued_requests() == kQueued;
+  })) << status.queued_requests()
+      << " queued";
+  const int during = Threads(coordinator);
+  EXPECT_LT(during - before, kQueued / 2)
+      << before << " threads before, " << during << " with " << kQueued << " queued";
+  for (Call& c : queued) c.ctx->TryCancel();
+  for (Call& c : queued) {
+    c.thread.join();
+    EXPECT_EQ(c.status.error_code(), grpc::StatusCode::CANCELLED) << c.status.error_message();
+  }
+  EXPECT_TRUE(Eventually([&] { return Status().queued_requests() == 0; }));
+  first.thread.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
 }
 
 // A Generate queued behind the only admission place waits suspended (no

@@ -413,7 +413,7 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   Request r;
   Init(r, "a");
   pb::RegisterPrefixResponse resp;
-  ASSERT_TRUE(catalogue_->Register("salt-a", reg, r, &resp).ok());
+  ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, &resp)).ok());
   EXPECT_EQ(resp.prefix_tokens(), 4);
   EXPECT_FALSE(resp.already_stored());
   EXPECT_EQ(admission_->active(), 0) << "the ingest's admission place is given back";
@@ -426,7 +426,7 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   EXPECT_EQ(other.message(),
             absl::StrCat("prefix ", resp.prefix_id(), " is not registered (vericache ingest)"));
   pb::RegisterPrefixResponse again;
-  ASSERT_TRUE(catalogue_->Register("salt-a", reg, r, &again).ok());
+  ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, &again)).ok());
   EXPECT_TRUE(again.already_stored());
   EXPECT_EQ(fakes_[0]->ingests.load(), 1);
 
