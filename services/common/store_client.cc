@@ -487,15 +487,50 @@ absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::
   return absl::OkStatus();
 }
 
-absl::Status StoreClient::Apply(KeyAction action, const std::string& key,
-                                std::chrono::steady_clock::time_point deadline) {
+namespace {
+
+// One Delete, Pin or Unpin call's request and answer, alive until its
+// callback has run.
+template <typename Req, typename Resp>
+struct KeyCall {
+  std::unique_ptr<grpc::ClientContext> ctx;
+  Req req;
+  Resp resp;
+};
+
+// Starts `method` for `key` (one attempt); `done` gets its status, named.
+template <typename Req, typename Resp>
+void StartKeyCall(pb::KvStore::Stub* stub,
+                  void (pb::KvStore::Stub::async_interface::*method)(
+                      grpc::ClientContext*, const Req*, Resp*, std::function<void(grpc::Status)>),
+                  const char* name, std::unique_ptr<grpc::ClientContext> ctx,
+                  const std::string& key, StoreClient::ApplyDone done) {
+  auto call = std::make_shared<KeyCall<Req, Resp>>();
+  call->ctx = std::move(ctx);
+  call->req.set_key(key);
+  KeyCall<Req, Resp>& c = *call;
+  (stub->async()->*method)(c.ctx.get(), &c.req, &c.resp,
+                           [call, name, done = std::move(done)](const grpc::Status& s) {
+                             done(rpc::FromGrpcStatus(s, name));
+                           });
+}
+
+}  // namespace
+
+std::unique_ptr<grpc::ClientContext> StoreClient::KeyActionContext(
+    std::chrono::steady_clock::time_point deadline) const {
   auto timeout = options_.timeout;
   if (deadline != std::chrono::steady_clock::time_point{}) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     timeout = std::max(std::chrono::milliseconds(1), std::min(left, options_.timeout));
   }
-  auto ctx = rpc::ContextWithTimeout(timeout);
+  return rpc::ContextWithTimeout(timeout);
+}
+
+absl::Status StoreClient::Apply(KeyAction action, const std::string& key,
+                                std::chrono::steady_clock::time_point deadline) {
+  auto ctx = KeyActionContext(deadline);
   grpc::Status s;
   switch (action) {
     case KeyAction::kDelete: {
@@ -521,6 +556,27 @@ absl::Status StoreClient::Apply(KeyAction action, const std::string& key,
     }
   }
   return absl::InvalidArgumentError("unknown key action");
+}
+
+void StoreClient::StartApply(KeyAction action, const std::string& key,
+                             std::chrono::steady_clock::time_point deadline, ApplyDone done) {
+  using Async = pb::KvStore::Stub::async_interface;
+  auto ctx = KeyActionContext(deadline);
+  switch (action) {
+    case KeyAction::kDelete:
+      StartKeyCall<pb::DeleteRequest, pb::DeleteResponse>(
+          stub_.get(), &Async::Delete, "vc-kvstore Delete", std::move(ctx), key, std::move(done));
+      return;
+    case KeyAction::kPin:
+      StartKeyCall<pb::PinRequest, pb::PinResponse>(stub_.get(), &Async::Pin, "vc-kvstore Pin",
+                                                    std::move(ctx), key, std::move(done));
+      return;
+    case KeyAction::kUnpin:
+      StartKeyCall<pb::UnpinRequest, pb::UnpinResponse>(
+          stub_.get(), &Async::Unpin, "vc-kvstore Unpin", std::move(ctx), key, std::move(done));
+      return;
+  }
+  done(absl::InvalidArgumentError("unknown key action"));
 }
 
 transport::ClientStats StoreClient::data_stats() const {

@@ -229,6 +229,13 @@ class StoreClient {
   enum class KeyAction { kDelete, kPin, kUnpin };
   absl::Status Apply(KeyAction action, const std::string& key,
                      std::chrono::steady_clock::time_point deadline = {});
+  // Apply on gRPC's callback API, for a caller that must not hold a thread
+  // while the store answers: `done` is called once, on one of gRPC's
+  // threads, with what Apply would have returned. The client must outlive
+  // every `done`.
+  using ApplyDone = std::function<void(absl::Status)>;
+  void StartApply(KeyAction action, const std::string& key,
+                  std::chrono::steady_clock::time_point deadline, ApplyDone done);
 
   transport::ClientStats data_stats() const;
   // Values whose seal failed in Fetch (and were quarantined) so far.
@@ -238,6 +245,10 @@ class StoreClient {
   const std::string& data_address() const { return data_address_; }
 
  private:
+  // A Delete, Pin or Unpin call's context: the options' timeout, cut to
+  // `deadline` if given.
+  std::unique_ptr<grpc::ClientContext> KeyActionContext(
+      std::chrono::steady_clock::time_point deadline) const;
   StoreClient() = default;
   // The calls that are tried again, as the retry counter's `call` label.
   enum class Call { kLookup, kGet, kPut, kFetch };

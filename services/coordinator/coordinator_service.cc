@@ -486,8 +486,9 @@ void CoordinatorService::Shutdown() {
         r->server_ctx->TryCancel();
       }
     }
-    // A registration's ingest is cancelled with its call.
-    for (const auto& r : registrations_) {
+    // A registration's ingest is cancelled with its call, and a ManagePrefix
+    // stops at its next key.
+    for (const auto& r : prefix_calls_) {
       r->cancelled = true;
       r->server_ctx->TryCancel();
     }
@@ -1359,14 +1360,15 @@ grpc::Status CoordinatorService::ClusterStatus(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-// One RegisterPrefix call on gRPC's callback API. Its registration runs as
-// a coroutine on the executor (PrefixCatalogue::Register), so one that is
-// queued for admission or ingesting holds no thread; the call's cancel
-// wakes it if it is queued. Finished (then deleted by gRPC) once the
+// One RegisterPrefix or ManagePrefix call on gRPC's callback API. Its work
+// runs as a coroutine on the executor (PrefixCatalogue::Register, Manage),
+// so one that is queued for admission, ingesting or waiting on the store
+// holds no thread; the call's cancel runs `on_cancel` (a queued
+// registration is woken). Finished (then deleted by gRPC) once the
 // coroutine has returned.
-class CoordinatorService::RegisterCall final : public grpc::ServerUnaryReactor {
+class CoordinatorService::PrefixCall final : public grpc::ServerUnaryReactor {
  public:
-  explicit RegisterCall(std::function<void()> on_cancel) : on_cancel_(std::move(on_cancel)) {}
+  explicit PrefixCall(std::function<void()> on_cancel) : on_cancel_(std::move(on_cancel)) {}
   void OnCancel() override {
     if (on_cancel_) on_cancel_();
   }
@@ -1376,60 +1378,81 @@ class CoordinatorService::RegisterCall final : public grpc::ServerUnaryReactor {
   const std::function<void()> on_cancel_;
 };
 
-grpc::ServerUnaryReactor* CoordinatorService::RegisterPrefix(grpc::CallbackServerContext* ctx,
-                                                             const pb::RegisterPrefixRequest* req,
-                                                             pb::RegisterPrefixResponse* resp) {
-  // The ingest is admitted like a request (it holds a verifier as long as a
-  // prefill) and ends when its caller goes away.
-  auto r = std::make_shared<Request>();
-  auto* call = new RegisterCall([this, weak = std::weak_ptr<Request>(r)] {
-    if (std::shared_ptr<Request> queued = weak.lock()) WakeIfQueued(*queued);
-  });
-  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
-  if (!who.ok()) {
-    call->Finish(rpc::ToGrpcStatus(who.status()));
-    return call;
-  }
-  r->id = "register-prefix";
-  r->is_generate = false;
-  r->tenant = who->tenant;
-  r->server_ctx = ctx;
-  r->start = Clock::now();
-  r->client_gone = [ctx] { return ctx->IsCancelled(); };
-  r->deadline = ServerCallDeadline(*ctx);
+void CoordinatorService::StartPrefixCall(PrefixCall* call, std::shared_ptr<Request> r,
+                                         std::function<Task<absl::Status>()> start) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    registrations_.insert(r);
+    prefix_calls_.insert(r);
   }
   {
     std::lock_guard<std::mutex> lock(calls_mu_);
     ++calls_running_;
   }
+  executor_->Post([this, call, r = std::move(r), start = std::move(start)]() mutable {
+    Spawn(start(), [this, call, r](const absl::Status& s) {
+      {
+        // Out of Shutdown's reach before its context goes.
+        std::lock_guard<std::mutex> lock(mu_);
+        prefix_calls_.erase(r);
+      }
+      call->Finish(rpc::ToGrpcStatus(s));
+      std::lock_guard<std::mutex> lock(calls_mu_);
+      --calls_running_;
+      calls_cv_.notify_all();
+    });
+  });
+}
+
+std::shared_ptr<Request> CoordinatorService::PrefixCallRequest(grpc::CallbackServerContext* ctx,
+                                                               const std::string& tenant) {
+  auto r = std::make_shared<Request>();
+  r->id = "prefix-call";
+  r->is_generate = false;
+  r->tenant = tenant;
+  r->server_ctx = ctx;
+  r->start = Clock::now();
+  r->client_gone = [ctx] { return ctx->IsCancelled(); };
+  r->deadline = ServerCallDeadline(*ctx);
+  return r;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterPrefix(grpc::CallbackServerContext* ctx,
+                                                             const pb::RegisterPrefixRequest* req,
+                                                             pb::RegisterPrefixResponse* resp) {
+  absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
+  if (!who.ok()) {
+    auto* call = new PrefixCall(nullptr);
+    call->Finish(rpc::ToGrpcStatus(who.status()));
+    return call;
+  }
+  // The ingest is admitted like a request (it holds a verifier as long as a
+  // prefill) and ends when its caller goes away; the call's cancel wakes
+  // it if it is queued.
+  std::shared_ptr<Request> r = PrefixCallRequest(ctx, who->tenant);
+  auto* call = new PrefixCall([this, weak = std::weak_ptr<Request>(r)] {
+    if (std::shared_ptr<Request> queued = weak.lock()) WakeIfQueued(*queued);
+  });
   // gRPC keeps req and resp until the call is finished, after the task.
-  executor_->Post([this, call, r, salt = who->salt, req, resp]() mutable {
-    Spawn(catalogue_->Register(runner_, std::move(salt), *req, *r, resp),
-          [this, call, r](const absl::Status& s) {
-            {
-              // Out of Shutdown's reach before its context goes.
-              std::lock_guard<std::mutex> lock(mu_);
-              registrations_.erase(r);
-            }
-            call->Finish(rpc::ToGrpcStatus(s));
-            std::lock_guard<std::mutex> lock(calls_mu_);
-            --calls_running_;
-            calls_cv_.notify_all();
-          });
+  StartPrefixCall(call, r, [this, salt = who->salt, req, resp, &request = *r] {
+    return catalogue_->Register(runner_, salt, *req, request, resp);
   });
   return call;
 }
 
-grpc::Status CoordinatorService::ManagePrefix(grpc::ServerContext* ctx,
-                                              const pb::ManagePrefixRequest* req,
-                                              pb::ManagePrefixResponse* resp) {
+grpc::ServerUnaryReactor* CoordinatorService::ManagePrefix(grpc::CallbackServerContext* ctx,
+                                                           const pb::ManagePrefixRequest* req,
+                                                           pb::ManagePrefixResponse* resp) {
+  auto* call = new PrefixCall(nullptr);
   absl::StatusOr<Identity> who = Caller(ctx, req->tenant_salt());
-  if (!who.ok()) return rpc::ToGrpcStatus(who.status());
-  return rpc::ToGrpcStatus(
-      catalogue_->Manage(who->tenant, who->salt, *req, resp, ServerCallDeadline(*ctx)));
+  if (!who.ok()) {
+    call->Finish(rpc::ToGrpcStatus(who.status()));
+    return call;
+  }
+  std::shared_ptr<Request> r = PrefixCallRequest(ctx, who->tenant);
+  StartPrefixCall(call, r, [this, salt = who->salt, req, resp, &request = *r] {
+    return catalogue_->Manage(runner_, salt, *req, request, resp);
+  });
+  return call;
 }
 
 }  // namespace vc::coordinator

@@ -131,13 +131,17 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr size_t kMaxCompressorNameBytes = 64;
 inline constexpr size_t kMaxTenantSaltBytes = 64;
 
-// Generate and RegisterPrefix are on gRPC's callback API: each call is a
-// coroutine (Serve, PrefixCatalogue::Register, on the executor) that holds
-// no thread while it waits for its admission, a slot, a lease message, the
-// store or a worker. The other methods are short and synchronous.
-class CoordinatorService final : public vericache::v1::Coordinator::WithCallbackMethod_Generate<
-                                     vericache::v1::Coordinator::WithCallbackMethod_RegisterPrefix<
-                                         vericache::v1::Coordinator::Service>> {
+// Generate, RegisterPrefix and ManagePrefix are on gRPC's callback API:
+// each call is a coroutine (Serve, PrefixCatalogue::Register and Manage, on
+// the executor) that holds no thread while it waits for its admission, a
+// slot, a lease message, the store or a worker. The other methods (Cancel,
+// GetRequest, ClusterStatus) are short, call no other process and stay
+// synchronous.
+class CoordinatorService final
+    : public vericache::v1::Coordinator::WithCallbackMethod_Generate<
+          vericache::v1::Coordinator::WithCallbackMethod_RegisterPrefix<
+              vericache::v1::Coordinator::WithCallbackMethod_ManagePrefix<
+                  vericache::v1::Coordinator::Service>>> {
  public:
   // Connects to the store and every worker (waiting for them up to
   // startup_timeout) and checks they all run the same model.
@@ -160,14 +164,15 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   grpc::ServerUnaryReactor* RegisterPrefix(grpc::CallbackServerContext* ctx,
                                            const vericache::v1::RegisterPrefixRequest* req,
                                            vericache::v1::RegisterPrefixResponse* resp) override;
-  grpc::Status ManagePrefix(grpc::ServerContext* ctx, const vericache::v1::ManagePrefixRequest* req,
-                            vericache::v1::ManagePrefixResponse* resp) override;
+  grpc::ServerUnaryReactor* ManagePrefix(grpc::CallbackServerContext* ctx,
+                                         const vericache::v1::ManagePrefixRequest* req,
+                                         vericache::v1::ManagePrefixResponse* resp) override;
 
  private:
   struct Metrics;
   struct StreamWatch;
   class GenerateCall;
-  class RegisterCall;
+  class PrefixCall;
 
   CoordinatorService(const CoordinatorOptions& options, metrics::Registry* registry);
   absl::Status Connect();
@@ -176,6 +181,13 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // record and metrics, the shadow check; then the call is finished.
   Task<absl::Status> ServeCall(GenerateCall* call, std::shared_ptr<Request> r,
                                vericache::v1::GenerateRequest req);
+  // A prefix call's record: its tenant, context, deadline and cancellation.
+  std::shared_ptr<Request> PrefixCallRequest(grpc::CallbackServerContext* ctx,
+                                             const std::string& tenant);
+  // Runs start()'s coroutine on the executor (Shutdown cancels it through
+  // r and waits for it), then finishes `call` with its status.
+  void StartPrefixCall(PrefixCall* call, std::shared_ptr<Request> r,
+                       std::function<Task<absl::Status>()> start);
   // Plans, admits, runs and releases one request; the final message (with
   // totals) is the last thing written to `sink`.
   Task<absl::Status> Serve(const vericache::v1::GenerateRequest& req, Request& r, Sink* sink,
@@ -293,9 +305,9 @@ class CoordinatorService final : public vericache::v1::Coordinator::WithCallback
   // Running requests and a bounded history of finished ones (GetRequest),
   // keyed by (tenant, request id): a tenant sees only its own.
   std::map<std::string, std::shared_ptr<Request>> requests_;
-  // Registrations running (RegisterPrefix calls not finished), under mu_:
+  // RegisterPrefix and ManagePrefix calls not finished, under mu_:
   // Shutdown cancels them, as it does the running requests.
-  std::set<std::shared_ptr<Request>> registrations_;
+  std::set<std::shared_ptr<Request>> prefix_calls_;
   std::deque<std::string> finished_order_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int64_t> next_request_{1};

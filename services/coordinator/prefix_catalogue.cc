@@ -40,6 +40,18 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
   return out;
 }
 
+daemon::StoreClient::KeyAction KeyAction(CatalogueStore::Action action) {
+  switch (action) {
+    case CatalogueStore::Action::kPin:
+      return daemon::StoreClient::KeyAction::kPin;
+    case CatalogueStore::Action::kUnpin:
+      return daemon::StoreClient::KeyAction::kUnpin;
+    case CatalogueStore::Action::kDelete:
+      break;
+  }
+  return daemon::StoreClient::KeyAction::kDelete;
+}
+
 class StoreClientAdapter final : public CatalogueStore {
  public:
   explicit StoreClientAdapter(daemon::StoreClient* store) : store_(store) {}
@@ -72,15 +84,11 @@ class StoreClientAdapter final : public CatalogueStore {
     });
   }
   absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
-    switch (action) {
-      case Action::kPin:
-        return store_->Apply(daemon::StoreClient::KeyAction::kPin, key, deadline);
-      case Action::kUnpin:
-        return store_->Apply(daemon::StoreClient::KeyAction::kUnpin, key, deadline);
-      case Action::kDelete:
-        break;
-    }
-    return store_->Apply(daemon::StoreClient::KeyAction::kDelete, key, deadline);
+    return store_->Apply(KeyAction(action), key, deadline);
+  }
+  void StartApply(Action action, const std::string& key, Clock::time_point deadline,
+                  ApplyDone done) override {
+    store_->StartApply(KeyAction(action), key, deadline, std::move(done));
   }
 
  private:
@@ -183,6 +191,16 @@ Task<absl::Status> PrefixCatalogue::AwaitPut(const RunnerContext& ctx, const std
   absl::Status status;
   (void)co_await AwaitAnswer(ctx, &status, [&](CatalogueStore::PutDone answer) {
     store_->StartPut(key, value, deadline, std::move(answer));
+  });
+  co_return status;
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitApply(const RunnerContext& ctx,
+                                               CatalogueStore::Action action,
+                                               const std::string& key, Clock::time_point deadline) {
+  absl::Status status;
+  (void)co_await AwaitAnswer(ctx, &status, [&](CatalogueStore::ApplyDone answer) {
+    store_->StartApply(action, key, deadline, std::move(answer));
   });
   co_return status;
 }
@@ -427,9 +445,11 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
   co_return put;
 }
 
-absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::string& salt,
-                                     const pb::ManagePrefixRequest& req,
-                                     pb::ManagePrefixResponse* resp, Clock::time_point deadline) {
+Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string salt,
+                                           const pb::ManagePrefixRequest& req, Request& r,
+                                           pb::ManagePrefixResponse* resp) {
+  const std::string& tenant = r.tenant;
+  const Clock::time_point deadline = r.deadline;
   CatalogueStore::Action action;
   switch (req.action()) {
     case pb::ManagePrefixRequest::PIN:
@@ -442,38 +462,38 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
       action = CatalogueStore::Action::kDelete;
       break;
     default:
-      return (absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE"));
+      co_return absl::InvalidArgumentError("action must be PIN, UNPIN or DELETE");
   }
   const std::string variants_text =
       req.variants().empty() ? options_.ingest_variants : req.variants();
-  absl::StatusOr<std::vector<ingest::VariantSpec>> variants = RequestVariants(variants_text);
-  if (!variants.ok()) return (variants.status());
+  VC_CO_ASSIGN_OR_RETURN(const std::vector<ingest::VariantSpec> variants,
+                         RequestVariants(variants_text));
   // Another tenant's prefix id answers NOT_FOUND, like an unknown one.
-  absl::StatusOr<std::vector<int32_t>> tokens = Tokens(req.prefix_id(), salt, deadline);
-  if (!tokens.ok()) return (tokens.status());
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      co_await AwaitTokens(ctx, req.prefix_id(), salt, deadline);
+  VC_CO_RETURN_IF_ERROR(tokens.status());
   if (action == CatalogueStore::Action::kPin) {
-    if (absl::Status s = admission_->CheckPin(tenant, req.prefix_id()); !s.ok()) {
-      return (s);
-    }
+    VC_CO_RETURN_IF_ERROR(admission_->CheckPin(tenant, req.prefix_id()));
   }
   const kvstore::ChunkKeyOptions ko = KeyOptions(salt);
   const int32_t whole =
       static_cast<int32_t>(tokens->size()) / options_.chunk_tokens * options_.chunk_tokens;
-  absl::StatusOr<std::vector<kvstore::ChunkKey>> chunks =
-      kvstore::ChunkKeysForTokens(ko, model_.model_id, absl::MakeConstSpan(*tokens).first(whole));
-  if (!chunks.ok()) return (chunks.status());
+  VC_CO_ASSIGN_OR_RETURN(
+      const std::vector<kvstore::ChunkKey> chunks,
+      kvstore::ChunkKeysForTokens(ko, model_.model_id, absl::MakeConstSpan(*tokens).first(whole)));
   std::vector<std::string> keys;
-  for (const auto& k : *chunks) keys.push_back(k.Raw());
-  if (!chunks->empty()) {
-    for (const auto& v : *variants) {
-      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks->back(), v, DraftModel());
+  keys.reserve(chunks.size() + variants.size());
+  for (const auto& k : chunks) keys.push_back(k.Raw());
+  if (!chunks.empty()) {
+    for (const auto& v : variants) {
+      absl::StatusOr<kvstore::ChunkKey> vk = ingest::VariantKeyFor(chunks.back(), v, DraftModel());
       if (vk.ok()) keys.push_back(vk->Raw());
     }
   }
   // Only what is stored (variants may never have been made); the manifest
   // goes last on delete so a half-done delete can be repeated.
-  absl::StatusOr<std::vector<bool>> hits = store_->Lookup(keys, StoreDeadline(deadline));
-  if (!hits.ok()) return (hits.status());
+  absl::StatusOr<std::vector<bool>> hits = co_await AwaitLookup(ctx, keys, StoreDeadline(deadline));
+  VC_CO_RETURN_IF_ERROR(hits.status());
   std::vector<std::string> present;
   for (size_t i = 0; i < keys.size(); ++i) {
     if ((*hits)[i]) present.push_back(keys[i]);
@@ -481,10 +501,13 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
   present.push_back(absl::HexStringToBytes(req.prefix_id()));  // the manifest
   int32_t applied = 0;
   for (const auto& key : present) {
-    absl::Status s = store_->Apply(action, key, StoreDeadline(deadline));
+    // A caller gone (or Shutdown) stops between keys; a half-done delete
+    // can be repeated, and pins are counted per key either way.
+    if (r.gone()) co_return absl::CancelledError("ManagePrefix cancelled");
+    const absl::Status s = co_await AwaitApply(ctx, action, key, StoreDeadline(deadline));
     if (!s.ok() &&
         !(action == CatalogueStore::Action::kDelete && s.code() == absl::StatusCode::kNotFound)) {
-      return s;
+      co_return s;
     }
     ++applied;
   }
@@ -494,7 +517,7 @@ absl::Status PrefixCatalogue::Manage(const std::string& tenant, const std::strin
       tenant, req.prefix_id(), action == CatalogueStore::Action::kPin,
       action == CatalogueStore::Action::kDelete ? int64_t{whole} * model_.kv_bytes_per_token : 0);
   resp->set_entries(applied);
-  return absl::OkStatus();
+  co_return absl::OkStatus();
 }
 
 }  // namespace vc::coordinator

@@ -67,6 +67,7 @@ class CatalogueStore {
   using LookupDone = std::function<void(absl::StatusOr<std::vector<bool>>)>;
   using GetDone = std::function<void(absl::StatusOr<std::string>)>;
   using PutDone = std::function<void(absl::Status)>;
+  using ApplyDone = std::function<void(absl::Status)>;
   virtual void StartLookup(const std::vector<std::string>& keys, Clock::time_point deadline,
                            LookupDone done) {
     done(Lookup(keys, deadline));
@@ -79,6 +80,10 @@ class CatalogueStore {
   virtual void StartPut(const std::string& key, const std::string& value,
                         Clock::time_point deadline, PutDone done) {
     done(Put(key, value, deadline));
+  }
+  virtual void StartApply(Action action, const std::string& key, Clock::time_point deadline,
+                          ApplyDone done) {
+    done(Apply(action, key, deadline));
   }
 };
 // The daemon's: the KV store's client (which must outlive it).
@@ -155,11 +160,13 @@ class PrefixCatalogue {
   Task<absl::Status> Register(const RunnerContext& ctx, std::string salt,
                               const vericache::v1::RegisterPrefixRequest& req, Request& r,
                               vericache::v1::RegisterPrefixResponse* resp);
-  // ManagePrefix for `tenant` with key salt `salt`, by `deadline` (the
-  // call's).
-  absl::Status Manage(const std::string& tenant, const std::string& salt,
-                      const vericache::v1::ManagePrefixRequest& req,
-                      vericache::v1::ManagePrefixResponse* resp, Clock::time_point deadline);
+  // ManagePrefix for r's tenant, whose keys use `salt`, by r's deadline; a
+  // caller gone stops it between keys. A coroutine as Register (it holds no
+  // thread while the store answers). `ctx`, `req`, `r` and `resp` must
+  // outlive the task.
+  Task<absl::Status> Manage(const RunnerContext& ctx, std::string salt,
+                            const vericache::v1::ManagePrefixRequest& req, Request& r,
+                            vericache::v1::ManagePrefixResponse* resp);
 
  private:
   // An ingest in flight, and what to signal when it is over (mu_ guards
@@ -179,6 +186,8 @@ class PrefixCatalogue {
                                              Clock::time_point deadline);
   Task<absl::Status> AwaitPut(const RunnerContext& ctx, const std::string& key,
                               const std::string& value, Clock::time_point deadline);
+  Task<absl::Status> AwaitApply(const RunnerContext& ctx, CatalogueStore::Action action,
+                                const std::string& key, Clock::time_point deadline);
   // hooks_.admit, or the controller's Admit where it is unset.
   Task<absl::Status> AwaitAdmission(Request& r);
   // The token list of prefix `prefix_id` (whose raw key is `raw`) from the

@@ -180,6 +180,32 @@ TEST(StoreClientTest, AnAsynchronousReadOfAHungStoreEndsAtItsDeadline) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
+// StartApply answers what Apply answers, for every action (the fake store
+// has no Delete, Pin or Unpin: UNIMPLEMENTED, named by the call).
+TEST(StoreClientTest, AsynchronousKeyActionsAnswerAsTheSynchronousOnes) {
+  testing::FakeKvStore store;
+  ASSERT_TRUE(store.started());
+  auto client = StoreClient::Create(Options(store.address(), nullptr));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (const auto& [action, name] :
+       {std::pair{StoreClient::KeyAction::kDelete, "vc-kvstore Delete"},
+        std::pair{StoreClient::KeyAction::kPin, "vc-kvstore Pin"},
+        std::pair{StoreClient::KeyAction::kUnpin, "vc-kvstore Unpin"}}) {
+    SCOPED_TRACE(name);
+    const absl::Status sync = (*client)->Apply(action, "k1", deadline);
+    Answer<bool> answer;
+    auto done = answer.Done();
+    (*client)->StartApply(action, "k1", deadline, [done](const absl::Status& s) {
+      done(s.ok() ? absl::StatusOr<bool>(true) : absl::StatusOr<bool>(s));
+    });
+    const absl::Status async = answer.Wait().status();
+    EXPECT_EQ(async.code(), absl::StatusCode::kUnimplemented) << async;
+    EXPECT_EQ(async, sync);
+    EXPECT_TRUE(absl::StrContains(async.message(), name)) << async;
+  }
+}
+
 // A backoff that would end past the deadline is not waited for.
 TEST(StoreClientTest, AnAsynchronousReadWaitsNoBackoffPastItsDeadline) {
   testing::FakeKvStore store;

@@ -221,6 +221,14 @@ class CatalogueTest : public ::testing::Test {
   }
   static Clock::time_point Later() { return Clock::now() + std::chrono::minutes(5); }
 
+  // ManagePrefix for `tenant` with `salt`, waited for on this thread.
+  absl::Status Manage(const std::string& tenant, const std::string& salt,
+                      const pb::ManagePrefixRequest& req, pb::ManagePrefixResponse* resp) {
+    Request r;
+    Init(r, tenant);
+    return BlockOn(catalogue_->Manage(ctx_, salt, req, r, resp));
+  }
+
   // EnsureStored, waited for on this thread.
   absl::Status Store(Plan& plan, Request& r) {
     return BlockOn(catalogue_->EnsureStored(ctx_, plan, r));
@@ -434,21 +442,19 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   pin.set_prefix_id(resp.prefix_id());
   pin.set_action(pb::ManagePrefixRequest::PIN);
   pb::ManagePrefixResponse mresp;
-  ASSERT_TRUE(catalogue_->Manage("a", "salt-a", pin, &mresp, Later()).ok());
+  ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
   EXPECT_EQ(mresp.entries(), 3) << "the chunk, the variant and the manifest";
   EXPECT_EQ(store_.pinned.size(), 3u);
-  EXPECT_EQ(catalogue_->Manage("b", "salt-b", pin, &mresp, Later()).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Manage("b", "salt-b", pin, &mresp).code(), absl::StatusCode::kNotFound);
   pb::ManagePrefixRequest del = pin;
   del.set_action(pb::ManagePrefixRequest::DELETE);
-  ASSERT_TRUE(catalogue_->Manage("a", "salt-a", del, &mresp, Later()).ok());
+  ASSERT_TRUE(Manage("a", "salt-a", del, &mresp).ok());
   EXPECT_EQ(catalogue_->Tokens(resp.prefix_id(), "salt-a", Later()).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_.entries.empty());
   pb::ManagePrefixRequest bad = pin;
   bad.set_action(pb::ManagePrefixRequest::ACTION_UNSPECIFIED);
-  EXPECT_EQ(catalogue_->Manage("a", "salt-a", bad, &mresp, Later()).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Manage("a", "salt-a", bad, &mresp).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Each store call ends by the request's deadline, or rpc_timeout (10 s by
