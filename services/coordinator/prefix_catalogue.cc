@@ -500,24 +500,36 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
   }
   present.push_back(absl::HexStringToBytes(req.prefix_id()));  // the manifest
   int32_t applied = 0;
+  absl::Status status;
   for (const auto& key : present) {
     // A caller gone (or Shutdown) stops between keys; a half-done delete
     // can be repeated, and pins are counted per key either way.
-    if (r.gone()) co_return absl::CancelledError("ManagePrefix cancelled");
+    if (r.gone()) {
+      status = absl::CancelledError("ManagePrefix cancelled");
+      break;
+    }
     const absl::Status s = co_await AwaitApply(ctx, action, key, StoreDeadline(deadline));
     if (!s.ok() &&
         !(action == CatalogueStore::Action::kDelete && s.code() == absl::StatusCode::kNotFound)) {
-      co_return s;
+      status = s;
+      break;
     }
     ++applied;
   }
-  // On delete, the full chunks' size; the variants' is not known here (an
+  // Cut short, the quotas stay on the safe side: a prefix counts as pinned
+  // once any of its keys is (else a caller could pin keys past its quota by
+  // going away mid-call), and an unpin or delete gives nothing back. On
+  // delete, the full chunks' size; the variants' is not known here (an
   // estimate on the low side: the budget errs towards refusing).
-  admission_->NotePrefix(
-      tenant, req.prefix_id(), action == CatalogueStore::Action::kPin,
-      action == CatalogueStore::Action::kDelete ? int64_t{whole} * model_.kv_bytes_per_token : 0);
+  const bool pin = action == CatalogueStore::Action::kPin;
+  if (status.ok() || (pin && applied > 0)) {
+    admission_->NotePrefix(tenant, req.prefix_id(), pin,
+                           status.ok() && action == CatalogueStore::Action::kDelete
+                               ? int64_t{whole} * model_.kv_bytes_per_token
+                               : 0);
+  }
   resp->set_entries(applied);
-  co_return absl::OkStatus();
+  co_return status;
 }
 
 }  // namespace vc::coordinator

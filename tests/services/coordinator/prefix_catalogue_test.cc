@@ -64,6 +64,8 @@ class FakeStore final : public CatalogueStore {
   absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(mu);
     deadlines.push_back(deadline);
+    if (applies_before_failing == 0) return absl::UnavailableError("store went away");
+    if (applies_before_failing > 0) --applies_before_failing;
     if (!entries.count(key)) return absl::NotFoundError("no such key");
     if (action == Action::kDelete) entries.erase(key);
     if (action == Action::kPin) pinned.insert(key);
@@ -85,6 +87,8 @@ class FakeStore final : public CatalogueStore {
     }
     done(Lookup(keys, deadline));
   }
+  // Applies that succeed before every later one fails (negative: none fails).
+  int applies_before_failing = -1;
   // What a verifier's ingest writes (not a catalogue call).
   void Store(const std::string& key, const std::string& value) {
     std::lock_guard<std::mutex> lock(mu);
@@ -455,6 +459,37 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   pb::ManagePrefixRequest bad = pin;
   bad.set_action(pb::ManagePrefixRequest::ACTION_UNSPECIFIED);
   EXPECT_EQ(Manage("a", "salt-a", bad, &mresp).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A pin cut short (the store failed after the first key) still counts the
+// prefix against the tenant's pin quota: otherwise a tenant could pin keys
+// past its quota with calls that end part way.
+TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
+  Make(AdmissionOptions{.max_pins_per_tenant = 1});
+  std::string ids[2];
+  for (int p = 0; p < 2; ++p) {
+    pb::RegisterPrefixRequest reg;
+    for (int32_t t : {5 + p, 6, 7, 8, 9, 10}) reg.add_tokens(t);
+    Request r;
+    Init(r, "a");
+    pb::RegisterPrefixResponse resp;
+    ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, &resp)).ok());
+    ids[p] = resp.prefix_id();
+  }
+  pb::ManagePrefixRequest pin;
+  pin.set_prefix_id(ids[0]);
+  pin.set_action(pb::ManagePrefixRequest::PIN);
+  pb::ManagePrefixResponse mresp;
+  store_.applies_before_failing = 1;
+  EXPECT_EQ(Manage("a", "salt-a", pin, &mresp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(mresp.entries(), 1);
+  store_.applies_before_failing = -1;
+  pin.set_prefix_id(ids[1]);
+  const absl::Status second = Manage("a", "salt-a", pin, &mresp);
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  // Pinning the first one again (to finish it) is not a second pin.
+  pin.set_prefix_id(ids[0]);
+  EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
 }
 
 // Each store call ends by the request's deadline, or rpc_timeout (10 s by
