@@ -502,10 +502,12 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
   int32_t applied = 0;
   absl::Status status;
   for (const auto& key : present) {
-    // A caller gone (or Shutdown) stops between keys; a half-done delete
-    // can be repeated, and pins are counted per key either way.
-    if (r.gone()) {
-      status = absl::CancelledError("ManagePrefix cancelled");
+    // Shutdown (r.cancelled) stops between keys. A caller that goes away
+    // does not: pins are counted per key, so a pin it cut short and then
+    // repeated would leave the first keys pinned twice, and an unpin would
+    // free them only once.
+    if (r.cancelled) {
+      status = absl::CancelledError("ManagePrefix stopped: the coordinator is shutting down");
       break;
     }
     const absl::Status s = co_await AwaitApply(ctx, action, key, StoreDeadline(deadline));

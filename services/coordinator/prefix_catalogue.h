@@ -160,10 +160,10 @@ class PrefixCatalogue {
   Task<absl::Status> Register(const RunnerContext& ctx, std::string salt,
                               const vericache::v1::RegisterPrefixRequest& req, Request& r,
                               vericache::v1::RegisterPrefixResponse* resp);
-  // ManagePrefix for r's tenant, whose keys use `salt`, by r's deadline; a
-  // caller gone stops it between keys. A coroutine as Register (it holds no
-  // thread while the store answers). `ctx`, `req`, `r` and `resp` must
-  // outlive the task.
+  // ManagePrefix for r's tenant, whose keys use `salt`, by r's deadline;
+  // r.cancelled (Shutdown) stops it between keys, its caller going away
+  // does not. A coroutine as Register (it holds no thread while the store
+  // answers). `ctx`, `req`, `r` and `resp` must outlive the task.
   Task<absl::Status> Manage(const RunnerContext& ctx, std::string salt,
                             const vericache::v1::ManagePrefixRequest& req, Request& r,
                             vericache::v1::ManagePrefixResponse* resp);

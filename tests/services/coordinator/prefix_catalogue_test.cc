@@ -225,10 +225,13 @@ class CatalogueTest : public ::testing::Test {
   }
   static Clock::time_point Later() { return Clock::now() + std::chrono::minutes(5); }
 
-  // ManagePrefix for `tenant` with `salt`, waited for on this thread.
+  // ManagePrefix for `tenant` with `salt`, waited for on this thread; `r`
+  // (if given) is the call.
   absl::Status Manage(const std::string& tenant, const std::string& salt,
-                      const pb::ManagePrefixRequest& req, pb::ManagePrefixResponse* resp) {
-    Request r;
+                      const pb::ManagePrefixRequest& req, pb::ManagePrefixResponse* resp,
+                      Request* call = nullptr) {
+    Request own;
+    Request& r = call != nullptr ? *call : own;
     Init(r, tenant);
     return BlockOn(catalogue_->Manage(ctx_, salt, req, r, resp));
   }
@@ -490,6 +493,34 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
   // Pinning the first one again (to finish it) is not a second pin.
   pin.set_prefix_id(ids[0]);
   EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
+}
+
+// A pin whose caller went away is applied to every key all the same (a
+// repeat of one cut short would pin its first keys twice); Shutdown
+// (r.cancelled) stops it before the next key.
+TEST_F(CatalogueTest, APinRunsToItsEndWithoutItsCallerButStopsAtShutdown) {
+  pb::RegisterPrefixRequest reg;
+  for (int32_t t : {5, 6, 7, 8, 9, 10}) reg.add_tokens(t);
+  Request owner;
+  Init(owner, "a");
+  pb::RegisterPrefixResponse resp;
+  ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, owner, &resp)).ok());
+  pb::ManagePrefixRequest pin;
+  pin.set_prefix_id(resp.prefix_id());
+  pin.set_action(pb::ManagePrefixRequest::PIN);
+  pb::ManagePrefixResponse mresp;
+  Request gone;
+  gone.client_gone = [] { return true; };
+  EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp, &gone).ok());
+  EXPECT_EQ(mresp.entries(), 3) << "the chunk, the variant and the manifest";
+  pb::ManagePrefixRequest unpin = pin;
+  unpin.set_action(pb::ManagePrefixRequest::UNPIN);
+  Request stopping;
+  stopping.cancelled = true;
+  mresp.Clear();
+  EXPECT_EQ(Manage("a", "salt-a", unpin, &mresp, &stopping).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(mresp.entries(), 0);
+  EXPECT_EQ(store_.pinned.size(), 3u) << "nothing unpinned";
 }
 
 // Each store call ends by the request's deadline, or rpc_timeout (10 s by
