@@ -225,6 +225,16 @@ class CatalogueTest : public ::testing::Test {
   }
   static Clock::time_point Later() { return Clock::now() + std::chrono::minutes(5); }
 
+  // RegisterPrefix of `tokens` for tenant "a" (salt "salt-a"), waited for on
+  // this thread.
+  absl::Status RegisterForA(const std::vector<int32_t>& tokens, pb::RegisterPrefixResponse* resp) {
+    pb::RegisterPrefixRequest reg;
+    for (int32_t t : tokens) reg.add_tokens(t);
+    Request r;
+    Init(r, "a");
+    return BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, resp));
+  }
+
   // ManagePrefix for `tenant` with `salt`, waited for on this thread; `r`
   // (if given) is the call.
   absl::Status Manage(const std::string& tenant, const std::string& salt,
@@ -423,12 +433,9 @@ TEST_F(CatalogueTest, ATenantOverItsStoredBytesIsRefusedBeforeTheIngest) {
 }
 
 TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
-  pb::RegisterPrefixRequest reg;
-  for (int32_t t : {5, 6, 7, 8, 9, 10}) reg.add_tokens(t);
-  Request r;
-  Init(r, "a");
+  const std::vector<int32_t> prefix = {5, 6, 7, 8, 9, 10};
   pb::RegisterPrefixResponse resp;
-  ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, &resp)).ok());
+  ASSERT_TRUE(RegisterForA(prefix, &resp).ok());
   EXPECT_EQ(resp.prefix_tokens(), 4);
   EXPECT_FALSE(resp.already_stored());
   EXPECT_EQ(admission_->active(), 0) << "the ingest's admission place is given back";
@@ -441,7 +448,7 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   EXPECT_EQ(other.message(),
             absl::StrCat("prefix ", resp.prefix_id(), " is not registered (vericache ingest)"));
   pb::RegisterPrefixResponse again;
-  ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, &again)).ok());
+  ASSERT_TRUE(RegisterForA(prefix, &again).ok());
   EXPECT_TRUE(again.already_stored());
   EXPECT_EQ(fakes_[0]->ingests.load(), 1);
 
@@ -471,12 +478,8 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
   Make(AdmissionOptions{.max_pins_per_tenant = 1});
   std::string ids[2];
   for (int p = 0; p < 2; ++p) {
-    pb::RegisterPrefixRequest reg;
-    for (int32_t t : {5 + p, 6, 7, 8, 9, 10}) reg.add_tokens(t);
-    Request r;
-    Init(r, "a");
     pb::RegisterPrefixResponse resp;
-    ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, r, &resp)).ok());
+    ASSERT_TRUE(RegisterForA({5 + p, 6, 7, 8, 9, 10}, &resp).ok());
     ids[p] = resp.prefix_id();
   }
   pb::ManagePrefixRequest pin;
@@ -499,12 +502,8 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
 // repeat of one cut short would pin its first keys twice); Shutdown
 // (r.cancelled) stops it before the next key.
 TEST_F(CatalogueTest, APinRunsToItsEndWithoutItsCallerButStopsAtShutdown) {
-  pb::RegisterPrefixRequest reg;
-  for (int32_t t : {5, 6, 7, 8, 9, 10}) reg.add_tokens(t);
-  Request owner;
-  Init(owner, "a");
   pb::RegisterPrefixResponse resp;
-  ASSERT_TRUE(BlockOn(catalogue_->Register(ctx_, "salt-a", reg, owner, &resp)).ok());
+  ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9, 10}, &resp).ok());
   pb::ManagePrefixRequest pin;
   pin.set_prefix_id(resp.prefix_id());
   pin.set_action(pb::ManagePrefixRequest::PIN);
