@@ -10,6 +10,7 @@
 #include <list>
 #include <mutex>
 #include <random>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -20,13 +21,34 @@
 namespace vc::kvstore {
 namespace {
 
-// RocksDB key space: 'd' + key -> value; 'm' + key -> metadata.
+// RocksDB key space: 'd' + key -> value; 'm' + key -> metadata; 'p' + the
+// key's length (4 bytes, big-endian) + key + holder -> "" (one pin).
 constexpr char kDataPrefix = 'd';
 constexpr char kMetaPrefix = 'm';
+constexpr char kPinPrefix = 'p';
 constexpr size_t kMetaBytes = 24;
 
 std::string DataKey(const std::string& key) { return std::string(1, kDataPrefix) + key; }
 std::string MetaKey(const std::string& key) { return std::string(1, kMetaPrefix) + key; }
+std::string PinKey(const std::string& key, const std::string& holder) {
+  std::string out(1, kPinPrefix);
+  const auto n = static_cast<uint32_t>(key.size());
+  for (int b = 3; b >= 0; --b) out.push_back(static_cast<char>(static_cast<uint8_t>(n >> (8 * b))));
+  out += key;
+  out += holder;
+  return out;
+}
+// The key and holder of a pin record's key (without the prefix); false if
+// it is not one.
+bool DecodePinKey(const rocksdb::Slice& s, std::string& key, std::string& holder) {
+  if (s.size() < 5) return false;
+  uint32_t n = 0;
+  for (int b = 1; b <= 4; ++b) n = (n << 8) | static_cast<uint8_t>(s.data()[b]);
+  if (s.size() - 5 <= n) return false;  // a holder is never empty
+  key.assign(s.data() + 5, n);
+  holder.assign(s.data() + 5 + n, s.size() - 5 - n);
+  return true;
+}
 
 // Wraps a RocksDB status; `what` says what was being done.
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
@@ -108,8 +130,9 @@ struct KvStore::Impl {
   // Disk tier: every live entry, LRU list front = most recent.
   struct DiskEntry {
     Meta meta;
-    int pins = 0;
+    std::set<std::string> holders;  // of its pins
     std::list<std::string>::iterator lru;
+    bool Pinned() const { return !holders.empty(); }
   };
   std::unordered_map<std::string, DiskEntry> disk;
   std::list<std::string> disk_lru;
@@ -213,6 +236,16 @@ struct KvStore::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status CheckHolder(const std::string& holder) const {
+    if (holder.empty()) return absl::InvalidArgumentError("KvStore: a pin needs a holder");
+    if (holder.size() > static_cast<size_t>(options.max_holder_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("KvStore: pin holder of ", holder.size(),
+                                                     " bytes exceeds max_holder_bytes ",
+                                                     options.max_holder_bytes));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Load() {
     std::vector<std::pair<uint64_t, std::string>> order;
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
@@ -237,11 +270,34 @@ struct KvStore::Impl {
       disk_lru.push_back(it2->second);
       disk[it2->second].lru = std::prev(disk_lru.end());
     }
-    return absl::OkStatus();
+    return LoadPins();
+  }
+
+  // Attaches the pin records to their entries. A record whose entry is gone
+  // (a commit not yet synced when the process died) is deleted.
+  absl::Status LoadPins() {
+    rocksdb::WriteBatch orphans;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    const std::string start(1, kPinPrefix);
+    std::string key, holder;
+    for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
+      if (!DecodePinKey(it->key(), key, holder)) {
+        return absl::DataLossError(absl::StrCat("KvStore: corrupt pin record in ", options.path));
+      }
+      auto e = disk.find(key);
+      if (e == disk.end()) {
+        VC_RETURN_IF_ERROR(FromRocks(orphans.Delete(it->key()), "batch delete"));
+      } else {
+        e->second.holders.insert(holder);
+      }
+    }
+    VC_RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("scanning ", options.path)));
+    if (orphans.Count() == 0) return absl::OkStatus();
+    return FromRocks(TimedWrite(orphans), absl::StrCat("deleting stale pins in ", options.path));
   }
 
   bool Expired(const DiskEntry& e, int64_t now) const {
-    return options.ttl_seconds > 0 && e.pins == 0 &&
+    return options.ttl_seconds > 0 && !e.Pinned() &&
            now - e.meta.written_ms >= options.ttl_seconds * 1000;
   }
 
@@ -268,6 +324,11 @@ struct KvStore::Impl {
     for (const std::string& k : keys) {
       VC_RETURN_IF_ERROR(FromRocks(batch.Delete(DataKey(k)), "batch delete"));
       VC_RETURN_IF_ERROR(FromRocks(batch.Delete(MetaKey(k)), "batch delete"));
+      if (auto it = disk.find(k); it != disk.end()) {
+        for (const std::string& h : it->second.holders) {
+          VC_RETURN_IF_ERROR(FromRocks(batch.Delete(PinKey(k, h)), "batch delete"));
+        }
+      }
     }
     return FromRocks(TimedWrite(batch), absl::StrCat("deleting in ", options.path));
   }
@@ -299,7 +360,7 @@ struct KvStore::Impl {
     for (auto it = dram_lru.rbegin();
          it != dram_lru.rend() && dram_bytes - freed + size > options.dram_budget_bytes; ++it) {
       auto d = disk.find(*it);
-      if (d != disk.end() && d->second.pins > 0) continue;
+      if (d != disk.end() && d->second.Pinned()) continue;
       victims.push_back(*it);
       freed += static_cast<int64_t>(dram.at(*it).value.size());
     }
@@ -327,7 +388,7 @@ struct KvStore::Impl {
     for (auto it = disk_lru.rbegin();
          it != disk_lru.rend() && disk_bytes - freed + added > options.disk_budget_bytes; ++it) {
       const DiskEntry& e = disk.at(*it);
-      if (e.pins > 0 || entries.count(*it) > 0) continue;
+      if (e.Pinned() || entries.count(*it) > 0) continue;
       victims.push_back(*it);
       freed += e.meta.size;
     }
@@ -393,6 +454,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& opt
   if (options.disk_budget_bytes <= 0 || options.dram_budget_bytes < 0 || options.ttl_seconds < 0 ||
       options.max_open_puts <= 0 || options.max_staged_bytes <= 0 ||
       options.max_staged_bytes_per_identity <= 0 || options.max_key_bytes <= 0 ||
+      options.max_holder_bytes <= 0 || options.max_pin_holders <= 0 ||
       options.put_lease_seconds <= 0 || options.put_lease_seconds > int64_t{1} << 31) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KvStore: bad options: disk_budget_bytes=", options.disk_budget_bytes,
@@ -400,7 +462,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const KvStoreOptions& opt
         options.ttl_seconds, " (>= 0), max_open_puts=", options.max_open_puts,
         " (> 0), max_staged_bytes=", options.max_staged_bytes,
         " (> 0), max_staged_bytes_per_identity=", options.max_staged_bytes_per_identity,
-        " (> 0), max_key_bytes=", options.max_key_bytes,
+        " (> 0), max_key_bytes=", options.max_key_bytes, " (> 0), max_holder_bytes=",
+        options.max_holder_bytes, " (> 0), max_pin_holders=", options.max_pin_holders,
         " (> 0), put_lease_seconds=", options.put_lease_seconds, " (in [1, 2^31])"));
   }
   std::error_code ec;
@@ -586,7 +649,7 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& key) {
     if (absl::Status bad = m.options.check_entry(key, value); !bad.ok()) {
       // Corrupted (or replaced) underneath the store: quarantine it, so
       // readers miss and the prefix is ingested again.
-      if (it->second.pins == 0) {
+      if (!it->second.Pinned()) {
         VC_RETURN_IF_ERROR(m.DeleteOnDisk({key}));
         m.DropEntry(key);
       }
@@ -623,7 +686,7 @@ absl::Status KvStore::Delete(const std::string& key) {
   Impl& m = *impl_;
   auto it = m.disk.find(key);
   if (it == m.disk.end()) return absl::NotFoundError("KvStore: delete of a missing key");
-  if (it->second.pins > 0) {
+  if (it->second.Pinned()) {
     return absl::FailedPreconditionError("KvStore: cannot delete a pinned entry");
   }
   VC_RETURN_IF_ERROR(m.DeleteOnDisk({key}));
@@ -631,24 +694,39 @@ absl::Status KvStore::Delete(const std::string& key) {
   return absl::OkStatus();
 }
 
-absl::Status KvStore::Pin(const std::string& key) {
+absl::Status KvStore::Pin(const std::string& key, const std::string& holder) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  VC_RETURN_IF_ERROR(impl_->CheckHolder(holder));
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
   auto it = m.disk.find(key);
   if (it == m.disk.end()) return absl::NotFoundError("KvStore: pin of a missing key");
   VC_ASSIGN_OR_RETURN(const bool expired, m.ExpireIfDue(key, it->second, m.NowMs()));
   if (expired) return absl::NotFoundError("KvStore: pin of an expired key");
-  ++it->second.pins;
+  std::set<std::string>& holders = it->second.holders;
+  if (holders.count(holder) > 0) return absl::OkStatus();
+  if (holders.size() >= static_cast<size_t>(m.options.max_pin_holders)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KvStore: the entry already has ", holders.size(), " pin holders (max_pin_holders)"));
+  }
+  rocksdb::WriteBatch batch;
+  VC_RETURN_IF_ERROR(FromRocks(batch.Put(PinKey(key, holder), ""), "batch put"));
+  VC_RETURN_IF_ERROR(FromRocks(m.TimedWrite(batch), absl::StrCat("pinning in ", m.options.path)));
+  holders.insert(holder);
   return absl::OkStatus();
 }
 
-absl::Status KvStore::Unpin(const std::string& key) {
+absl::Status KvStore::Unpin(const std::string& key, const std::string& holder) {
+  VC_RETURN_IF_ERROR(impl_->CheckKey(key));
+  VC_RETURN_IF_ERROR(impl_->CheckHolder(holder));
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto it = impl_->disk.find(key);
-  if (it == impl_->disk.end() || it->second.pins == 0) {
-    return absl::FailedPreconditionError("KvStore: unpin of an entry that is not pinned");
-  }
-  --it->second.pins;
+  Impl& m = *impl_;
+  auto it = m.disk.find(key);
+  if (it == m.disk.end() || it->second.holders.count(holder) == 0) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  VC_RETURN_IF_ERROR(FromRocks(batch.Delete(PinKey(key, holder)), "batch delete"));
+  VC_RETURN_IF_ERROR(FromRocks(m.TimedWrite(batch), absl::StrCat("unpinning in ", m.options.path)));
+  it->second.holders.erase(holder);
   return absl::OkStatus();
 }
 
@@ -661,7 +739,7 @@ KvStoreStats KvStore::Stats() const {
   s.disk_entries = static_cast<int64_t>(m.disk.size());
   s.disk_bytes = m.disk_bytes;
   s.pinned_entries = 0;
-  for (const auto& [k, e] : m.disk) s.pinned_entries += e.pins > 0 ? 1 : 0;
+  for (const auto& [k, e] : m.disk) s.pinned_entries += e.Pinned() ? 1 : 0;
   s.open_puts = static_cast<int64_t>(m.puts.size());
   s.staged_bytes = m.staged_bytes;
   s.reserved_bytes = m.reserved_bytes;

@@ -10,9 +10,9 @@
 // store is destroyed. An open put belongs to its owner (the identity that
 // began it, an opaque string the caller derives: the authenticated peer once
 // there is one, its address before): Stage, Commit and Abort by anyone else
-// read as "no open put", so a put id is not a bearer token. Bookkeeping (size, LRU order, write time) is stored next
-// to each value, so the budget and the LRU order survive a reopen; pins do
-// not (they belong to the running process).
+// read as "no open put", so a put id is not a bearer token. Bookkeeping (size,
+// LRU order, write time) is stored next to each value, so the budget and the
+// LRU order survive a reopen; so do pins (one synced record per holder).
 //
 // Thread-safe: every method takes one internal mutex.
 #pragma once
@@ -66,6 +66,10 @@ struct KvStoreOptions {
   int64_t put_lease_seconds = 120;
   // Longest key in bytes. Default 256.
   int max_key_bytes = 256;
+  // Longest pin holder name in bytes, and the most holders one entry may
+  // have (Pin fails with ResourceExhausted past it). Defaults 256 and 64.
+  int max_holder_bytes = 256;
+  int max_pin_holders = 64;
   // Wall clock in milliseconds since the epoch, for TTL; null: the system
   // clock. Tests inject a fake one.
   std::function<int64_t()> clock_ms;
@@ -154,10 +158,16 @@ class KvStore {
       const std::vector<std::string>& keys);
   // Removes `key`; NotFound if absent, FailedPrecondition if pinned.
   [[nodiscard]] absl::Status Delete(const std::string& key);
-  // Pins are counted: an entry with a positive count is never evicted or
-  // expired. Pin: NotFound if absent. Unpin: FailedPrecondition if not pinned.
-  [[nodiscard]] absl::Status Pin(const std::string& key);
-  [[nodiscard]] absl::Status Unpin(const std::string& key);
+  // A pin belongs to a holder (an opaque, non-empty name the caller
+  // chooses, e.g. the prefix it keeps): an entry with any holder is never
+  // evicted or expired, and Delete refuses it. Both calls are idempotent, so
+  // a caller may repeat one whose answer it lost: pinning again for the same
+  // holder changes nothing, and Unpin is OK when `holder` holds no pin on
+  // `key` (or `key` is absent). Pins are written (synced) before the answer
+  // and survive a reopen. Pin: NotFound if absent or expired,
+  // ResourceExhausted past max_pin_holders.
+  [[nodiscard]] absl::Status Pin(const std::string& key, const std::string& holder);
+  [[nodiscard]] absl::Status Unpin(const std::string& key, const std::string& holder);
 
   KvStoreStats Stats() const;
 

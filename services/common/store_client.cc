@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
         "Store calls tried again after the store went away under them (UNAVAILABLE), by call.",
         {"call"});
     // In the order of Call.
-    const char* const names[] = {"lookup", "get", "put", "fetch"};
+    const char* const names[] = {"lookup", "get", "put", "fetch", "pin", "unpin"};
     for (size_t i = 0; i < client->retry_counters_.size(); ++i) {
       client->retry_counters_[i] = &retries->Labels({names[i]});
     }
@@ -102,7 +102,7 @@ absl::StatusOr<std::vector<std::string>> StoreClient::Fetch(
       seal_failures_.fetch_add(1);
       // Quarantine: remove it so the next request misses and ingests it
       // again (a pinned entry stays; the store refuses that delete).
-      (void)Apply(KeyAction::kDelete, keys[i]);
+      (void)Apply(KeyAction::kDelete, keys[i], "");
       return absl::NotFoundError(
           absl::StrCat("vc-kvstore entry ", absl::BytesToHexString(keys[i].substr(0, 8)),
                        "...: treated as missing, its seal failed (", payload.status().message(),
@@ -489,34 +489,48 @@ absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::
 
 namespace {
 
-// One Delete, Pin or Unpin call's request and answer, alive until its
-// callback has run. The context goes before `done` runs: a caller told the
-// call is over may destroy this client and its channel, and a context
-// destroyed after its channel makes gRPC free a completion queue twice
-// (ASan, store_client_test, most runs).
-template <typename Req, typename Resp>
-struct KeyCall {
+// One Delete call's request and answer, alive until its callback has run.
+// The context goes before `done` runs: a caller told the call is over may
+// destroy this client and its channel, and a context destroyed after its
+// channel makes gRPC free a completion queue twice (ASan,
+// store_client_test, most runs).
+struct DeleteCall {
   std::unique_ptr<grpc::ClientContext> ctx;
-  Req req;
-  Resp resp;
+  pb::DeleteRequest req;
+  pb::DeleteResponse resp;
 };
 
-// Starts `method` for `key` (one attempt); `done` gets its status, named.
-template <typename Req, typename Resp>
-void StartKeyCall(pb::KvStore::Stub* stub,
-                  void (pb::KvStore::Stub::async_interface::*method)(
-                      grpc::ClientContext*, const Req*, Resp*, std::function<void(grpc::Status)>),
-                  const char* name, std::unique_ptr<grpc::ClientContext> ctx,
-                  const std::string& key, StoreClient::ApplyDone done) {
-  auto call = std::make_shared<KeyCall<Req, Resp>>();
+// Starts a Delete of `key` (one attempt); `done` gets its status, named.
+void StartDeleteCall(pb::KvStore::Stub* stub, std::unique_ptr<grpc::ClientContext> ctx,
+                     const std::string& key, StoreClient::ApplyDone done) {
+  auto call = std::make_shared<DeleteCall>();
   call->ctx = std::move(ctx);
   call->req.set_key(key);
-  KeyCall<Req, Resp>& c = *call;
-  (stub->async()->*method)(c.ctx.get(), &c.req, &c.resp,
-                           [call, name, done = std::move(done)](const grpc::Status& s) {
-                             call->ctx.reset();
-                             done(rpc::FromGrpcStatus(s, name));
-                           });
+  DeleteCall& c = *call;
+  stub->async()->Delete(c.ctx.get(), &c.req, &c.resp,
+                        [call, done = std::move(done)](const grpc::Status& s) {
+                          call->ctx.reset();
+                          done(rpc::FromGrpcStatus(s, "vc-kvstore Delete"));
+                        });
+}
+
+// Starts a Pin or Unpin of `key` for `holder`, tried again as a read (both
+// are idempotent in the store); `done` gets its status and attempts.
+template <typename Req, typename Resp>
+void StartPinRead(pb::KvStore::Stub* stub, typename AsyncRead<Req, Resp>::Method method,
+                  const char* name, const StoreRetryOptions& retry,
+                  std::chrono::steady_clock::time_point deadline,
+                  std::function<std::unique_ptr<grpc::ClientContext>()> context,
+                  const std::string& key, const std::string& holder,
+                  std::function<void(absl::Status, int attempts)> done) {
+  auto read = std::make_shared<AsyncRead<Req, Resp>>(stub, method, name, retry, deadline,
+                                                     std::move(context));
+  read->req.set_key(key);
+  read->req.set_holder(holder);
+  read->done = [done = std::move(done)](absl::Status s, int attempts, Resp*) {
+    done(std::move(s), attempts);
+  };
+  AttemptRead(std::move(read));
 }
 
 }  // namespace
@@ -532,57 +546,70 @@ std::unique_ptr<grpc::ClientContext> StoreClient::KeyActionContext(
   return rpc::ContextWithTimeout(timeout);
 }
 
-absl::Status StoreClient::Apply(KeyAction action, const std::string& key,
+absl::Status StoreClient::Apply(KeyAction action, const std::string& key, const std::string& holder,
                                 std::chrono::steady_clock::time_point deadline) {
-  auto ctx = KeyActionContext(deadline);
-  grpc::Status s;
   switch (action) {
     case KeyAction::kDelete: {
+      auto ctx = KeyActionContext(deadline);
       pb::DeleteRequest req;
       req.set_key(key);
       pb::DeleteResponse resp;
-      s = stub_->Delete(ctx.get(), req, &resp);
-      return rpc::FromGrpcStatus(s, "vc-kvstore Delete");
+      return rpc::FromGrpcStatus(stub_->Delete(ctx.get(), req, &resp), "vc-kvstore Delete");
     }
     case KeyAction::kPin: {
+      deadline = DeadlineOr(deadline);
       pb::PinRequest req;
       req.set_key(key);
-      pb::PinResponse resp;
-      s = stub_->Pin(ctx.get(), req, &resp);
-      return rpc::FromGrpcStatus(s, "vc-kvstore Pin");
+      req.set_holder(holder);
+      return Retry(Call::kPin, options_.retry, deadline, [&](bool*) {
+        pb::PinResponse resp;
+        auto ctx = ReadOnlyContext(deadline);
+        return rpc::FromGrpcStatus(stub_->Pin(ctx.get(), req, &resp), "vc-kvstore Pin");
+      });
     }
     case KeyAction::kUnpin: {
+      deadline = DeadlineOr(deadline);
       pb::UnpinRequest req;
       req.set_key(key);
-      pb::UnpinResponse resp;
-      s = stub_->Unpin(ctx.get(), req, &resp);
-      return rpc::FromGrpcStatus(s, "vc-kvstore Unpin");
+      req.set_holder(holder);
+      return Retry(Call::kUnpin, options_.retry, deadline, [&](bool*) {
+        pb::UnpinResponse resp;
+        auto ctx = ReadOnlyContext(deadline);
+        return rpc::FromGrpcStatus(stub_->Unpin(ctx.get(), req, &resp), "vc-kvstore Unpin");
+      });
     }
   }
   return absl::InvalidArgumentError("unknown key action");
 }
 
-void StoreClient::StartApply(KeyAction action, const std::string& key,
+void StoreClient::StartApply(KeyAction action, const std::string& key, const std::string& holder,
                              std::chrono::steady_clock::time_point deadline, ApplyDone done) {
   using Async = pb::KvStore::Stub::async_interface;
-  auto ctx = KeyActionContext(deadline);
   switch (action) {
     case KeyAction::kDelete:
-      StartKeyCall<pb::DeleteRequest, pb::DeleteResponse>(
-          stub_.get(), &Async::Delete, "vc-kvstore Delete", std::move(ctx), key, std::move(done));
+      StartDeleteCall(stub_.get(), KeyActionContext(deadline), key, std::move(done));
       return;
     case KeyAction::kPin:
-      StartKeyCall<pb::PinRequest, pb::PinResponse>(stub_.get(), &Async::Pin, "vc-kvstore Pin",
-                                                    std::move(ctx), key, std::move(done));
-      return;
     case KeyAction::kUnpin:
-      StartKeyCall<pb::UnpinRequest, pb::UnpinResponse>(
-          stub_.get(), &Async::Unpin, "vc-kvstore Unpin", std::move(ctx), key, std::move(done));
-      return;
+      break;
   }
-  done(absl::InvalidArgumentError("unknown key action"));
+  deadline = DeadlineOr(deadline);
+  auto context = [this, deadline] { return ReadOnlyContext(deadline); };
+  const Call call = action == KeyAction::kPin ? Call::kPin : Call::kUnpin;
+  auto counted = [this, call, done = std::move(done)](absl::Status s, int attempts) {
+    CountRetries(call, attempts);
+    done(std::move(s));
+  };
+  if (action == KeyAction::kPin) {
+    StartPinRead<pb::PinRequest, pb::PinResponse>(stub_.get(), &Async::Pin, "vc-kvstore Pin",
+                                                  options_.retry, deadline, std::move(context), key,
+                                                  holder, std::move(counted));
+  } else {
+    StartPinRead<pb::UnpinRequest, pb::UnpinResponse>(
+        stub_.get(), &Async::Unpin, "vc-kvstore Unpin", options_.retry, deadline,
+        std::move(context), key, holder, std::move(counted));
+  }
 }
-
 transport::ClientStats StoreClient::data_stats() const {
   return data_ ? data_->stats() : transport::ClientStats{};
 }

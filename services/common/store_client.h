@@ -222,19 +222,22 @@ class StoreClient {
                      absl::string_view tenant_salt,
                      std::chrono::steady_clock::time_point deadline = {});
 
-  // Per-key maintenance (control plane): Delete, Pin, Unpin. Never tried
-  // again: pins are counted, so a Pin or Unpin whose answer was lost may
-  // have been applied; a repeated Delete that was applied answers NotFound.
-  // The call's deadline is the options' timeout, cut to `deadline` if given.
+  // Per-key maintenance (control plane): Delete, Pin, Unpin. `holder` names
+  // the pin's holder (Pin, Unpin; Delete ignores it). Pin and Unpin are
+  // idempotent in the store, so they are tried again like reads (options'
+  // retry, within `deadline`, default the options' timeout from now); a
+  // Delete is not (one whose answer was lost answers NotFound when
+  // repeated). Each call's deadline is the options' timeout, cut to
+  // `deadline` if given.
   enum class KeyAction { kDelete, kPin, kUnpin };
-  absl::Status Apply(KeyAction action, const std::string& key,
+  absl::Status Apply(KeyAction action, const std::string& key, const std::string& holder,
                      std::chrono::steady_clock::time_point deadline = {});
   // Apply on gRPC's callback API, for a caller that must not hold a thread
-  // while the store answers: `done` is called once, on one of gRPC's
-  // threads, with what Apply would have returned. The client must outlive
-  // every `done`.
+  // while the store answers (a retry's backoff waits on a gRPC alarm):
+  // `done` is called once, on one of gRPC's threads, with what Apply would
+  // have returned. The client must outlive every `done`.
   using ApplyDone = std::function<void(absl::Status)>;
-  void StartApply(KeyAction action, const std::string& key,
+  void StartApply(KeyAction action, const std::string& key, const std::string& holder,
                   std::chrono::steady_clock::time_point deadline, ApplyDone done);
 
   transport::ClientStats data_stats() const;
@@ -245,13 +248,13 @@ class StoreClient {
   const std::string& data_address() const { return data_address_; }
 
  private:
-  // A Delete, Pin or Unpin call's context: the options' timeout, cut to
-  // `deadline` if given.
+  // A Delete call's context: the options' timeout, cut to `deadline` if
+  // given.
   std::unique_ptr<grpc::ClientContext> KeyActionContext(
       std::chrono::steady_clock::time_point deadline) const;
   StoreClient() = default;
   // The calls that are tried again, as the retry counter's `call` label.
-  enum class Call { kLookup, kGet, kPut, kFetch };
+  enum class Call { kLookup, kGet, kPut, kFetch, kPin, kUnpin };
   // Deadline `timeout`, cut to `deadline`, waiting for the channel to be
   // ready (idempotent calls).
   std::unique_ptr<grpc::ClientContext> ReadOnlyContext(
@@ -274,7 +277,7 @@ class StoreClient {
   std::atomic<int64_t> seal_failures_{0};
   std::atomic<int64_t> retries_{0};
   // Per Call; null without options_.metrics.
-  std::array<metrics::Counter*, 4> retry_counters_{};
+  std::array<metrics::Counter*, 6> retry_counters_{};
 };
 
 }  // namespace vc::daemon

@@ -83,12 +83,13 @@ class StoreClientAdapter final : public CatalogueStore {
       done(store_->PutAll({{key, value}}, deadline));
     });
   }
-  absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
-    return store_->Apply(KeyAction(action), key, deadline);
+  absl::Status Apply(Action action, const std::string& key, const std::string& holder,
+                     Clock::time_point deadline) override {
+    return store_->Apply(KeyAction(action), key, holder, deadline);
   }
-  void StartApply(Action action, const std::string& key, Clock::time_point deadline,
-                  ApplyDone done) override {
-    store_->StartApply(KeyAction(action), key, deadline, std::move(done));
+  void StartApply(Action action, const std::string& key, const std::string& holder,
+                  Clock::time_point deadline, ApplyDone done) override {
+    store_->StartApply(KeyAction(action), key, holder, deadline, std::move(done));
   }
 
  private:
@@ -104,6 +105,12 @@ bool AllTrue(const std::vector<bool>& hits) {
 }  // namespace
 
 // A variant list from a request: bounded text and count, parsed.
+std::string PinHolder(const std::string& tenant, const std::string& prefix_id) {
+  // The tenant's length first: a '/' in a tenant name cannot make two
+  // (tenant, prefix) pairs one holder.
+  return absl::StrCat("prefix:", tenant.size(), ":", tenant, "/", prefix_id);
+}
+
 absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
   if (text.size() > kMaxVariantsTextBytes) {
     return absl::InvalidArgumentError(
@@ -197,10 +204,11 @@ Task<absl::Status> PrefixCatalogue::AwaitPut(const RunnerContext& ctx, const std
 
 Task<absl::Status> PrefixCatalogue::AwaitApply(const RunnerContext& ctx,
                                                CatalogueStore::Action action,
-                                               const std::string& key, Clock::time_point deadline) {
+                                               const std::string& key, const std::string& holder,
+                                               Clock::time_point deadline) {
   absl::Status status;
   (void)co_await AwaitAnswer(ctx, &status, [&](CatalogueStore::ApplyDone answer) {
-    store_->StartApply(action, key, deadline, std::move(answer));
+    store_->StartApply(action, key, holder, deadline, std::move(answer));
   });
   co_return status;
 }
@@ -499,18 +507,21 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
     if ((*hits)[i]) present.push_back(keys[i]);
   }
   present.push_back(absl::HexStringToBytes(req.prefix_id()));  // the manifest
+  // The store's pins are per holder, and this prefix of this tenant is one
+  // holder: a pin or unpin cut short and repeated leaves every key pinned
+  // once or not at all, and prefixes that share chunks keep them pinned
+  // until the last of them is unpinned.
+  const std::string holder = PinHolder(tenant, req.prefix_id());
   int32_t applied = 0;
   absl::Status status;
   for (const auto& key : present) {
-    // Shutdown (r.cancelled) stops between keys. A caller that goes away
-    // does not: pins are counted per key, so a pin it cut short and then
-    // repeated would leave the first keys pinned twice, and an unpin would
-    // free them only once.
+    // Shutdown (r.cancelled) stops between keys; a caller that goes away
+    // does not stop the call (it ends within its deadline either way).
     if (r.cancelled) {
       status = absl::CancelledError("ManagePrefix stopped: the coordinator is shutting down");
       break;
     }
-    const absl::Status s = co_await AwaitApply(ctx, action, key, StoreDeadline(deadline));
+    const absl::Status s = co_await AwaitApply(ctx, action, key, holder, StoreDeadline(deadline));
     if (!s.ok() &&
         !(action == CatalogueStore::Action::kDelete && s.code() == absl::StatusCode::kNotFound)) {
       status = s;

@@ -45,6 +45,10 @@ inline constexpr size_t kMaxVariantsTextBytes = 1024;
 // A variant list from a request: bounded text and count, parsed.
 absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text);
 
+// The holder of the store pins ManagePrefix makes for `tenant`'s prefix
+// `prefix_id`: one per tenant and prefix, unambiguous for any tenant name.
+std::string PinHolder(const std::string& tenant, const std::string& prefix_id);
+
 // The store calls the catalogue makes. Each ends by `deadline` (retries
 // after the store went away included): the deadline of the request it is
 // made for, cut to the catalogue's rpc_timeout, so that a request with 2 s
@@ -58,7 +62,9 @@ class CatalogueStore {
   virtual absl::StatusOr<std::string> Get(const std::string& key, Clock::time_point deadline) = 0;
   virtual absl::Status Put(const std::string& key, const std::string& value,
                            Clock::time_point deadline) = 0;
-  virtual absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) = 0;
+  // `holder` names the pin (Pin, Unpin; Delete ignores it).
+  virtual absl::Status Apply(Action action, const std::string& key, const std::string& holder,
+                             Clock::time_point deadline) = 0;
   // Lookup and Get for a request's coroutine, which must not hold its
   // thread while the store answers: `done` is told once, on any thread, what
   // the synchronous call would return. The default makes the synchronous
@@ -81,9 +87,9 @@ class CatalogueStore {
                         Clock::time_point deadline, PutDone done) {
     done(Put(key, value, deadline));
   }
-  virtual void StartApply(Action action, const std::string& key, Clock::time_point deadline,
-                          ApplyDone done) {
-    done(Apply(action, key, deadline));
+  virtual void StartApply(Action action, const std::string& key, const std::string& holder,
+                          Clock::time_point deadline, ApplyDone done) {
+    done(Apply(action, key, holder, deadline));
   }
 };
 // The daemon's: the KV store's client (which must outlive it).
@@ -187,7 +193,8 @@ class PrefixCatalogue {
   Task<absl::Status> AwaitPut(const RunnerContext& ctx, const std::string& key,
                               const std::string& value, Clock::time_point deadline);
   Task<absl::Status> AwaitApply(const RunnerContext& ctx, CatalogueStore::Action action,
-                                const std::string& key, Clock::time_point deadline);
+                                const std::string& key, const std::string& holder,
+                                Clock::time_point deadline);
   // hooks_.admit, or the controller's Admit where it is unset.
   Task<absl::Status> AwaitAdmission(Request& r);
   // The token list of prefix `prefix_id` (whose raw key is `raw`) from the

@@ -305,7 +305,7 @@ grpc::ServerUnaryReactor* KvStoreService::Pin(grpc::CallbackServerContext* ctx,
                                               const pb::PinRequest* req, pb::PinResponse* /*resp*/) {
   return Handle(ctx, "Pin", [&]() -> absl::Status {
     VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
-    return store_->Pin(req->key());
+    return store_->Pin(req->key(), req->holder());
   });
 }
 
@@ -314,7 +314,7 @@ grpc::ServerUnaryReactor* KvStoreService::Unpin(grpc::CallbackServerContext* ctx
                                                 pb::UnpinResponse* /*resp*/) {
   return Handle(ctx, "Unpin", [&]() -> absl::Status {
     VC_RETURN_IF_ERROR(ValidateRawKey(req->key(), "key"));
-    return store_->Unpin(req->key());
+    return store_->Unpin(req->key(), req->holder());
   });
 }
 

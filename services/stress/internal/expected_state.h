@@ -50,7 +50,7 @@ struct KeyRecord {
   uint32_t next_version = 0;       // versions handed out so far
   KeyState state = KeyState::kAbsent;
   PendingOp pending = PendingOp::kNone;
-  uint8_t pins = 0;  // pins vc-stress holds on it (process-local in the store)
+  uint8_t pins = 0;  // pins vc-stress holds on it (persisted in the store)
   uint8_t unused = 0;
   uint32_t reserved = 0;  // keeps the layout free of padding (checksummed bytes)
   uint64_t value_hash = 0;   // hash of the committed value's bytes (0: none)

@@ -47,8 +47,12 @@ class InprocTarget final : public StressTarget {
     return hits;
   }
   absl::Status Delete(const std::string& key) override { return store_->Delete(key); }
-  absl::Status Pin(const std::string& key) override { return store_->Pin(key); }
-  absl::Status Unpin(const std::string& key) override { return store_->Unpin(key); }
+  absl::Status Pin(const std::string& key, const std::string& holder) override {
+    return store_->Pin(key, holder);
+  }
+  absl::Status Unpin(const std::string& key, const std::string& holder) override {
+    return store_->Unpin(key, holder);
+  }
   absl::StatusOr<TargetStats> Stats() override {
     const kvstore::KvStoreStats s = store_->Stats();
     return TargetStats{s.disk_entries, s.disk_bytes,     s.dram_bytes,
@@ -117,13 +121,13 @@ class RemoteTarget final : public StressTarget {
     return client_->Lookup(keys);
   }
   absl::Status Delete(const std::string& key) override {
-    return client_->Apply(daemon::StoreClient::KeyAction::kDelete, key);
+    return client_->Apply(daemon::StoreClient::KeyAction::kDelete, key, "");
   }
-  absl::Status Pin(const std::string& key) override {
-    return client_->Apply(daemon::StoreClient::KeyAction::kPin, key);
+  absl::Status Pin(const std::string& key, const std::string& holder) override {
+    return client_->Apply(daemon::StoreClient::KeyAction::kPin, key, holder);
   }
-  absl::Status Unpin(const std::string& key) override {
-    return client_->Apply(daemon::StoreClient::KeyAction::kUnpin, key);
+  absl::Status Unpin(const std::string& key, const std::string& holder) override {
+    return client_->Apply(daemon::StoreClient::KeyAction::kUnpin, key, holder);
   }
   absl::StatusOr<TargetStats> Stats() override {
     pb::StatResponse resp;

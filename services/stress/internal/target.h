@@ -43,8 +43,8 @@ class StressTarget {
   virtual absl::StatusOr<std::string> Get(const std::string& key, int route) = 0;
   virtual absl::StatusOr<std::vector<bool>> Lookup(const std::vector<std::string>& keys) = 0;
   virtual absl::Status Delete(const std::string& key) = 0;
-  virtual absl::Status Pin(const std::string& key) = 0;
-  virtual absl::Status Unpin(const std::string& key) = 0;
+  virtual absl::Status Pin(const std::string& key, const std::string& holder) = 0;
+  virtual absl::Status Unpin(const std::string& key, const std::string& holder) = 0;
   virtual absl::StatusOr<TargetStats> Stats() = 0;
   virtual std::string Describe() const = 0;
 };

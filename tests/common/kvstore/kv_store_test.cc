@@ -349,7 +349,7 @@ TEST_F(KvStoreTest, PinnedEntriesAreNeverEvicted) {
   Reopen();
   const std::string v(100, 'v');
   ASSERT_TRUE(store_->Put("a", v).ok());
-  ASSERT_TRUE(store_->Pin("a").ok());
+  ASSERT_TRUE(store_->Pin("a", "h1").ok());
   ASSERT_TRUE(store_->Put("b", v).ok());  // DRAM: a is pinned, b not cached
   EXPECT_EQ(MustLookup({"a"}).at("a"), Tier::kDram);
   EXPECT_EQ(MustLookup({"b"}).at("b"), Tier::kDisk);
@@ -357,18 +357,20 @@ TEST_F(KvStoreTest, PinnedEntriesAreNeverEvicted) {
   auto live = MustLookup({"a", "b", "c"});
   EXPECT_EQ(live.count("a"), 1u);
   EXPECT_EQ(live.count("b"), 0u);
-  ASSERT_TRUE(store_->Pin("c").ok());
+  ASSERT_TRUE(store_->Pin("c", "h1").ok());
   EXPECT_EQ(store_->Put("d", v).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(store_->Stats().pinned_entries, 2);
   EXPECT_EQ(store_->Delete("a").code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store_->Pin("zz").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_->Unpin("b").code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(store_->Pin("a").ok());  // counted
-  ASSERT_TRUE(store_->Unpin("a").ok());
+  EXPECT_EQ(store_->Pin("zz", "h1").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->Unpin("b", "h1").ok()) << "an unpin of what is not pinned changes nothing";
+  ASSERT_TRUE(store_->Pin("a", "h1").ok());  // the same holder: no second pin
+  ASSERT_TRUE(store_->Pin("a", "h2").ok());
+  ASSERT_TRUE(store_->Unpin("a", "h1").ok());
   EXPECT_EQ(store_->Put("d", v).code(),
-            absl::StatusCode::kResourceExhausted);  // a still pinned once, c pinned
-  ASSERT_TRUE(store_->Unpin("a").ok());
-  ASSERT_TRUE(store_->Put("d", v).ok());  // now a can go
+            absl::StatusCode::kResourceExhausted);  // a still pinned by h2, c pinned
+  ASSERT_TRUE(store_->Unpin("a", "h2").ok());
+  ASSERT_TRUE(store_->Unpin("a", "h2").ok());  // repeated: harmless
+  ASSERT_TRUE(store_->Put("d", v).ok());       // now a can go
   EXPECT_EQ(MustLookup({"a"}).count("a"), 0u);
   EXPECT_EQ(MustGet("c"), v);
 }
@@ -378,7 +380,7 @@ TEST_F(KvStoreTest, TtlExpiresOnRead) {
   Reopen();
   ASSERT_TRUE(store_->Put("a", "x").ok());
   ASSERT_TRUE(store_->Put("p", "y").ok());
-  ASSERT_TRUE(store_->Pin("p").ok());
+  ASSERT_TRUE(store_->Pin("p", "h").ok());
   now_ms_ += 9'999;
   EXPECT_EQ(MustGet("a"), "x");  // reads do not extend the lifetime
   now_ms_ += 1;
@@ -387,12 +389,64 @@ TEST_F(KvStoreTest, TtlExpiresOnRead) {
   KvStoreStats s = store_->Stats();
   EXPECT_EQ(s.expirations, 1);
   EXPECT_EQ(s.disk_entries, 1);
-  // Write time is persisted: an old entry is expired after a reopen.
+  // Write time is persisted: an old entry is expired after a reopen; so is
+  // the pin, which keeps p.
   ASSERT_TRUE(store_->Put("b", "z").ok());
   now_ms_ += 20'000;
   Reopen();
-  EXPECT_TRUE(MustLookup({"b", "p"}).empty());
+  EXPECT_EQ(MustLookup({"b", "p"}).size(), 1u);
+  EXPECT_EQ(MustGet("p"), "y");
+  ASSERT_TRUE(store_->Unpin("p", "h").ok());
+  EXPECT_EQ(store_->Get("p").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->Stats().disk_entries, 0);
+}
+
+// Pins survive a reopen with their holders.
+TEST_F(KvStoreTest, PinsAndTheirHoldersSurviveAReopen) {
+  options_.disk_budget_bytes = 300;
+  Reopen();
+  const std::string v(100, 'v');
+  ASSERT_TRUE(store_->Put("a", v).ok());
+  ASSERT_TRUE(store_->Put("b", v).ok());
+  ASSERT_TRUE(store_->Put("ab", v).ok());
+  ASSERT_TRUE(store_->Pin("a", "h1").ok());
+  ASSERT_TRUE(store_->Pin("a", "h2").ok());
+  // Key "a" with holder "bx" and key "ab" with holder "x" are two pins.
+  ASSERT_TRUE(store_->Pin("a", "bx").ok());
+  ASSERT_TRUE(store_->Pin("ab", "x").ok());
+  ASSERT_TRUE(store_->Unpin("a", "bx").ok());
+  Reopen();
+  EXPECT_EQ(store_->Stats().pinned_entries, 2);
+  EXPECT_EQ(store_->Delete("a").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Delete("ab").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store_->Put("c", v).ok());  // evicts b, the unpinned one
+  EXPECT_EQ(MustLookup({"a", "b", "ab", "c"}).count("b"), 0u);
+  ASSERT_TRUE(store_->Unpin("a", "h1").ok());
+  ASSERT_TRUE(store_->Unpin("ab", "x").ok());
+  Reopen();
+  EXPECT_EQ(store_->Delete("a").code(), absl::StatusCode::kFailedPrecondition) << "h2 holds it";
+  ASSERT_TRUE(store_->Delete("ab").ok());
+  ASSERT_TRUE(store_->Unpin("a", "h2").ok());
+  Reopen();
+  EXPECT_EQ(store_->Stats().pinned_entries, 0);
+  ASSERT_TRUE(store_->Delete("a").ok());
+}
+
+TEST_F(KvStoreTest, PinHoldersAreBoundedAndNamed) {
+  options_.max_pin_holders = 2;
+  options_.max_holder_bytes = 8;
+  Reopen();
+  ASSERT_TRUE(store_->Put("a", "x").ok());
+  EXPECT_EQ(store_->Pin("a", "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Unpin("a", "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Pin("a", "123456789").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store_->Pin("a", "12345678").ok());
+  ASSERT_TRUE(store_->Pin("a", "h").ok());
+  const absl::Status third = store_->Pin("a", "g");
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_TRUE(store_->Pin("a", "h").ok()) << "a holder's pin again is no new holder";
+  options_.max_pin_holders = 0;
+  EXPECT_EQ(KvStore::Open(options_).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(KvStoreTest, StatsCountHitsMissesAndBytes) {

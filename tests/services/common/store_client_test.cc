@@ -193,10 +193,10 @@ TEST(StoreClientTest, AsynchronousKeyActionsAnswerAsTheSynchronousOnes) {
         std::pair{StoreClient::KeyAction::kPin, "vc-kvstore Pin"},
         std::pair{StoreClient::KeyAction::kUnpin, "vc-kvstore Unpin"}}) {
     SCOPED_TRACE(name);
-    const absl::Status sync = (*client)->Apply(action, "k1", deadline);
+    const absl::Status sync = (*client)->Apply(action, "k1", "holder", deadline);
     Answer<bool> answer;
     auto done = answer.Done();
-    (*client)->StartApply(action, "k1", deadline, [done](const absl::Status& s) {
+    (*client)->StartApply(action, "k1", "holder", deadline, [done](const absl::Status& s) {
       done(s.ok() ? absl::StatusOr<bool>(true) : absl::StatusOr<bool>(s));
     });
     const absl::Status async = answer.Wait().status();

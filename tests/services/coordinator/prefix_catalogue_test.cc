@@ -61,15 +61,22 @@ class FakeStore final : public CatalogueStore {
     entries[key] = value;
     return absl::OkStatus();
   }
-  absl::Status Apply(Action action, const std::string& key, Clock::time_point deadline) override {
+  // Pins per holder, as vc-kvstore keeps them.
+  absl::Status Apply(Action action, const std::string& key, const std::string& holder,
+                     Clock::time_point deadline) override {
     std::lock_guard<std::mutex> lock(mu);
     deadlines.push_back(deadline);
     if (applies_before_failing == 0) return absl::UnavailableError("store went away");
     if (applies_before_failing > 0) --applies_before_failing;
     if (!entries.count(key)) return absl::NotFoundError("no such key");
     if (action == Action::kDelete) entries.erase(key);
-    if (action == Action::kPin) pinned.insert(key);
-    if (action == Action::kUnpin) pinned.erase(key);
+    if (action == Action::kPin) pinned[key].insert(holder);
+    if (action == Action::kUnpin) {
+      auto it = pinned.find(key);
+      if (it != pinned.end() && it->second.erase(holder) > 0 && it->second.empty()) {
+        pinned.erase(it);
+      }
+    }
     return absl::OkStatus();
   }
   // The awaited lookups: the first `lookups_to_hold` of them wait for
@@ -96,7 +103,7 @@ class FakeStore final : public CatalogueStore {
   }
   std::mutex mu;
   std::map<std::string, std::string> entries;
-  std::set<std::string> pinned;
+  std::map<std::string, std::set<std::string>> pinned;  // key -> its holders
   std::vector<Clock::time_point> deadlines;
   int lookups_to_hold = 0;  // mu
   HeldAnswers held_lookups;
@@ -493,14 +500,59 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
   pin.set_prefix_id(ids[1]);
   const absl::Status second = Manage("a", "salt-a", pin, &mresp);
   EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
-  // Pinning the first one again (to finish it) is not a second pin.
+  // Pinning the first one again (to finish it) is not a second pin, and
+  // pins each of its keys once: one holder, the tenant's prefix.
   pin.set_prefix_id(ids[0]);
   EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
+  EXPECT_EQ(mresp.entries(), 3);
+  ASSERT_EQ(store_.pinned.size(), 3u);
+  for (const auto& [key, holders] : store_.pinned) {
+    EXPECT_EQ(holders, std::set<std::string>{PinHolder("a", ids[0])});
+  }
+  pb::ManagePrefixRequest unpin = pin;
+  unpin.set_action(pb::ManagePrefixRequest::UNPIN);
+  EXPECT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
+  EXPECT_TRUE(store_.pinned.empty()) << "one unpin releases a pin made by two calls";
 }
 
-// A pin whose caller went away is applied to every key all the same (a
-// repeat of one cut short would pin its first keys twice); Shutdown
-// (r.cancelled) stops it before the next key.
+// Prefixes that share chunks pin them each under their own holder: the
+// shared chunk stays pinned until the last of them is unpinned.
+TEST_F(CatalogueTest, AChunkSharedByTwoPinnedPrefixesStaysPinnedUntilBothAreUnpinned) {
+  pb::RegisterPrefixResponse shorter, longer;
+  ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9}, &shorter).ok());
+  ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 1, 2, 3, 4}, &longer).ok());
+  pb::ManagePrefixRequest pin;
+  pin.set_action(pb::ManagePrefixRequest::PIN);
+  pb::ManagePrefixResponse mresp;
+  for (const auto* p : {&shorter, &longer}) {
+    pin.set_prefix_id(p->prefix_id());
+    ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
+  }
+  std::string shared;
+  for (const auto& [key, holders] : store_.pinned) {
+    if (holders.size() == 2) shared = key;
+  }
+  ASSERT_FALSE(shared.empty()) << "the first chunk is both prefixes'";
+  pb::ManagePrefixRequest unpin;
+  unpin.set_action(pb::ManagePrefixRequest::UNPIN);
+  unpin.set_prefix_id(shorter.prefix_id());
+  ASSERT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
+  ASSERT_EQ(store_.pinned.count(shared), 1u);
+  EXPECT_EQ(store_.pinned.at(shared), std::set<std::string>{PinHolder("a", longer.prefix_id())});
+  unpin.set_prefix_id(longer.prefix_id());
+  ASSERT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
+  EXPECT_TRUE(store_.pinned.empty());
+}
+
+// Holders are unambiguous whatever the tenant is called.
+TEST(PinHolderTest, NoTwoTenantAndPrefixPairsShareAHolder) {
+  EXPECT_NE(PinHolder("a/b", "c"), PinHolder("a", "b/c"));
+  EXPECT_NE(PinHolder("a", "bc"), PinHolder("ab", "c"));
+  EXPECT_EQ(PinHolder("a", "bc"), PinHolder("a", "bc"));
+}
+
+// A pin whose caller went away is applied to every key all the same;
+// Shutdown (r.cancelled) stops it before the next key.
 TEST_F(CatalogueTest, APinRunsToItsEndWithoutItsCallerButStopsAtShutdown) {
   pb::RegisterPrefixResponse resp;
   ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9, 10}, &resp).ok());

@@ -4,6 +4,8 @@
 // and through the daemons' StoreClient and a raw DataPlaneClient: puts whose
 // chunk bytes are staged over the data plane (TCP and UCX).
 // Every wait is bounded; TearDown kills a daemon that is still running.
+#include "tests/services/kvstore/kvstore_daemon.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -34,7 +37,6 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "services/common/store_client.h"
-#include "tests/services/kvstore/kvstore_daemon.h"
 #include "vericache/v1/kvstore.grpc.pb.h"
 
 namespace {
@@ -176,6 +178,16 @@ class KvStoreDaemonTest : public ::testing::Test {
     auto client = vc::daemon::StoreClient::Create(so);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // The coordinator's client (control plane only), with time for a store
+  // restart on a loaded machine; `max_attempts` 0 keeps the default retry.
+  std::unique_ptr<vc::daemon::StoreClient> ControlPlaneClient(int max_attempts = 0) {
+    vc::daemon::StoreClientOptions so;
+    so.timeout = std::chrono::seconds(60);
+    so.data_plane = "";
+    if (max_attempts > 0) so.retry.max_attempts = max_attempts;
+    return NewClient(so);
   }
 
   // kill -9 the store (the test's channel goes first), then start it again
@@ -371,8 +383,9 @@ TEST_F(KvStoreDaemonTest, ErrorsKeepTheirCodes) {
   pb::UnpinRequest ureq;
   ureq.set_key(Key('a'));
   pb::UnpinResponse uresp;
-  EXPECT_EQ(stub_->Unpin(&uctx, ureq, &uresp).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  const grpc::Status unpin = stub_->Unpin(&uctx, ureq, &uresp);
+  EXPECT_EQ(unpin.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(unpin.error_message().find("holder"), std::string::npos) << unpin.error_message();
 }
 
 TEST_F(KvStoreDaemonTest, PinDeleteAbort) {
@@ -384,6 +397,7 @@ TEST_F(KvStoreDaemonTest, PinDeleteAbort) {
     SetDeadline(&ctx);
     pb::PinRequest req;
     req.set_key(k);
+    req.set_holder("h");
     pb::PinResponse resp;
     ASSERT_TRUE(stub_->Pin(&ctx, req, &resp).ok());
   }
@@ -401,6 +415,7 @@ TEST_F(KvStoreDaemonTest, PinDeleteAbort) {
     SetDeadline(&ctx);
     pb::UnpinRequest req;
     req.set_key(k);
+    req.set_holder("h");
     pb::UnpinResponse resp;
     ASSERT_TRUE(stub_->Unpin(&ctx, req, &resp).ok());
   }
@@ -628,12 +643,7 @@ TEST_F(KvStoreDaemonTest, RefusedPutIsNotTriedAgain) {
 // off (max_attempts 1) the same calls fail.
 TEST_F(KvStoreDaemonTest, LookupAndGetAreTriedAgainAcrossAStoreKill) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
-  vc::daemon::StoreClientOptions so;
-  // The coordinator's client (control plane only), with time for a restart
-  // on a loaded machine.
-  so.timeout = std::chrono::seconds(60);
-  so.data_plane = "";
-  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient(so);
+  const std::unique_ptr<vc::daemon::StoreClient> client = ControlPlaneClient();
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->PutAll({{Key('m'), "manifest"}}).ok());
   // Connected: the calls below go out on the connection the kill resets.
@@ -661,11 +671,7 @@ TEST_F(KvStoreDaemonTest, LookupAndGetAreTriedAgainAcrossAStoreKill) {
 
 TEST_F(KvStoreDaemonTest, LookupAndGetFailAcrossAStoreKillWithoutTheRetry) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
-  vc::daemon::StoreClientOptions so;
-  so.timeout = std::chrono::seconds(60);
-  so.data_plane = "";
-  so.retry.max_attempts = 1;
-  const std::unique_ptr<vc::daemon::StoreClient> client = NewClient(so);
+  const std::unique_ptr<vc::daemon::StoreClient> client = ControlPlaneClient(1);
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->PutAll({{Key('m'), "manifest"}}).ok());
   ASSERT_TRUE(client->Lookup({Key('m')}).ok());
@@ -680,6 +686,43 @@ TEST_F(KvStoreDaemonTest, LookupAndGetFailAcrossAStoreKillWithoutTheRetry) {
   EXPECT_TRUE(absl::IsUnavailable(get)) << get;
   EXPECT_TRUE(absl::StrContains(get.message(), "vc-kvstore Get")) << get;
   EXPECT_EQ(client->retries(), 0);
+}
+
+// Pins are idempotent per holder, so the store client tries a Pin or Unpin
+// sent to a store that is killed under it again (as a read), and the pin
+// outlives the kill: the restarted store still refuses to delete the entry.
+TEST_F(KvStoreDaemonTest, PinsAreTriedAgainAcrossAStoreKillAndOutliveIt) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  const std::unique_ptr<vc::daemon::StoreClient> client = ControlPlaneClient();
+  ASSERT_NE(client, nullptr);
+  using Action = vc::daemon::StoreClient::KeyAction;
+  const std::string k = Key('n');
+  ASSERT_TRUE(client->PutAll({{k, "pinned"}}).ok());
+  ASSERT_TRUE(client->Lookup({k}).ok());  // connected
+  const absl::Status pin =
+      InFlightAtAStoreKill([&] { return client->Apply(Action::kPin, k, "prefix-1"); });
+  ASSERT_TRUE(pin.ok()) << pin;
+  EXPECT_GE(client->retries(), 1) << "the kill did land under the pin";
+  // Killed and started again with the pin held: the pin is still there.
+  KillDaemon();
+  std::string error;
+  ASSERT_TRUE(RestartDaemon(&error)) << error;
+  ASSERT_TRUE(client->Lookup({k}).ok());  // reconnected (a lookup waits for it)
+  const absl::Status refused = client->Apply(Action::kDelete, k, "");
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  // Once more: the answer of an asynchronous unpin sent before a kill.
+  const int64_t retries = client->retries();
+  const absl::Status unpin = InFlightAtAStoreKill([&] {
+    std::promise<absl::Status> answer;
+    client->StartApply(Action::kUnpin, k, "prefix-1", {},
+                       [&answer](absl::Status s) { answer.set_value(std::move(s)); });
+    return answer.get_future().get();
+  });
+  ASSERT_TRUE(unpin.ok()) << unpin;
+  EXPECT_GE(client->retries(), retries + 1);
+  EXPECT_TRUE(client->Apply(Action::kUnpin, k, "prefix-1").ok()) << "repeated: harmless";
+  const absl::Status deleted = client->Apply(Action::kDelete, k, "");
+  EXPECT_TRUE(deleted.ok()) << deleted;
 }
 
 // A Get of a missing key is answered NotFound after one call: not retried.
