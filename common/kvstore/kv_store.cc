@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <list>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -135,6 +136,13 @@ struct KvStore::Impl {
     bool Pinned() const { return !holders.empty(); }
   };
   std::unordered_map<std::string, DiskEntry> disk;
+  // Every holder with a pin, and how many entries it pins (never 0).
+  std::map<std::string, int64_t> holder_entries;
+  void CountHolder(const std::string& holder, int64_t delta) {
+    int64_t& n = holder_entries[holder];
+    n += delta;
+    if (n <= 0) holder_entries.erase(holder);
+  }
   std::list<std::string> disk_lru;
   int64_t disk_bytes = 0;
   uint64_t next_seq = 1;
@@ -287,8 +295,8 @@ struct KvStore::Impl {
       auto e = disk.find(key);
       if (e == disk.end()) {
         VC_RETURN_IF_ERROR(FromRocks(orphans.Delete(it->key()), "batch delete"));
-      } else {
-        e->second.holders.insert(holder);
+      } else if (e->second.holders.insert(holder).second) {
+        CountHolder(holder, 1);
       }
     }
     VC_RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("scanning ", options.path)));
@@ -314,6 +322,7 @@ struct KvStore::Impl {
     DropDram(key);
     auto it = disk.find(key);
     if (it == disk.end()) return;
+    for (const std::string& h : it->second.holders) CountHolder(h, -1);
     disk_bytes -= it->second.meta.size;
     disk_lru.erase(it->second.lru);
     disk.erase(it);
@@ -713,6 +722,7 @@ absl::Status KvStore::Pin(const std::string& key, const std::string& holder) {
   VC_RETURN_IF_ERROR(FromRocks(batch.Put(PinKey(key, holder), ""), "batch put"));
   VC_RETURN_IF_ERROR(FromRocks(m.TimedWrite(batch), absl::StrCat("pinning in ", m.options.path)));
   holders.insert(holder);
+  m.CountHolder(holder, 1);
   return absl::OkStatus();
 }
 
@@ -727,7 +737,33 @@ absl::Status KvStore::Unpin(const std::string& key, const std::string& holder) {
   VC_RETURN_IF_ERROR(FromRocks(batch.Delete(PinKey(key, holder)), "batch delete"));
   VC_RETURN_IF_ERROR(FromRocks(m.TimedWrite(batch), absl::StrCat("unpinning in ", m.options.path)));
   it->second.holders.erase(holder);
+  m.CountHolder(holder, -1);
   return absl::OkStatus();
+}
+
+absl::StatusOr<KvStore::PinHolderList> KvStore::PinHolders(const std::string& prefix,
+                                                           int limit) const {
+  if (prefix.size() > static_cast<size_t>(impl_->options.max_holder_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("KvStore: holder prefix of ", prefix.size(),
+                                                   " bytes exceeds max_holder_bytes ",
+                                                   impl_->options.max_holder_bytes));
+  }
+  if (limit < 1 || limit > kMaxPinHoldersListed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvStore: a pin holder list's limit must be in [1, ", kMaxPinHoldersListed,
+                     "], not ", limit));
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  PinHolderList list;
+  for (auto it = impl_->holder_entries.lower_bound(prefix);
+       it != impl_->holder_entries.end() && it->first.starts_with(prefix); ++it) {
+    if (static_cast<int>(list.holders.size()) == limit) {
+      list.truncated = true;
+      break;
+    }
+    list.holders.push_back(it->first);
+  }
+  return list;
 }
 
 KvStoreStats KvStore::Stats() const {

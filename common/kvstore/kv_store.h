@@ -168,6 +168,19 @@ class KvStore {
   // ResourceExhausted past max_pin_holders.
   [[nodiscard]] absl::Status Pin(const std::string& key, const std::string& holder);
   [[nodiscard]] absl::Status Unpin(const std::string& key, const std::string& holder);
+  // The holders whose names start with `prefix` and that pin at least one
+  // entry, in byte order, at most `limit` of them (`truncated` when there
+  // are more): how a caller that names its holders by owner (the
+  // coordinator: by tenant) counts an owner's pins after it restarts.
+  // InvalidArgument for a prefix longer than max_holder_bytes or a limit
+  // outside [1, kMaxPinHoldersListed].
+  static constexpr int kMaxPinHoldersListed = 4096;
+  struct PinHolderList {
+    std::vector<std::string> holders;
+    bool truncated = false;
+  };
+  [[nodiscard]] absl::StatusOr<PinHolderList> PinHolders(const std::string& prefix,
+                                                         int limit) const;
 
   KvStoreStats Stats() const;
 

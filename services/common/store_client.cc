@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
         "Store calls tried again after the store went away under them (UNAVAILABLE), by call.",
         {"call"});
     // In the order of Call.
-    const char* const names[] = {"lookup", "get", "put", "fetch", "pin", "unpin"};
+    const char* const names[] = {"lookup", "get", "put", "fetch", "pin", "unpin", "pin_holders"};
     for (size_t i = 0; i < client->retry_counters_.size(); ++i) {
       client->retry_counters_[i] = &retries->Labels({names[i]});
     }
@@ -363,6 +363,57 @@ void StoreClient::StartGet(const std::string& key, std::chrono::steady_clock::ti
       done(std::move(s));
     } else {
       done(std::move(*resp->mutable_value()));
+    }
+  };
+  AttemptRead(std::move(read));
+}
+
+namespace {
+
+StoreClient::PinHolderList HoldersOf(pb::ListPinHoldersResponse* resp) {
+  StoreClient::PinHolderList list;
+  list.holders.reserve(resp->holders_size());
+  for (std::string& h : *resp->mutable_holders()) list.holders.push_back(std::move(h));
+  list.truncated = resp->truncated();
+  return list;
+}
+
+}  // namespace
+
+absl::StatusOr<StoreClient::PinHolderList> StoreClient::PinHolders(
+    const std::string& prefix, int limit, std::chrono::steady_clock::time_point deadline) {
+  deadline = DeadlineOr(deadline);
+  pb::ListPinHoldersRequest req;
+  req.set_prefix(prefix);
+  req.set_limit(limit);
+  pb::ListPinHoldersResponse resp;
+  VC_RETURN_IF_ERROR(Retry(Call::kPinHolders, options_.retry, deadline, [&](bool*) {
+    resp.Clear();
+    auto ctx = ReadOnlyContext(deadline);
+    return rpc::FromGrpcStatus(stub_->ListPinHolders(ctx.get(), req, &resp),
+                               "vc-kvstore ListPinHolders");
+  }));
+  return HoldersOf(&resp);
+}
+
+void StoreClient::StartPinHolders(const std::string& prefix, int limit,
+                                  std::chrono::steady_clock::time_point deadline,
+                                  PinHoldersDone done) {
+  deadline = DeadlineOr(deadline);
+  using Read = AsyncRead<pb::ListPinHoldersRequest, pb::ListPinHoldersResponse>;
+  auto read = std::make_shared<Read>(
+      stub_.get(), Read::Method{&pb::KvStore::Stub::async_interface::ListPinHolders},
+      "vc-kvstore ListPinHolders", options_.retry, deadline,
+      [this, deadline] { return ReadOnlyContext(deadline); });
+  read->req.set_prefix(prefix);
+  read->req.set_limit(limit);
+  read->done = [this, done = std::move(done)](absl::Status s, int attempts,
+                                              pb::ListPinHoldersResponse* resp) {
+    CountRetries(Call::kPinHolders, attempts);
+    if (!s.ok()) {
+      done(std::move(s));
+    } else {
+      done(HoldersOf(resp));
     }
   };
   AttemptRead(std::move(read));

@@ -240,6 +240,19 @@ class StoreClient {
   void StartApply(KeyAction action, const std::string& key, const std::string& holder,
                   std::chrono::steady_clock::time_point deadline, ApplyDone done);
 
+  // The store's pin holders whose names start with `prefix`, at most
+  // `limit` (KvStore::PinHolders); read like Lookup (tried again within
+  // `deadline`), and on gRPC's callback API with StartPinHolders.
+  struct PinHolderList {
+    std::vector<std::string> holders;
+    bool truncated = false;
+  };
+  absl::StatusOr<PinHolderList> PinHolders(const std::string& prefix, int limit,
+                                           std::chrono::steady_clock::time_point deadline = {});
+  using PinHoldersDone = std::function<void(absl::StatusOr<PinHolderList>)>;
+  void StartPinHolders(const std::string& prefix, int limit,
+                       std::chrono::steady_clock::time_point deadline, PinHoldersDone done);
+
   transport::ClientStats data_stats() const;
   // Values whose seal failed in Fetch (and were quarantined) so far.
   int64_t seal_failures() const { return seal_failures_.load(); }
@@ -254,7 +267,7 @@ class StoreClient {
       std::chrono::steady_clock::time_point deadline) const;
   StoreClient() = default;
   // The calls that are tried again, as the retry counter's `call` label.
-  enum class Call { kLookup, kGet, kPut, kFetch, kPin, kUnpin };
+  enum class Call { kLookup, kGet, kPut, kFetch, kPin, kUnpin, kPinHolders };
   // Deadline `timeout`, cut to `deadline`, waiting for the channel to be
   // ready (idempotent calls).
   std::unique_ptr<grpc::ClientContext> ReadOnlyContext(
@@ -277,7 +290,7 @@ class StoreClient {
   std::atomic<int64_t> seal_failures_{0};
   std::atomic<int64_t> retries_{0};
   // Per Call; null without options_.metrics.
-  std::array<metrics::Counter*, 6> retry_counters_{};
+  std::array<metrics::Counter*, 7> retry_counters_{};
 };
 
 }  // namespace vc::daemon

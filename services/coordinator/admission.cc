@@ -250,6 +250,21 @@ absl::Status AdmissionController::CheckPin(const std::string& tenant,
                    options_.max_pins_per_tenant, " (--max-pins-per-tenant); unpin one first"));
 }
 
+bool AdmissionController::PinsKnown(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  return it != tenants_.end() && it->second.pins_loaded;
+}
+
+void AdmissionController::LoadPins(const std::string& tenant,
+                                   const std::vector<std::string>& prefix_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  t.pins.insert(prefix_ids.begin(), prefix_ids.end());
+  t.pins_loaded = true;
+  ForgetIfIdle(tenant);
+}
+
 void AdmissionController::NotePrefix(const std::string& tenant, const std::string& prefix_id,
                                      bool pinned, int64_t freed_bytes) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -100,11 +100,19 @@ class AdmissionController {
   void ChargeStored(const std::string& tenant, int64_t bytes);
   // RESOURCE_EXHAUSTED when pinning `prefix_id` would pass max_pins_per_tenant.
   [[nodiscard]] absl::Status CheckPin(const std::string& tenant, const std::string& prefix_id);
+  // Whether the tenant's pins are known to this process: they are after
+  // LoadPins, and until the tenant's bookkeeping is dropped (it holds
+  // nothing). A coordinator that starts knows nobody's: the store keeps the
+  // pins, and the caller lists them there (LoadPins) before CheckPin.
+  bool PinsKnown(const std::string& tenant) const;
+  // Adds the prefixes the store says the tenant pins to its pins.
+  void LoadPins(const std::string& tenant, const std::vector<std::string>& prefix_ids);
   // After a pin, unpin or delete of `prefix_id` was applied: `pinned` is
   // whether it is pinned now; `freed_bytes` what a delete gave back.
   void NotePrefix(const std::string& tenant, const std::string& prefix_id, bool pinned,
                   int64_t freed_bytes);
 
+  const AdmissionOptions& options() const { return options_; }
   int active() const;
   int queued() const;
   int64_t completed() const;
@@ -115,6 +123,7 @@ class AdmissionController {
   struct Tenant {
     int requests = 0;            // running or queued
     std::set<std::string> pins;  // prefix ids pinned through ManagePrefix
+    bool pins_loaded = false;    // LoadPins was called
     int64_t stored_bytes = 0;    // what its ingests added (estimate on delete)
   };
   // A queued request: its tenant, what to call when its turn comes, and

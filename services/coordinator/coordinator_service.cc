@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
+#include "common/kvstore/kv_store.h"
 #include "common/rpc/rpc.h"
 #include "common/speculative/accept_rule.h"
 #include "services/common/daemon.h"
@@ -246,11 +247,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   if (options.stream_write_timeout.count() < 1) {
     return absl::InvalidArgumentError("--stream-write-timeout-ms must be >= 1");
   }
+  // A restarted coordinator counts a tenant's pins by listing their holders
+  // in the store, at most KvStore::kMaxPinHoldersListed of them.
   if (options.max_requests_per_tenant < 1 || options.max_pins_per_tenant < 0 ||
+      options.max_pins_per_tenant >= kvstore::KvStore::kMaxPinHoldersListed ||
       options.max_stored_bytes_per_tenant < 0) {
-    return absl::InvalidArgumentError(
-        "--max-requests-per-tenant must be >= 1, --max-pins-per-tenant and "
-        "--max-stored-bytes-per-tenant >= 0");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-requests-per-tenant must be >= 1, --max-pins-per-tenant in [0, ",
+        kvstore::KvStore::kMaxPinHoldersListed - 1, "], --max-stored-bytes-per-tenant >= 0"));
   }
   auto service = std::unique_ptr<CoordinatorService>(new CoordinatorService(options, registry));
   if (options.draft_model_id != "auto") {

@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   flags.Add("--max-requests-per-tenant", &o.max_requests_per_tenant, "N",
             "requests one tenant may have running or queued");
   flags.Add("--max-pins-per-tenant", &o.max_pins_per_tenant, "N",
-            "prefixes one tenant may pin");
+            "prefixes one tenant may pin (0-4095; counted from the store's pins)");
   flags.Add("--max-stored-bytes-per-tenant", &o.max_stored_bytes_per_tenant, "N",
             "KV bytes one tenant's ingests may add (0: no limit)");
   int64_t health_check_interval_ms = 1000;

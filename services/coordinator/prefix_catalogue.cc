@@ -4,10 +4,12 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/executor.h"
 #include "common/base/status_macros.h"
 #include "common/compress/compressor.h"
+#include "common/kvstore/kv_store.h"
 #include "services/common/store_client.h"
 #include "services/coordinator/request_validation.h"
 
@@ -90,6 +92,24 @@ class StoreClientAdapter final : public CatalogueStore {
   void StartApply(Action action, const std::string& key, const std::string& holder,
                   Clock::time_point deadline, ApplyDone done) override {
     store_->StartApply(KeyAction(action), key, holder, deadline, std::move(done));
+  }
+  absl::StatusOr<std::vector<std::string>> PinHolders(const std::string& prefix, int limit,
+                                                      Clock::time_point deadline) override {
+    VC_ASSIGN_OR_RETURN(daemon::StoreClient::PinHolderList list,
+                        store_->PinHolders(prefix, limit, deadline));
+    return std::move(list.holders);
+  }
+  void StartPinHolders(const std::string& prefix, int limit, Clock::time_point deadline,
+                       PinHoldersDone done) override {
+    store_->StartPinHolders(
+        prefix, limit, deadline,
+        [done = std::move(done)](absl::StatusOr<daemon::StoreClient::PinHolderList> list) {
+          if (!list.ok()) {
+            done(list.status());
+          } else {
+            done(std::move(list->holders));
+          }
+        });
   }
 
  private:
@@ -211,6 +231,27 @@ Task<absl::Status> PrefixCatalogue::AwaitApply(const RunnerContext& ctx,
     store_->StartApply(action, key, holder, deadline, std::move(answer));
   });
   co_return status;
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitTenantPins(const RunnerContext& ctx,
+                                                    const std::string& tenant,
+                                                    Clock::time_point deadline) {
+  if (admission_->PinsKnown(tenant)) co_return absl::OkStatus();
+  const std::string owner = PinHolder(tenant, "");
+  // One more than the quota is enough to refuse the next pin.
+  const int limit = std::clamp(admission_->options().max_pins_per_tenant + 1, 1,
+                               kvstore::KvStore::kMaxPinHoldersListed);
+  absl::StatusOr<std::vector<std::string>> holders;
+  (void)co_await AwaitAnswer(ctx, &holders, [&](CatalogueStore::PinHoldersDone answer) {
+    store_->StartPinHolders(owner, limit, deadline, std::move(answer));
+  });
+  VC_CO_RETURN_IF_ERROR(holders.status());
+  std::vector<std::string> prefix_ids;
+  for (const std::string& h : *holders) {
+    if (absl::StartsWith(h, owner)) prefix_ids.push_back(h.substr(owner.size()));
+  }
+  admission_->LoadPins(tenant, prefix_ids);
+  co_return absl::OkStatus();
 }
 
 Task<absl::Status> PrefixCatalogue::AwaitAdmission(Request& r) {
@@ -481,6 +522,8 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
       co_await AwaitTokens(ctx, req.prefix_id(), salt, deadline);
   VC_CO_RETURN_IF_ERROR(tokens.status());
   if (action == CatalogueStore::Action::kPin) {
+    const absl::Status known = co_await AwaitTenantPins(ctx, tenant, StoreDeadline(deadline));
+    VC_CO_RETURN_IF_ERROR(known);
     VC_CO_RETURN_IF_ERROR(admission_->CheckPin(tenant, req.prefix_id()));
   }
   const kvstore::ChunkKeyOptions ko = KeyOptions(salt);

@@ -47,6 +47,7 @@ absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::stri
 
 // The holder of the store pins ManagePrefix makes for `tenant`'s prefix
 // `prefix_id`: one per tenant and prefix, unambiguous for any tenant name.
+// PinHolder(tenant, "") starts the names of all of the tenant's holders.
 std::string PinHolder(const std::string& tenant, const std::string& prefix_id);
 
 // The store calls the catalogue makes. Each ends by `deadline` (retries
@@ -62,6 +63,10 @@ class CatalogueStore {
   virtual absl::StatusOr<std::string> Get(const std::string& key, Clock::time_point deadline) = 0;
   virtual absl::Status Put(const std::string& key, const std::string& value,
                            Clock::time_point deadline) = 0;
+  // The store's pin holders whose names start with `prefix`, at most
+  // `limit` of them.
+  virtual absl::StatusOr<std::vector<std::string>> PinHolders(const std::string& prefix, int limit,
+                                                              Clock::time_point deadline) = 0;
   // `holder` names the pin (Pin, Unpin; Delete ignores it).
   virtual absl::Status Apply(Action action, const std::string& key, const std::string& holder,
                              Clock::time_point deadline) = 0;
@@ -74,6 +79,7 @@ class CatalogueStore {
   using GetDone = std::function<void(absl::StatusOr<std::string>)>;
   using PutDone = std::function<void(absl::Status)>;
   using ApplyDone = std::function<void(absl::Status)>;
+  using PinHoldersDone = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
   virtual void StartLookup(const std::vector<std::string>& keys, Clock::time_point deadline,
                            LookupDone done) {
     done(Lookup(keys, deadline));
@@ -90,6 +96,10 @@ class CatalogueStore {
   virtual void StartApply(Action action, const std::string& key, const std::string& holder,
                           Clock::time_point deadline, ApplyDone done) {
     done(Apply(action, key, holder, deadline));
+  }
+  virtual void StartPinHolders(const std::string& prefix, int limit, Clock::time_point deadline,
+                               PinHoldersDone done) {
+    done(PinHolders(prefix, limit, deadline));
   }
 };
 // The daemon's: the KV store's client (which must outlive it).
@@ -192,6 +202,10 @@ class PrefixCatalogue {
                                              Clock::time_point deadline);
   Task<absl::Status> AwaitPut(const RunnerContext& ctx, const std::string& key,
                               const std::string& value, Clock::time_point deadline);
+  // The prefixes `tenant` pins in the store, loaded into the admission
+  // controller unless it knows them (a coordinator that restarted does not).
+  Task<absl::Status> AwaitTenantPins(const RunnerContext& ctx, const std::string& tenant,
+                                     Clock::time_point deadline);
   Task<absl::Status> AwaitApply(const RunnerContext& ctx, CatalogueStore::Action action,
                                 const std::string& key, const std::string& holder,
                                 Clock::time_point deadline);

@@ -318,6 +318,18 @@ grpc::ServerUnaryReactor* KvStoreService::Unpin(grpc::CallbackServerContext* ctx
   });
 }
 
+grpc::ServerUnaryReactor* KvStoreService::ListPinHolders(grpc::CallbackServerContext* ctx,
+                                                         const pb::ListPinHoldersRequest* req,
+                                                         pb::ListPinHoldersResponse* resp) {
+  return Handle(ctx, "ListPinHolders", [&]() -> absl::Status {
+    VC_ASSIGN_OR_RETURN(KvStore::PinHolderList list,
+                        store_->PinHolders(req->prefix(), req->limit()));
+    for (std::string& h : list.holders) resp->add_holders(std::move(h));
+    resp->set_truncated(list.truncated);
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KvStoreService::Stat(grpc::CallbackServerContext* ctx,
                                                const pb::StatRequest* /*req*/,
                                                pb::StatResponse* resp) {

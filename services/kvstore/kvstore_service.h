@@ -74,6 +74,9 @@ class KvStoreService final : public vericache::v1::KvStore::CallbackService {
   grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
                                   const vericache::v1::UnpinRequest* req,
                                   vericache::v1::UnpinResponse* resp) override;
+  grpc::ServerUnaryReactor* ListPinHolders(grpc::CallbackServerContext* ctx,
+                                           const vericache::v1::ListPinHoldersRequest* req,
+                                           vericache::v1::ListPinHoldersResponse* resp) override;
   grpc::ServerUnaryReactor* Stat(grpc::CallbackServerContext* ctx,
                                  const vericache::v1::StatRequest* req,
                                  vericache::v1::StatResponse* resp) override;

@@ -432,6 +432,39 @@ TEST_F(KvStoreTest, PinsAndTheirHoldersSurviveAReopen) {
   ASSERT_TRUE(store_->Delete("a").ok());
 }
 
+// The holders with a pin, by name prefix, in byte order and bounded; a
+// holder whose last pin goes (an unpin, or a reopen without it) is not
+// listed.
+TEST_F(KvStoreTest, PinHoldersAreListedByPrefix) {
+  Reopen();
+  for (const char* k : {"a", "b", "c"}) ASSERT_TRUE(store_->Put(k, "x").ok());
+  ASSERT_TRUE(store_->Pin("a", "t1/p2").ok());
+  ASSERT_TRUE(store_->Pin("b", "t1/p2").ok());
+  ASSERT_TRUE(store_->Pin("a", "t1/p1").ok());
+  ASSERT_TRUE(store_->Pin("c", "t2/p1").ok());
+  auto list = [&](const std::string& prefix, int limit) {
+    absl::StatusOr<KvStore::PinHolderList> l = store_->PinHolders(prefix, limit);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *l : KvStore::PinHolderList{};
+  };
+  EXPECT_EQ(list("t1/", 10).holders, (std::vector<std::string>{"t1/p1", "t1/p2"}));
+  EXPECT_FALSE(list("t1/", 10).truncated);
+  EXPECT_EQ(list("t1/", 1).holders, std::vector<std::string>{"t1/p1"});
+  EXPECT_TRUE(list("t1/", 1).truncated);
+  EXPECT_EQ(list("", 10).holders.size(), 3u);
+  ASSERT_TRUE(store_->Unpin("a", "t1/p2").ok());
+  EXPECT_EQ(list("t1/", 10).holders.size(), 2u) << "t1/p2 still pins b";
+  ASSERT_TRUE(store_->Unpin("b", "t1/p2").ok());
+  Reopen();
+  EXPECT_EQ(list("t1/", 10).holders, std::vector<std::string>{"t1/p1"});
+  EXPECT_EQ(list("t2/", 10).holders, std::vector<std::string>{"t2/p1"});
+  EXPECT_EQ(store_->PinHolders("t", 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->PinHolders("t", KvStore::kMaxPinHoldersListed + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->PinHolders(std::string(257, 't'), 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(KvStoreTest, PinHoldersAreBoundedAndNamed) {
   options_.max_pin_holders = 2;
   options_.max_holder_bytes = 8;

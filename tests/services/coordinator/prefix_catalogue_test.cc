@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "services/common/store_client.h"
@@ -61,6 +62,22 @@ class FakeStore final : public CatalogueStore {
     entries[key] = value;
     return absl::OkStatus();
   }
+  absl::StatusOr<std::vector<std::string>> PinHolders(const std::string& prefix, int limit,
+                                                      Clock::time_point deadline) override {
+    std::lock_guard<std::mutex> lock(mu);
+    deadlines.push_back(deadline);
+    ++pin_holder_lists;
+    std::set<std::string> holders;
+    for (const auto& [key, hs] : pinned) {
+      for (const auto& h : hs) {
+        if (absl::StartsWith(h, prefix)) holders.insert(h);
+      }
+    }
+    std::vector<std::string> out(holders.begin(), holders.end());
+    if (static_cast<int>(out.size()) > limit) out.resize(limit);
+    return out;
+  }
+  int pin_holder_lists = 0;  // mu
   // Pins per holder, as vc-kvstore keeps them.
   absl::Status Apply(Action action, const std::string& key, const std::string& holder,
                      Clock::time_point deadline) override {
@@ -513,6 +530,41 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
   unpin.set_action(pb::ManagePrefixRequest::UNPIN);
   EXPECT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
   EXPECT_TRUE(store_.pinned.empty()) << "one unpin releases a pin made by two calls";
+}
+
+// The store keeps the pins, the coordinator only counts them: a restarted
+// coordinator (a fresh admission controller and catalogue over the same
+// store) lists the tenant's pin holders before its first pin, so the quota
+// still holds.
+TEST_F(CatalogueTest, TheRestartedCoordinatorCountsTheTenantsPinsInTheStore) {
+  Make(AdmissionOptions{.max_pins_per_tenant = 1});
+  std::string ids[2];
+  for (int p = 0; p < 2; ++p) {
+    pb::RegisterPrefixResponse resp;
+    ASSERT_TRUE(RegisterForA({5 + p, 6, 7, 8, 9, 10}, &resp).ok());
+    ids[p] = resp.prefix_id();
+  }
+  pb::ManagePrefixRequest pin;
+  pin.set_prefix_id(ids[0]);
+  pin.set_action(pb::ManagePrefixRequest::PIN);
+  pb::ManagePrefixResponse mresp;
+  ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
+  EXPECT_EQ(store_.pin_holder_lists, 1);
+  ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
+  EXPECT_EQ(store_.pin_holder_lists, 1) << "known once listed";
+
+  Make(AdmissionOptions{.max_pins_per_tenant = 1});  // the restart
+  pin.set_prefix_id(ids[1]);
+  const absl::Status second = Manage("a", "salt-a", pin, &mresp);
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_EQ(store_.pin_holder_lists, 2);
+  pin.set_prefix_id(ids[0]);
+  EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok()) << "its own pin again is no new pin";
+  pb::ManagePrefixRequest unpin = pin;
+  unpin.set_action(pb::ManagePrefixRequest::UNPIN);
+  ASSERT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
+  pin.set_prefix_id(ids[1]);
+  EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok()) << "room again after the unpin";
 }
 
 // Prefixes that share chunks pin them each under their own holder: the

@@ -710,6 +710,10 @@ TEST_F(KvStoreDaemonTest, PinsAreTriedAgainAcrossAStoreKillAndOutliveIt) {
   ASSERT_TRUE(client->Lookup({k}).ok());  // reconnected (a lookup waits for it)
   const absl::Status refused = client->Apply(Action::kDelete, k, "");
   EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  const absl::StatusOr<vc::daemon::StoreClient::PinHolderList> holders =
+      client->PinHolders("prefix-", 10);
+  ASSERT_TRUE(holders.ok()) << holders.status();
+  EXPECT_EQ(holders->holders, std::vector<std::string>{"prefix-1"});
   // Once more: the answer of an asynchronous unpin sent before a kill.
   const int64_t retries = client->retries();
   const absl::Status unpin = InFlightAtAStoreKill([&] {
@@ -721,6 +725,11 @@ TEST_F(KvStoreDaemonTest, PinsAreTriedAgainAcrossAStoreKillAndOutliveIt) {
   ASSERT_TRUE(unpin.ok()) << unpin;
   EXPECT_GE(client->retries(), retries + 1);
   EXPECT_TRUE(client->Apply(Action::kUnpin, k, "prefix-1").ok()) << "repeated: harmless";
+  std::promise<absl::StatusOr<vc::daemon::StoreClient::PinHolderList>> none;
+  client->StartPinHolders("prefix-", 10, {}, [&none](auto list) { none.set_value(list); });
+  const auto listed = none.get_future().get();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->holders.empty());
   const absl::Status deleted = client->Apply(Action::kDelete, k, "");
   EXPECT_TRUE(deleted.ok()) << deleted;
 }
