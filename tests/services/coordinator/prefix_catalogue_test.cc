@@ -251,6 +251,17 @@ class CatalogueTest : public ::testing::Test {
 
   // RegisterPrefix of `tokens` for tenant "a" (salt "salt-a"), waited for on
   // this thread.
+  // A catalogue whose tenants may pin one prefix each, and two prefixes of
+  // tenant a registered (their ids).
+  void TwoPrefixesUnderAPinQuotaOfOne(std::vector<std::string>* ids) {
+    Make(AdmissionOptions{.max_pins_per_tenant = 1});
+    for (int p = 0; p < 2; ++p) {
+      pb::RegisterPrefixResponse resp;
+      ASSERT_TRUE(RegisterForA({5 + p, 6, 7, 8, 9, 10}, &resp).ok());
+      ids->push_back(resp.prefix_id());
+    }
+  }
+
   absl::Status RegisterForA(const std::vector<int32_t>& tokens, pb::RegisterPrefixResponse* resp) {
     pb::RegisterPrefixRequest reg;
     for (int32_t t : tokens) reg.add_tokens(t);
@@ -499,13 +510,8 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
 // prefix against the tenant's pin quota: otherwise a tenant could pin keys
 // past its quota with calls that end part way.
 TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
-  Make(AdmissionOptions{.max_pins_per_tenant = 1});
-  std::string ids[2];
-  for (int p = 0; p < 2; ++p) {
-    pb::RegisterPrefixResponse resp;
-    ASSERT_TRUE(RegisterForA({5 + p, 6, 7, 8, 9, 10}, &resp).ok());
-    ids[p] = resp.prefix_id();
-  }
+  std::vector<std::string> ids;
+  ASSERT_NO_FATAL_FAILURE(TwoPrefixesUnderAPinQuotaOfOne(&ids));
   pb::ManagePrefixRequest pin;
   pin.set_prefix_id(ids[0]);
   pin.set_action(pb::ManagePrefixRequest::PIN);
@@ -537,13 +543,8 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
 // store) lists the tenant's pin holders before its first pin, so the quota
 // still holds.
 TEST_F(CatalogueTest, TheRestartedCoordinatorCountsTheTenantsPinsInTheStore) {
-  Make(AdmissionOptions{.max_pins_per_tenant = 1});
-  std::string ids[2];
-  for (int p = 0; p < 2; ++p) {
-    pb::RegisterPrefixResponse resp;
-    ASSERT_TRUE(RegisterForA({5 + p, 6, 7, 8, 9, 10}, &resp).ok());
-    ids[p] = resp.prefix_id();
-  }
+  std::vector<std::string> ids;
+  ASSERT_NO_FATAL_FAILURE(TwoPrefixesUnderAPinQuotaOfOne(&ids));
   pb::ManagePrefixRequest pin;
   pin.set_prefix_id(ids[0]);
   pin.set_action(pb::ManagePrefixRequest::PIN);
