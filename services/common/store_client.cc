@@ -661,6 +661,7 @@ void StoreClient::StartApply(KeyAction action, const std::string& key, const std
         std::move(context), key, holder, std::move(counted));
   }
 }
+
 transport::ClientStats StoreClient::data_stats() const {
   return data_ ? data_->stats() : transport::ClientStats{};
 }

@@ -33,8 +33,9 @@ namespace vc::daemon {
 // When a store call that failed because the store went away (UNAVAILABLE: it
 // was killed, it is restarting on its address, a connection was reset under
 // the call) is tried again. One rule and one backoff for every call that may
-// be repeated, all inside the caller's deadline: reads (Lookup, Get, a
-// data-plane Fetch) and a put not yet committed. Never tried again: any other
+// be repeated, all inside the caller's deadline: reads (Lookup, Get,
+// ListPinHolders, a data-plane Fetch), Pin and Unpin (idempotent per holder)
+// and a put not yet committed. Never tried again: any other
 // code (a refusal such as PERMISSION_DENIED, UNAUTHENTICATED,
 // INVALID_ARGUMENT, NOT_FOUND, or DEADLINE_EXCEEDED) and the TLS or
 // authentication failures the transports report as UNAVAILABLE too.
@@ -107,9 +108,11 @@ struct StoreClientOptions {
   // --tls-key and --tls-ca; empty = plaintext (must match the store's).
   transport::DataPlaneTlsOptions data_tls;
   // Deadline of each control RPC, fetch and stage call. Default 10 s.
-  // Lookup, Get and BeginPut wait within it for a reconnecting channel.
+  // The reads, Pin, Unpin and BeginPut wait within it for a reconnecting
+  // channel.
   std::chrono::milliseconds timeout{10000};
-  // Lookup, Get and PutAll after the store went away (StoreRetryOptions).
+  // The reads, Pin, Unpin and PutAll after the store went away
+  // (StoreRetryOptions).
   StoreRetryOptions retry;
   // Fetch after the store went away. A data-plane connect to a store that
   // is down is refused at once (where a gRPC attempt waits for its channel),
