@@ -39,8 +39,8 @@ std::string PinKey(const std::string& key, const std::string& holder) {
   out += holder;
   return out;
 }
-// The key and holder of a pin record's key (without the prefix); false if
-// it is not one.
+// The key and holder named by a pin record's RocksDB key (kPinPrefix
+// first, as PinKey makes it); false if it is not one.
 bool DecodePinKey(const rocksdb::Slice& s, std::string& key, std::string& holder) {
   if (s.size() < 5) return false;
   uint32_t n = 0;

@@ -597,6 +597,23 @@ std::unique_ptr<grpc::ClientContext> StoreClient::KeyActionContext(
   return rpc::ContextWithTimeout(timeout);
 }
 
+template <typename Req, typename Resp>
+absl::Status StoreClient::PinCall(Call call, const char* name,
+                                  grpc::Status (pb::KvStore::Stub::*method)(grpc::ClientContext*,
+                                                                            const Req&, Resp*),
+                                  const std::string& key, const std::string& holder,
+                                  std::chrono::steady_clock::time_point deadline) {
+  deadline = DeadlineOr(deadline);
+  Req req;
+  req.set_key(key);
+  req.set_holder(holder);
+  return Retry(call, options_.retry, deadline, [&](bool*) {
+    Resp resp;
+    auto ctx = ReadOnlyContext(deadline);
+    return rpc::FromGrpcStatus((stub_.get()->*method)(ctx.get(), req, &resp), name);
+  });
+}
+
 absl::Status StoreClient::Apply(KeyAction action, const std::string& key, const std::string& holder,
                                 std::chrono::steady_clock::time_point deadline) {
   switch (action) {
@@ -607,28 +624,11 @@ absl::Status StoreClient::Apply(KeyAction action, const std::string& key, const 
       pb::DeleteResponse resp;
       return rpc::FromGrpcStatus(stub_->Delete(ctx.get(), req, &resp), "vc-kvstore Delete");
     }
-    case KeyAction::kPin: {
-      deadline = DeadlineOr(deadline);
-      pb::PinRequest req;
-      req.set_key(key);
-      req.set_holder(holder);
-      return Retry(Call::kPin, options_.retry, deadline, [&](bool*) {
-        pb::PinResponse resp;
-        auto ctx = ReadOnlyContext(deadline);
-        return rpc::FromGrpcStatus(stub_->Pin(ctx.get(), req, &resp), "vc-kvstore Pin");
-      });
-    }
-    case KeyAction::kUnpin: {
-      deadline = DeadlineOr(deadline);
-      pb::UnpinRequest req;
-      req.set_key(key);
-      req.set_holder(holder);
-      return Retry(Call::kUnpin, options_.retry, deadline, [&](bool*) {
-        pb::UnpinResponse resp;
-        auto ctx = ReadOnlyContext(deadline);
-        return rpc::FromGrpcStatus(stub_->Unpin(ctx.get(), req, &resp), "vc-kvstore Unpin");
-      });
-    }
+    case KeyAction::kPin:
+      return PinCall(Call::kPin, "vc-kvstore Pin", &pb::KvStore::Stub::Pin, key, holder, deadline);
+    case KeyAction::kUnpin:
+      return PinCall(Call::kUnpin, "vc-kvstore Unpin", &pb::KvStore::Stub::Unpin, key, holder,
+                     deadline);
   }
   return absl::InvalidArgumentError("unknown key action");
 }

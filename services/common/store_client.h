@@ -282,6 +282,14 @@ class StoreClient {
   absl::Status Retry(Call call, const StoreRetryOptions& options,
                      std::chrono::steady_clock::time_point deadline,
                      absl::FunctionRef<absl::Status(bool* retryable)> attempt);
+  // A Pin or Unpin (`method`) of `key` for `holder`, tried again as a read:
+  // both are idempotent in the store.
+  template <typename Req, typename Resp>
+  absl::Status PinCall(Call call, const char* name,
+                       grpc::Status (vericache::v1::KvStore::Stub::*method)(grpc::ClientContext*,
+                                                                            const Req&, Resp*),
+                       const std::string& key, const std::string& holder,
+                       std::chrono::steady_clock::time_point deadline);
   // One attempt of PutAll: BeginPut, every stage, CommitPut (the put
   // aborted on a stage error). `*retryable` false once the commit was sent.
   absl::Status PutOnce(const std::vector<std::pair<std::string, std::string>>& entries,

@@ -124,13 +124,13 @@ bool AllTrue(const std::vector<bool>& hits) {
 
 }  // namespace
 
-// A variant list from a request: bounded text and count, parsed.
 std::string PinHolder(const std::string& tenant, const std::string& prefix_id) {
   // The tenant's length first: a '/' in a tenant name cannot make two
   // (tenant, prefix) pairs one holder.
   return absl::StrCat("prefix:", tenant.size(), ":", tenant, "/", prefix_id);
 }
 
+// A variant list from a request: bounded text and count, parsed.
 absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
   if (text.size() > kMaxVariantsTextBytes) {
     return absl::InvalidArgumentError(

@@ -252,14 +252,16 @@ class CatalogueTest : public ::testing::Test {
   // RegisterPrefix of `tokens` for tenant "a" (salt "salt-a"), waited for on
   // this thread.
   // A catalogue whose tenants may pin one prefix each, and two prefixes of
-  // tenant a registered (their ids).
-  void TwoPrefixesUnderAPinQuotaOfOne(std::vector<std::string>* ids) {
+  // tenant a registered (their ids); `pin` pins the first.
+  void TwoPrefixesUnderAPinQuotaOfOne(std::vector<std::string>* ids, pb::ManagePrefixRequest* pin) {
     Make(AdmissionOptions{.max_pins_per_tenant = 1});
     for (int p = 0; p < 2; ++p) {
       pb::RegisterPrefixResponse resp;
       ASSERT_TRUE(RegisterForA({5 + p, 6, 7, 8, 9, 10}, &resp).ok());
       ids->push_back(resp.prefix_id());
     }
+    pin->set_prefix_id(ids->front());
+    pin->set_action(pb::ManagePrefixRequest::PIN);
   }
 
   absl::Status RegisterForA(const std::vector<int32_t>& tokens, pb::RegisterPrefixResponse* resp) {
@@ -511,10 +513,8 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
 // past its quota with calls that end part way.
 TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
   std::vector<std::string> ids;
-  ASSERT_NO_FATAL_FAILURE(TwoPrefixesUnderAPinQuotaOfOne(&ids));
   pb::ManagePrefixRequest pin;
-  pin.set_prefix_id(ids[0]);
-  pin.set_action(pb::ManagePrefixRequest::PIN);
+  ASSERT_NO_FATAL_FAILURE(TwoPrefixesUnderAPinQuotaOfOne(&ids, &pin));
   pb::ManagePrefixResponse mresp;
   store_.applies_before_failing = 1;
   EXPECT_EQ(Manage("a", "salt-a", pin, &mresp).code(), absl::StatusCode::kUnavailable);
@@ -544,10 +544,8 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
 // still holds.
 TEST_F(CatalogueTest, TheRestartedCoordinatorCountsTheTenantsPinsInTheStore) {
   std::vector<std::string> ids;
-  ASSERT_NO_FATAL_FAILURE(TwoPrefixesUnderAPinQuotaOfOne(&ids));
   pb::ManagePrefixRequest pin;
-  pin.set_prefix_id(ids[0]);
-  pin.set_action(pb::ManagePrefixRequest::PIN);
+  ASSERT_NO_FATAL_FAILURE(TwoPrefixesUnderAPinQuotaOfOne(&ids, &pin));
   pb::ManagePrefixResponse mresp;
   ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
   EXPECT_EQ(store_.pin_holder_lists, 1);
