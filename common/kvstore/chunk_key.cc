@@ -18,6 +18,7 @@ constexpr char kFullChunkDomain[] = "vericache.kv.full_chunk.v1";
 constexpr char kVariantDomain[] = "vericache.kv.compressed_variant.v1";
 constexpr char kDraftVariantDomain[] = "vericache.kv.draft_model_variant.v1";
 constexpr char kManifestDomain[] = "vericache.kv.prefix_manifest.v1";
+constexpr char kTenantLedgerDomain[] = "vericache.coordinator.tenant_ledger.v1";
 constexpr char kModelDomain[] = "vericache.model_id.v1";
 constexpr char kDraftModelDomain[] = "vericache.draft_model_id.v1";
 
@@ -108,6 +109,14 @@ ChunkKey PrefixManifestKey(const ChunkKeyOptions& options, const ModelId& model,
                           static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
     h.UpdateRaw(b, 4);
   }
+  return ToKey(h.Finish());
+}
+
+ChunkKey TenantLedgerKey(const ModelId& model, const std::string& tenant) {
+  Sha256 h;
+  h.Field(std::string(kTenantLedgerDomain));
+  h.Field(model.bytes.data(), model.bytes.size());
+  h.Field(tenant);
   return ToKey(h.Finish());
 }
 

@@ -85,6 +85,12 @@ ModelId DraftModelId(const Model& draft);
 // A model id's first 16 hex digits (logs, Info answers, totals).
 std::string ShortModelId(const ModelId& id);
 
+// The key of the coordinator's ledger of what `tenant`'s ingests stored for
+// `model` (the --max-stored-bytes-per-tenant count, which a restarted
+// coordinator reads back). In a domain of its own: it never equals a chunk,
+// variant or manifest key, whatever the tenant is called.
+ChunkKey TenantLedgerKey(const ModelId& model, const std::string& tenant);
+
 // The key of a registered prefix's manifest (its whole token list, which may
 // end in a partial chunk): a registered prefix is named by this key's hex.
 ChunkKey PrefixManifestKey(const ChunkKeyOptions& options, const ModelId& model,

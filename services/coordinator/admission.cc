@@ -213,7 +213,7 @@ void AdmissionController::CancelNotifyTurn(Ticket ticket) {
 void AdmissionController::ForgetIfIdle(const std::string& tenant) {
   auto it = tenants_.find(tenant);
   if (it != tenants_.end() && it->second.requests == 0 && it->second.pins.empty() &&
-      it->second.stored_bytes == 0) {
+      it->second.stored_bytes == 0 && !it->second.ledger_writing && !it->second.ledger_behind) {
     tenants_.erase(it);
   }
 }
@@ -235,7 +235,56 @@ void AdmissionController::ChargeStored(const std::string& tenant, int64_t bytes)
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& t = tenants_[tenant];
   t.stored_bytes = std::max<int64_t>(0, t.stored_bytes + bytes);
+  t.ledger_behind |= bytes != 0;
   ForgetIfIdle(tenant);
+}
+
+bool AdmissionController::StoredKnown(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  return it != tenants_.end() && it->second.stored_loaded;
+}
+
+void AdmissionController::LoadStored(const std::string& tenant, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  if (!t.stored_loaded) {
+    t.stored_bytes = std::max<int64_t>(0, bytes);
+    t.stored_loaded = true;
+  }
+  ForgetIfIdle(tenant);
+}
+
+std::optional<int64_t> AdmissionController::BeginLedgerWrite(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  if (t.ledger_writing) {
+    t.ledger_behind = true;
+    return std::nullopt;
+  }
+  t.ledger_writing = true;
+  t.ledger_behind = false;
+  return t.stored_bytes;
+}
+
+std::optional<int64_t> AdmissionController::EndLedgerWrite(const std::string& tenant, bool written,
+                                                           bool again) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  if (written && t.ledger_behind && again) {
+    t.ledger_behind = false;
+    return t.stored_bytes;
+  }
+  t.ledger_behind |= !written;
+  t.ledger_writing = false;
+  ForgetIfIdle(tenant);
+  return std::nullopt;
+}
+
+int64_t AdmissionController::stored_bytes(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second.stored_bytes;
 }
 
 absl::Status AdmissionController::CheckPin(const std::string& tenant,
@@ -275,6 +324,7 @@ void AdmissionController::NotePrefix(const std::string& tenant, const std::strin
     t.pins.erase(prefix_id);
   }
   t.stored_bytes = std::max<int64_t>(0, t.stored_bytes - freed_bytes);
+  t.ledger_behind |= freed_bytes != 0;
   ForgetIfIdle(tenant);
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -98,6 +99,28 @@ class AdmissionController {
   [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
   // Charges (or, negative, gives back) bytes of KV to the tenant.
   void ChargeStored(const std::string& tenant, int64_t bytes);
+  // The stored bytes are kept in the store too (the catalogue's tenant
+  // ledger), since a count in memory alone would restart from zero with the
+  // coordinator. Whether the tenant's count is known to this process: it is
+  // after LoadStored, and until the tenant's bookkeeping is dropped. A
+  // coordinator that starts knows nobody's; the caller reads the ledger
+  // (LoadStored) before it checks or changes the count.
+  bool StoredKnown(const std::string& tenant) const;
+  // Sets the tenant's count from its ledger, unless it is known already (a
+  // load that lost a race with another request's would undo its charge).
+  void LoadStored(const std::string& tenant, int64_t bytes);
+  // One ledger writer per tenant at a time, so that writes land in the
+  // order of the counts. BeginLedgerWrite: the count to write, or nothing
+  // when another write is in flight (its writer writes this change after
+  // it). EndLedgerWrite after a write (`written`: it succeeded): the count to
+  // write next when the write succeeded, the count changed meanwhile and
+  // `again`; else nothing (the writer is done; a change not written, or a
+  // failed write, waits for the next BeginLedgerWrite and keeps the tenant's
+  // bookkeeping until then).
+  std::optional<int64_t> BeginLedgerWrite(const std::string& tenant);
+  std::optional<int64_t> EndLedgerWrite(const std::string& tenant, bool written, bool again);
+  // The tenant's count (0 if it has no bookkeeping).
+  int64_t stored_bytes(const std::string& tenant) const;
   // RESOURCE_EXHAUSTED when pinning `prefix_id` would pass max_pins_per_tenant.
   [[nodiscard]] absl::Status CheckPin(const std::string& tenant, const std::string& prefix_id);
   // Whether the tenant's pins are known to this process: they are after
@@ -121,10 +144,13 @@ class AdmissionController {
 
  private:
   struct Tenant {
-    int requests = 0;            // running or queued
-    std::set<std::string> pins;  // prefix ids pinned through ManagePrefix
-    bool pins_loaded = false;    // LoadPins was called
-    int64_t stored_bytes = 0;    // what its ingests added (estimate on delete)
+    int requests = 0;             // running or queued
+    std::set<std::string> pins;   // prefix ids pinned through ManagePrefix
+    bool pins_loaded = false;     // LoadPins was called
+    int64_t stored_bytes = 0;     // what its ingests added (estimate on delete)
+    bool stored_loaded = false;   // LoadStored was called
+    bool ledger_writing = false;  // a BeginLedgerWrite's writer has not ended
+    bool ledger_behind = false;   // the count changed since the last write began
   };
   // A queued request: its tenant, what to call when its turn comes, and
   // whether it was woken with no `turn` registered (its next NotifyTurn

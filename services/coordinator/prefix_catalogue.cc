@@ -1,6 +1,7 @@
 #include "services/coordinator/prefix_catalogue.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -20,6 +21,19 @@ namespace pb = ::vericache::v1;
 namespace {
 
 std::string Hex(const std::string& raw) { return absl::BytesToHexString(raw); }
+
+constexpr char kLedgerMagic[] = "VCLG";
+constexpr uint32_t kLedgerVersion = 1;
+constexpr size_t kLedgerBytes = 16;
+
+void PutLittleEndian(uint64_t v, int bytes, std::string* out) {
+  for (int b = 0; b < bytes; ++b) out->push_back(static_cast<char>((v >> (8 * b)) & 0xff));
+}
+uint64_t GetLittleEndian(const std::string& in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int b = 0; b < bytes; ++b) v |= uint64_t{static_cast<uint8_t>(in[at + b])} << (8 * b);
+  return v;
+}
 
 std::string EncodeTokens(const std::vector<int32_t>& tokens) {
   std::string out(tokens.size() * 4, '\0');
@@ -130,6 +144,29 @@ std::string PinHolder(const std::string& tenant, const std::string& prefix_id) {
   return absl::StrCat("prefix:", tenant.size(), ":", tenant, "/", prefix_id);
 }
 
+std::string EncodeTenantLedger(int64_t stored_bytes) {
+  std::string out(kLedgerMagic, 4);
+  PutLittleEndian(kLedgerVersion, 4, &out);
+  PutLittleEndian(static_cast<uint64_t>(stored_bytes), 8, &out);
+  return out;
+}
+
+absl::StatusOr<int64_t> DecodeTenantLedger(const std::string& value) {
+  if (value.size() != kLedgerBytes || value.compare(0, 4, kLedgerMagic) != 0) {
+    return absl::DataLossError(absl::StrCat("not a tenant ledger (", value.size(),
+                                            " bytes; a ledger has ", kLedgerBytes,
+                                            " and starts with ", kLedgerMagic, ")"));
+  }
+  const uint64_t version = GetLittleEndian(value, 4, 4);
+  if (version != kLedgerVersion) {
+    return absl::DataLossError(absl::StrCat("tenant ledger version ", version,
+                                            " (this coordinator reads ", kLedgerVersion, ")"));
+  }
+  const int64_t bytes = static_cast<int64_t>(GetLittleEndian(value, 8, 8));
+  if (bytes < 0) return absl::DataLossError(absl::StrCat("tenant ledger of ", bytes, " bytes"));
+  return bytes;
+}
+
 // A variant list from a request: bounded text and count, parsed.
 absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::string& text) {
   if (text.size() > kMaxVariantsTextBytes) {
@@ -230,6 +267,53 @@ Task<absl::Status> PrefixCatalogue::AwaitApply(const RunnerContext& ctx,
   (void)co_await AwaitAnswer(ctx, &status, [&](CatalogueStore::ApplyDone answer) {
     store_->StartApply(action, key, holder, deadline, std::move(answer));
   });
+  co_return status;
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitTenantStored(const RunnerContext& ctx,
+                                                      const std::string& tenant,
+                                                      Clock::time_point deadline) {
+  if (admission_->StoredKnown(tenant)) co_return absl::OkStatus();
+  const absl::StatusOr<std::string> ledger =
+      co_await AwaitGet(ctx, kvstore::TenantLedgerKey(model_.model_id, tenant).Raw(), deadline);
+  int64_t bytes = 0;
+  if (ledger.ok()) {
+    const absl::StatusOr<int64_t> decoded = DecodeTenantLedger(*ledger);
+    if (decoded.ok()) {
+      bytes = *decoded;
+    } else {
+      // No tenant name in a log line (docs/security.md).
+      std::fprintf(stderr, "vc-coordinator: a tenant ledger is unreadable, counted from 0: %s\n",
+                   decoded.status().ToString().c_str());
+    }
+  } else if (ledger.status().code() != absl::StatusCode::kNotFound) {
+    co_return WithCallName(ledger.status(), "store Get of the tenant ledger");
+  }
+  admission_->LoadStored(tenant, bytes);
+  co_return absl::OkStatus();
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,
+                                                     const std::string& tenant,
+                                                     Clock::time_point deadline) {
+  // A few rounds at most: a tenant whose requests keep changing the count
+  // must not keep one of them writing for ever (the next change writes).
+  constexpr int kMaxRounds = 4;
+  const std::string key = kvstore::TenantLedgerKey(model_.model_id, tenant).Raw();
+  absl::Status status;
+  std::optional<int64_t> bytes = admission_->BeginLedgerWrite(tenant);
+  for (int round = 1; bytes.has_value(); ++round) {
+    status = co_await AwaitPut(ctx, key, EncodeTenantLedger(*bytes), deadline);
+    if (status.ok()) {
+      status = co_await AwaitApply(ctx, CatalogueStore::Action::kPin, key, kTenantLedgerHolder,
+                                   deadline);
+    }
+    if (!status.ok()) {
+      std::fprintf(stderr, "vc-coordinator: a tenant ledger was not written: %s\n",
+                   status.ToString().c_str());
+    }
+    bytes = admission_->EndLedgerWrite(tenant, status.ok(), round < kMaxRounds);
+  }
   co_return status;
 }
 
@@ -346,6 +430,8 @@ Task<absl::Status> PrefixCatalogue::EnsureStored(const RunnerContext& ctx, Plan&
 
 Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan, Request& r,
                                            Worker** ingest_on) {
+  const absl::Status known = co_await AwaitTenantStored(ctx, r.tenant, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(known);
   VC_CO_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
   // Ingest on the verifier this prefix is placed on.
   VC_CO_ASSIGN_OR_RETURN(*ingest_on, hooks_.place_verifier(plan.prefix_key));
@@ -375,6 +461,7 @@ Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan,
                                             IngestCallOptions(r), req, &resp);
   if (!s.ok()) co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
   admission_->ChargeStored(r.tenant, resp.bytes());
+  (void)co_await AwaitLedgerWrite(ctx, r.tenant, StoreDeadline(r.deadline));
   bool has_variant = false;
   for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
   if (!has_variant) {
@@ -458,6 +545,8 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
   }
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
+  const absl::Status known = co_await AwaitTenantStored(ctx, r.tenant, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(known);
   VC_CO_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
   const absl::Status admitted = co_await AwaitAdmission(r);
   VC_CO_RETURN_IF_ERROR(admitted);
@@ -484,6 +573,7 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
     co_return s;
   }
   admission_->ChargeStored(r.tenant, iresp.bytes());
+  (void)co_await AwaitLedgerWrite(ctx, r.tenant, StoreDeadline(r.deadline));
   *resp->mutable_variants() = iresp.variants();
   // The manifest last (a registered id always names a stored prefix), and
   // while the registration still holds its place: the puts waiting on the
@@ -525,6 +615,12 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
     const absl::Status known = co_await AwaitTenantPins(ctx, tenant, StoreDeadline(deadline));
     VC_CO_RETURN_IF_ERROR(known);
     VC_CO_RETURN_IF_ERROR(admission_->CheckPin(tenant, req.prefix_id()));
+  }
+  if (action == CatalogueStore::Action::kDelete) {
+    // What the delete gives back comes off the count in the ledger, not
+    // off a count that restarted from zero.
+    const absl::Status known = co_await AwaitTenantStored(ctx, tenant, StoreDeadline(deadline));
+    VC_CO_RETURN_IF_ERROR(known);
   }
   const kvstore::ChunkKeyOptions ko = KeyOptions(salt);
   const int32_t whole =
@@ -578,12 +674,12 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
   // delete, the full chunks' size; the variants' is not known here (an
   // estimate on the low side: the budget errs towards refusing).
   const bool pin = action == CatalogueStore::Action::kPin;
+  const bool freed = status.ok() && action == CatalogueStore::Action::kDelete;
   if (status.ok() || (pin && applied > 0)) {
     admission_->NotePrefix(tenant, req.prefix_id(), pin,
-                           status.ok() && action == CatalogueStore::Action::kDelete
-                               ? int64_t{whole} * model_.kv_bytes_per_token
-                               : 0);
+                           freed ? int64_t{whole} * model_.kv_bytes_per_token : 0);
   }
+  if (freed) (void)co_await AwaitLedgerWrite(ctx, tenant, StoreDeadline(deadline));
   resp->set_entries(applied);
   co_return status;
 }

@@ -50,6 +50,17 @@ absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::stri
 // PinHolder(tenant, "") starts the names of all of the tenant's holders.
 std::string PinHolder(const std::string& tenant, const std::string& prefix_id);
 
+// The tenant ledger (kvstore::TenantLedgerKey): the bytes of KV a tenant's
+// ingests stored, as the admission controller counts them, kept in the store
+// so that --max-stored-bytes-per-tenant survives a coordinator restart. Its
+// value is "VCLG", u32 version 1 and the count as an i64, little-endian (16
+// bytes); Decode answers DATA_LOSS for anything else, a negative count
+// included. The entry is pinned by kTenantLedgerHolder, so that neither the
+// store's byte budget nor its TTL drops it.
+std::string EncodeTenantLedger(int64_t stored_bytes);
+absl::StatusOr<int64_t> DecodeTenantLedger(const std::string& value);
+inline constexpr char kTenantLedgerHolder[] = "tenant-ledger";
+
 // The store calls the catalogue makes. Each ends by `deadline` (retries
 // after the store went away included): the deadline of the request it is
 // made for, cut to the catalogue's rpc_timeout, so that a request with 2 s
@@ -206,6 +217,18 @@ class PrefixCatalogue {
   // controller unless it knows them (a coordinator that restarted does not).
   Task<absl::Status> AwaitTenantPins(const RunnerContext& ctx, const std::string& tenant,
                                      Clock::time_point deadline);
+  // The tenant's stored bytes from its ledger, loaded into the admission
+  // controller unless it knows them (a coordinator that restarted does not;
+  // a tenant without a ledger has stored nothing, and an unreadable one is
+  // reported and counted from zero). Before any check or change of the count.
+  Task<absl::Status> AwaitTenantStored(const RunnerContext& ctx, const std::string& tenant,
+                                       Clock::time_point deadline);
+  // Writes the tenant's count to its ledger (and pins it), unless another of
+  // the tenant's requests is writing it, which then writes this change too.
+  // A failed write is reported and left to the tenant's next change: the
+  // request that made the change goes on (its count in memory holds).
+  Task<absl::Status> AwaitLedgerWrite(const RunnerContext& ctx, const std::string& tenant,
+                                      Clock::time_point deadline);
   Task<absl::Status> AwaitApply(const RunnerContext& ctx, CatalogueStore::Action action,
                                 const std::string& key, const std::string& holder,
                                 Clock::time_point deadline);

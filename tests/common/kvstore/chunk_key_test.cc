@@ -176,6 +176,19 @@ TEST(ChunkKeyTest, LengthPrefixingPreventsAmbiguity) {
             FullChunkKey(s1, TestModel(0), &zero, Iota(2)));
 }
 
+// A tenant's ledger key depends on the model and the tenant, and is no
+// manifest key: the manifest of an empty prefix under a salt equal to the
+// tenant's name is the nearest one (domains keep them apart).
+TEST(ChunkKeyTest, TenantLedgerKeysAreAKindOfTheirOwn) {
+  EXPECT_EQ(TenantLedgerKey(TestModel(0), "a"), TenantLedgerKey(TestModel(0), "a"));
+  EXPECT_NE(TenantLedgerKey(TestModel(0), "a"), TenantLedgerKey(TestModel(0), "b"));
+  EXPECT_NE(TenantLedgerKey(TestModel(0), "a"), TenantLedgerKey(TestModel(1), "a"));
+  EXPECT_NE(TenantLedgerKey(TestModel(0), ""), TenantLedgerKey(TestModel(0), std::string(1, '\0')));
+  ChunkKeyOptions o;
+  o.tenant_salt = "a";
+  EXPECT_NE(TenantLedgerKey(TestModel(0), "a"), PrefixManifestKey(o, TestModel(0), {}));
+}
+
 TEST(ChunkKeyTest, DraftModelVariantKeysNameTheirDraftModel) {
   const ChunkKey last = TestModel(3);
   const ModelId draft_a = TestModel(4), draft_b = TestModel(5);

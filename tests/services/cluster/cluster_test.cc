@@ -632,6 +632,26 @@ TEST_F(ClusterTest, SupervisorAndRestartBringDaemonsBackOnTheirAddresses) {
   EXPECT_EQ(out.tokens, Reference(s.prompt, s));
 }
 
+// --max-stored-bytes-per-tenant outlives a coordinator restart: the
+// coordinator keeps each tenant's count in a ledger entry in the store,
+// which the restarted one reads before the tenant's next ingest.
+TEST_F(ClusterTest, TheStoredBytesQuotaHoldsAcrossACoordinatorRestart) {
+  local::LocalClusterOptions o;
+  o.extra_flags["vc-coordinator"] = {"--max-stored-bytes-per-tenant=1"};
+  StartCluster(o);
+  Register(Text(100, 9));  // admitted: nothing stored yet
+  ASSERT_TRUE(cluster_->Restart("coordinator").ok());
+  pb::RegisterPrefixRequest req;
+  for (int32_t t : Text(100, 10)) req.add_tokens(t);
+  pb::RegisterPrefixResponse resp;
+  auto ctx = rpc::ContextWithTimeout(std::chrono::seconds(60));
+  ctx->set_wait_for_ready(true);
+  const grpc::Status s = stub_->RegisterPrefix(ctx.get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max-stored-bytes-per-tenant"), std::string::npos)
+      << s.error_message();
+}
+
 TEST_F(ClusterTest, StaggeredSchedulingKeepsThePacedFastLinkWithinCapacity) {
   // stories260K holds 1280 bytes of KV per token: a 96-token prefix is a
   // 123 kB reload, 31 ms on a 4 MB/s fast link, about 7 slots of 5 ms.

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -294,7 +295,60 @@ TEST(AdmissionTest, PinsAndStoredBytesAreCountedPerTenant) {
   EXPECT_TRUE(a.CheckStoredBudget("a").ok());
   EXPECT_TRUE(a.CheckPin("a", "p2").ok());
   a.ChargeStored("a", -1000);  // never below zero
+  EXPECT_EQ(a.stored_bytes("a"), 0);
+  EXPECT_EQ(a.tenants(), 1u) << "kept until its ledger has the count";
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(0));
+  EXPECT_EQ(a.EndLedgerWrite("a", /*written=*/true, /*again=*/true), std::nullopt);
   EXPECT_EQ(a.tenants(), 0u) << "a tenant holding nothing is forgotten";
+}
+
+// A restarted coordinator loads a tenant's count from its ledger once; a
+// load that comes after another request's load and charge changes nothing.
+TEST(AdmissionTest, AStoredCountIsLoadedOnceAndThenOnlyCharged) {
+  AdmissionController a({.max_stored_bytes_per_tenant = 100});
+  EXPECT_FALSE(a.StoredKnown("a"));
+  a.LoadStored("a", 120);
+  EXPECT_TRUE(a.StoredKnown("a"));
+  EXPECT_EQ(a.CheckStoredBudget("a").code(), absl::StatusCode::kResourceExhausted);
+  a.ChargeStored("a", 30);
+  a.LoadStored("a", 0);  // a late load: ignored
+  EXPECT_EQ(a.stored_bytes("a"), 150);
+  EXPECT_FALSE(a.StoredKnown("b"));
+  a.LoadStored("b", 0);
+  EXPECT_EQ(a.tenants(), 1u) << "a tenant whose ledger says nothing is forgotten";
+  EXPECT_FALSE(a.StoredKnown("b"));
+}
+
+// One ledger writer per tenant; changes made while it writes are written
+// by it after its write, a failed write is left to the next writer, and a
+// tenant with a write outstanding keeps its bookkeeping.
+TEST(AdmissionTest, LedgerWritesAreOneAtATimeAndEndWithTheLatestCount) {
+  AdmissionController a({});
+  a.LoadStored("a", 0);
+  a.ChargeStored("a", 10);
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(10));
+  a.ChargeStored("a", 5);
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::nullopt) << "one writer at a time";
+  a.ChargeStored("a", 7);
+  EXPECT_EQ(a.EndLedgerWrite("a", /*written=*/true, /*again=*/true), std::optional<int64_t>(22))
+      << "the writer writes the latest count next";
+  EXPECT_EQ(a.EndLedgerWrite("a", true, true), std::nullopt) << "nothing changed since";
+
+  a.NotePrefix("a", "p", false, /*freed_bytes=*/22);
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(0));
+  EXPECT_EQ(a.EndLedgerWrite("a", /*written=*/false, true), std::nullopt)
+      << "a failed write is not tried again by its writer";
+  EXPECT_EQ(a.tenants(), 1u) << "its count is still to be written";
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(0)) << "the next writer writes it";
+  EXPECT_EQ(a.EndLedgerWrite("a", true, true), std::nullopt);
+  EXPECT_EQ(a.tenants(), 0u) << "written and holding nothing: forgotten";
+
+  a.ChargeStored("b", 1);
+  ASSERT_TRUE(a.BeginLedgerWrite("b").has_value());
+  a.ChargeStored("b", 1);
+  EXPECT_EQ(a.EndLedgerWrite("b", true, /*again=*/false), std::nullopt)
+      << "a writer out of rounds stops";
+  EXPECT_EQ(a.BeginLedgerWrite("b"), std::optional<int64_t>(2));
 }
 
 TEST(AdmissionTest, NoPinsAllowedMeansNone) {

@@ -118,6 +118,26 @@ class FakeStore final : public CatalogueStore {
     std::lock_guard<std::mutex> lock(mu);
     entries[key] = value;
   }
+  // The pins ManagePrefix made (the tenant ledgers' left out).
+  std::map<std::string, std::set<std::string>> PrefixPins() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::map<std::string, std::set<std::string>> out;
+    for (const auto& [key, holders] : pinned) {
+      for (const auto& h : holders) {
+        if (h != kTenantLedgerHolder) out[key].insert(h);
+      }
+    }
+    return out;
+  }
+  // The entries other than tenant ledgers.
+  std::map<std::string, std::string> PrefixEntries() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::map<std::string, std::string> out;
+    for (const auto& [key, value] : entries) {
+      if (!DecodeTenantLedger(value).ok()) out.emplace(key, value);
+    }
+    return out;
+  }
   std::mutex mu;
   std::map<std::string, std::string> entries;
   std::map<std::string, std::set<std::string>> pinned;  // key -> its holders
@@ -495,14 +515,14 @@ TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   pb::ManagePrefixResponse mresp;
   ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
   EXPECT_EQ(mresp.entries(), 3) << "the chunk, the variant and the manifest";
-  EXPECT_EQ(store_.pinned.size(), 3u);
+  EXPECT_EQ(store_.PrefixPins().size(), 3u);
   EXPECT_EQ(Manage("b", "salt-b", pin, &mresp).code(), absl::StatusCode::kNotFound);
   pb::ManagePrefixRequest del = pin;
   del.set_action(pb::ManagePrefixRequest::DELETE);
   ASSERT_TRUE(Manage("a", "salt-a", del, &mresp).ok());
   EXPECT_EQ(catalogue_->Tokens(resp.prefix_id(), "salt-a", Later()).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_TRUE(store_.entries.empty());
+  EXPECT_TRUE(store_.PrefixEntries().empty());
   pb::ManagePrefixRequest bad = pin;
   bad.set_action(pb::ManagePrefixRequest::ACTION_UNSPECIFIED);
   EXPECT_EQ(Manage("a", "salt-a", bad, &mresp).code(), absl::StatusCode::kInvalidArgument);
@@ -528,14 +548,14 @@ TEST_F(CatalogueTest, APinCutShortCountsAgainstThePinQuota) {
   pin.set_prefix_id(ids[0]);
   EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
   EXPECT_EQ(mresp.entries(), 3);
-  ASSERT_EQ(store_.pinned.size(), 3u);
-  for (const auto& [key, holders] : store_.pinned) {
+  ASSERT_EQ(store_.PrefixPins().size(), 3u);
+  for (const auto& [key, holders] : store_.PrefixPins()) {
     EXPECT_EQ(holders, std::set<std::string>{PinHolder("a", ids[0])});
   }
   pb::ManagePrefixRequest unpin = pin;
   unpin.set_action(pb::ManagePrefixRequest::UNPIN);
   EXPECT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
-  EXPECT_TRUE(store_.pinned.empty()) << "one unpin releases a pin made by two calls";
+  EXPECT_TRUE(store_.PrefixPins().empty()) << "one unpin releases a pin made by two calls";
 }
 
 // The store keeps the pins, the coordinator only counts them: a restarted
@@ -566,6 +586,68 @@ TEST_F(CatalogueTest, TheRestartedCoordinatorCountsTheTenantsPinsInTheStore) {
   EXPECT_TRUE(Manage("a", "salt-a", pin, &mresp).ok()) << "room again after the unpin";
 }
 
+// The stored-bytes quota holds across a restart: the count is kept in the
+// tenant's ledger in the store (pinned), which a fresh admission controller
+// and catalogue over the same store read before their first check, and a
+// delete after the restart gives its bytes back from that count.
+TEST_F(CatalogueTest, TheRestartedCoordinatorReadsTheTenantsStoredBytesFromItsLedger) {
+  const std::string ledger = kvstore::TenantLedgerKey(TestModel(), "a").Raw();
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 1000});
+  pb::RegisterPrefixResponse resp;
+  ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9}, &resp).ok());
+  ASSERT_EQ(store_.entries.count(ledger), 1u);
+  EXPECT_EQ(DecodeTenantLedger(store_.entries.at(ledger)), absl::StatusOr<int64_t>(400))
+      << "the fake verifier's 100 bytes per token, 4 tokens";
+  EXPECT_EQ(store_.pinned.at(ledger), std::set<std::string>{kTenantLedgerHolder});
+
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 400});  // the restart
+  Plan p = PlanFor({1, 2, 3, 4, 5}, "salt-a");
+  Request r;
+  Init(r, "a");
+  const absl::Status over = Store(p, r);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_EQ(fakes_[0]->ingests.load(), 0);
+  Request other;
+  Init(other, "b");
+  EXPECT_TRUE(Store(p, other).ok()) << "another tenant has its own ledger";
+
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 400});  // and again
+  pb::ManagePrefixRequest del;
+  del.set_prefix_id(resp.prefix_id());
+  del.set_action(pb::ManagePrefixRequest::DELETE);
+  pb::ManagePrefixResponse mresp;
+  ASSERT_TRUE(Manage("a", "salt-a", del, &mresp).ok());
+  EXPECT_EQ(DecodeTenantLedger(store_.entries.at(ledger)), absl::StatusOr<int64_t>(360))
+      << "400 less the deleted chunk's 4 tokens x 10 bytes, not 0";
+  EXPECT_TRUE(Store(p, r).ok()) << "under the limit again";
+}
+
+// A ledger that is not one (bad bytes in the store) is counted from zero
+// and written over, instead of refusing the tenant for ever.
+TEST_F(CatalogueTest, AnUnreadableLedgerIsCountedFromZeroAndWrittenOver) {
+  const std::string ledger = kvstore::TenantLedgerKey(TestModel(), "a").Raw();
+  store_.Store(ledger, "not a ledger");
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 1000});
+  pb::RegisterPrefixResponse resp;
+  ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9}, &resp).ok());
+  EXPECT_EQ(DecodeTenantLedger(store_.entries.at(ledger)), absl::StatusOr<int64_t>(400));
+}
+
+TEST(TenantLedgerTest, ValuesRoundTripAndAnythingElseIsRefused) {
+  for (int64_t v : {int64_t{0}, int64_t{1}, int64_t{1} << 40, INT64_MAX}) {
+    EXPECT_EQ(DecodeTenantLedger(EncodeTenantLedger(v)), absl::StatusOr<int64_t>(v));
+  }
+  const std::string good = EncodeTenantLedger(7);
+  EXPECT_EQ(good.size(), 16u);
+  std::string bad_magic = good, bad_version = good;
+  bad_magic[0] = 'X';
+  bad_version[4] = 2;
+  for (const std::string& bad : {std::string(), good.substr(0, 15), good + "x", bad_magic,
+                                 bad_version, EncodeTenantLedger(-1)}) {
+    EXPECT_EQ(DecodeTenantLedger(bad).status().code(), absl::StatusCode::kDataLoss) << bad.size();
+  }
+}
+
 // Prefixes that share chunks pin them each under their own holder: the
 // shared chunk stays pinned until the last of them is unpinned.
 TEST_F(CatalogueTest, AChunkSharedByTwoPinnedPrefixesStaysPinnedUntilBothAreUnpinned) {
@@ -580,7 +662,7 @@ TEST_F(CatalogueTest, AChunkSharedByTwoPinnedPrefixesStaysPinnedUntilBothAreUnpi
     ASSERT_TRUE(Manage("a", "salt-a", pin, &mresp).ok());
   }
   std::string shared;
-  for (const auto& [key, holders] : store_.pinned) {
+  for (const auto& [key, holders] : store_.PrefixPins()) {
     if (holders.size() == 2) shared = key;
   }
   ASSERT_FALSE(shared.empty()) << "the first chunk is both prefixes'";
@@ -588,11 +670,12 @@ TEST_F(CatalogueTest, AChunkSharedByTwoPinnedPrefixesStaysPinnedUntilBothAreUnpi
   unpin.set_action(pb::ManagePrefixRequest::UNPIN);
   unpin.set_prefix_id(shorter.prefix_id());
   ASSERT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
-  ASSERT_EQ(store_.pinned.count(shared), 1u);
-  EXPECT_EQ(store_.pinned.at(shared), std::set<std::string>{PinHolder("a", longer.prefix_id())});
+  ASSERT_EQ(store_.PrefixPins().count(shared), 1u);
+  EXPECT_EQ(store_.PrefixPins().at(shared),
+            std::set<std::string>{PinHolder("a", longer.prefix_id())});
   unpin.set_prefix_id(longer.prefix_id());
   ASSERT_TRUE(Manage("a", "salt-a", unpin, &mresp).ok());
-  EXPECT_TRUE(store_.pinned.empty());
+  EXPECT_TRUE(store_.PrefixPins().empty());
 }
 
 // Holders are unambiguous whatever the tenant is called.
@@ -622,7 +705,7 @@ TEST_F(CatalogueTest, APinRunsToItsEndWithoutItsCallerButStopsAtShutdown) {
   mresp.Clear();
   EXPECT_EQ(Manage("a", "salt-a", unpin, &mresp, &stopping).code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(mresp.entries(), 0);
-  EXPECT_EQ(store_.pinned.size(), 3u) << "nothing unpinned";
+  EXPECT_EQ(store_.PrefixPins().size(), 3u) << "nothing unpinned";
 }
 
 // Each store call ends by the request's deadline, or rpc_timeout (10 s by
