@@ -1,7 +1,9 @@
 #include "services/common/store_client.h"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
+#include <tuple>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -33,7 +35,9 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
         "Store calls tried again after the store went away under them (UNAVAILABLE), by call.",
         {"call"});
     // In the order of Call.
-    const char* const names[] = {"lookup", "get", "put", "fetch", "pin", "unpin", "pin_holders"};
+    const char* const names[] = {"lookup", "get",   "put",         "fetch",
+                                 "pin",    "unpin", "pin_holders", "delete"};
+    static_assert(std::size(names) == std::tuple_size_v<decltype(client->retry_counters_)>);
     for (size_t i = 0; i < client->retry_counters_.size(); ++i) {
       client->retry_counters_[i] = &retries->Labels({names[i]});
     }
@@ -540,35 +544,10 @@ absl::Status StoreClient::PutOnce(const std::vector<std::pair<std::string, std::
 
 namespace {
 
-// One Delete call's request and answer, alive until its callback has run.
-// The context goes before `done` runs: a caller told the call is over may
-// destroy this client and its channel, and a context destroyed after its
-// channel makes gRPC free a completion queue twice (ASan,
-// store_client_test, most runs).
-struct DeleteCall {
-  std::unique_ptr<grpc::ClientContext> ctx;
-  pb::DeleteRequest req;
-  pb::DeleteResponse resp;
-};
-
-// Starts a Delete of `key` (one attempt); `done` gets its status, named.
-void StartDeleteCall(pb::KvStore::Stub* stub, std::unique_ptr<grpc::ClientContext> ctx,
-                     const std::string& key, StoreClient::ApplyDone done) {
-  auto call = std::make_shared<DeleteCall>();
-  call->ctx = std::move(ctx);
-  call->req.set_key(key);
-  DeleteCall& c = *call;
-  stub->async()->Delete(c.ctx.get(), &c.req, &c.resp,
-                        [call, done = std::move(done)](const grpc::Status& s) {
-                          call->ctx.reset();
-                          done(rpc::FromGrpcStatus(s, "vc-kvstore Delete"));
-                        });
-}
-
-// Starts a Pin or Unpin of `key` for `holder`, tried again as a read (both
-// are idempotent in the store); `done` gets its status and attempts.
+// Starts a Delete, Pin or Unpin of `key` (for `holder`: Pin and Unpin),
+// tried again as a read; `done` gets its status and attempts.
 template <typename Req, typename Resp>
-void StartPinRead(pb::KvStore::Stub* stub, typename AsyncRead<Req, Resp>::Method method,
+void StartKeyRead(pb::KvStore::Stub* stub, typename AsyncRead<Req, Resp>::Method method,
                   const char* name, const StoreRetryOptions& retry,
                   std::chrono::steady_clock::time_point deadline,
                   std::function<std::unique_ptr<grpc::ClientContext>()> context,
@@ -577,7 +556,7 @@ void StartPinRead(pb::KvStore::Stub* stub, typename AsyncRead<Req, Resp>::Method
   auto read = std::make_shared<AsyncRead<Req, Resp>>(stub, method, name, retry, deadline,
                                                      std::move(context));
   read->req.set_key(key);
-  read->req.set_holder(holder);
+  if constexpr (requires(Req & r) { r.set_holder(holder); }) read->req.set_holder(holder);
   read->done = [done = std::move(done)](absl::Status s, int attempts, Resp*) {
     done(std::move(s), attempts);
   };
@@ -586,19 +565,8 @@ void StartPinRead(pb::KvStore::Stub* stub, typename AsyncRead<Req, Resp>::Method
 
 }  // namespace
 
-std::unique_ptr<grpc::ClientContext> StoreClient::KeyActionContext(
-    std::chrono::steady_clock::time_point deadline) const {
-  auto timeout = options_.timeout;
-  if (deadline != std::chrono::steady_clock::time_point{}) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    timeout = std::max(std::chrono::milliseconds(1), std::min(left, options_.timeout));
-  }
-  return rpc::ContextWithTimeout(timeout);
-}
-
 template <typename Req, typename Resp>
-absl::Status StoreClient::PinCall(Call call, const char* name,
+absl::Status StoreClient::KeyCall(Call call, const char* name,
                                   grpc::Status (pb::KvStore::Stub::*method)(grpc::ClientContext*,
                                                                             const Req&, Resp*),
                                   const std::string& key, const std::string& holder,
@@ -606,7 +574,7 @@ absl::Status StoreClient::PinCall(Call call, const char* name,
   deadline = DeadlineOr(deadline);
   Req req;
   req.set_key(key);
-  req.set_holder(holder);
+  if constexpr (requires { req.set_holder(holder); }) req.set_holder(holder);
   return Retry(call, options_.retry, deadline, [&](bool*) {
     Resp resp;
     auto ctx = ReadOnlyContext(deadline);
@@ -617,17 +585,13 @@ absl::Status StoreClient::PinCall(Call call, const char* name,
 absl::Status StoreClient::Apply(KeyAction action, const std::string& key, const std::string& holder,
                                 std::chrono::steady_clock::time_point deadline) {
   switch (action) {
-    case KeyAction::kDelete: {
-      auto ctx = KeyActionContext(deadline);
-      pb::DeleteRequest req;
-      req.set_key(key);
-      pb::DeleteResponse resp;
-      return rpc::FromGrpcStatus(stub_->Delete(ctx.get(), req, &resp), "vc-kvstore Delete");
-    }
+    case KeyAction::kDelete:
+      return KeyCall(Call::kDelete, "vc-kvstore Delete", &pb::KvStore::Stub::Delete, key, holder,
+                     deadline);
     case KeyAction::kPin:
-      return PinCall(Call::kPin, "vc-kvstore Pin", &pb::KvStore::Stub::Pin, key, holder, deadline);
+      return KeyCall(Call::kPin, "vc-kvstore Pin", &pb::KvStore::Stub::Pin, key, holder, deadline);
     case KeyAction::kUnpin:
-      return PinCall(Call::kUnpin, "vc-kvstore Unpin", &pb::KvStore::Stub::Unpin, key, holder,
+      return KeyCall(Call::kUnpin, "vc-kvstore Unpin", &pb::KvStore::Stub::Unpin, key, holder,
                      deadline);
   }
   return absl::InvalidArgumentError("unknown key action");
@@ -636,30 +600,33 @@ absl::Status StoreClient::Apply(KeyAction action, const std::string& key, const 
 void StoreClient::StartApply(KeyAction action, const std::string& key, const std::string& holder,
                              std::chrono::steady_clock::time_point deadline, ApplyDone done) {
   using Async = pb::KvStore::Stub::async_interface;
-  switch (action) {
-    case KeyAction::kDelete:
-      StartDeleteCall(stub_.get(), KeyActionContext(deadline), key, std::move(done));
-      return;
-    case KeyAction::kPin:
-    case KeyAction::kUnpin:
-      break;
-  }
   deadline = DeadlineOr(deadline);
   auto context = [this, deadline] { return ReadOnlyContext(deadline); };
-  const Call call = action == KeyAction::kPin ? Call::kPin : Call::kUnpin;
+  const Call call = action == KeyAction::kPin     ? Call::kPin
+                    : action == KeyAction::kUnpin ? Call::kUnpin
+                                                  : Call::kDelete;
   auto counted = [this, call, done = std::move(done)](absl::Status s, int attempts) {
     CountRetries(call, attempts);
     done(std::move(s));
   };
-  if (action == KeyAction::kPin) {
-    StartPinRead<pb::PinRequest, pb::PinResponse>(stub_.get(), &Async::Pin, "vc-kvstore Pin",
-                                                  options_.retry, deadline, std::move(context), key,
-                                                  holder, std::move(counted));
-  } else {
-    StartPinRead<pb::UnpinRequest, pb::UnpinResponse>(
-        stub_.get(), &Async::Unpin, "vc-kvstore Unpin", options_.retry, deadline,
-        std::move(context), key, holder, std::move(counted));
+  switch (action) {
+    case KeyAction::kDelete:
+      StartKeyRead<pb::DeleteRequest, pb::DeleteResponse>(
+          stub_.get(), &Async::Delete, "vc-kvstore Delete", options_.retry, deadline,
+          std::move(context), key, holder, std::move(counted));
+      return;
+    case KeyAction::kPin:
+      StartKeyRead<pb::PinRequest, pb::PinResponse>(stub_.get(), &Async::Pin, "vc-kvstore Pin",
+                                                    options_.retry, deadline, std::move(context),
+                                                    key, holder, std::move(counted));
+      return;
+    case KeyAction::kUnpin:
+      StartKeyRead<pb::UnpinRequest, pb::UnpinResponse>(
+          stub_.get(), &Async::Unpin, "vc-kvstore Unpin", options_.retry, deadline,
+          std::move(context), key, holder, std::move(counted));
+      return;
   }
+  done(absl::InvalidArgumentError("unknown key action"));
 }
 
 transport::ClientStats StoreClient::data_stats() const {

@@ -226,12 +226,12 @@ class StoreClient {
                      std::chrono::steady_clock::time_point deadline = {});
 
   // Per-key maintenance (control plane): Delete, Pin, Unpin. `holder` names
-  // the pin's holder (Pin, Unpin; Delete ignores it). Pin and Unpin are
-  // idempotent in the store, so they are tried again like reads (options'
-  // retry, within `deadline`, default the options' timeout from now); a
-  // Delete is not (one whose answer was lost answers NotFound when
-  // repeated). Each call's deadline is the options' timeout, cut to
-  // `deadline` if given.
+  // the pin's holder (Pin, Unpin; Delete ignores it). All three are tried
+  // again like reads (options' retry, within `deadline`, default the
+  // options' timeout from now): Pin and Unpin are idempotent in the store,
+  // and a Delete whose first attempt was applied but whose answer was lost
+  // answers NotFound when repeated, which its callers (ManagePrefix, the
+  // put protocol's clean-up) take as deleted.
   enum class KeyAction { kDelete, kPin, kUnpin };
   absl::Status Apply(KeyAction action, const std::string& key, const std::string& holder,
                      std::chrono::steady_clock::time_point deadline = {});
@@ -264,13 +264,9 @@ class StoreClient {
   const std::string& data_address() const { return data_address_; }
 
  private:
-  // A Delete call's context: the options' timeout, cut to `deadline` if
-  // given.
-  std::unique_ptr<grpc::ClientContext> KeyActionContext(
-      std::chrono::steady_clock::time_point deadline) const;
   StoreClient() = default;
   // The calls that are tried again, as the retry counter's `call` label.
-  enum class Call { kLookup, kGet, kPut, kFetch, kPin, kUnpin, kPinHolders };
+  enum class Call { kLookup, kGet, kPut, kFetch, kPin, kUnpin, kPinHolders, kDelete };
   // Deadline `timeout`, cut to `deadline`, waiting for the channel to be
   // ready (idempotent calls).
   std::unique_ptr<grpc::ClientContext> ReadOnlyContext(
@@ -282,10 +278,10 @@ class StoreClient {
   absl::Status Retry(Call call, const StoreRetryOptions& options,
                      std::chrono::steady_clock::time_point deadline,
                      absl::FunctionRef<absl::Status(bool* retryable)> attempt);
-  // A Pin or Unpin (`method`) of `key` for `holder`, tried again as a read:
-  // both are idempotent in the store.
+  // A Delete, Pin or Unpin (`method`) of `key` (for `holder`: Pin and
+  // Unpin), tried again as a read (see Apply).
   template <typename Req, typename Resp>
-  absl::Status PinCall(Call call, const char* name,
+  absl::Status KeyCall(Call call, const char* name,
                        grpc::Status (vericache::v1::KvStore::Stub::*method)(grpc::ClientContext*,
                                                                             const Req&, Resp*),
                        const std::string& key, const std::string& holder,
@@ -301,7 +297,7 @@ class StoreClient {
   std::atomic<int64_t> seal_failures_{0};
   std::atomic<int64_t> retries_{0};
   // Per Call; null without options_.metrics.
-  std::array<metrics::Counter*, 7> retry_counters_{};
+  std::array<metrics::Counter*, 8> retry_counters_{};
 };
 
 }  // namespace vc::daemon

@@ -734,6 +734,38 @@ TEST_F(KvStoreDaemonTest, PinsAreTriedAgainAcrossAStoreKillAndOutliveIt) {
   EXPECT_TRUE(deleted.ok()) << deleted;
 }
 
+// A Delete sent to a store that is killed under it is tried again (the
+// restarted store deletes the entry), on both APIs; one that is repeated
+// after it was applied answers NotFound, which ManagePrefix takes as
+// deleted.
+TEST_F(KvStoreDaemonTest, DeletesAreTriedAgainAcrossAStoreKill) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  const std::unique_ptr<vc::daemon::StoreClient> client = ControlPlaneClient();
+  ASSERT_NE(client, nullptr);
+  using Action = vc::daemon::StoreClient::KeyAction;
+  const std::string sync_key = Key('d'), async_key = Key('e');
+  ASSERT_TRUE(client->PutAll({{sync_key, "one"}, {async_key, "two"}}).ok());
+  ASSERT_TRUE(client->Lookup({sync_key}).ok());  // connected
+  const absl::Status deleted =
+      InFlightAtAStoreKill([&] { return client->Apply(Action::kDelete, sync_key, ""); });
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_GE(client->retries(), 1) << "the kill did land under the delete";
+  ASSERT_TRUE(client->Lookup({sync_key}).ok());  // reconnected
+  const int64_t retries = client->retries();
+  const absl::Status async_deleted = InFlightAtAStoreKill([&] {
+    std::promise<absl::Status> answer;
+    client->StartApply(Action::kDelete, async_key, "", {},
+                       [&answer](absl::Status s) { answer.set_value(std::move(s)); });
+    return answer.get_future().get();
+  });
+  ASSERT_TRUE(async_deleted.ok()) << async_deleted;
+  EXPECT_GE(client->retries(), retries + 1);
+  const absl::StatusOr<std::vector<bool>> hits = client->Lookup({sync_key, async_key});
+  ASSERT_TRUE(hits.ok()) << hits.status();
+  EXPECT_EQ(*hits, (std::vector<bool>{false, false}));
+  EXPECT_TRUE(absl::IsNotFound(client->Apply(Action::kDelete, sync_key, "")));
+}
+
 // A Get of a missing key is answered NotFound after one call: not retried.
 TEST_F(KvStoreDaemonTest, AMissingKeyIsNotTriedAgain) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
