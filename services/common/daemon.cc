@@ -13,10 +13,12 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 
 #include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/stop_signals.h"
 #include "common/metrics/metrics_server.h"
 #include "common/rpc/rpc.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -109,13 +111,7 @@ std::vector<double> SecondsBuckets() {
 }
 
 namespace {
-sigset_t DrainSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  return set;
-}
+constexpr std::initializer_list<int> kDrainSignals = {SIGTERM, SIGINT};
 
 // Little more than async-signal-safe work in the handler (snprintf of
 // integers and strings, which takes no lock): write(2), glibc's backtrace()
@@ -167,10 +163,11 @@ void InstallCrashReporter(const char* argv0) {
 }
 
 void BlockDrainSignals() {
-  const sigset_t set = DrainSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  (void)BlockSignals(kDrainSignals);
   signal(SIGPIPE, SIG_IGN);
 }
+
+int WaitForDrainSignal() { return WaitForSignal(BlockSignals(kDrainSignals)); }
 
 struct Server::Impl {
   ServerOptions options;
@@ -246,13 +243,13 @@ Server::~Server() {
 int Server::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
 int Server::WaitForSignalAndDrain(const std::function<void()>& before_stop) {
-  const sigset_t set = DrainSignals();
+  const sigset_t set = BlockSignals(kDrainSignals);
   const int trim_seconds = impl_->options.heap_trim_seconds;
   int sig = 0;
   while (true) {
     if (trim_seconds <= 0) {
-      if (sigwait(&set, &sig) == 0) break;
-      continue;
+      sig = WaitForSignal(set);
+      break;
     }
     const timespec period{trim_seconds, 0};
     const int got = sigtimedwait(&set, nullptr, &period);

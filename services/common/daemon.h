@@ -56,6 +56,8 @@ absl::Status ValidateServerOptions(const ServerOptions& options);
 // Call first in main(), before any thread starts: blocks SIGTERM/SIGINT in
 // every thread (the daemon waits for them with sigwait) and ignores SIGPIPE.
 void BlockDrainSignals();
+// Waits for SIGTERM or SIGINT (blocked by BlockDrainSignals); returns it.
+int WaitForDrainSignal();
 
 // Call at the top of main(): a crash (SIGSEGV, SIGABRT from a failed
 // assertion, SIGBUS, SIGFPE, SIGILL) prints the signal and the faulting

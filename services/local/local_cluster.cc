@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
+#include "common/base/stop_signals.h"
 #include "common/http/httplib.h"
 #include "common/kvstore/kv_cipher.h"
 #include "common/kvstore/seal.h"
@@ -688,14 +689,9 @@ void LocalCluster::Supervise() {
 }
 
 void StopClustersOnSignal(std::string tool, std::chrono::milliseconds grace) {
-  sigset_t stop;
-  sigemptyset(&stop);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop, sig);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = BlockSignals({SIGTERM, SIGINT, SIGHUP});
   std::thread([stop, tool = std::move(tool), grace] {
-    int sig = 0;
-    while (sigwait(&stop, &sig) != 0) {
-    }
+    const int sig = WaitForSignal(stop);
     ChildRegistry& registry = Registry();
     // Held until the process ends: no cluster forks or reaps a child from
     // here on, so every pid below stays ours.

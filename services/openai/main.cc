@@ -209,13 +209,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%s: serving '%s' over %s (%s chat template) through coordinator %s\n", kName,
                o.served_model_name.c_str(), o.tls_cert.empty() ? "HTTP" : "HTTPS", tmpl ? "with a" : "no",
                coordinator.c_str());
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  int sig = 0;
-  while (sigwait(&stop, &sig) != 0) {
-  }
+  const int sig = vc::daemon::WaitForDrainSignal();
   std::fprintf(stderr, "%s: signal %d, stopping\n", kName, sig);
   (*gateway)->Stop();
   if (metrics) metrics->Stop();

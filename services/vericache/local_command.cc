@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/base/flags.h"
+#include "common/base/stop_signals.h"
 #include "kernels/kernels.h"
 #include "kernels/quantized.h"
 #include "services/local/local_cluster.h"
@@ -136,11 +137,7 @@ int RunLocal(int argc, char** argv) {
   }
 
   // Wait for the stop signals with sigwait; children get a clean mask.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = BlockSignals({SIGTERM, SIGINT});
   signal(SIGPIPE, SIG_IGN);
 
   std::fprintf(stderr, "vericache local: starting the cluster (model %s)...\n", o.model.c_str());
@@ -180,9 +177,7 @@ int RunLocal(int argc, char** argv) {
       return Fail(cmd, absl::InternalError("cannot write " + endpoints_file));
     }
   }
-  int sig = 0;
-  while (sigwait(&stop, &sig) != 0) {
-  }
+  const int sig = WaitForSignal(stop);
   std::fprintf(stderr, "vericache local: signal %d, stopping the cluster\n", sig);
   (*cluster)->Stop();
   return kExitOk;
