@@ -90,9 +90,10 @@ class StoreClientAdapter final : public CatalogueStore {
     store_->StartGet(key, deadline, std::move(done));
   }
   // The store's put (BeginPut, stages, CommitPut, retried as one) is
-  // synchronous; a registration's manifest put runs on these threads, not
-  // on the coordinator's executor. At most as many wait here as
-  // registrations hold admission places.
+  // synchronous; a registration's manifest put and the tenant ledger's
+  // writes run on these threads, not on the coordinator's executor. At most
+  // as many wait here as registrations hold admission places, plus one
+  // ledger write per tenant (AdmissionController::BeginLedgerWrite).
   void StartPut(const std::string& key, const std::string& value, Clock::time_point deadline,
                 PutDone done) override {
     putter_.Post([this, key, value, deadline, done = std::move(done)] {
