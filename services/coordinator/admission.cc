@@ -213,30 +213,88 @@ void AdmissionController::CancelNotifyTurn(Ticket ticket) {
 void AdmissionController::ForgetIfIdle(const std::string& tenant) {
   auto it = tenants_.find(tenant);
   if (it != tenants_.end() && it->second.requests == 0 && it->second.pins.empty() &&
-      it->second.stored_bytes == 0 && !it->second.ledger_writing && !it->second.ledger_behind) {
+      it->second.stored.by_prefix.empty() && it->second.stored.unlisted == 0 &&
+      !it->second.ledger_writing && !it->second.ledger_behind) {
     tenants_.erase(it);
   }
+}
+
+int64_t StoredCharges::total() const {
+  int64_t sum = unlisted;
+  for (const auto& [key, bytes] : by_prefix) sum += bytes;
+  return sum;
 }
 
 absl::Status AdmissionController::CheckStoredBudget(const std::string& tenant) {
   if (options_.max_stored_bytes_per_tenant == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tenants_.find(tenant);
-  if (it != tenants_.end() && it->second.stored_bytes >= options_.max_stored_bytes_per_tenant) {
+  const int64_t stored = it == tenants_.end() ? 0 : it->second.stored.total();
+  if (stored >= options_.max_stored_bytes_per_tenant) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "this tenant has stored ", it->second.stored_bytes, " bytes of KV, the limit is ",
+        "this tenant has stored ", stored, " bytes of KV, the limit is ",
         options_.max_stored_bytes_per_tenant,
         " (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)"));
   }
   return absl::OkStatus();
 }
 
-void AdmissionController::ChargeStored(const std::string& tenant, int64_t bytes) {
+void AdmissionController::ChargeStored(const std::string& tenant, const std::string& prefix_key,
+                                       int64_t bytes) {
+  if (bytes <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Tenant& t = tenants_[tenant];
-  t.stored_bytes = std::max<int64_t>(0, t.stored_bytes + bytes);
-  t.ledger_behind |= bytes != 0;
+  StoredCharges& c = tenants_[tenant].stored;
+  auto it = c.by_prefix.find(prefix_key);
+  if (it != c.by_prefix.end()) {
+    it->second = bytes;
+  } else if (c.by_prefix.size() < kMaxChargedPrefixes) {
+    c.by_prefix.emplace(prefix_key, bytes);
+  } else {
+    c.unlisted += bytes;
+  }
+  tenants_[tenant].ledger_behind = true;
+}
+
+void AdmissionController::GiveBackStored(const std::string& tenant,
+                                         const std::vector<std::string>& prefix_keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) return;
+  for (const std::string& key : prefix_keys) {
+    it->second.ledger_behind |= it->second.stored.by_prefix.erase(key) > 0;
+  }
   ForgetIfIdle(tenant);
+}
+
+void AdmissionController::GiveBackPrefix(const std::string& tenant, const std::string& prefix_key,
+                                         int64_t unlisted_estimate) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) return;
+  StoredCharges& c = it->second.stored;
+  if (c.by_prefix.erase(prefix_key) > 0) {
+    it->second.ledger_behind = true;
+  } else if (c.unlisted > 0 && unlisted_estimate > 0) {
+    c.unlisted = std::max<int64_t>(0, c.unlisted - unlisted_estimate);
+    it->second.ledger_behind = true;
+  }
+  ForgetIfIdle(tenant);
+}
+
+std::vector<std::string> AdmissionController::PrefixesToRecheck(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenants_.find(tenant);
+  std::vector<std::string> keys;
+  if (it == tenants_.end() || it->second.stored.by_prefix.empty()) return keys;
+  const Clock::time_point now = Clock::now();
+  if (it->second.rechecked != Clock::time_point{} &&
+      now - it->second.rechecked < options_.stored_recheck_interval) {
+    return keys;
+  }
+  it->second.rechecked = now;
+  keys.reserve(it->second.stored.by_prefix.size());
+  for (const auto& [key, bytes] : it->second.stored.by_prefix) keys.push_back(key);
+  return keys;
 }
 
 bool AdmissionController::StoredKnown(const std::string& tenant) const {
@@ -245,17 +303,17 @@ bool AdmissionController::StoredKnown(const std::string& tenant) const {
   return it != tenants_.end() && it->second.stored_loaded;
 }
 
-void AdmissionController::LoadStored(const std::string& tenant, int64_t bytes) {
+void AdmissionController::LoadStored(const std::string& tenant, StoredCharges charges) {
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& t = tenants_[tenant];
   if (!t.stored_loaded) {
-    t.stored_bytes = std::max<int64_t>(0, bytes);
+    t.stored = std::move(charges);
     t.stored_loaded = true;
   }
   ForgetIfIdle(tenant);
 }
 
-std::optional<int64_t> AdmissionController::BeginLedgerWrite(const std::string& tenant) {
+std::optional<StoredCharges> AdmissionController::BeginLedgerWrite(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& t = tenants_[tenant];
   if (t.ledger_writing) {
@@ -264,16 +322,16 @@ std::optional<int64_t> AdmissionController::BeginLedgerWrite(const std::string& 
   }
   t.ledger_writing = true;
   t.ledger_behind = false;
-  return t.stored_bytes;
+  return t.stored;
 }
 
-std::optional<int64_t> AdmissionController::EndLedgerWrite(const std::string& tenant, bool written,
-                                                           bool again) {
+std::optional<StoredCharges> AdmissionController::EndLedgerWrite(const std::string& tenant,
+                                                                 bool written, bool again) {
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& t = tenants_[tenant];
   if (written && t.ledger_behind && again) {
     t.ledger_behind = false;
-    return t.stored_bytes;
+    return t.stored;
   }
   t.ledger_behind |= !written;
   t.ledger_writing = false;
@@ -284,7 +342,7 @@ std::optional<int64_t> AdmissionController::EndLedgerWrite(const std::string& te
 int64_t AdmissionController::stored_bytes(const std::string& tenant) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tenants_.find(tenant);
-  return it == tenants_.end() ? 0 : it->second.stored_bytes;
+  return it == tenants_.end() ? 0 : it->second.stored.total();
 }
 
 absl::Status AdmissionController::CheckPin(const std::string& tenant,
@@ -315,7 +373,7 @@ void AdmissionController::LoadPins(const std::string& tenant,
 }
 
 void AdmissionController::NotePrefix(const std::string& tenant, const std::string& prefix_id,
-                                     bool pinned, int64_t freed_bytes) {
+                                     bool pinned) {
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& t = tenants_[tenant];
   if (pinned) {
@@ -323,8 +381,6 @@ void AdmissionController::NotePrefix(const std::string& tenant, const std::strin
   } else {
     t.pins.erase(prefix_id);
   }
-  t.stored_bytes = std::max<int64_t>(0, t.stored_bytes - freed_bytes);
-  t.ledger_behind |= freed_bytes != 0;
   ForgetIfIdle(tenant);
 }
 

@@ -30,6 +30,21 @@ struct AdmissionOptions {
   int max_requests_per_tenant = 128;
   int max_pins_per_tenant = 64;
   int64_t max_stored_bytes_per_tenant = 0;  // 0: no limit
+  // How often a refused tenant's charges are checked against the store at
+  // most (a lookup of up to kMaxChargedPrefixes keys each time).
+  std::chrono::milliseconds stored_recheck_interval{1000};
+};
+
+// A tenant's stored bytes as the coordinator charges them: per prefix (the
+// store key of its last full chunk) for up to kMaxChargedPrefixes prefixes,
+// and the sum of any more (`unlisted`: never rechecked against the store,
+// given back only by deletes' estimates).
+inline constexpr size_t kMaxChargedPrefixes = 1024;
+struct StoredCharges {
+  std::map<std::string, int64_t> by_prefix;
+  int64_t unlisted = 0;
+  int64_t total() const;
+  bool operator==(const StoredCharges&) const = default;
 };
 
 // Where the controller reports (any may be null: unit tests).
@@ -94,32 +109,45 @@ class AdmissionController {
   // Refuses new requests and ends the waits (UNAVAILABLE).
   void Stop();
 
-  // RESOURCE_EXHAUSTED when the tenant's ingests already added
-  // max_stored_bytes_per_tenant (checked before an ingest starts).
+  // RESOURCE_EXHAUSTED when the tenant's charges (StoredCharges) already
+  // reach max_stored_bytes_per_tenant (checked before an ingest starts).
   [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
-  // Charges (or, negative, gives back) bytes of KV to the tenant.
-  void ChargeStored(const std::string& tenant, int64_t bytes);
-  // The stored bytes are kept in the store too (the catalogue's tenant
-  // ledger), since a count in memory alone would restart from zero with the
-  // coordinator. Whether the tenant's count is known to this process: it is
-  // after LoadStored, and until the tenant's bookkeeping is dropped. A
-  // coordinator that starts knows nobody's; the caller reads the ledger
-  // (LoadStored) before it checks or changes the count.
+  // Charges an ingest's bytes of KV to the tenant under `prefix_key` (the
+  // store key of the prefix's last full chunk), replacing the prefix's
+  // earlier charge: a prefix ingested again after the store dropped it is
+  // not counted twice.
+  void ChargeStored(const std::string& tenant, const std::string& prefix_key, int64_t bytes);
+  // Gives back the charges of `prefix_keys` (prefixes the store no longer
+  // holds). GiveBackPrefix: one deleted prefix's; if it has no charge of its
+  // own (charged among the unlisted), `unlisted_estimate` comes off those.
+  void GiveBackStored(const std::string& tenant, const std::vector<std::string>& prefix_keys);
+  void GiveBackPrefix(const std::string& tenant, const std::string& prefix_key,
+                      int64_t unlisted_estimate);
+  // The prefixes the tenant is charged for, to look up in the store when it
+  // is refused (what was evicted or expired is given back); empty unless
+  // stored_recheck_interval has passed since the tenant's last recheck.
+  std::vector<std::string> PrefixesToRecheck(const std::string& tenant);
+  // The charges are kept in the store too (the catalogue's tenant ledger),
+  // since charges in memory alone would restart from zero with the
+  // coordinator. Whether the tenant's charges are known to this process:
+  // they are after LoadStored, and until the tenant's bookkeeping is
+  // dropped. A coordinator that starts knows nobody's; the caller reads the
+  // ledger (LoadStored) before it checks or changes them.
   bool StoredKnown(const std::string& tenant) const;
-  // Sets the tenant's count from its ledger, unless it is known already (a
-  // load that lost a race with another request's would undo its charge).
-  void LoadStored(const std::string& tenant, int64_t bytes);
+  // Sets the tenant's charges from its ledger, unless they are known already
+  // (a load that lost a race with another request's would undo its charge).
+  void LoadStored(const std::string& tenant, StoredCharges charges);
   // One ledger writer per tenant at a time, so that writes land in the
-  // order of the counts. BeginLedgerWrite: the count to write, or nothing
+  // order of the changes. BeginLedgerWrite: the charges to write, or nothing
   // when another write is in flight (its writer writes this change after
-  // it). EndLedgerWrite after a write (`written`: it succeeded): the count to
-  // write next when the write succeeded, the count changed meanwhile and
+  // it). EndLedgerWrite after a write (`written`: it succeeded): the charges
+  // to write next when the write succeeded, they changed meanwhile and
   // `again`; else nothing (the writer is done; a change not written, or a
   // failed write, waits for the next BeginLedgerWrite and keeps the tenant's
   // bookkeeping until then).
-  std::optional<int64_t> BeginLedgerWrite(const std::string& tenant);
-  std::optional<int64_t> EndLedgerWrite(const std::string& tenant, bool written, bool again);
-  // The tenant's count (0 if it has no bookkeeping).
+  std::optional<StoredCharges> BeginLedgerWrite(const std::string& tenant);
+  std::optional<StoredCharges> EndLedgerWrite(const std::string& tenant, bool written, bool again);
+  // The sum of the tenant's charges (0 if it has no bookkeeping).
   int64_t stored_bytes(const std::string& tenant) const;
   // RESOURCE_EXHAUSTED when pinning `prefix_id` would pass max_pins_per_tenant.
   [[nodiscard]] absl::Status CheckPin(const std::string& tenant, const std::string& prefix_id);
@@ -131,9 +159,8 @@ class AdmissionController {
   // Adds the prefixes the store says the tenant pins to its pins.
   void LoadPins(const std::string& tenant, const std::vector<std::string>& prefix_ids);
   // After a pin, unpin or delete of `prefix_id` was applied: `pinned` is
-  // whether it is pinned now; `freed_bytes` what a delete gave back.
-  void NotePrefix(const std::string& tenant, const std::string& prefix_id, bool pinned,
-                  int64_t freed_bytes);
+  // whether it is pinned now.
+  void NotePrefix(const std::string& tenant, const std::string& prefix_id, bool pinned);
 
   const AdmissionOptions& options() const { return options_; }
   int active() const;
@@ -144,13 +171,14 @@ class AdmissionController {
 
  private:
   struct Tenant {
-    int requests = 0;             // running or queued
-    std::set<std::string> pins;   // prefix ids pinned through ManagePrefix
-    bool pins_loaded = false;     // LoadPins was called
-    int64_t stored_bytes = 0;     // what its ingests added (estimate on delete)
-    bool stored_loaded = false;   // LoadStored was called
-    bool ledger_writing = false;  // a BeginLedgerWrite's writer has not ended
-    bool ledger_behind = false;   // the count changed since the last write began
+    int requests = 0;               // running or queued
+    std::set<std::string> pins;     // prefix ids pinned through ManagePrefix
+    bool pins_loaded = false;       // LoadPins was called
+    StoredCharges stored;           // what its ingests added
+    bool stored_loaded = false;     // LoadStored was called
+    bool ledger_writing = false;    // a BeginLedgerWrite's writer has not ended
+    bool ledger_behind = false;     // the charges changed since the last write began
+    Clock::time_point rechecked{};  // the last PrefixesToRecheck that listed any
   };
   // A queued request: its tenant, what to call when its turn comes, and
   // whether it was woken with no `turn` registered (its next NotifyTurn

@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
   flags.Add("--max-pins-per-tenant", &o.max_pins_per_tenant, "N",
             "prefixes one tenant may pin (0-4095; counted from the store's pins)");
   flags.Add("--max-stored-bytes-per-tenant", &o.max_stored_bytes_per_tenant, "N",
-            "KV bytes one tenant's ingests may add, counted in a ledger in the store that "
-            "outlives a restart (0: no limit)");
+            "KV bytes of one tenant's ingests the store may hold (what it evicted is given "
+            "back), charged in a ledger in the store that outlives a restart (0: no limit)");
   int64_t health_check_interval_ms = 1000;
   int64_t health_check_timeout_ms = 2000;
   flags.Add("--health-check-interval-ms", &health_check_interval_ms, "N",

@@ -24,7 +24,9 @@ std::string Hex(const std::string& raw) { return absl::BytesToHexString(raw); }
 
 constexpr char kLedgerMagic[] = "VCLG";
 constexpr uint32_t kLedgerVersion = 1;
-constexpr size_t kLedgerBytes = 16;
+constexpr size_t kLedgerHeaderBytes = 4 + 4 + 8 + 4;
+constexpr size_t kLedgerKeyBytes = 32;
+constexpr size_t kLedgerChargeBytes = kLedgerKeyBytes + 8;
 
 void PutLittleEndian(uint64_t v, int bytes, std::string* out) {
   for (int b = 0; b < bytes; ++b) out->push_back(static_cast<char>((v >> (8 * b)) & 0xff));
@@ -145,27 +147,50 @@ std::string PinHolder(const std::string& tenant, const std::string& prefix_id) {
   return absl::StrCat("prefix:", tenant.size(), ":", tenant, "/", prefix_id);
 }
 
-std::string EncodeTenantLedger(int64_t stored_bytes) {
+std::string EncodeTenantLedger(const StoredCharges& charges) {
   std::string out(kLedgerMagic, 4);
+  out.reserve(kLedgerHeaderBytes + charges.by_prefix.size() * kLedgerChargeBytes);
   PutLittleEndian(kLedgerVersion, 4, &out);
-  PutLittleEndian(static_cast<uint64_t>(stored_bytes), 8, &out);
+  PutLittleEndian(static_cast<uint64_t>(charges.unlisted), 8, &out);
+  PutLittleEndian(charges.by_prefix.size(), 4, &out);
+  for (const auto& [key, bytes] : charges.by_prefix) {
+    out.append(key.substr(0, kLedgerKeyBytes));
+    out.append(kLedgerKeyBytes - std::min(key.size(), kLedgerKeyBytes), '\0');
+    PutLittleEndian(static_cast<uint64_t>(bytes), 8, &out);
+  }
   return out;
 }
 
-absl::StatusOr<int64_t> DecodeTenantLedger(const std::string& value) {
-  if (value.size() != kLedgerBytes || value.compare(0, 4, kLedgerMagic) != 0) {
+absl::StatusOr<StoredCharges> DecodeTenantLedger(const std::string& value) {
+  if (value.size() < kLedgerHeaderBytes || value.compare(0, 4, kLedgerMagic) != 0) {
     return absl::DataLossError(absl::StrCat("not a tenant ledger (", value.size(),
-                                            " bytes; a ledger has ", kLedgerBytes,
-                                            " and starts with ", kLedgerMagic, ")"));
+                                            " bytes; a ledger starts with ", kLedgerMagic, ")"));
   }
   const uint64_t version = GetLittleEndian(value, 4, 4);
   if (version != kLedgerVersion) {
     return absl::DataLossError(absl::StrCat("tenant ledger version ", version,
                                             " (this coordinator reads ", kLedgerVersion, ")"));
   }
-  const int64_t bytes = static_cast<int64_t>(GetLittleEndian(value, 8, 8));
-  if (bytes < 0) return absl::DataLossError(absl::StrCat("tenant ledger of ", bytes, " bytes"));
-  return bytes;
+  StoredCharges charges;
+  charges.unlisted = static_cast<int64_t>(GetLittleEndian(value, 8, 8));
+  const uint64_t count = GetLittleEndian(value, 16, 4);
+  if (charges.unlisted < 0 || count > kMaxChargedPrefixes ||
+      value.size() != kLedgerHeaderBytes + count * kLedgerChargeBytes) {
+    return absl::DataLossError(absl::StrCat("tenant ledger of ", value.size(), " bytes with ",
+                                            count, " charges and ", charges.unlisted,
+                                            " unlisted bytes"));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const size_t at = kLedgerHeaderBytes + i * kLedgerChargeBytes;
+    std::string key = value.substr(at, kLedgerKeyBytes);
+    const int64_t bytes = static_cast<int64_t>(GetLittleEndian(value, at + kLedgerKeyBytes, 8));
+    if (bytes <= 0 || (!charges.by_prefix.empty() && key <= charges.by_prefix.rbegin()->first)) {
+      return absl::DataLossError(absl::StrCat("tenant ledger charge ", i, " of ", count,
+                                              " is out of order or not positive"));
+    }
+    charges.by_prefix.emplace_hint(charges.by_prefix.end(), std::move(key), bytes);
+  }
+  return charges;
 }
 
 // A variant list from a request: bounded text and count, parsed.
@@ -277,11 +302,11 @@ Task<absl::Status> PrefixCatalogue::AwaitTenantStored(const RunnerContext& ctx,
   if (admission_->StoredKnown(tenant)) co_return absl::OkStatus();
   const absl::StatusOr<std::string> ledger =
       co_await AwaitGet(ctx, kvstore::TenantLedgerKey(model_.model_id, tenant).Raw(), deadline);
-  int64_t bytes = 0;
+  StoredCharges charges;
   if (ledger.ok()) {
-    const absl::StatusOr<int64_t> decoded = DecodeTenantLedger(*ledger);
+    absl::StatusOr<StoredCharges> decoded = DecodeTenantLedger(*ledger);
     if (decoded.ok()) {
-      bytes = *decoded;
+      charges = std::move(*decoded);
     } else {
       // No tenant name in a log line (docs/security.md).
       std::fprintf(stderr, "vc-coordinator: a tenant ledger is unreadable, counted from 0: %s\n",
@@ -290,8 +315,29 @@ Task<absl::Status> PrefixCatalogue::AwaitTenantStored(const RunnerContext& ctx,
   } else if (ledger.status().code() != absl::StatusCode::kNotFound) {
     co_return WithCallName(ledger.status(), "store Get of the tenant ledger");
   }
-  admission_->LoadStored(tenant, bytes);
+  admission_->LoadStored(tenant, std::move(charges));
   co_return absl::OkStatus();
+}
+
+Task<absl::Status> PrefixCatalogue::AwaitStoredBudget(const RunnerContext& ctx,
+                                                      const std::string& tenant,
+                                                      Clock::time_point deadline) {
+  const absl::Status known = co_await AwaitTenantStored(ctx, tenant, deadline);
+  VC_CO_RETURN_IF_ERROR(known);
+  const absl::Status budget = admission_->CheckStoredBudget(tenant);
+  if (budget.code() != absl::StatusCode::kResourceExhausted) co_return budget;
+  const std::vector<std::string> charged = admission_->PrefixesToRecheck(tenant);
+  if (charged.empty()) co_return budget;
+  const absl::StatusOr<std::vector<bool>> hits = co_await AwaitLookup(ctx, charged, deadline);
+  if (!hits.ok() || hits->size() != charged.size()) co_return budget;
+  std::vector<std::string> gone;
+  for (size_t i = 0; i < charged.size(); ++i) {
+    if (!(*hits)[i]) gone.push_back(charged[i]);
+  }
+  if (gone.empty()) co_return budget;
+  admission_->GiveBackStored(tenant, gone);
+  (void)co_await AwaitLedgerWrite(ctx, tenant, deadline);
+  co_return admission_->CheckStoredBudget(tenant);
 }
 
 Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,
@@ -302,9 +348,9 @@ Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,
   constexpr int kMaxRounds = 4;
   const std::string key = kvstore::TenantLedgerKey(model_.model_id, tenant).Raw();
   absl::Status status;
-  std::optional<int64_t> bytes = admission_->BeginLedgerWrite(tenant);
-  for (int round = 1; bytes.has_value(); ++round) {
-    status = co_await AwaitPut(ctx, key, EncodeTenantLedger(*bytes), deadline);
+  std::optional<StoredCharges> charges = admission_->BeginLedgerWrite(tenant);
+  for (int round = 1; charges.has_value(); ++round) {
+    status = co_await AwaitPut(ctx, key, EncodeTenantLedger(*charges), deadline);
     if (status.ok()) {
       status = co_await AwaitApply(ctx, CatalogueStore::Action::kPin, key, kTenantLedgerHolder,
                                    deadline);
@@ -313,7 +359,7 @@ Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,
       std::fprintf(stderr, "vc-coordinator: a tenant ledger was not written: %s\n",
                    status.ToString().c_str());
     }
-    bytes = admission_->EndLedgerWrite(tenant, status.ok(), round < kMaxRounds);
+    charges = admission_->EndLedgerWrite(tenant, status.ok(), round < kMaxRounds);
   }
   co_return status;
 }
@@ -431,9 +477,8 @@ Task<absl::Status> PrefixCatalogue::EnsureStored(const RunnerContext& ctx, Plan&
 
 Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan, Request& r,
                                            Worker** ingest_on) {
-  const absl::Status known = co_await AwaitTenantStored(ctx, r.tenant, StoreDeadline(r.deadline));
-  VC_CO_RETURN_IF_ERROR(known);
-  VC_CO_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
+  const absl::Status budget = co_await AwaitStoredBudget(ctx, r.tenant, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(budget);
   // Ingest on the verifier this prefix is placed on.
   VC_CO_ASSIGN_OR_RETURN(*ingest_on, hooks_.place_verifier(plan.prefix_key));
   Worker& v = **ingest_on;
@@ -461,7 +506,7 @@ Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan,
   const absl::Status s = co_await AwaitCall(ctx, *v.verifier, &VerifierClient::StartIngest,
                                             IngestCallOptions(r), req, &resp);
   if (!s.ok()) co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
-  admission_->ChargeStored(r.tenant, resp.bytes());
+  admission_->ChargeStored(r.tenant, plan.chunk_keys.back(), resp.bytes());
   (void)co_await AwaitLedgerWrite(ctx, r.tenant, StoreDeadline(r.deadline));
   bool has_variant = false;
   for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
@@ -546,9 +591,8 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
   }
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
-  const absl::Status known = co_await AwaitTenantStored(ctx, r.tenant, StoreDeadline(r.deadline));
-  VC_CO_RETURN_IF_ERROR(known);
-  VC_CO_RETURN_IF_ERROR(admission_->CheckStoredBudget(r.tenant));
+  const absl::Status budget = co_await AwaitStoredBudget(ctx, r.tenant, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(budget);
   const absl::Status admitted = co_await AwaitAdmission(r);
   VC_CO_RETURN_IF_ERROR(admitted);
   absl::StatusOr<Worker*> placed = hooks_.place_verifier(keys.back().Hex());
@@ -573,7 +617,7 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
                          [](bool) {});
     co_return s;
   }
-  admission_->ChargeStored(r.tenant, iresp.bytes());
+  admission_->ChargeStored(r.tenant, keys.back().Raw(), iresp.bytes());
   (void)co_await AwaitLedgerWrite(ctx, r.tenant, StoreDeadline(r.deadline));
   *resp->mutable_variants() = iresp.variants();
   // The manifest last (a registered id always names a stored prefix), and
@@ -671,16 +715,17 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
   }
   // Cut short, the quotas stay on the safe side: a prefix counts as pinned
   // once any of its keys is (else a caller could pin keys past its quota by
-  // going away mid-call), and an unpin or delete gives nothing back. On
-  // delete, the full chunks' size; the variants' is not known here (an
-  // estimate on the low side: the budget errs towards refusing).
+  // going away mid-call), and an unpin or delete gives nothing back. A
+  // delete gives back the prefix's charge (what its ingest stored), or for a
+  // prefix charged among the unlisted, its full chunks' size (the variants'
+  // is not known here: an estimate on the low side, erring towards refusing).
   const bool pin = action == CatalogueStore::Action::kPin;
-  const bool freed = status.ok() && action == CatalogueStore::Action::kDelete;
-  if (status.ok() || (pin && applied > 0)) {
-    admission_->NotePrefix(tenant, req.prefix_id(), pin,
-                           freed ? int64_t{whole} * model_.kv_bytes_per_token : 0);
+  if (status.ok() || (pin && applied > 0)) admission_->NotePrefix(tenant, req.prefix_id(), pin);
+  if (status.ok() && action == CatalogueStore::Action::kDelete && !chunks.empty()) {
+    admission_->GiveBackPrefix(tenant, chunks.back().Raw(),
+                               int64_t{whole} * model_.kv_bytes_per_token);
+    (void)co_await AwaitLedgerWrite(ctx, tenant, StoreDeadline(deadline));
   }
-  if (freed) (void)co_await AwaitLedgerWrite(ctx, tenant, StoreDeadline(deadline));
   resp->set_entries(applied);
   co_return status;
 }

@@ -50,15 +50,17 @@ absl::StatusOr<std::vector<ingest::VariantSpec>> RequestVariants(const std::stri
 // PinHolder(tenant, "") starts the names of all of the tenant's holders.
 std::string PinHolder(const std::string& tenant, const std::string& prefix_id);
 
-// The tenant ledger (kvstore::TenantLedgerKey): the bytes of KV a tenant's
-// ingests stored, as the admission controller counts them, kept in the store
-// so that --max-stored-bytes-per-tenant survives a coordinator restart. Its
-// value is "VCLG", u32 version 1 and the count as an i64, little-endian (16
-// bytes); Decode answers DATA_LOSS for anything else, a negative count
-// included. The entry is pinned by kTenantLedgerHolder, so that neither the
-// store's byte budget nor its TTL drops it.
-std::string EncodeTenantLedger(int64_t stored_bytes);
-absl::StatusOr<int64_t> DecodeTenantLedger(const std::string& value);
+// The tenant ledger (kvstore::TenantLedgerKey): a tenant's StoredCharges,
+// kept in the store so that --max-stored-bytes-per-tenant survives a
+// coordinator restart. Its value, little-endian: "VCLG", u32 version 1, i64
+// unlisted bytes, u32 count (at most kMaxChargedPrefixes), then per charged
+// prefix its 32-byte key and i64 bytes, in key order. Decode answers
+// DATA_LOSS for anything else (a wrong length, a count past the bound, a
+// negative or zero charge, keys out of order). The entry is pinned by
+// kTenantLedgerHolder, so that neither the store's byte budget nor its TTL
+// drops it.
+std::string EncodeTenantLedger(const StoredCharges& charges);
+absl::StatusOr<StoredCharges> DecodeTenantLedger(const std::string& value);
 inline constexpr char kTenantLedgerHolder[] = "tenant-ledger";
 
 // The store calls the catalogue makes. Each ends by `deadline` (retries
@@ -217,16 +219,22 @@ class PrefixCatalogue {
   // controller unless it knows them (a coordinator that restarted does not).
   Task<absl::Status> AwaitTenantPins(const RunnerContext& ctx, const std::string& tenant,
                                      Clock::time_point deadline);
-  // The tenant's stored bytes from its ledger, loaded into the admission
+  // The tenant's charges from its ledger, loaded into the admission
   // controller unless it knows them (a coordinator that restarted does not;
   // a tenant without a ledger has stored nothing, and an unreadable one is
-  // reported and counted from zero). Before any check or change of the count.
+  // reported and counted from zero). Before any check or change of them.
   Task<absl::Status> AwaitTenantStored(const RunnerContext& ctx, const std::string& tenant,
                                        Clock::time_point deadline);
-  // Writes the tenant's count to its ledger (and pins it), unless another of
-  // the tenant's requests is writing it, which then writes this change too.
-  // A failed write is reported and left to the tenant's next change: the
-  // request that made the change goes on (its count in memory holds).
+  // The tenant's stored-bytes budget before an ingest: its charges loaded,
+  // and when they reach the limit, the charged prefixes looked up in the
+  // store and those it no longer holds (evicted, expired) given back before
+  // the check is made again (at most once per stored_recheck_interval).
+  Task<absl::Status> AwaitStoredBudget(const RunnerContext& ctx, const std::string& tenant,
+                                       Clock::time_point deadline);
+  // Writes the tenant's charges to its ledger (and pins it), unless another
+  // of the tenant's requests is writing it, which then writes this change
+  // too. A failed write is reported and left to the tenant's next change:
+  // the request that made the change goes on (its charges in memory hold).
   Task<absl::Status> AwaitLedgerWrite(const RunnerContext& ctx, const std::string& tenant,
                                       Clock::time_point deadline);
   Task<absl::Status> AwaitApply(const RunnerContext& ctx, CatalogueStore::Action action,

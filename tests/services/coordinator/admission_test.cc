@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace vc::coordinator {
@@ -279,7 +280,7 @@ TEST(AdmissionTest, ATenantAtItsRequestLimitIsRefusedOthersAreNot) {
 TEST(AdmissionTest, PinsAndStoredBytesAreCountedPerTenant) {
   AdmissionController a({.max_pins_per_tenant = 1, .max_stored_bytes_per_tenant = 100});
   EXPECT_TRUE(a.CheckPin("a", "p1").ok());
-  a.NotePrefix("a", "p1", /*pinned=*/true, 0);
+  a.NotePrefix("a", "p1", /*pinned=*/true);
   EXPECT_TRUE(a.CheckPin("a", "p1").ok()) << "pinning again is no new pin";
   const absl::Status s = a.CheckPin("a", "p2");
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
@@ -288,33 +289,60 @@ TEST(AdmissionTest, PinsAndStoredBytesAreCountedPerTenant) {
             "one first");
   EXPECT_TRUE(a.CheckPin("b", "p2").ok());
   EXPECT_TRUE(a.CheckStoredBudget("a").ok());
-  a.ChargeStored("a", 150);
-  EXPECT_EQ(a.CheckStoredBudget("a").code(), absl::StatusCode::kResourceExhausted);
+  a.ChargeStored("a", "k1", 150);
+  const absl::Status over = a.CheckStoredBudget("a");
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.message(),
+            "this tenant has stored 150 bytes of KV, the limit is 100 "
+            "(--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)");
   EXPECT_TRUE(a.CheckStoredBudget("b").ok());
-  a.NotePrefix("a", "p1", /*pinned=*/false, /*freed_bytes=*/100);
-  EXPECT_TRUE(a.CheckStoredBudget("a").ok());
+  a.NotePrefix("a", "p1", /*pinned=*/false);
   EXPECT_TRUE(a.CheckPin("a", "p2").ok());
-  a.ChargeStored("a", -1000);  // never below zero
+  a.ChargeStored("a", "k1", 60);  // the same prefix ingested again: replaced
+  EXPECT_EQ(a.stored_bytes("a"), 60);
+  EXPECT_TRUE(a.CheckStoredBudget("a").ok());
+  a.GiveBackPrefix("a", "k1", 1000);
   EXPECT_EQ(a.stored_bytes("a"), 0);
-  EXPECT_EQ(a.tenants(), 1u) << "kept until its ledger has the count";
-  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(0));
+  EXPECT_EQ(a.tenants(), 1u) << "kept until its ledger has the charges";
+  ASSERT_TRUE(a.BeginLedgerWrite("a").has_value());
   EXPECT_EQ(a.EndLedgerWrite("a", /*written=*/true, /*again=*/true), std::nullopt);
   EXPECT_EQ(a.tenants(), 0u) << "a tenant holding nothing is forgotten";
 }
 
-// A restarted coordinator loads a tenant's count from its ledger once; a
+// Charges per prefix up to kMaxChargedPrefixes, the rest unlisted; a delete
+// of an unlisted prefix gives back its estimate from the unlisted sum, and
+// a recheck lists the charged prefixes at most once per interval.
+TEST(AdmissionTest, ChargesArePerPrefixUpToTheBoundAndRecheckedAtMostOncePerInterval) {
+  AdmissionController a({.stored_recheck_interval = std::chrono::hours(1)});
+  for (size_t i = 0; i < kMaxChargedPrefixes + 2; ++i)
+    a.ChargeStored("a", absl::StrCat("k", i), 10);
+  EXPECT_EQ(a.stored_bytes("a"), int64_t{10} * static_cast<int64_t>(kMaxChargedPrefixes + 2));
+  const std::vector<std::string> listed = a.PrefixesToRecheck("a");
+  EXPECT_EQ(listed.size(), kMaxChargedPrefixes);
+  EXPECT_TRUE(a.PrefixesToRecheck("a").empty()) << "not again within the interval";
+  a.GiveBackStored("a", {listed[0], listed[1], "not charged"});
+  EXPECT_EQ(a.stored_bytes("a"), int64_t{10} * static_cast<int64_t>(kMaxChargedPrefixes));
+  a.GiveBackPrefix("a", "unlisted one", 15);  // 20 unlisted, minus its estimate
+  EXPECT_EQ(a.stored_bytes("a"), int64_t{10} * static_cast<int64_t>(kMaxChargedPrefixes) - 15);
+  a.GiveBackPrefix("a", "another", 15);  // never below zero
+  EXPECT_EQ(a.stored_bytes("a"), int64_t{10} * static_cast<int64_t>(kMaxChargedPrefixes - 2));
+  a.ChargeStored("a", "k0", 0);  // nothing to charge
+  EXPECT_EQ(a.stored_bytes("a"), int64_t{10} * static_cast<int64_t>(kMaxChargedPrefixes - 2));
+}
+
+// A restarted coordinator loads a tenant's charges from its ledger once; a
 // load that comes after another request's load and charge changes nothing.
-TEST(AdmissionTest, AStoredCountIsLoadedOnceAndThenOnlyCharged) {
+TEST(AdmissionTest, StoredChargesAreLoadedOnceAndThenOnlyChanged) {
   AdmissionController a({.max_stored_bytes_per_tenant = 100});
   EXPECT_FALSE(a.StoredKnown("a"));
-  a.LoadStored("a", 120);
+  a.LoadStored("a", StoredCharges{.by_prefix = {{"k1", 100}}, .unlisted = 20});
   EXPECT_TRUE(a.StoredKnown("a"));
   EXPECT_EQ(a.CheckStoredBudget("a").code(), absl::StatusCode::kResourceExhausted);
-  a.ChargeStored("a", 30);
-  a.LoadStored("a", 0);  // a late load: ignored
+  a.ChargeStored("a", "k2", 30);
+  a.LoadStored("a", StoredCharges{});  // a late load: ignored
   EXPECT_EQ(a.stored_bytes("a"), 150);
   EXPECT_FALSE(a.StoredKnown("b"));
-  a.LoadStored("b", 0);
+  a.LoadStored("b", StoredCharges{});
   EXPECT_EQ(a.tenants(), 1u) << "a tenant whose ledger says nothing is forgotten";
   EXPECT_FALSE(a.StoredKnown("b"));
 }
@@ -322,33 +350,39 @@ TEST(AdmissionTest, AStoredCountIsLoadedOnceAndThenOnlyCharged) {
 // One ledger writer per tenant; changes made while it writes are written
 // by it after its write, a failed write is left to the next writer, and a
 // tenant with a write outstanding keeps its bookkeeping.
-TEST(AdmissionTest, LedgerWritesAreOneAtATimeAndEndWithTheLatestCount) {
+TEST(AdmissionTest, LedgerWritesAreOneAtATimeAndEndWithTheLatestCharges) {
   AdmissionController a({});
-  a.LoadStored("a", 0);
-  a.ChargeStored("a", 10);
-  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(10));
-  a.ChargeStored("a", 5);
+  a.LoadStored("a", StoredCharges{});
+  a.ChargeStored("a", "k1", 10);
+  const auto first = a.BeginLedgerWrite("a");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->total(), 10);
+  a.ChargeStored("a", "k2", 5);
   EXPECT_EQ(a.BeginLedgerWrite("a"), std::nullopt) << "one writer at a time";
-  a.ChargeStored("a", 7);
-  EXPECT_EQ(a.EndLedgerWrite("a", /*written=*/true, /*again=*/true), std::optional<int64_t>(22))
-      << "the writer writes the latest count next";
+  a.ChargeStored("a", "k3", 7);
+  const auto next = a.EndLedgerWrite("a", /*written=*/true, /*again=*/true);
+  ASSERT_TRUE(next.has_value()) << "the writer writes the latest charges next";
+  EXPECT_EQ(next->total(), 22);
   EXPECT_EQ(a.EndLedgerWrite("a", true, true), std::nullopt) << "nothing changed since";
 
-  a.NotePrefix("a", "p", false, /*freed_bytes=*/22);
-  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(0));
+  a.GiveBackStored("a", {"k1", "k2", "k3"});
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<StoredCharges>(StoredCharges{}));
   EXPECT_EQ(a.EndLedgerWrite("a", /*written=*/false, true), std::nullopt)
       << "a failed write is not tried again by its writer";
-  EXPECT_EQ(a.tenants(), 1u) << "its count is still to be written";
-  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<int64_t>(0)) << "the next writer writes it";
+  EXPECT_EQ(a.tenants(), 1u) << "its charges are still to be written";
+  EXPECT_EQ(a.BeginLedgerWrite("a"), std::optional<StoredCharges>(StoredCharges{}))
+      << "the next writer writes them";
   EXPECT_EQ(a.EndLedgerWrite("a", true, true), std::nullopt);
   EXPECT_EQ(a.tenants(), 0u) << "written and holding nothing: forgotten";
 
-  a.ChargeStored("b", 1);
+  a.ChargeStored("b", "k", 1);
   ASSERT_TRUE(a.BeginLedgerWrite("b").has_value());
-  a.ChargeStored("b", 1);
+  a.ChargeStored("b", "k", 2);
   EXPECT_EQ(a.EndLedgerWrite("b", true, /*again=*/false), std::nullopt)
       << "a writer out of rounds stops";
-  EXPECT_EQ(a.BeginLedgerWrite("b"), std::optional<int64_t>(2));
+  const auto later = a.BeginLedgerWrite("b");
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->total(), 2);
 }
 
 TEST(AdmissionTest, NoPinsAllowedMeansNone) {

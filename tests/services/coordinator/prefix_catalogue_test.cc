@@ -113,6 +113,12 @@ class FakeStore final : public CatalogueStore {
   }
   // Applies that succeed before every later one fails (negative: none fails).
   int applies_before_failing = -1;
+  // An entry the store dropped (evicted, expired), with its pins.
+  void Drop(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu);
+    entries.erase(key);
+    pinned.erase(key);
+  }
   // What a verifier's ingest writes (not a catalogue call).
   void Store(const std::string& key, const std::string& value) {
     std::lock_guard<std::mutex> lock(mu);
@@ -301,6 +307,15 @@ class CatalogueTest : public ::testing::Test {
     Request& r = call != nullptr ? *call : own;
     Init(r, tenant);
     return BlockOn(catalogue_->Manage(ctx_, salt, req, r, resp));
+  }
+
+  // The total of the tenant ledger under `key` (-1: none or unreadable).
+  int64_t LedgerTotal(const std::string& key) {
+    std::lock_guard<std::mutex> lock(store_.mu);
+    auto it = store_.entries.find(key);
+    if (it == store_.entries.end()) return -1;
+    const absl::StatusOr<StoredCharges> charges = DecodeTenantLedger(it->second);
+    return charges.ok() ? charges->total() : -1;
   }
 
   // EnsureStored, waited for on this thread.
@@ -596,8 +611,7 @@ TEST_F(CatalogueTest, TheRestartedCoordinatorReadsTheTenantsStoredBytesFromItsLe
   pb::RegisterPrefixResponse resp;
   ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9}, &resp).ok());
   ASSERT_EQ(store_.entries.count(ledger), 1u);
-  EXPECT_EQ(DecodeTenantLedger(store_.entries.at(ledger)), absl::StatusOr<int64_t>(400))
-      << "the fake verifier's 100 bytes per token, 4 tokens";
+  EXPECT_EQ(LedgerTotal(ledger), 400) << "the fake verifier's 100 bytes per token, 4 tokens";
   EXPECT_EQ(store_.pinned.at(ledger), std::set<std::string>{kTenantLedgerHolder});
 
   Make(AdmissionOptions{.max_stored_bytes_per_tenant = 400});  // the restart
@@ -617,9 +631,10 @@ TEST_F(CatalogueTest, TheRestartedCoordinatorReadsTheTenantsStoredBytesFromItsLe
   del.set_action(pb::ManagePrefixRequest::DELETE);
   pb::ManagePrefixResponse mresp;
   ASSERT_TRUE(Manage("a", "salt-a", del, &mresp).ok());
-  EXPECT_EQ(DecodeTenantLedger(store_.entries.at(ledger)), absl::StatusOr<int64_t>(360))
-      << "400 less the deleted chunk's 4 tokens x 10 bytes, not 0";
-  EXPECT_TRUE(Store(p, r).ok()) << "under the limit again";
+  EXPECT_EQ(LedgerTotal(ledger), 0) << "the deleted prefix's charge given back";
+  Plan again = PlanFor({2, 3, 4, 5, 6}, "salt-a");
+  EXPECT_TRUE(Store(again, r).ok()) << "under the limit again";
+  EXPECT_EQ(LedgerTotal(ledger), 400);
 }
 
 // A ledger that is not one (bad bytes in the store) is counted from zero
@@ -630,20 +645,71 @@ TEST_F(CatalogueTest, AnUnreadableLedgerIsCountedFromZeroAndWrittenOver) {
   Make(AdmissionOptions{.max_stored_bytes_per_tenant = 1000});
   pb::RegisterPrefixResponse resp;
   ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9}, &resp).ok());
-  EXPECT_EQ(DecodeTenantLedger(store_.entries.at(ledger)), absl::StatusOr<int64_t>(400));
+  EXPECT_EQ(LedgerTotal(ledger), 400);
+}
+
+// The budget counts what the store still holds: a tenant refused at its
+// limit has its charged prefixes looked up, and those the store dropped
+// (evicted, expired) are given back before the check is made again. A
+// prefix ingested again is charged once.
+TEST_F(CatalogueTest, PrefixesTheStoreDroppedAreGivenBackWhenTheTenantIsAtItsLimit) {
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 400,
+                        .stored_recheck_interval = std::chrono::milliseconds(0)});
+  const std::string ledger = kvstore::TenantLedgerKey(TestModel(), "a").Raw();
+  Plan p = PlanFor({1, 2, 3, 4, 5});
+  Request r;
+  Init(r, "a");
+  ASSERT_TRUE(Store(p, r).ok());
+  EXPECT_EQ(LedgerTotal(ledger), 400);
+  Plan q = PlanFor({9, 9, 9, 9, 9});
+  EXPECT_EQ(Store(q, r).code(), absl::StatusCode::kResourceExhausted) << "p is still stored";
+  store_.Drop(p.chunk_keys.back());  // evicted
+  ASSERT_TRUE(Store(q, r).ok()) << "p's charge given back";
+  EXPECT_EQ(LedgerTotal(ledger), 400) << "q's alone";
+
+  // Far from the limit (no recheck), an evicted prefix ingested again
+  // replaces its charge.
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 10000});
+  const std::string c_ledger = kvstore::TenantLedgerKey(TestModel(), "c").Raw();
+  Plan t = PlanFor({7, 7, 7, 7, 7}, "salt-c");
+  Request c;
+  Init(c, "c");
+  ASSERT_TRUE(Store(t, c).ok());
+  store_.Drop(t.chunk_keys.back());
+  ASSERT_TRUE(Store(t, c).ok());
+  EXPECT_EQ(fakes_[0]->ingests.load(), 2) << "ingested again";
+  EXPECT_EQ(LedgerTotal(c_ledger), 400) << "charged once, not twice";
 }
 
 TEST(TenantLedgerTest, ValuesRoundTripAndAnythingElseIsRefused) {
-  for (int64_t v : {int64_t{0}, int64_t{1}, int64_t{1} << 40, INT64_MAX}) {
-    EXPECT_EQ(DecodeTenantLedger(EncodeTenantLedger(v)), absl::StatusOr<int64_t>(v));
+  StoredCharges full;
+  for (size_t i = 0; i < kMaxChargedPrefixes; ++i) {
+    std::string key(32, '\0');
+    key[0] = static_cast<char>(i >> 8);
+    key[1] = static_cast<char>(i & 0xff);
+    full.by_prefix.emplace(key, static_cast<int64_t>(i) + 1);
   }
-  const std::string good = EncodeTenantLedger(7);
-  EXPECT_EQ(good.size(), 16u);
-  std::string bad_magic = good, bad_version = good;
+  full.unlisted = INT64_MAX;
+  for (const StoredCharges& c :
+       {StoredCharges{}, StoredCharges{.by_prefix = {{std::string(32, 'k'), 7}}}, full}) {
+    EXPECT_EQ(DecodeTenantLedger(EncodeTenantLedger(c)), absl::StatusOr<StoredCharges>(c));
+  }
+  const std::string one = EncodeTenantLedger({.by_prefix = {{std::string(32, 'k'), 7}}});
+  EXPECT_EQ(one.size(), 20u + 40u);
+  std::string bad_magic = one, bad_version = one, bad_count = one, zero_charge = one;
   bad_magic[0] = 'X';
   bad_version[4] = 2;
-  for (const std::string& bad : {std::string(), good.substr(0, 15), good + "x", bad_magic,
-                                 bad_version, EncodeTenantLedger(-1)}) {
+  bad_count[16] = 2;  // two charges announced, one present
+  for (int b = 52; b < 60; ++b) zero_charge[b] = 0;
+  StoredCharges two{.by_prefix = {{std::string(32, 'a'), 1}, {std::string(32, 'b'), 1}}};
+  std::string swapped = EncodeTenantLedger(two);  // keys out of order
+  std::swap_ranges(swapped.begin() + 20, swapped.begin() + 60, swapped.begin() + 60);
+  std::string too_many = EncodeTenantLedger(full);
+  too_many[16] = 1;  // 1025 announced
+  too_many[17] = 4;
+  for (const std::string& bad :
+       {std::string(), one.substr(0, 19), one + "x", bad_magic, bad_version, bad_count, zero_charge,
+        swapped, too_many, EncodeTenantLedger({.unlisted = -1})}) {
     EXPECT_EQ(DecodeTenantLedger(bad).status().code(), absl::StatusCode::kDataLoss) << bad.size();
   }
 }
