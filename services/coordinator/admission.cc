@@ -1,6 +1,7 @@
 #include "services/coordinator/admission.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -219,9 +220,18 @@ void AdmissionController::ForgetIfIdle(const std::string& tenant) {
   }
 }
 
+namespace {
+// a + b for non-negative byte counts, at most INT64_MAX: a ledger read from
+// the store may hold any values, and an overflow would be undefined.
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+}
+}  // namespace
+
 int64_t StoredCharges::total() const {
   int64_t sum = unlisted;
-  for (const auto& [key, bytes] : by_prefix) sum += bytes;
+  for (const auto& [key, bytes] : by_prefix) sum = SaturatingAdd(sum, bytes);
   return sum;
 }
 
@@ -250,7 +260,7 @@ void AdmissionController::ChargeStored(const std::string& tenant, const std::str
   } else if (c.by_prefix.size() < kMaxChargedPrefixes) {
     c.by_prefix.emplace(prefix_key, bytes);
   } else {
-    c.unlisted += bytes;
+    c.unlisted = SaturatingAdd(c.unlisted, bytes);
   }
   tenants_[tenant].ledger_behind = true;
 }

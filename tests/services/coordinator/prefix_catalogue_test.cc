@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -694,6 +695,7 @@ TEST(TenantLedgerTest, ValuesRoundTripAndAnythingElseIsRefused) {
        {StoredCharges{}, StoredCharges{.by_prefix = {{std::string(32, 'k'), 7}}}, full}) {
     EXPECT_EQ(DecodeTenantLedger(EncodeTenantLedger(c)), absl::StatusOr<StoredCharges>(c));
   }
+  EXPECT_EQ(full.total(), INT64_MAX) << "a sum past int64 saturates";
   const std::string one = EncodeTenantLedger({.by_prefix = {{std::string(32, 'k'), 7}}});
   EXPECT_EQ(one.size(), 20u + 40u);
   std::string bad_magic = one, bad_version = one, bad_count = one, zero_charge = one;
