@@ -343,7 +343,7 @@ Task<absl::Status> PrefixCatalogue::AwaitStoredBudget(const RunnerContext& ctx,
 Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,
                                                      const std::string& tenant,
                                                      Clock::time_point deadline) {
-  // A few rounds at most: a tenant whose requests keep changing the count
+  // A few rounds at most: a tenant whose requests keep changing its charges
   // must not keep one of them writing for ever (the next change writes).
   constexpr int kMaxRounds = 4;
   const std::string key = kvstore::TenantLedgerKey(model_.model_id, tenant).Raw();
@@ -662,8 +662,8 @@ Task<absl::Status> PrefixCatalogue::Manage(const RunnerContext& ctx, std::string
     VC_CO_RETURN_IF_ERROR(admission_->CheckPin(tenant, req.prefix_id()));
   }
   if (action == CatalogueStore::Action::kDelete) {
-    // What the delete gives back comes off the count in the ledger, not
-    // off a count that restarted from zero.
+    // What the delete gives back comes off the charges in the ledger, not
+    // off charges that restarted from zero.
     const absl::Status known = co_await AwaitTenantStored(ctx, tenant, StoreDeadline(deadline));
     VC_CO_RETURN_IF_ERROR(known);
   }
