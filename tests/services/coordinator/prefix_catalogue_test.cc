@@ -609,11 +609,13 @@ TEST_F(CatalogueTest, TheRestartedCoordinatorCountsTheTenantsPinsInTheStore) {
 TEST_F(CatalogueTest, TheRestartedCoordinatorReadsTheTenantsStoredBytesFromItsLedger) {
   const std::string ledger = kvstore::TenantLedgerKey(TestModel(), "a").Raw();
   Make(AdmissionOptions{.max_stored_bytes_per_tenant = 1000});
-  pb::RegisterPrefixResponse resp;
+  pb::RegisterPrefixResponse resp, resp2;
   ASSERT_TRUE(RegisterForA({5, 6, 7, 8, 9}, &resp).ok());
   ASSERT_EQ(store_.entries.count(ledger), 1u);
   EXPECT_EQ(LedgerTotal(ledger), 400) << "the fake verifier's 100 bytes per token, 4 tokens";
   EXPECT_EQ(store_.pinned.at(ledger), std::set<std::string>{kTenantLedgerHolder});
+  ASSERT_TRUE(RegisterForA({6, 7, 8, 9, 10}, &resp2).ok());
+  EXPECT_EQ(LedgerTotal(ledger), 800);
 
   Make(AdmissionOptions{.max_stored_bytes_per_tenant = 400});  // the restart
   Plan p = PlanFor({1, 2, 3, 4, 5}, "salt-a");
@@ -632,7 +634,10 @@ TEST_F(CatalogueTest, TheRestartedCoordinatorReadsTheTenantsStoredBytesFromItsLe
   del.set_action(pb::ManagePrefixRequest::DELETE);
   pb::ManagePrefixResponse mresp;
   ASSERT_TRUE(Manage("a", "salt-a", del, &mresp).ok());
-  EXPECT_EQ(LedgerTotal(ledger), 0) << "the deleted prefix's charge given back";
+  EXPECT_EQ(LedgerTotal(ledger), 400) << "the deleted prefix's charge given back, the other's kept";
+  del.set_prefix_id(resp2.prefix_id());
+  ASSERT_TRUE(Manage("a", "salt-a", del, &mresp).ok());
+  EXPECT_EQ(LedgerTotal(ledger), 0);
   Plan again = PlanFor({2, 3, 4, 5, 6}, "salt-a");
   EXPECT_TRUE(Store(again, r).ok()) << "under the limit again";
   EXPECT_EQ(LedgerTotal(ledger), 400);
