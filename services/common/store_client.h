@@ -230,8 +230,8 @@ class StoreClient {
   // again like reads (options' retry, within `deadline`, default the
   // options' timeout from now): Pin and Unpin are idempotent in the store,
   // and a Delete whose first attempt was applied but whose answer was lost
-  // answers NotFound when repeated, which its callers (ManagePrefix, the
-  // put protocol's clean-up) take as deleted.
+  // answers NotFound when repeated, which ManagePrefix takes as deleted (and
+  // the quarantine of an entry whose seal failed ignores the answer).
   enum class KeyAction { kDelete, kPin, kUnpin };
   absl::Status Apply(KeyAction action, const std::string& key, const std::string& holder,
                      std::chrono::steady_clock::time_point deadline = {});

@@ -253,7 +253,8 @@ void AdmissionController::ChargeStored(const std::string& tenant, const std::str
                                        int64_t bytes) {
   if (bytes <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  StoredCharges& c = tenants_[tenant].stored;
+  Tenant& t = tenants_[tenant];
+  StoredCharges& c = t.stored;
   auto it = c.by_prefix.find(prefix_key);
   if (it != c.by_prefix.end()) {
     it->second = bytes;
@@ -262,7 +263,7 @@ void AdmissionController::ChargeStored(const std::string& tenant, const std::str
   } else {
     c.unlisted = SaturatingAdd(c.unlisted, bytes);
   }
-  tenants_[tenant].ledger_behind = true;
+  t.ledger_behind = true;
 }
 
 void AdmissionController::GiveBackStored(const std::string& tenant,

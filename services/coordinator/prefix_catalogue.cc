@@ -28,6 +28,7 @@ constexpr size_t kLedgerHeaderBytes = 4 + 4 + 8 + 4;
 constexpr size_t kLedgerKeyBytes = 32;
 constexpr size_t kLedgerChargeBytes = kLedgerKeyBytes + 8;
 
+// The little-endian fields of the manifest and the tenant ledger.
 void PutLittleEndian(uint64_t v, int bytes, std::string* out) {
   for (int b = 0; b < bytes; ++b) out->push_back(static_cast<char>((v >> (8 * b)) & 0xff));
 }
@@ -38,11 +39,9 @@ uint64_t GetLittleEndian(const std::string& in, size_t at, int bytes) {
 }
 
 std::string EncodeTokens(const std::vector<int32_t>& tokens) {
-  std::string out(tokens.size() * 4, '\0');
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const uint32_t u = static_cast<uint32_t>(tokens[i]);
-    for (int b = 0; b < 4; ++b) out[i * 4 + b] = static_cast<char>((u >> (8 * b)) & 0xff);
-  }
+  std::string out;
+  out.reserve(tokens.size() * 4);
+  for (const int32_t t : tokens) PutLittleEndian(static_cast<uint32_t>(t), 4, &out);
   return out;
 }
 
@@ -50,10 +49,7 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokens(const std::string& bytes) {
   if (bytes.size() % 4 != 0) return absl::DataLossError("corrupt prefix manifest");
   std::vector<int32_t> out(bytes.size() / 4);
   for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t u = 0;
-    for (int b = 0; b < 4; ++b)
-      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i * 4 + b])) << (8 * b);
-    out[i] = static_cast<int32_t>(u);
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(GetLittleEndian(bytes, i * 4, 4)));
   }
   return out;
 }

@@ -716,7 +716,7 @@ TEST(TenantLedgerTest, ValuesRoundTripAndAnythingElseIsRefused) {
   too_many[17] = 4;
   for (const std::string& bad :
        {std::string(), one.substr(0, 19), one + "x", bad_magic, bad_version, bad_count, zero_charge,
-        swapped, too_many, EncodeTenantLedger({.unlisted = -1})}) {
+        swapped, too_many, EncodeTenantLedger({.by_prefix = {}, .unlisted = -1})}) {
     EXPECT_EQ(DecodeTenantLedger(bad).status().code(), absl::StatusCode::kDataLoss) << bad.size();
   }
 }

@@ -190,6 +190,16 @@ class KvStoreDaemonTest : public ::testing::Test {
     return NewClient(so);
   }
 
+  // StartApply, waited for on this thread.
+  static absl::Status StartApplyAndWait(vc::daemon::StoreClient& client,
+                                        vc::daemon::StoreClient::KeyAction action,
+                                        const std::string& key, const std::string& holder) {
+    std::promise<absl::Status> answer;
+    client.StartApply(action, key, holder, {},
+                      [&answer](absl::Status s) { answer.set_value(std::move(s)); });
+    return answer.get_future().get();
+  }
+
   // kill -9 the store (the test's channel goes first), then start it again
   // on the same addresses and data dir (a restart like a supervisor's).
   void KillDaemon() {
@@ -716,12 +726,8 @@ TEST_F(KvStoreDaemonTest, PinsAreTriedAgainAcrossAStoreKillAndOutliveIt) {
   EXPECT_EQ(holders->holders, std::vector<std::string>{"prefix-1"});
   // Once more: the answer of an asynchronous unpin sent before a kill.
   const int64_t retries = client->retries();
-  const absl::Status unpin = InFlightAtAStoreKill([&] {
-    std::promise<absl::Status> answer;
-    client->StartApply(Action::kUnpin, k, "prefix-1", {},
-                       [&answer](absl::Status s) { answer.set_value(std::move(s)); });
-    return answer.get_future().get();
-  });
+  const absl::Status unpin = InFlightAtAStoreKill(
+      [&] { return StartApplyAndWait(*client, Action::kUnpin, k, "prefix-1"); });
   ASSERT_TRUE(unpin.ok()) << unpin;
   EXPECT_GE(client->retries(), retries + 1);
   EXPECT_TRUE(client->Apply(Action::kUnpin, k, "prefix-1").ok()) << "repeated: harmless";
@@ -752,12 +758,8 @@ TEST_F(KvStoreDaemonTest, DeletesAreTriedAgainAcrossAStoreKill) {
   EXPECT_GE(client->retries(), 1) << "the kill did land under the delete";
   ASSERT_TRUE(client->Lookup({sync_key}).ok());  // reconnected
   const int64_t retries = client->retries();
-  const absl::Status async_deleted = InFlightAtAStoreKill([&] {
-    std::promise<absl::Status> answer;
-    client->StartApply(Action::kDelete, async_key, "", {},
-                       [&answer](absl::Status s) { answer.set_value(std::move(s)); });
-    return answer.get_future().get();
-  });
+  const absl::Status async_deleted = InFlightAtAStoreKill(
+      [&] { return StartApplyAndWait(*client, Action::kDelete, async_key, ""); });
   ASSERT_TRUE(async_deleted.ok()) << async_deleted;
   EXPECT_GE(client->retries(), retries + 1);
   const absl::StatusOr<std::vector<bool>> hits = client->Lookup({sync_key, async_key});
