@@ -215,7 +215,7 @@ void AdmissionController::ForgetIfIdle(const std::string& tenant) {
   auto it = tenants_.find(tenant);
   if (it != tenants_.end() && it->second.requests == 0 && it->second.pins.empty() &&
       it->second.stored.by_prefix.empty() && it->second.stored.unlisted == 0 &&
-      !it->second.ledger_writing && !it->second.ledger_behind) {
+      it->second.reserved == 0 && !it->second.ledger_writing && !it->second.ledger_behind) {
     tenants_.erase(it);
   }
 }
@@ -235,18 +235,49 @@ int64_t StoredCharges::total() const {
   return sum;
 }
 
-absl::Status AdmissionController::CheckStoredBudget(const std::string& tenant) {
-  if (options_.max_stored_bytes_per_tenant == 0) return absl::OkStatus();
+absl::Status AdmissionController::ReserveStored(const std::string& tenant, int64_t estimate) {
+  const int64_t limit = options_.max_stored_bytes_per_tenant;
+  if (limit == 0) return absl::OkStatus();
+  estimate = std::max<int64_t>(estimate, 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& t = tenants_[tenant];
+  const int64_t stored = t.stored.total();
+  const int64_t used = SaturatingAdd(stored, t.reserved);
+  if (used < limit && estimate <= limit - used) {
+    t.reserved = SaturatingAdd(t.reserved, estimate);
+    return absl::OkStatus();
+  }
+  std::string in_flight;
+  if (t.reserved > 0) absl::StrAppend(&in_flight, " (and is ingesting at least ", t.reserved, ")");
+  ForgetIfIdle(tenant);  // `t` may be gone
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this tenant has stored ", stored, " bytes of KV", in_flight,
+      "; this ingest stores at least ", estimate, " more, the limit is ", limit,
+      " (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)"));
+}
+
+void AdmissionController::EndStoredReservation(const std::string& tenant, int64_t estimate) {
+  if (options_.max_stored_bytes_per_tenant == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tenants_.find(tenant);
-  const int64_t stored = it == tenants_.end() ? 0 : it->second.stored.total();
-  if (stored >= options_.max_stored_bytes_per_tenant) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this tenant has stored ", stored, " bytes of KV, the limit is ",
-        options_.max_stored_bytes_per_tenant,
-        " (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix --delete)"));
+  if (it == tenants_.end()) return;
+  it->second.reserved = std::max<int64_t>(0, it->second.reserved - std::max<int64_t>(estimate, 0));
+  ForgetIfIdle(tenant);
+}
+
+StoredReservation& StoredReservation::operator=(StoredReservation&& other) noexcept {
+  if (this != &other) {
+    End();
+    admission_ = std::exchange(other.admission_, nullptr);
+    tenant_ = std::move(other.tenant_);
+    bytes_ = std::exchange(other.bytes_, 0);
   }
-  return absl::OkStatus();
+  return *this;
+}
+
+void StoredReservation::End() {
+  if (admission_ != nullptr) admission_->EndStoredReservation(tenant_, bytes_);
+  admission_ = nullptr;
 }
 
 void AdmissionController::ChargeStored(const std::string& tenant, const std::string& prefix_key,

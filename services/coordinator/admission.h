@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -109,9 +110,15 @@ class AdmissionController {
   // Refuses new requests and ends the waits (UNAVAILABLE).
   void Stop();
 
-  // RESOURCE_EXHAUSTED when the tenant's charges (StoredCharges) already
-  // reach max_stored_bytes_per_tenant (checked before an ingest starts).
-  [[nodiscard]] absl::Status CheckStoredBudget(const std::string& tenant);
+  // Takes `estimate` bytes (the least that an ingest about to run will
+  // store) of the tenant's stored-bytes budget until EndStoredReservation:
+  // RESOURCE_EXHAUSTED when its charges (StoredCharges) and the ingests it
+  // has in flight already reach max_stored_bytes_per_tenant, or would pass
+  // it with this one. Reserved before the ingest, not merely checked, so
+  // that a tenant's concurrent ingests cannot pass the limit together. With
+  // no limit set nothing is reserved.
+  [[nodiscard]] absl::Status ReserveStored(const std::string& tenant, int64_t estimate);
+  void EndStoredReservation(const std::string& tenant, int64_t estimate);
   // Charges an ingest's bytes of KV to the tenant under `prefix_key` (the
   // store key of the prefix's last full chunk), replacing the prefix's
   // earlier charge: a prefix ingested again after the store dropped it is
@@ -175,6 +182,7 @@ class AdmissionController {
     std::set<std::string> pins;     // prefix ids pinned through ManagePrefix
     bool pins_loaded = false;       // LoadPins was called
     StoredCharges stored;           // what its ingests added
+    int64_t reserved = 0;           // ReserveStored's estimates of ingests in flight
     bool stored_loaded = false;     // LoadStored was called
     bool ledger_writing = false;    // a BeginLedgerWrite's writer has not ended
     bool ledger_behind = false;     // the charges changed since the last write began
@@ -217,6 +225,27 @@ class AdmissionController {
   std::set<Ticket> granted_;
   Ticket next_ticket_ = 1;
   uint64_t wakes_ = 0;  // Wake calls, for the threads waiting in Admit
+};
+
+// An ingest's reservation of stored bytes (AdmissionController::ReserveStored),
+// ended by End() once the ingest's bytes are charged, or when it goes out of
+// scope (the ingest failed).
+class StoredReservation {
+ public:
+  StoredReservation() = default;
+  StoredReservation(AdmissionController* admission, std::string tenant, int64_t bytes)
+      : admission_(admission), tenant_(std::move(tenant)), bytes_(bytes) {}
+  StoredReservation(StoredReservation&& other) noexcept { *this = std::move(other); }
+  StoredReservation& operator=(StoredReservation&& other) noexcept;
+  StoredReservation(const StoredReservation&) = delete;
+  StoredReservation& operator=(const StoredReservation&) = delete;
+  ~StoredReservation() { End(); }
+  void End();
+
+ private:
+  AdmissionController* admission_ = nullptr;  // null: nothing held
+  std::string tenant_;
+  int64_t bytes_ = 0;
 };
 
 }  // namespace vc::coordinator

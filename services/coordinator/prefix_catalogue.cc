@@ -315,25 +315,33 @@ Task<absl::Status> PrefixCatalogue::AwaitTenantStored(const RunnerContext& ctx,
   co_return absl::OkStatus();
 }
 
-Task<absl::Status> PrefixCatalogue::AwaitStoredBudget(const RunnerContext& ctx,
-                                                      const std::string& tenant,
-                                                      Clock::time_point deadline) {
+Task<absl::StatusOr<StoredReservation>> PrefixCatalogue::AwaitStoredBudget(
+    const RunnerContext& ctx, const std::string& tenant, int32_t tokens,
+    Clock::time_point deadline) {
   const absl::Status known = co_await AwaitTenantStored(ctx, tenant, deadline);
   VC_CO_RETURN_IF_ERROR(known);
-  const absl::Status budget = admission_->CheckStoredBudget(tenant);
-  if (budget.code() != absl::StatusCode::kResourceExhausted) co_return budget;
-  const std::vector<std::string> charged = admission_->PrefixesToRecheck(tenant);
-  if (charged.empty()) co_return budget;
-  const absl::StatusOr<std::vector<bool>> hits = co_await AwaitLookup(ctx, charged, deadline);
-  if (!hits.ok() || hits->size() != charged.size()) co_return budget;
-  std::vector<std::string> gone;
-  for (size_t i = 0; i < charged.size(); ++i) {
-    if (!(*hits)[i]) gone.push_back(charged[i]);
+  const int64_t estimate = int64_t{tokens} * model_.kv_bytes_per_token;
+  absl::Status budget = admission_->ReserveStored(tenant, estimate);
+  if (budget.code() == absl::StatusCode::kResourceExhausted) {
+    std::vector<std::string> gone;
+    const std::vector<std::string> charged = admission_->PrefixesToRecheck(tenant);
+    if (!charged.empty()) {
+      const absl::StatusOr<std::vector<bool>> hits = co_await AwaitLookup(ctx, charged, deadline);
+      if (hits.ok() && hits->size() == charged.size()) {
+        for (size_t i = 0; i < charged.size(); ++i) {
+          if (!(*hits)[i]) gone.push_back(charged[i]);
+        }
+      }
+    }
+    if (!gone.empty()) {
+      admission_->GiveBackStored(tenant, gone);
+      (void)co_await AwaitLedgerWrite(ctx, tenant, deadline);
+      budget = admission_->ReserveStored(tenant, estimate);
+    }
   }
-  if (gone.empty()) co_return budget;
-  admission_->GiveBackStored(tenant, gone);
-  (void)co_await AwaitLedgerWrite(ctx, tenant, deadline);
-  co_return admission_->CheckStoredBudget(tenant);
+  VC_CO_RETURN_IF_ERROR(budget);
+  co_return StoredReservation(admission_, tenant,
+                              admission_->options().max_stored_bytes_per_tenant > 0 ? estimate : 0);
 }
 
 Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,
@@ -473,8 +481,9 @@ Task<absl::Status> PrefixCatalogue::EnsureStored(const RunnerContext& ctx, Plan&
 
 Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan, Request& r,
                                            Worker** ingest_on) {
-  const absl::Status budget = co_await AwaitStoredBudget(ctx, r.tenant, StoreDeadline(r.deadline));
-  VC_CO_RETURN_IF_ERROR(budget);
+  absl::StatusOr<StoredReservation> reservation =
+      co_await AwaitStoredBudget(ctx, r.tenant, plan.prefix_tokens, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(reservation.status());
   // Ingest on the verifier this prefix is placed on.
   VC_CO_ASSIGN_OR_RETURN(*ingest_on, hooks_.place_verifier(plan.prefix_key));
   Worker& v = **ingest_on;
@@ -503,6 +512,7 @@ Task<absl::Status> PrefixCatalogue::Ingest(const RunnerContext& ctx, Plan& plan,
                                             IngestCallOptions(r), req, &resp);
   if (!s.ok()) co_return WithCallName(s, absl::StrCat("verifier ", v.address, " Ingest"));
   admission_->ChargeStored(r.tenant, plan.chunk_keys.back(), resp.bytes());
+  reservation->End();
   (void)co_await AwaitLedgerWrite(ctx, r.tenant, StoreDeadline(r.deadline));
   bool has_variant = false;
   for (const auto& sv : resp.variants()) has_variant |= sv.key() == plan.variant_key;
@@ -587,8 +597,9 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
   }
   // The ingest is admitted like a request (it holds a verifier as long as a
   // prefill) and ends when its caller goes away.
-  const absl::Status budget = co_await AwaitStoredBudget(ctx, r.tenant, StoreDeadline(r.deadline));
-  VC_CO_RETURN_IF_ERROR(budget);
+  absl::StatusOr<StoredReservation> reservation =
+      co_await AwaitStoredBudget(ctx, r.tenant, whole, StoreDeadline(r.deadline));
+  VC_CO_RETURN_IF_ERROR(reservation.status());
   const absl::Status admitted = co_await AwaitAdmission(r);
   VC_CO_RETURN_IF_ERROR(admitted);
   absl::StatusOr<Worker*> placed = hooks_.place_verifier(keys.back().Hex());
@@ -614,6 +625,7 @@ Task<absl::Status> PrefixCatalogue::Register(const RunnerContext& ctx, std::stri
     co_return s;
   }
   admission_->ChargeStored(r.tenant, keys.back().Raw(), iresp.bytes());
+  reservation->End();
   (void)co_await AwaitLedgerWrite(ctx, r.tenant, StoreDeadline(r.deadline));
   *resp->mutable_variants() = iresp.variants();
   // The manifest last (a registered id always names a stored prefix), and

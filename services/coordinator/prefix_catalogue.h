@@ -225,12 +225,16 @@ class PrefixCatalogue {
   // reported and counted from zero). Before any check or change of them.
   Task<absl::Status> AwaitTenantStored(const RunnerContext& ctx, const std::string& tenant,
                                        Clock::time_point deadline);
-  // The tenant's stored-bytes budget before an ingest: its charges loaded,
-  // and when they reach the limit, the charged prefixes looked up in the
-  // store and those it no longer holds (evicted, expired) given back before
-  // the check is made again (at most once per stored_recheck_interval).
-  Task<absl::Status> AwaitStoredBudget(const RunnerContext& ctx, const std::string& tenant,
-                                       Clock::time_point deadline);
+  // The tenant's stored-bytes budget before an ingest of `tokens` tokens:
+  // its charges loaded, and the least the ingest stores (the tokens' full
+  // KV) reserved until the ingest is charged (ReserveStored). When that
+  // would pass the limit, the charged prefixes are looked up in the store
+  // and those it no longer holds (evicted, expired) given back before the
+  // reservation is tried again (at most once per stored_recheck_interval).
+  Task<absl::StatusOr<StoredReservation>> AwaitStoredBudget(const RunnerContext& ctx,
+                                                            const std::string& tenant,
+                                                            int32_t tokens,
+                                                            Clock::time_point deadline);
   // Writes the tenant's charges to its ledger (and pins it), unless another
   // of the tenant's requests is writing it, which then writes this change
   // too. A failed write is reported and left to the tenant's next change:

@@ -634,10 +634,12 @@ TEST_F(ClusterTest, SupervisorAndRestartBringDaemonsBackOnTheirAddresses) {
 
 // --max-stored-bytes-per-tenant outlives a coordinator restart: the
 // coordinator keeps each tenant's count in a ledger entry in the store,
-// which the restarted one reads before the tenant's next ingest.
+// which the restarted one reads before the tenant's next ingest. A
+// 100-token prefix is one whole chunk of 64 tokens, at least 64 x 1280
+// bytes of stories260K's KV (81,920): one fits under the limit, two do not.
 TEST_F(ClusterTest, TheStoredBytesQuotaHoldsAcrossACoordinatorRestart) {
   local::LocalClusterOptions o;
-  o.extra_flags["vc-coordinator"] = {"--max-stored-bytes-per-tenant=1"};
+  o.extra_flags["vc-coordinator"] = {"--max-stored-bytes-per-tenant=150000"};
   StartCluster(o);
   Register(Text(100, 9));  // admitted: nothing stored yet
   ASSERT_TRUE(cluster_->Restart("coordinator").ok());

@@ -505,6 +505,54 @@ TEST_F(CatalogueTest, ATenantOverItsStoredBytesIsRefusedBeforeTheIngest) {
   EXPECT_TRUE(Store(q, other).ok()) << "another tenant has its own budget";
 }
 
+// A tenant's ingests in flight hold the least they will store: with one
+// ingest of 8 tokens (80 bytes of full KV) under way, a second one of
+// another prefix would pass the limit of 100 and is refused at once; it
+// was let through before (nothing was charged yet), so concurrent ingests
+// together passed the limit. A prefix bigger than the limit on its own is
+// refused before any ingest.
+TEST_F(CatalogueTest, ATenantsConcurrentIngestsCannotPassItsStoredBytesTogether) {
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 100});
+  fakes_[0]->held.Hold();
+  Plan a = PlanFor({1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Plan b = PlanFor({2, 2, 3, 4, 5, 6, 7, 8, 9});
+  Request ra, rb;
+  Init(ra);
+  Init(rb);
+  absl::Status sa;
+  std::thread ta([&] { sa = Store(a, ra); });
+  while (fakes_[0]->ingests.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::optional<absl::Status> sb;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread tb([&] {
+    const absl::Status s = Store(b, rb);
+    std::lock_guard<std::mutex> lock(mu);
+    sb = s;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return sb.has_value(); });
+  }
+  fakes_[0]->held.Release();
+  ta.join();
+  tb.join();
+  EXPECT_TRUE(sa.ok()) << sa;
+  ASSERT_TRUE(sb.has_value());
+  EXPECT_EQ(sb->code(), absl::StatusCode::kResourceExhausted) << *sb;
+  EXPECT_TRUE(absl::StrContains(sb->message(), "ingesting at least 80")) << *sb;
+  EXPECT_EQ(fakes_[0]->ingests.load(), 1);
+
+  Make(AdmissionOptions{.max_stored_bytes_per_tenant = 30});
+  Plan big = PlanFor({7, 7, 7, 7, 7});  // 4 tokens: 40 bytes
+  Request r;
+  Init(r, "other");
+  EXPECT_EQ(Store(big, r).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(fakes_[0]->ingests.load(), 0);
+  EXPECT_EQ(admission_->tenants(), 0u) << "nothing reserved is left behind";
+}
+
 TEST_F(CatalogueTest, RegisterLookUpPinAndDelete) {
   const std::vector<int32_t> prefix = {5, 6, 7, 8, 9, 10};
   pb::RegisterPrefixResponse resp;
