@@ -18,6 +18,10 @@
 // Matmuls (the numerics contract, kernels/kernels.h); a difference fails.
 // --huge-pages asks for transparent huge pages under the copies (the
 // engine's weights sit in 4 KiB pages), to show what the page walks cost.
+// A shape INxOUT/B is the engine's row-parallel product (o_proj, down_proj;
+// docs/numerics.md section 6): B column blocks of IN/B, one MatmulBlocks call,
+// whose partial outputs the engine then sums by the blocks' tree (not timed
+// here); its rows are checked against 1-token MatmulBlocks calls.
 // --quantized int8,int4 adds, per shape, the 1-token QuantizedMatmul of a
 // weight-quantised drafter (kernels/quantized.h) at the same SIMD level and
 // threads, over its own copies (as many bytes as --footprint-mb), timed in
@@ -37,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -45,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/int_list.h"
+#include "common/base/dtype.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
@@ -69,6 +75,8 @@ struct Options {
 
 struct Shape {
   int64_t in = 0, out = 0;
+  int64_t blocks = 1;  // > 1: MatmulBlocks over column blocks of in / blocks
+  int64_t BlockIn() const { return in / blocks; }
 };
 
 double Median(std::vector<double> v) {
@@ -144,12 +152,18 @@ absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text) {
 absl::StatusOr<std::vector<Shape>> ParseShapes(const std::string& text) {
   std::vector<Shape> out;
   for (const auto& part : absl::StrSplit(text, ',')) {
-    std::vector<std::string> io = absl::StrSplit(part, 'x');
+    std::vector<std::string> shape_blocks = absl::StrSplit(part, '/');
+    std::vector<std::string> io = absl::StrSplit(shape_blocks[0], 'x');
     Shape s;
-    if (io.size() != 2 || !absl::SimpleAtoi(io[0], &s.in) || !absl::SimpleAtoi(io[1], &s.out) ||
-        s.in < 1 || s.out < 1 || s.in > (1 << 16) || s.out > (1 << 18)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--shapes: '", std::string(part), "' is not INxOUT (in <= 65536, out <= 262144)"));
+    if (shape_blocks.size() > 2 || io.size() != 2 || !absl::SimpleAtoi(io[0], &s.in) ||
+        !absl::SimpleAtoi(io[1], &s.out) || s.in < 1 || s.out < 1 || s.in > (1 << 16) ||
+        s.out > (1 << 18) ||
+        (shape_blocks.size() == 2 && (!absl::SimpleAtoi(shape_blocks[1], &s.blocks) ||
+                                      s.blocks < 1 || s.blocks > 64 || s.in % s.blocks != 0))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shapes: '", std::string(part),
+                       "' is not INxOUT or INxOUT/B (in <= 65536, out <= 262144, B in [1, 64] "
+                       "dividing in)"));
     }
     out.push_back(s);
   }
@@ -180,7 +194,12 @@ void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matri
              const std::vector<float>& x, int64_t tokens, std::vector<float>* y, size_t* next,
              Cost* cost) {
   TimeCalls(w.size(), next, cost, [&](size_t c) {
-    be.Matmul(x.data(), tokens, w[c].data, nullptr, s.in, s.out, y->data());
+    if (s.blocks > 1) {
+      be.MatmulBlocks(x.data(), tokens, w[c].data, Dtype::kF32, s.blocks, s.BlockIn(), s.out,
+                      y->data());
+    } else {
+      be.Matmul(x.data(), tokens, w[c].data, nullptr, s.in, s.out, y->data());
+    }
   });
 }
 
@@ -213,15 +232,27 @@ absl::StatusOr<std::vector<kernels::QuantizedMatrix>> QuantizedCopies(const Shap
   return out;
 }
 
+// x holds blocks x tokens rows of block_in (block b's token t at row
+// b * tokens + t), y blocks x tokens rows of out, as MatmulBlocks lays them
+// out (with one block: Matmul's rows).
 absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const float* w,
                        const std::vector<float>& x, int64_t tokens) {
-  std::vector<float> all(static_cast<size_t>(tokens * s.out)), one(static_cast<size_t>(s.out));
-  be.Matmul(x.data(), tokens, w, nullptr, s.in, s.out, all.data());
+  const int64_t bin = s.BlockIn();
+  std::vector<float> all(static_cast<size_t>(s.blocks * tokens * s.out));
+  std::vector<float> one(static_cast<size_t>(s.blocks * s.out)), x1(static_cast<size_t>(s.in));
+  be.MatmulBlocks(x.data(), tokens, w, Dtype::kF32, s.blocks, bin, s.out, all.data());
   for (int64_t t = 0; t < tokens; ++t) {
-    be.Matmul(x.data() + t * s.in, 1, w, nullptr, s.in, s.out, one.data());
-    if (std::memcmp(one.data(), all.data() + t * s.out, one.size() * sizeof(float)) != 0) {
-      return absl::InternalError(absl::StrCat("Matmul ", s.in, "x", s.out, ": row ", t, " of ",
-                                              tokens, " tokens differs from the 1-token Matmul"));
+    for (int64_t b = 0; b < s.blocks; ++b) {
+      std::memcpy(&x1[b * bin], &x[(b * tokens + t) * bin], bin * sizeof(float));
+    }
+    be.MatmulBlocks(x1.data(), 1, w, Dtype::kF32, s.blocks, bin, s.out, one.data());
+    for (int64_t b = 0; b < s.blocks; ++b) {
+      if (std::memcmp(&one[b * s.out], &all[(b * tokens + t) * s.out], s.out * sizeof(float)) !=
+          0) {
+        return absl::InternalError(absl::StrCat("Matmul ", s.in, "x", s.out, "/", s.blocks,
+                                                ": row ", t, " of ", tokens,
+                                                " tokens differs from the 1-token product"));
+      }
     }
   }
   return absl::OkStatus();
@@ -259,7 +290,9 @@ absl::Status Main(int argc, char** argv) {
   flags.Add("--reps", &o.reps, "N", "repetitions (medians are reported)");
   flags.Add("--footprint-mb", &o.footprint_mb, "MB", "weight copies rotated over, per shape");
   flags.Add("--tokens", &o.tokens, "LIST", "token counts, comma-separated (1 is always added)");
-  flags.Add("--shapes", &o.shapes, "LIST", "INxOUT,... (default: the 109.5M model's layer)");
+  flags.Add("--shapes", &o.shapes, "LIST",
+            "INxOUT or INxOUT/B (B column blocks, as the engine's row-parallel products), "
+            "comma-separated (default: the 109.5M model's layer)");
   flags.Add("--offset-floats", &o.offset_floats, "N",
             "start each weight matrix N floats (0-15) past a cache line");
   flags.AddBool("--huge-pages", &o.huge_pages,
@@ -308,7 +341,7 @@ absl::Status Main(int argc, char** argv) {
               o.huge_pages ? ", huge pages" : "", LoadAverage().c_str());
   const int64_t max_tokens = *std::max_element(tokens.begin(), tokens.end());
   // Per-shape costs, kept for the layer sum (which needs the model's shapes).
-  std::map<std::pair<int64_t, int64_t>, std::map<int64_t, Cost>> all;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::map<int64_t, Cost>> all;
   for (const Shape& s : shapes) {
     const int64_t bytes = s.in * s.out * int64_t{4};
     const int64_t copies = std::max<int64_t>(2, (o.footprint_mb << 20) / bytes + 1);
@@ -320,40 +353,44 @@ absl::Status Main(int argc, char** argv) {
     }
     std::vector<float> x(static_cast<size_t>(max_tokens * s.in));
     Fill(1000, x.data(), static_cast<int64_t>(x.size()));
-    std::vector<float> y(static_cast<size_t>(max_tokens * s.out));
+    std::vector<float> y(static_cast<size_t>(max_tokens * s.out * s.blocks));
     for (int64_t t : tokens) VC_RETURN_IF_ERROR(CheckRows(*be, s, w[0].data, x, t));
-    std::map<int64_t, Cost>& costs = all[{s.in, s.out}];
+    std::map<int64_t, Cost>& costs = all[{s.in, s.out, s.blocks}];
     size_t next = 0;
     const std::string load0 = LoadAverage();
     for (int64_t t : tokens) {  // warm-up: page in, wake the pool
       Cost ignored;
       TimeOne(*be, s, w, x, t, &y, &next, &ignored);
     }
+    // The drafter's quantised products have no column blocks.
+    const size_t nf = s.blocks > 1 ? 0 : formats.size();
     std::vector<std::vector<kernels::QuantizedMatrix>> qw;
-    for (const kernels::WeightFormat f : formats) {
-      VC_ASSIGN_OR_RETURN(auto copies_f, QuantizedCopies(s, f, o.footprint_mb));
+    for (size_t f = 0; f < nf; ++f) {
+      VC_ASSIGN_OR_RETURN(auto copies_f, QuantizedCopies(s, formats[f], o.footprint_mb));
       qw.push_back(std::move(copies_f));
     }
-    std::vector<Cost> qcosts(formats.size());
-    std::vector<size_t> qnext(formats.size(), 0);
-    for (size_t f = 0; f < formats.size(); ++f) {  // warm-up
+    std::vector<Cost> qcosts(nf);
+    std::vector<size_t> qnext(nf, 0);
+    for (size_t f = 0; f < nf; ++f) {  // warm-up
       Cost ignored;
       TimeQuantized(level, be->pool(), qw[f], x, &y, &qnext[f], &ignored);
     }
     for (int r = 0; r < o.reps; ++r) {
       for (int64_t t : tokens) TimeOne(*be, s, w, x, t, &y, &next, &costs[t]);
-      for (size_t f = 0; f < formats.size(); ++f) {
+      for (size_t f = 0; f < nf; ++f) {
         TimeQuantized(level, be->pool(), qw[f], x, &y, &qnext[f], &qcosts[f]);
       }
     }
-    std::printf("\nMatmul in %" PRId64 " x out %" PRId64 " (%.1f MB, %" PRId64
+    const std::string blocks =
+        s.blocks > 1 ? absl::StrCat(" in ", s.blocks, " column blocks (MatmulBlocks)") : "";
+    std::printf("\nMatmul in %" PRId64 " x out %" PRId64 "%s (%.1f MB, %" PRId64
                 " copies); load %s -> %s; rows of T tokens bit-identical to 1-token Matmuls\n",
-                s.in, s.out, static_cast<double>(bytes) * 1e-6, copies, load0.c_str(),
-                LoadAverage().c_str());
+                s.in, s.out, blocks.c_str(), static_cast<double>(bytes) * 1e-6, copies,
+                load0.c_str(), LoadAverage().c_str());
     std::printf("  %6s %10s %8s %10s %8s %8s\n", "tokens", "wall ms", "x T=1", "CPU ms", "x T=1",
                 "GB/s");
     PrintRows(tokens, costs, static_cast<double>(bytes));
-    for (size_t f = 0; f < formats.size(); ++f) {
+    for (size_t f = 0; f < nf; ++f) {
       PrintRow(std::string(kernels::WeightFormatName(formats[f])), qcosts[f], costs.at(1),
                static_cast<double>(qw[f][0].bytes()),
                absl::StrCat("   (1 token, ", qw[f].size(), " copies; x the f32 1-token product)"));
@@ -361,8 +398,8 @@ absl::Status Main(int argc, char** argv) {
   }
   // One decoder layer of the 109.5M model (dim 1024, hidden 2816), when its
   // shapes were measured: q, k, v, o + w1, w3 + w2.
-  const std::vector<std::pair<std::pair<int64_t, int64_t>, int>> layer = {
-      {{1024, 1024}, 4}, {{1024, 2816}, 2}, {{2816, 1024}, 1}};
+  const std::vector<std::pair<std::tuple<int64_t, int64_t, int64_t>, int>> layer = {
+      {{1024, 1024, 1}, 4}, {{1024, 2816, 1}, 2}, {{2816, 1024, 1}, 1}};
   bool have_layer = true;
   for (const auto& [shape, n] : layer) have_layer = have_layer && all.count(shape) > 0;
   if (have_layer) {
