@@ -290,12 +290,14 @@ TEST(KernelsTest, MatmulTypedEqualsMatmulOnWidenedWeights) {
 // MatmulBlocks (the engine's row-parallel products as one call): every
 // element of every block is the canonical Dot of that block's x row and
 // weight row, for f32 and widened bf16/f16 weights, on every level and
-// thread count, in the CPU backend's one-pass form and the default loop.
+// thread count, in the CPU backend's one-pass form (whose threads' runs of
+// rows cross the blocks' boundaries) and the default loop.
 TEST(KernelsTest, MatmulBlocksEqualsTheCanonicalDotOfEachBlock) {
   const std::vector<MatmulShape> shapes = {
       {1, 128, 64},  {9, 16, 33}, {5, 44, 100}, {33, 24, 17},
       {2, 0, 5},     {0, 8, 8},   {9, 352, 70}, {50, 16, 20},  // spans of 48 tokens
       {50, 256, 70},                                           // arranged (copied) x
+      {9, 64, 500},  // runs split over threads and across block boundaries
   };
   std::vector<std::pair<std::string, std::unique_ptr<KernelBackend>>> backends;
   for (const auto& level : Levels()) {
