@@ -1021,6 +1021,9 @@ WorkerModel CoordinatorService::ExpectedWorkerModel() const {
   expected.model_id = model_id_.Raw();
   expected.numerics_version = numerics_version_;
   expected.eos_ids = eos_ids_;
+  expected.vocab_size = vocab_;
+  expected.context_length = context_;
+  expected.kv_bytes_per_token = kv_bytes_per_token_;
   if (draft_model_id_) expected.draft_model_id = draft_model_id_->Raw();
   return expected;
 }
