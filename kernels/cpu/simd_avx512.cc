@@ -227,12 +227,21 @@ constexpr TileFn kWideTiles[kWideTokens + 1] = {
 void MatmulRows(const float* x, int64_t ldx, int64_t tokens, const float* w, const float* bias,
                 int64_t in, int64_t o_begin, int64_t o_end, int64_t ldy, float* y) {
   int64_t o = o_begin;
+  // Row groups ahead whose rows the tiles prefetch: over short rows (the
+  // row-parallel products' column blocks, 128 and 352 wide on the 110M
+  // shape) a group is 2-11 KiB, too little lead for a line from DRAM, so
+  // they look two groups ahead. vc_matmul_bench --tokens 9 --shapes
+  // 1024x1024/8,2816x1024/8, five alternations: 9 tokens 0.145-0.176 against
+  // 0.161-0.196 ms and 0.284-0.331 against 0.317-0.358 ms; 1 token within
+  // the noise. Three or more groups were no better.
+  const int64_t groups_ahead = in < kWideMinIn ? 2 : 1;
   if (tokens == 1) {
-    // Matrix-vector: 8 rows per pass keep more loads in flight; the next 8
-    // rows (inside this range) are prefetched meanwhile.
+    // Matrix-vector: 8 rows per pass keep more loads in flight; the 8 rows
+    // groups_ahead groups on (inside this range) are prefetched meanwhile.
     for (; o + 8 <= o_end; o += 8) {
-      const bool next = o + 16 <= o_end;
-      Tile<8, 1>(x, ldx, w, bias, in, o, ldy, y, next ? w + (o + 8) * in : nullptr, next ? 8 : 0);
+      const bool next = o + 8 + 8 * groups_ahead <= o_end;
+      Tile<8, 1>(x, ldx, w, bias, in, o, ldy, y, next ? w + (o + 8 * groups_ahead) * in : nullptr,
+                 next ? 8 : 0);
     }
     if (o == o_end) return;
   }
@@ -257,12 +266,12 @@ void MatmulRows(const float* x, int64_t ldx, int64_t tokens, const float* w, con
     const int64_t ntiles = (span + kTokens - 1) / kTokens;
     for (o = o_first; o < o_end; o += kRows) {
       const int r = static_cast<int>(o_end - o < kRows ? o_end - o : kRows);
-      const bool next = o + int64_t{2} * kRows <= o_end;
+      const bool next = o + kRows + kRows * groups_ahead <= o_end;
       for (int64_t k = 0, t = 0; k < ntiles; ++k) {
         const int64_t t1 = span * (k + 1) / ntiles;
         const int64_t p0 = k * kRows / ntiles, p1 = (k + 1) * kRows / ntiles;
         kTiles[r][t1 - t](xs + t * ldx, ldx, w, bias, in, o, ldy, y + (ts + t) * ldy,
-                          next ? w + (o + kRows + p0) * in : nullptr,
+                          next ? w + (o + kRows * groups_ahead + p0) * in : nullptr,
                           next ? static_cast<int>(p1 - p0) : 0);
         t = t1;
       }
