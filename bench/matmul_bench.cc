@@ -189,18 +189,24 @@ void TimeCalls(size_t copies, size_t* next, Cost* cost, const Call& call) {
   cost->cpu.push_back((c1 - c0) / static_cast<double>(calls));
 }
 
+// The product the bench times for shape `s`, of T tokens over weights `w`:
+// Matmul, or MatmulBlocks over the shape's column blocks (x and y laid out
+// as MatmulBlocks lays them: block b's token t at row b * tokens + t).
+void Product(kernels::KernelBackend& be, const Shape& s, const float* x, int64_t tokens,
+             const float* w, float* y) {
+  if (s.blocks > 1) {
+    be.MatmulBlocks(x, tokens, w, Dtype::kF32, s.blocks, s.BlockIn(), s.out, y);
+  } else {
+    be.Matmul(x, tokens, w, nullptr, s.in, s.out, y);
+  }
+}
+
 // Times Matmuls of T tokens over the weight copies.
 void TimeOne(kernels::KernelBackend& be, const Shape& s, const std::vector<Matrix>& w,
              const std::vector<float>& x, int64_t tokens, std::vector<float>* y, size_t* next,
              Cost* cost) {
-  TimeCalls(w.size(), next, cost, [&](size_t c) {
-    if (s.blocks > 1) {
-      be.MatmulBlocks(x.data(), tokens, w[c].data, Dtype::kF32, s.blocks, s.BlockIn(), s.out,
-                      y->data());
-    } else {
-      be.Matmul(x.data(), tokens, w[c].data, nullptr, s.in, s.out, y->data());
-    }
-  });
+  TimeCalls(w.size(), next, cost,
+            [&](size_t c) { Product(be, s, x.data(), tokens, w[c].data, y->data()); });
 }
 
 // Times 1-token QuantizedMatmuls over the quantised copies.
@@ -240,18 +246,18 @@ absl::Status CheckRows(kernels::KernelBackend& be, const Shape& s, const float* 
   const int64_t bin = s.BlockIn();
   std::vector<float> all(static_cast<size_t>(s.blocks * tokens * s.out));
   std::vector<float> one(static_cast<size_t>(s.blocks * s.out)), x1(static_cast<size_t>(s.in));
-  be.MatmulBlocks(x.data(), tokens, w, Dtype::kF32, s.blocks, bin, s.out, all.data());
+  Product(be, s, x.data(), tokens, w, all.data());
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t b = 0; b < s.blocks; ++b) {
       std::memcpy(&x1[b * bin], &x[(b * tokens + t) * bin], bin * sizeof(float));
     }
-    be.MatmulBlocks(x1.data(), 1, w, Dtype::kF32, s.blocks, bin, s.out, one.data());
+    Product(be, s, x1.data(), 1, w, one.data());
     for (int64_t b = 0; b < s.blocks; ++b) {
       if (std::memcmp(&one[b * s.out], &all[(b * tokens + t) * s.out], s.out * sizeof(float)) !=
           0) {
-        return absl::InternalError(absl::StrCat("Matmul ", s.in, "x", s.out, "/", s.blocks,
-                                                ": row ", t, " of ", tokens,
-                                                " tokens differs from the 1-token product"));
+        return absl::InternalError(absl::StrCat(
+            "Matmul ", s.in, "x", s.out, s.blocks > 1 ? absl::StrCat("/", s.blocks) : "", ": row ",
+            t, " of ", tokens, " tokens differs from the 1-token product"));
       }
     }
   }
