@@ -235,9 +235,10 @@ int64_t StoredCharges::total() const {
   return sum;
 }
 
-absl::Status AdmissionController::ReserveStored(const std::string& tenant, int64_t estimate) {
+absl::StatusOr<StoredReservation> AdmissionController::ReserveStored(const std::string& tenant,
+                                                                     int64_t estimate) {
   const int64_t limit = options_.max_stored_bytes_per_tenant;
-  if (limit == 0) return absl::OkStatus();
+  if (limit == 0) return StoredReservation();
   estimate = std::max<int64_t>(estimate, 0);
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& t = tenants_[tenant];
@@ -245,7 +246,7 @@ absl::Status AdmissionController::ReserveStored(const std::string& tenant, int64
   const int64_t used = SaturatingAdd(stored, t.reserved);
   if (used < limit && estimate <= limit - used) {
     t.reserved = SaturatingAdd(t.reserved, estimate);
-    return absl::OkStatus();
+    return StoredReservation(this, tenant, estimate);
   }
   std::string in_flight;
   if (t.reserved > 0) absl::StrAppend(&in_flight, " (and is ingesting at least ", t.reserved, ")");
@@ -257,7 +258,6 @@ absl::Status AdmissionController::ReserveStored(const std::string& tenant, int64
 }
 
 void AdmissionController::EndStoredReservation(const std::string& tenant, int64_t estimate) {
-  if (options_.max_stored_bytes_per_tenant == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tenants_.find(tenant);
   if (it == tenants_.end()) return;

@@ -48,6 +48,8 @@ struct StoredCharges {
   bool operator==(const StoredCharges&) const = default;
 };
 
+class StoredReservation;
+
 // Where the controller reports (any may be null: unit tests).
 struct AdmissionMetrics {
   metrics::Counter* rejections = nullptr;  // refused: queue full or tenant at its limit
@@ -111,14 +113,15 @@ class AdmissionController {
   void Stop();
 
   // Takes `estimate` bytes (the least that an ingest about to run will
-  // store) of the tenant's stored-bytes budget until EndStoredReservation:
-  // RESOURCE_EXHAUSTED when its charges (StoredCharges) and the ingests it
-  // has in flight already reach max_stored_bytes_per_tenant, or would pass
-  // it with this one. Reserved before the ingest, not merely checked, so
-  // that a tenant's concurrent ingests cannot pass the limit together. With
-  // no limit set nothing is reserved.
-  [[nodiscard]] absl::Status ReserveStored(const std::string& tenant, int64_t estimate);
-  void EndStoredReservation(const std::string& tenant, int64_t estimate);
+  // store) of the tenant's stored-bytes budget for as long as the returned
+  // reservation is held: RESOURCE_EXHAUSTED when its charges (StoredCharges)
+  // and the ingests it has in flight already reach
+  // max_stored_bytes_per_tenant, or would pass it with this one. Reserved
+  // before the ingest, not merely checked, so that a tenant's concurrent
+  // ingests cannot pass the limit together. With no limit set nothing is
+  // reserved.
+  [[nodiscard]] absl::StatusOr<StoredReservation> ReserveStored(const std::string& tenant,
+                                                                int64_t estimate);
   // Charges an ingest's bytes of KV to the tenant under `prefix_key` (the
   // store key of the prefix's last full chunk), replacing the prefix's
   // earlier charge: a prefix ingested again after the store dropped it is
@@ -177,6 +180,9 @@ class AdmissionController {
   size_t tenants() const;
 
  private:
+  friend class StoredReservation;
+  // Gives back what ReserveStored took (the reservation's end).
+  void EndStoredReservation(const std::string& tenant, int64_t estimate);
   struct Tenant {
     int requests = 0;               // running or queued
     std::set<std::string> pins;     // prefix ids pinned through ManagePrefix
@@ -232,9 +238,7 @@ class AdmissionController {
 // scope (the ingest failed).
 class StoredReservation {
  public:
-  StoredReservation() = default;
-  StoredReservation(AdmissionController* admission, std::string tenant, int64_t bytes)
-      : admission_(admission), tenant_(std::move(tenant)), bytes_(bytes) {}
+  StoredReservation() = default;  // holds nothing
   StoredReservation(StoredReservation&& other) noexcept { *this = std::move(other); }
   StoredReservation& operator=(StoredReservation&& other) noexcept;
   StoredReservation(const StoredReservation&) = delete;
@@ -243,6 +247,10 @@ class StoredReservation {
   void End();
 
  private:
+  friend class AdmissionController;
+  StoredReservation(AdmissionController* admission, std::string tenant, int64_t bytes)
+      : admission_(admission), tenant_(std::move(tenant)), bytes_(bytes) {}
+
   AdmissionController* admission_ = nullptr;  // null: nothing held
   std::string tenant_;
   int64_t bytes_ = 0;

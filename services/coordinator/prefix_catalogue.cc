@@ -321,8 +321,8 @@ Task<absl::StatusOr<StoredReservation>> PrefixCatalogue::AwaitStoredBudget(
   const absl::Status known = co_await AwaitTenantStored(ctx, tenant, deadline);
   VC_CO_RETURN_IF_ERROR(known);
   const int64_t estimate = int64_t{tokens} * model_.kv_bytes_per_token;
-  absl::Status budget = admission_->ReserveStored(tenant, estimate);
-  if (budget.code() == absl::StatusCode::kResourceExhausted) {
+  absl::StatusOr<StoredReservation> reservation = admission_->ReserveStored(tenant, estimate);
+  if (reservation.status().code() == absl::StatusCode::kResourceExhausted) {
     std::vector<std::string> gone;
     const std::vector<std::string> charged = admission_->PrefixesToRecheck(tenant);
     if (!charged.empty()) {
@@ -336,12 +336,10 @@ Task<absl::StatusOr<StoredReservation>> PrefixCatalogue::AwaitStoredBudget(
     if (!gone.empty()) {
       admission_->GiveBackStored(tenant, gone);
       (void)co_await AwaitLedgerWrite(ctx, tenant, deadline);
-      budget = admission_->ReserveStored(tenant, estimate);
+      reservation = admission_->ReserveStored(tenant, estimate);
     }
   }
-  VC_CO_RETURN_IF_ERROR(budget);
-  co_return StoredReservation(admission_, tenant,
-                              admission_->options().max_stored_bytes_per_tenant > 0 ? estimate : 0);
+  co_return reservation;
 }
 
 Task<absl::Status> PrefixCatalogue::AwaitLedgerWrite(const RunnerContext& ctx,

@@ -288,23 +288,23 @@ TEST(AdmissionTest, PinsAndStoredBytesAreCountedPerTenant) {
             "this tenant already pins 1 prefixes, the limit is 1 (--max-pins-per-tenant); unpin "
             "one first");
   EXPECT_TRUE(a.CheckPin("b", "p2").ok());
-  ASSERT_TRUE(a.ReserveStored("a", 40).ok());
-  a.ChargeStored("a", "k1", 150);  // more than the estimate (the variants)
-  a.EndStoredReservation("a", 40);
-  const absl::Status over = a.ReserveStored("a", 0);
+  {
+    const absl::StatusOr<StoredReservation> ingest = a.ReserveStored("a", 40);
+    ASSERT_TRUE(ingest.ok());
+    a.ChargeStored("a", "k1", 150);  // more than the estimate (the variants)
+  }
+  const absl::Status over = a.ReserveStored("a", 0).status();
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(over.message(),
             "this tenant has stored 150 bytes of KV; this ingest stores at least 0 more, the "
             "limit is 100 (--max-stored-bytes-per-tenant); delete a prefix (vericache prefix "
             "--delete)");
   EXPECT_TRUE(a.ReserveStored("b", 10).ok());
-  a.EndStoredReservation("b", 10);
   a.NotePrefix("a", "p1", /*pinned=*/false);
   EXPECT_TRUE(a.CheckPin("a", "p2").ok());
   a.ChargeStored("a", "k1", 60);  // the same prefix ingested again: replaced
   EXPECT_EQ(a.stored_bytes("a"), 60);
   EXPECT_TRUE(a.ReserveStored("a", 40).ok());
-  a.EndStoredReservation("a", 40);
   a.GiveBackPrefix("a", "k1", 1000);
   EXPECT_EQ(a.stored_bytes("a"), 0);
   EXPECT_EQ(a.tenants(), 1u) << "kept until its ledger has the charges";
@@ -341,7 +341,7 @@ TEST(AdmissionTest, StoredChargesAreLoadedOnceAndThenOnlyChanged) {
   EXPECT_FALSE(a.StoredKnown("a"));
   a.LoadStored("a", StoredCharges{.by_prefix = {{"k1", 100}}, .unlisted = 20});
   EXPECT_TRUE(a.StoredKnown("a"));
-  EXPECT_EQ(a.ReserveStored("a", 0).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(a.ReserveStored("a", 0).status().code(), absl::StatusCode::kResourceExhausted);
   a.ChargeStored("a", "k2", 30);
   a.LoadStored("a", StoredCharges{});  // a late load: ignored
   EXPECT_EQ(a.stored_bytes("a"), 150);
@@ -394,36 +394,40 @@ TEST(AdmissionTest, LedgerWritesAreOneAtATimeAndEndWithTheLatestCharges) {
 // alone before), and an ingest whose estimate alone passes it is refused.
 TEST(AdmissionTest, StoredBytesAreReservedForIngestsInFlight) {
   AdmissionController a({.max_stored_bytes_per_tenant = 100});
-  ASSERT_TRUE(a.ReserveStored("a", 40).ok());
-  ASSERT_TRUE(a.ReserveStored("a", 40).ok());
-  const absl::Status third = a.ReserveStored("a", 40);
+  absl::StatusOr<StoredReservation> first = a.ReserveStored("a", 40);
+  absl::StatusOr<StoredReservation> second = a.ReserveStored("a", 40);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(second.ok());
+  const absl::Status third = a.ReserveStored("a", 40).status();
   EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(third.message(),
             "this tenant has stored 0 bytes of KV (and is ingesting at least 80); this ingest "
             "stores at least 40 more, the limit is 100 (--max-stored-bytes-per-tenant); delete a "
             "prefix (vericache prefix --delete)");
-  EXPECT_TRUE(a.ReserveStored("b", 100).ok()) << "another tenant has its own budget";
-  EXPECT_EQ(a.ReserveStored("c", 101).code(), absl::StatusCode::kResourceExhausted)
+  absl::StatusOr<StoredReservation> other = a.ReserveStored("b", 100);
+  EXPECT_TRUE(other.ok()) << "another tenant has its own budget";
+  EXPECT_EQ(a.ReserveStored("c", 101).status().code(), absl::StatusCode::kResourceExhausted)
       << "one ingest past the limit on its own";
-  a.EndStoredReservation("a", 40);  // an ingest that failed
-  EXPECT_TRUE(a.ReserveStored("a", 20).ok());
+  second->End();  // an ingest that failed
+  absl::StatusOr<StoredReservation> fourth = a.ReserveStored("a", 20);
+  EXPECT_TRUE(fourth.ok());
   a.ChargeStored("a", "k", 50);  // the first one stored
-  a.EndStoredReservation("a", 40);
-  EXPECT_EQ(a.ReserveStored("a", 31).code(), absl::StatusCode::kResourceExhausted)
+  first->End();
+  EXPECT_EQ(a.ReserveStored("a", 31).status().code(), absl::StatusCode::kResourceExhausted)
       << "50 stored and 20 in flight";
-  a.EndStoredReservation("a", 20);
-  a.EndStoredReservation("b", 100);
+  fourth->End();
+  other->End();
   a.GiveBackStored("a", {"k"});
   ASSERT_TRUE(a.BeginLedgerWrite("a").has_value());
   EXPECT_EQ(a.EndLedgerWrite("a", true, true), std::nullopt);
   EXPECT_EQ(a.tenants(), 0u) << "no reservation is left behind";
   {
-    ASSERT_TRUE(a.ReserveStored("a", 60).ok());
-    StoredReservation held(&a, "a", 60);
-    EXPECT_EQ(a.ReserveStored("a", 41).code(), absl::StatusCode::kResourceExhausted);
+    absl::StatusOr<StoredReservation> held = a.ReserveStored("a", 60);
+    ASSERT_TRUE(held.ok());
+    EXPECT_EQ(a.ReserveStored("a", 41).status().code(), absl::StatusCode::kResourceExhausted);
     StoredReservation moved;
-    moved = std::move(held);
-    EXPECT_EQ(a.ReserveStored("a", 41).code(), absl::StatusCode::kResourceExhausted)
+    moved = std::move(*held);
+    EXPECT_EQ(a.ReserveStored("a", 41).status().code(), absl::StatusCode::kResourceExhausted)
         << "the reservation moved, it did not end";
   }
   EXPECT_EQ(a.tenants(), 0u) << "the reservation ended with its scope";
